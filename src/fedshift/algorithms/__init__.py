@@ -1,0 +1,24 @@
+"""Federated algorithms: one module per method, registered by name."""
+
+from __future__ import annotations
+
+from fedshift.algorithms.base import Algorithm
+from fedshift.algorithms.central import Centralised
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.fedavgm import FedAvgM
+from fedshift.algorithms.fedbn import FedBN
+from fedshift.algorithms.fednova import FedNova
+from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
+from fedshift.algorithms.fedprox import FedProx
+from fedshift.algorithms.local import LocalOnly
+from fedshift.algorithms.scaffold import Scaffold
+from fedshift.registry import Registry
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+for _cls in (
+    FedAvg, FedBN, FedProx, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedNova, Scaffold,
+    LocalOnly, Centralised,
+):
+    ALGORITHMS.add(_cls.name, _cls, _cls.Params)
+
+__all__ = ["ALGORITHMS", "Algorithm"]

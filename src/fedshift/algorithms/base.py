@@ -1,0 +1,235 @@
+"""The algorithm contract and the mechanisms every algorithm shares.
+
+An algorithm is what a server does with messages and what a client does with its data:
+
+* server side: ``init_server`` (server state), ``broadcast`` (server -> client payload) and
+  ``aggregate`` (client payloads -> new server state);
+* client side: ``init_client`` (client state, kept between rounds and never sent) and
+  ``local_update`` (down payload + state + data -> up payload);
+* evaluation: ``global_weights`` / ``personal_weights`` (the state dicts to evaluate).
+
+Algorithms never see the round loop, the sampler, the ledger or where client state lives;
+the engine (or the Flower adapter) owns those. State is plain dicts of tensors and numbers so
+that it checkpoints with ``torch.save``.
+
+Shared mechanisms live here once: the BN policy (which state-dict keys stay on the client),
+weighted averaging of named tensors, and the local mini-batch loop with its hooks
+(``penalty`` for FedProx-like objectives, ``before_step`` for gradient corrections).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+
+from fedshift.config import FederationConfig, TrainConfig
+from fedshift.data.base import ClientData, Federation
+from fedshift.engine.context import ClientContext
+from fedshift.engine.payload import Payload, Tensors
+from fedshift.models.base import FedModel
+
+BNPolicy = Literal["global", "local", "stats-local"]
+BN_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+State = dict[str, Any]
+Reply = tuple[str, Payload]
+
+
+@dataclass
+class FLParams:
+    """Parameters every federated algorithm accepts.
+
+    ``bn_policy``: which batch-norm tensors stay on the client.
+    ``global``: none (every BN tensor is averaged, as FedAvg does);
+    ``local``: all of them (weight, bias, running mean/var, counter: FedBN);
+    ``stats-local``: the running statistics and counter only (affine parameters averaged).
+    """
+
+    bn_policy: BNPolicy = "global"
+
+
+# ----------------------------------------------------------------------------- BN policy
+def bn_keys(model: FedModel, policy: BNPolicy) -> list[str]:
+    """State-dict keys of ``model`` that the BN policy keeps local, in state-dict order."""
+    if policy == "global":
+        return []
+    layers = model.bn_layer_names()
+    out = []
+    for key in model.state_dict():
+        owner, _, leaf = key.rpartition(".")
+        if owner in layers and (policy == "local" or leaf in BN_STATS):
+            out.append(key)
+    return out
+
+
+# ----------------------------------------------------------------------------- tensor math
+def clone(tensors: Tensors) -> Tensors:
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def weighted_average(items: Sequence[tuple[float, Tensors]]) -> Tensors:
+    """``sum_i w_i t_i / sum_i w_i`` per key; integer tensors (BN counters) are rounded."""
+    if not items:
+        raise ValueError("weighted_average of no tensors")
+    total = float(sum(w for w, _ in items))
+    if total <= 0:
+        raise ValueError("weighted_average: weights sum to zero")
+    out: Tensors = {}
+    for key, ref in items[0][1].items():
+        dtype = ref.dtype if ref.is_floating_point() else torch.float64
+        acc = torch.zeros(ref.shape, dtype=dtype, device=ref.device)
+        for w, t in items:
+            acc.add_(t[key].to(acc.dtype), alpha=w / total)
+        out[key] = acc if ref.is_floating_point() else acc.round().to(ref.dtype)
+    return out
+
+
+def subset(tensors: Tensors, keys: Iterable[str]) -> Tensors:
+    return {k: tensors[k] for k in keys}
+
+
+# ----------------------------------------------------------------------------- the contract
+class Algorithm:
+    """Base class. Subclasses override the hooks they need; see FedAvg for the plain flow."""
+
+    name: ClassVar[str] = "base"
+    Params: ClassVar[type] = FLParams
+    #: False for algorithms with no client-server traffic (Local, Centralised).
+    communicates: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        params: Any,
+        train: TrainConfig,
+        federation: FederationConfig,
+        model: FedModel,
+        num_clients: int,
+    ) -> None:
+        self.params = params
+        self.train = train
+        self.federation = federation
+        self.num_clients = num_clients
+        state = model.state_dict()
+        self.local_keys: list[str] = self.compute_local_keys(model)
+        local = set(self.local_keys)
+        self.shared_keys: list[str] = [k for k in state if k not in local]
+        params_named = {n for n, _ in model.named_parameters()}
+        #: shared keys that are trainable parameters (server optimisers act on these only)
+        self.shared_param_keys: list[str] = [k for k in self.shared_keys if k in params_named]
+        #: shared keys that are buffers (BN running statistics): always plainly averaged
+        self.shared_buffer_keys: list[str] = [k for k in self.shared_keys if k not in params_named]
+
+    @classmethod
+    def check(cls, params: Any, train: TrainConfig) -> None:
+        """Config-time check of a combination; raise ConfigError saying why it makes no sense."""
+
+    def compute_local_keys(self, model: FedModel) -> list[str]:
+        return bn_keys(model, getattr(self.params, "bn_policy", "global"))
+
+    # -- which models exist to be evaluated ---------------------------------------------
+    @property
+    def has_global_model(self) -> bool:
+        """A single server model that every client can use (no client-local tensors)."""
+        return not self.local_keys
+
+    @property
+    def has_personal_model(self) -> bool:
+        """Each client's model differs (it keeps tensors of its own)."""
+        return bool(self.local_keys)
+
+    @classmethod
+    def training_data(cls, federation: Federation) -> list[ClientData]:
+        """The clients that train (the centralised oracle overrides this with one pool)."""
+        return federation.clients
+
+    # -- server ----------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        return {"weights": clone(model.state_dict())}
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        return Payload({"weights": subset(server["weights"], self.shared_keys)})
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        raise NotImplementedError
+
+    def reply_weight(self, payload: Payload) -> float:
+        """Aggregation weight of one reply (``federation.weighting``)."""
+        if self.federation.weighting == "uniform":
+            return 1.0
+        return float(payload.num_examples)
+
+    def average_record(self, replies: list[Reply], record: str) -> Tensors:
+        return weighted_average([(self.reply_weight(p), p[record]) for _, p in replies])
+
+    # -- client ----------------------------------------------------------------------------
+    def init_client(self, cid: str, model: FedModel) -> State:
+        return {"local": subset(clone(model.state_dict()), self.local_keys)}
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        raise NotImplementedError
+
+    def load_client_model(self, ctx: ClientContext, shared: Tensors, state: State) -> None:
+        """Working model <- the received shared tensors + the client's own local tensors."""
+        ctx.model.load_state_dict({**shared, **state["local"]}, strict=True)
+
+    def keep_local(self, ctx: ClientContext, state: State) -> None:
+        if self.local_keys:
+            state["local"] = subset(clone(ctx.model.state_dict()), self.local_keys)
+
+    # -- the local loop --------------------------------------------------------------------
+    def make_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.Optimizer:
+        t = self.train
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+        if t.optimizer == "sgd":
+            opt: torch.optim.Optimizer = torch.optim.SGD(
+                params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
+            )
+        else:
+            opt = torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+        if t.optimizer_state == "persist" and "optimizer" in state:
+            opt.load_state_dict(state["optimizer"])
+        return opt
+
+    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Local objective on one batch: cross-entropy plus ``penalty`` (0 by default)."""
+        loss = F.cross_entropy(ctx.model(x), y)
+        extra = self.penalty(ctx)
+        return loss if extra is None else loss + extra
+
+    def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
+        return None
+
+    def before_step(self, ctx: ClientContext) -> None:
+        """Called after ``backward`` and before ``optimizer.step`` (gradient corrections)."""
+
+    def local_train(self, ctx: ClientContext, state: State) -> tuple[int, float]:
+        """Run the round's local mini-batch steps; returns (steps taken, mean loss)."""
+        model = ctx.model
+        model.train()
+        opt = self.make_optimizer(ctx, state)
+        total = torch.zeros((), device=ctx.device)
+        steps = 0
+        for x, y in ctx.batches():
+            opt.zero_grad(set_to_none=True)
+            loss = self.loss(ctx, x, y)
+            loss.backward()
+            self.before_step(ctx)
+            opt.step()
+            total += loss.detach()
+            steps += 1
+        if self.train.optimizer_state == "persist":
+            state["optimizer"] = opt.state_dict()
+        return steps, float(total) / max(steps, 1)
+
+    # -- evaluation ------------------------------------------------------------------------
+    def global_weights(self, server: State) -> Tensors | None:
+        return server["weights"] if self.has_global_model else None
+
+    def personal_weights(self, server: State, state: State) -> Tensors | None:
+        if not self.has_personal_model:
+            return None
+        return {**subset(server["weights"], self.shared_keys), **state["local"]}

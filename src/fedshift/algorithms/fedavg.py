@@ -1,0 +1,34 @@
+"""FedAvg (McMahan et al., AISTATS 2017, Algorithm 1).
+
+FedAvg: each sampled client k starts from the global weights w_t, runs local SGD on its data
+and returns w_{t+1}^k; the server sets w_{t+1} = sum_k (n_k / n) w_{t+1}^k (sample-size
+weights; ``federation.weighting=uniform`` gives 1/K as FedBN's code does).
+
+With ``bn_policy`` other than ``global`` the BN tensors named by the policy stay on the
+client (see :func:`fedshift.algorithms.base.bn_keys`); FedBN is that with ``local``.
+"""
+
+from __future__ import annotations
+
+from fedshift.algorithms.base import Algorithm, Reply, State, clone, subset
+from fedshift.engine.context import ClientContext
+from fedshift.engine.payload import Payload
+
+
+class FedAvg(Algorithm):
+    """Federated averaging of model weights."""
+
+    name = "fedavg"
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        self.load_client_model(ctx, down["weights"], state)
+        steps, loss = self.local_train(ctx, state)
+        self.keep_local(ctx, state)
+        return Payload(
+            {"weights": subset(clone(ctx.model.state_dict()), self.shared_keys)},
+            num_examples=ctx.num_train,
+            metrics={"train_loss": loss, "steps": steps},
+        )
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        server["weights"].update(self.average_record(replies, "weights"))

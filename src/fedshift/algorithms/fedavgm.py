@@ -1,0 +1,37 @@
+"""FedAvgM (Hsu, Qi & Brown, "Measuring the Effects of Non-Identical Data Distribution for
+Federated Visual Classification", 2019): FedAvg with server momentum.
+
+With pseudo-gradient Delta_t = avg_k(w^k) - w_t, the server keeps a momentum buffer
+v_t = beta * v_{t-1} + Delta_t and sets w_{t+1} = w_t + eta_s * v_t
+(beta = ``server_momentum``, eta_s = ``server_lr``; beta = 0, eta_s = 1 is FedAvg).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.engine.payload import Tensors
+
+
+@dataclass
+class FedAvgMParams(FLParams):
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+
+
+class FedAvgM(ServerOptAlgorithm):
+    """FedAvg with server momentum."""
+
+    name = "fedavgm"
+    Params = FedAvgMParams
+
+    def server_step(self, server: State, delta: Tensors) -> None:
+        p = self.params
+        v = server.setdefault("momentum", {k: torch.zeros_like(d) for k, d in delta.items()})
+        for k, d in delta.items():
+            v[k].mul_(p.server_momentum).add_(d)
+            server["weights"][k] = server["weights"][k] + p.server_lr * v[k]

@@ -1,0 +1,28 @@
+"""FedBN (Li et al., "FedBN: Federated Learning on Non-IID Features via Local Batch
+Normalization", ICLR 2021, Algorithm 1).
+
+FedAvg whose batch-norm tensors never leave the client: the weight, bias, running mean/var
+and batch counter of every BN layer are local, so the broadcast and the reply carry only the
+non-BN tensors, and each client is evaluated with its own BN layers (its personalised model).
+The official code selects BN tensors by the substring ``bn`` in a key; fedshift asks the model
+for its BN layers instead (``FedModel.bn_layer_names``), which cannot miss a renamed layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedshift.algorithms.base import BNPolicy, FLParams
+from fedshift.algorithms.fedavg import FedAvg
+
+
+@dataclass
+class FedBNParams(FLParams):
+    bn_policy: BNPolicy = "local"
+
+
+class FedBN(FedAvg):
+    """FedAvg with every BN tensor kept local."""
+
+    name = "fedbn"
+    Params = FedBNParams

@@ -1,0 +1,67 @@
+"""The FedOpt family (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2):
+FedAdam, FedYogi and FedAdagrad.
+
+With pseudo-gradient Delta_t = avg_k(w^k) - w_t:
+  m_t = beta1 m_{t-1} + (1 - beta1) Delta_t
+  v_t = v_{t-1} + Delta_t^2                                        (FedAdagrad)
+  v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)  (FedYogi)
+  v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2                      (FedAdam)
+  w_{t+1} = w_t + eta * m_t / (sqrt(v_t) + tau)
+with m_{-1} = 0 and v_{-1} = tau^2 as in the paper (no bias correction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.engine.payload import Tensors
+
+
+@dataclass
+class FedOptParams(FLParams):
+    server_lr: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+
+class FedAdam(ServerOptAlgorithm):
+    """FedAvg clients, Adam on the server."""
+
+    name = "fedadam"
+    Params = FedOptParams
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        b2 = self.params.beta2
+        return b2 * v + (1 - b2) * d2
+
+    def server_step(self, server: State, delta: Tensors) -> None:
+        p = self.params
+        m = server.setdefault("m", {k: torch.zeros_like(d) for k, d in delta.items()})
+        v = server.setdefault("v", {k: torch.full_like(d, p.tau**2) for k, d in delta.items()})
+        for k, d in delta.items():
+            m[k] = p.beta1 * m[k] + (1 - p.beta1) * d
+            v[k] = self.second_moment(v[k], d * d)
+            server["weights"][k] = server["weights"][k] + p.server_lr * m[k] / (v[k].sqrt() + p.tau)
+
+
+class FedYogi(FedAdam):
+    """FedAvg clients, Yogi on the server."""
+
+    name = "fedyogi"
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        return v - (1 - self.params.beta2) * d2 * torch.sign(v - d2)
+
+
+class FedAdagrad(FedAdam):
+    """FedAvg clients, Adagrad on the server."""
+
+    name = "fedadagrad"
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        return v + d2

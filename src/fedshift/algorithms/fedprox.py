@@ -1,0 +1,45 @@
+"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.engine.context import ClientContext
+from fedshift.engine.payload import Payload
+
+
+@dataclass
+class FedProxParams(FLParams):
+    mu: float = 0.01
+    # "paper": mu/2 * ||w - w_t||^2 (Li et al. 2020, Eq. 2; FedBN's digits code);
+    # "sqrt": mu/2 * ||w - w_t|| (FedBN's Office/DomainNet code takes a square root).
+    form: Literal["paper", "sqrt"] = "paper"
+
+
+class FedProx(FedAvg):
+    """FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds the proximal term
+    h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2 (Eq. 2), over the shared trainable tensors."""
+
+    name = "fedprox"
+    Params = FedProxParams
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        self._anchor = {k: down["weights"][k].detach().to(ctx.device) for k in self.shared_param_keys}
+        try:
+            return super().local_update(ctx, down, state)
+        finally:
+            del self._anchor
+
+    def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
+        if self.params.mu == 0:
+            return None
+        params = dict(ctx.model.named_parameters())
+        sq = sum(((params[k] - w0) ** 2).sum() for k, w0 in self._anchor.items())
+        if self.params.form == "sqrt":
+            sq = sq.sqrt()
+        return 0.5 * self.params.mu * sq

@@ -1,0 +1,33 @@
+"""Local-only training: every client trains alone on its own data (the papers' "Single"
+baseline). Nothing is communicated; each client's whole model is client state and is
+evaluated as its personalised model. All clients start from the same seeded initialisation."""
+
+from __future__ import annotations
+
+from fedshift.algorithms.base import Algorithm, Reply, State
+from fedshift.engine.context import ClientContext
+from fedshift.engine.payload import Payload
+from fedshift.models.base import FedModel
+
+
+class LocalOnly(Algorithm):
+    """Each client alone."""
+
+    name = "local"
+    Params = None
+    communicates = False
+
+    def compute_local_keys(self, model: FedModel) -> list[str]:
+        return list(model.state_dict())
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        return Payload()
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        self.load_client_model(ctx, {}, state)
+        steps, loss = self.local_train(ctx, state)
+        self.keep_local(ctx, state)
+        return Payload(num_examples=ctx.num_train, metrics={"train_loss": loss, "steps": steps})
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        """Nothing to aggregate."""

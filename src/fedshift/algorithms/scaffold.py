@@ -1,0 +1,113 @@
+"""SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
+Learning", ICML 2020, Algorithm 1 with option II).
+
+Server state: global weights x and control variate c; client state: its control c_i (0 at
+start, never sent). Each local step corrects the gradient with the drift estimate:
+  y <- y - eta_l (g_i(y) - c_i + c)                                 (Alg. 1, line 10)
+after K steps the client refreshes its control with option II:
+  c_i+ = c_i - c + (x - y) / (K eta_l)                              (Alg. 1, line 12)
+and sends Delta y = y - x and Delta c = c_i+ - c_i. The server applies
+  x <- x + eta_g * avg(Delta y),    c <- c + (|S| / N) * mean(Delta c)   (lines 16-17)
+where avg uses ``federation.weighting`` (``uniform`` is the paper's 1/|S|) and the control
+mean is always uniform. Controls exist for trainable shared tensors; buffers (BN running
+statistics) are sent as values and plainly averaged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedshift.algorithms.base import FLParams, Reply, State, subset
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.config import TrainConfig
+from fedshift.engine.context import ClientContext
+from fedshift.engine.payload import Payload
+from fedshift.errors import ConfigError
+from fedshift.models.base import FedModel
+
+
+@dataclass
+class ScaffoldParams(FLParams):
+    server_lr: float = 1.0
+
+
+class Scaffold(FedAvg):
+    """Stochastic controlled averaging."""
+
+    name = "scaffold"
+    Params = ScaffoldParams
+
+    @classmethod
+    def check(cls, params: ScaffoldParams, train: TrainConfig) -> None:
+        if train.optimizer != "sgd":
+            raise ConfigError(
+                "algorithm 'scaffold' corrects SGD steps (option II assumes SGD): set "
+                f"train.optimizer=sgd (got {train.optimizer!r})"
+            )
+
+    def _zeros(self, model_state: dict) -> dict:
+        return {k: torch.zeros_like(model_state[k]) for k in self.shared_param_keys}
+
+    def init_server(self, model: FedModel) -> State:
+        server = super().init_server(model)
+        server["control"] = self._zeros(server["weights"])
+        return server
+
+    def init_client(self, cid: str, model: FedModel) -> State:
+        state = super().init_client(cid, model)
+        state["control"] = self._zeros(model.state_dict())
+        return state
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        down = super().broadcast(server, rnd, cid)
+        down.records["control"] = server["control"]
+        return down
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        x = down["weights"]
+        c = down["control"]
+        c_i = state["control"]
+        self._correction = {k: (c[k] - c_i[k]).to(ctx.device) for k in self.shared_param_keys}
+        try:
+            up = super().local_update(ctx, down, state)
+        finally:
+            del self._correction
+        steps = int(up.metrics["steps"])
+        y = up["weights"]
+        scale = 1.0 / (steps * self.train.lr)
+        delta_c = {}
+        for k in self.shared_param_keys:
+            new_ci = c_i[k] - c[k] + (x[k] - y[k]) * scale  # option II
+            delta_c[k] = new_ci - c_i[k]
+            c_i[k] = new_ci
+        return Payload(
+            {
+                "delta": {k: y[k] - x[k] for k in self.shared_param_keys},
+                "control_delta": delta_c,
+                "buffers": subset(y, self.shared_buffer_keys),
+            },
+            num_examples=up.num_examples,
+            metrics=up.metrics,
+        )
+
+    def before_step(self, ctx: ClientContext) -> None:
+        for name, p in ctx.model.named_parameters():
+            corr = self._correction.get(name)
+            if corr is not None and p.grad is not None:
+                p.grad.add_(corr)
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        weights = server["weights"]
+        delta = self.average_record(replies, "delta")
+        for k, d in delta.items():
+            weights[k] = weights[k] + self.params.server_lr * d
+        mean_dc = {
+            k: torch.stack([p["control_delta"][k] for _, p in replies]).mean(0)
+            for k in self.shared_param_keys
+        }
+        frac = len(replies) / self.num_clients
+        server["control"] = {k: server["control"][k] + frac * mean_dc[k] for k in mean_dc}
+        if self.shared_buffer_keys:
+            weights.update(self.average_record(replies, "buffers"))

@@ -1,0 +1,28 @@
+"""Server-side optimisers over the pseudo-gradient (shared by FedAvgM and the FedOpt family).
+
+After averaging the clients' weights, the server treats Delta_t = avg_k(w_{t+1}^k) - w_t as a
+pseudo-gradient and updates w_t with its own optimiser. Only trainable parameters go through
+the optimiser; buffers (BN running statistics, counters) take the plain average, since a
+momentum or adaptive step on a running variance could drive it negative.
+"""
+
+from __future__ import annotations
+
+from fedshift.algorithms.base import Reply, State
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.engine.payload import Tensors
+
+
+class ServerOptAlgorithm(FedAvg):
+    """FedAvg clients; subclasses implement ``server_step`` on the pseudo-gradient."""
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        avg = self.average_record(replies, "weights")
+        weights = server["weights"]
+        delta = {k: avg[k] - weights[k] for k in self.shared_param_keys}
+        self.server_step(server, delta)
+        for k in self.shared_buffer_keys:
+            weights[k] = avg[k]
+
+    def server_step(self, server: State, delta: Tensors) -> None:
+        raise NotImplementedError

@@ -1,0 +1,153 @@
+"""The ``fedshift`` command line.
+
+  fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
+  fedshift run --resume RUN_DIR                            continue a killed run
+  fedshift list                                            algorithms, datasets, models
+  fedshift data build|show|fetch ...                       offline benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from fedshift.errors import FedshiftError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fedshift.config import expand_sweep, load_config, resolve
+    from fedshift.engine.simulation import resume_experiment, run_experiment
+    from fedshift.eval.tables import runs_table, seeds_table
+
+    if args.resume:
+        if args.config or args.overrides:
+            raise FedshiftError("--resume takes the run's saved config; drop -c and key=value")
+        result = resume_experiment(args.resume, progress=not args.quiet)
+        print(runs_table([result.summary]))
+        print(f"\nrun directory: {result.run_dir}")
+        return 0
+    source = args.config or "defaults"
+    raw = load_config(args.config, args.overrides)
+    grid = raw.get("sweep") or {}
+    raws = expand_sweep(raw, source)
+    # validate every cell before running any, so a typo fails in a second, not an hour in
+    cfgs = [resolve(r, source) for r in raws]
+    summaries = []
+    for i, (cfg, one) in enumerate(zip(cfgs, raws, strict=True), 1):
+        if len(cfgs) > 1 and not args.quiet:
+            print(f"[{i}/{len(cfgs)}] {cfg.algorithm['name']} seed={cfg.seed}", file=sys.stderr)
+        result = run_experiment(cfg, out=args.out, progress=not args.quiet)
+        labels = [f"{k}={_lookup(one, k)}" for k in grid if k != "seed" and k != "algorithm.name"]
+        result.summary["label"] = " ".join([cfg.algorithm["name"], *labels])
+        summaries.append(result.summary)
+    print(runs_table(summaries))
+    agg = seeds_table(summaries)
+    if agg:
+        print("\nMean over seeds (test accuracy %, model selected on validation):")
+        print(agg)
+    print("\nrun directories:")
+    for s in summaries:
+        print(f"  {s['run_dir']}")
+    return 0
+
+
+def _lookup(tree: dict, dotted: str):
+    node = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from fedshift.algorithms import ALGORITHMS
+    from fedshift.data import DATASETS
+    from fedshift.models import MODELS
+
+    for title, reg in (("algorithms", ALGORITHMS), ("datasets", DATASETS), ("models", MODELS)):
+        print(f"{title}:")
+        for e in reg.entries():
+            keys = ""
+            if e.params is not None and dataclasses.is_dataclass(e.params):
+                fields = [f"{f.name}={f.default!r}" for f in dataclasses.fields(e.params)
+                          if f.default is not dataclasses.MISSING]
+                keys = f"  [{', '.join(fields)}]" if fields else ""
+            print(f"  {e.name:<12} {e.description}{keys}")
+    return 0
+
+
+def _dataset_params(name: str, overrides: list[str]):
+    from fedshift.config import build_dataclass, parse_override
+    from fedshift.data import DATASETS
+
+    entry = DATASETS.entry(name)
+    raw = dict(parse_override(o) for o in overrides)
+    raw = {k.removeprefix("dataset."): v for k, v in raw.items()}
+    return entry, build_dataclass(entry.params, raw, "dataset")
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from fedshift.data import digits
+
+    if args.action == "fetch":
+        if args.name != "opencv":
+            raise FedshiftError(f"nothing to fetch for {args.name!r}; fetchable: opencv")
+        path = digits.fetch_opencv(Path(args.cache) if args.cache else None)
+        print(f"opencv digits sheet: {path}")
+        return 0
+    if args.name != "digits":
+        raise FedshiftError(f"'fedshift data {args.action}' supports the dataset 'digits'")
+    entry, params = _dataset_params(args.name, args.overrides)
+    if args.action == "build":
+        path = digits.build_digits(params, progress=True, force=args.force)
+        print(f"built digits pools in {path}")
+        return 0
+    out = Path(args.out or "digits_montage.png")
+    counts = digits.show_digits(params, out)
+    print(json.dumps(counts, indent=2))
+    print(f"montage: {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an experiment config (and its sweep grid)")
+    run.add_argument("-c", "--config", help="YAML config file")
+    run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
+    run.add_argument("--out", help="root folder for run directories (config key 'out')")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(fn=_cmd_run)
+
+    ls = sub.add_parser("list", help="list algorithms, datasets and models")
+    ls.set_defaults(fn=_cmd_list)
+
+    data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
+    data.add_argument("action", choices=["build", "show", "fetch"])
+    data.add_argument("name", help="dataset (digits) or source to fetch (opencv)")
+    data.add_argument("overrides", nargs="*", help="dataset keys, e.g. train_size=500")
+    data.add_argument("--force", action="store_true", help="rebuild even if cached")
+    data.add_argument("--out", help="montage PNG path for 'show'")
+    data.add_argument("--cache", help="cache folder for 'fetch' (default: $FEDSHIFT_CACHE)")
+    data.set_defaults(fn=_cmd_data)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except FedshiftError as e:
+        print(f"fedshift: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedshift: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

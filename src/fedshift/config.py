@@ -1,0 +1,361 @@
+"""Experiment configuration: YAML + ``key=value`` overrides, validated against dataclasses.
+
+A config is a nested mapping. The fixed sections (``train``, ``federation``, ``eval``, ...)
+are dataclasses below; the ``dataset``, ``model`` and ``algorithm`` sections hold a ``name``
+plus the keys of that component's own parameter dataclass (found through the registries).
+Every error names the offending key (and the file it came from) and lists the valid choices.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from fedshift.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Local training of every client."""
+
+    rounds: int = 50
+    local_epochs: int = 1
+    local_steps: int | None = None  # if set, overrides local_epochs (mini-batch steps per round)
+    batch_size: int = 32
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # "reset": a fresh optimizer every round (FedBN's code); "persist": kept in client state.
+    optimizer_state: Literal["reset", "persist"] = "reset"
+
+
+@dataclass
+class FederationConfig:
+    """Which clients take part in a round and how their replies are weighted."""
+
+    sample_fraction: float = 1.0
+    weighting: Literal["samples", "uniform"] = "samples"
+
+
+@dataclass
+class InputConfig:
+    """Input pipeline applied to every batch: (x - mean) / std per channel, x in [0, 1].
+    FedBN's digits code uses 0.5 / 0.5."""
+
+    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # evaluate every k rounds (the last round is always evaluated)
+    batch_size: int = 500
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # save all state every k rounds (0: only at the end)
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    device: str = "cpu"
+    dataset: dict = field(default_factory=lambda: {"name": "digits"})
+    model: dict = field(default_factory=lambda: {"name": "cnn"})
+    algorithm: dict = field(default_factory=lambda: {"name": "fedavg"})
+    train: TrainConfig = field(default_factory=TrainConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    input: InputConfig = field(default_factory=InputConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    out: str = "runs"
+    # Parameter grid: dotted key -> list of values; one run per combination.
+    sweep: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+COMPONENT_SECTIONS = ("dataset", "model", "algorithm")
+
+
+# ----------------------------------------------------------------------------- validation
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp) or (Any,)
+        return f"list[{_type_name(inner)}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+    if tp is Any:
+        return value
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                f"config key '{key}': {value!r} is not valid; choose one of "
+                + ", ".join(repr(c) for c in choices)
+            )
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError:
+                continue
+        raise bad
+    if origin is list:
+        (inner,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, list | tuple):
+            raise bad
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return build_dataclass(tp, value, key)
+    return value
+
+
+def unknown_key_error(key: str, valid: list[str]) -> ConfigError:
+    leaf = key.rsplit(".", 1)[-1]
+    hint = difflib.get_close_matches(leaf, valid, n=1)
+    did = f" (did you mean '{hint[0]}'?)" if hint else ""
+    return ConfigError(
+        f"unknown config key '{key}'{did}; valid keys here: {', '.join(sorted(valid)) or '(none)'}"
+    )
+
+
+def build_dataclass(cls: type, data: dict, prefix: str = "", skip: tuple = ()) -> Any:
+    """Instantiate dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs = {}
+    for k, v in data.items():
+        full = f"{prefix}.{k}" if prefix else str(k)
+        if k in skip:
+            continue
+        if k not in names:
+            raise unknown_key_error(full, names)
+        kwargs[k] = _coerce(v, hints[k], full)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config section '{prefix or cls.__name__}': {e}") from e
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        check(prefix)
+    return obj
+
+
+def component_params(section: str, data: dict) -> tuple[str, Any]:
+    """Validate a ``{name: ..., **params}`` section against the component's registry entry."""
+    from fedshift.catalog import registry_for
+
+    if not isinstance(data, dict) or "name" not in data:
+        raise ConfigError(f"config section '{section}' needs a 'name' key, got {data!r}")
+    reg = registry_for(section)
+    entry = reg.entry(str(data["name"]), key=f"{section}.name")
+    params_cls = entry.params
+    rest = {k: v for k, v in data.items() if k != "name"}
+    if params_cls is None:
+        if rest:
+            raise unknown_key_error(f"{section}.{next(iter(rest))}", ["name"])
+        return entry.name, None
+    return entry.name, build_dataclass(params_cls, rest, section)
+
+
+# ----------------------------------------------------------------------------- loading
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.lr=0.05)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: cannot parse value: {e}") from e
+    return key, value
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"config key '{key}': '{p}' is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("sweep",):
+            # a component section whose name changes starts from scratch
+            if k in COMPONENT_SECTIONS and "name" in v and v["name"] != out[k].get("name"):
+                out[k] = copy.deepcopy(v)
+            else:
+                out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of config keys")
+    return data
+
+
+def resolve(raw: dict, source: str = "config") -> RunConfig:
+    """Validate a raw nested dict into a :class:`RunConfig` (component sections resolved)."""
+    try:
+        cfg = build_dataclass(RunConfig, raw)
+        objs = {}
+        for section in COMPONENT_SECTIONS:
+            name, params = component_params(section, getattr(cfg, section))
+            objs[section] = params
+            resolved = {"name": name}
+            if params is not None:
+                resolved.update(dataclasses.asdict(params))
+            setattr(cfg, section, resolved)
+        _check_ranges(cfg)
+        from fedshift.catalog import registry_for
+
+        algo_cls = registry_for("algorithm").get(cfg.algorithm["name"])
+        algo_cls.check(objs["algorithm"], cfg.train)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return cfg
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    t = cfg.train
+    positive = {
+        "train.rounds": t.rounds,
+        "train.local_epochs": t.local_epochs,
+        "train.batch_size": t.batch_size,
+        "eval.every": cfg.eval.every,
+        "eval.batch_size": cfg.eval.batch_size,
+    }
+    for key, v in positive.items():
+        if v < 1:
+            raise ConfigError(f"config key '{key}' must be >= 1, got {v}")
+    if t.local_steps is not None and t.local_steps < 1:
+        raise ConfigError(f"config key 'train.local_steps' must be >= 1 or null, got {t.local_steps}")
+    if t.lr <= 0:
+        raise ConfigError(f"config key 'train.lr' must be > 0, got {t.lr}")
+    if not 0 < cfg.federation.sample_fraction <= 1:
+        raise ConfigError(
+            "config key 'federation.sample_fraction' must be in (0, 1], "
+            f"got {cfg.federation.sample_fraction}"
+        )
+    if cfg.checkpoint.every < 0:
+        raise ConfigError("config key 'checkpoint.every' must be >= 0")
+    if len(cfg.input.mean) != len(cfg.input.std) or any(s <= 0 for s in cfg.input.std):
+        raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths and std > 0")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
+    """Read YAML (optional) and apply ``key=value`` overrides; returns the raw nested dict."""
+    raw = load_yaml(path) if path else {}
+    for item in overrides or []:
+        key, value = parse_override(item)
+        head = key.split(".")[0]
+        section = raw.get(head)
+        if key == f"{head}.name" and isinstance(section, dict) and head in COMPONENT_SECTIONS:
+            if section.get("name") != value:
+                raw[head] = {"name": value}  # a new component: its old params don't apply
+                continue
+        set_dotted(raw, key, value)
+    return raw
+
+
+def expand_sweep(raw: dict, source: str = "config") -> list[dict]:
+    """One raw config per combination of the ``sweep`` grid (the grid itself removed)."""
+    import itertools
+
+    grid = raw.get("sweep") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{source}: 'sweep' must map dotted keys to lists of values")
+    base = {k: v for k, v in raw.items() if k != "sweep"}
+    if not grid:
+        return [base]
+    keys = list(grid)
+    for k in keys:
+        if not isinstance(grid[k], list) or not grid[k]:
+            raise ConfigError(f"{source}: sweep key '{k}' needs a non-empty list of values")
+    out = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        one = copy.deepcopy(base)
+        for k, v in zip(keys, combo, strict=True):
+            head = k.split(".")[0]
+            if head in COMPONENT_SECTIONS and k == f"{head}.name":
+                section = one.setdefault(head, {})
+                if section.get("name") != v:
+                    one[head] = {"name": v}
+                    continue
+            set_dotted(one, k, v)
+        out.append(one)
+    return out
+
+
+def dump_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

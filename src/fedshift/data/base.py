@@ -1,0 +1,84 @@
+"""In-memory federated datasets: one :class:`ClientData` per client (domain).
+
+Images live as float tensors in ``[0, 1]`` of shape ``(N, C, H, W)`` once a benchmark is
+built; nothing on the training hot path reads files or runs per-sample Python code.
+Normalisation is *not* baked in: it is part of the input pipeline (see
+:mod:`fedshift.engine.inputs`) so that input-level methods (FedRDN, amplitude
+normalisation) see raw images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class Split:
+    """One split of one client: images ``x`` (float, [0, 1]) and integer labels ``y``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.x.shape[0] != self.y.shape[0]:
+            raise ValueError(f"split has {self.x.shape[0]} images but {self.y.shape[0]} labels")
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass
+class ClientData:
+    """The data one client holds: a train, a validation and a test split."""
+
+    name: str
+    train: Split
+    val: Split
+    test: Split
+
+    def split(self, name: str) -> Split:
+        if name not in SPLITS:
+            raise KeyError(f"unknown split {name!r}; valid: {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+@dataclass
+class Federation:
+    """A federated benchmark: named clients sharing one label space."""
+
+    name: str
+    clients: list[ClientData]
+    classes: list[str]
+    input_shape: tuple[int, int, int]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def client_names(self) -> list[str]:
+        return [c.name for c in self.clients]
+
+    def client(self, name: str) -> ClientData:
+        for c in self.clients:
+            if c.name == name:
+                return c
+        raise KeyError(f"no client {name!r}; clients: {', '.join(self.client_names)}")
+
+    def pooled(self, name: str = "pooled") -> ClientData:
+        """All clients' splits concatenated (the centralised "All" oracle trains on this)."""
+
+        def cat(split: str) -> Split:
+            parts = [c.split(split) for c in self.clients]
+            return Split(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+
+        return ClientData(name, cat("train"), cat("val"), cat("test"))
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per-client example counts per split."""
+        return {c.name: {s: len(c.split(s)) for s in SPLITS} for c in self.clients}

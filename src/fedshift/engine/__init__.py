@@ -1,0 +1,1 @@
+"""The simulation engine: round loop, payload protocol, ledger, seeding, checkpoints."""

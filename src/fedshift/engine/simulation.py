@@ -1,0 +1,318 @@
+"""The single-machine simulator: the round loop, sampling, evaluation, checkpoints.
+
+One :class:`Simulation` is one run. Each round it samples clients, sends each the
+algorithm's broadcast, runs the algorithm's ``local_update`` in a :class:`ClientContext`,
+records every payload in the ledger, checks replies for non-finite values and lets the
+algorithm aggregate. Every ``eval.every`` rounds (and at the last round) it evaluates every
+client's validation and test split with the global model and, where the algorithm keeps
+client-local tensors, with each client's personalised model. Model selection picks the round
+with the best mean *validation* accuracy (never test).
+
+Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.engine.seeding`),
+so a run resumed from a checkpoint ends with exactly the numbers of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from fedshift.algorithms import ALGORITHMS, Algorithm
+from fedshift.config import RunConfig, dump_config
+from fedshift.data import load_dataset
+from fedshift.data.base import Federation
+from fedshift.engine.context import ClientContext, Normalize
+from fedshift.engine.executor import SequentialExecutor
+from fedshift.engine.payload import Ledger, Payload
+from fedshift.engine.seeding import generator, rng_state, seed_global, set_rng_state
+from fedshift.errors import ConfigError, FedshiftError, TrainingError
+from fedshift.eval.metrics import evaluate
+from fedshift.eval.summary import summarize
+from fedshift.models import build_model
+
+CHECKPOINT = "checkpoint.pt"
+
+
+class RunInterrupted(FedshiftError):
+    """Raised by ``stop_after`` to emulate a run killed after a given round (tests, demos)."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"config key 'device': {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("config key 'device': CUDA is not available here; use device=cpu")
+    return dev
+
+
+def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
+    """``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, with ``-2``, ``-3``... if taken."""
+    root = Path(out or cfg.out) / cfg.name
+    base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
+    path, i = root / base, 1
+    while path.exists():
+        i += 1
+        path = root / f"{base}-{i}"
+    return path
+
+
+class Simulation:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        federation: Federation | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.device = resolve_device(cfg.device)
+        self.fed = federation if federation is not None else load_dataset(cfg.dataset)
+        seed_global(cfg.seed, "init")
+        self.model = build_model(cfg.model, self.fed.num_classes, self.fed.input_shape)
+        self.model.to(self.device)
+        entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
+        params = cfg.algorithm.copy()
+        params.pop("name")
+        algo_params = entry.params(**params) if entry.params is not None else None
+        self.train_clients = {c.name: c for c in entry.obj.training_data(self.fed)}
+        self.algo: Algorithm = entry.obj(
+            algo_params, cfg.train, cfg.federation, self.model, len(self.train_clients)
+        )
+        self.normalize = Normalize(cfg.input, self.fed.input_shape[0], self.device)
+        self.executor = SequentialExecutor()
+        self.server = self.algo.init_server(self.model)
+        self.states = {cid: self.algo.init_client(cid, self.model) for cid in self.train_clients}
+        self.ledger = Ledger()
+        self.records: list[dict] = []
+        self.last_round = 0
+        self.wall_before = 0.0
+        self.kinds = [
+            k
+            for k, ok in (
+                ("personal", self.algo.has_personal_model),
+                ("global", self.algo.has_global_model),
+            )
+            if ok
+        ]
+
+    # ------------------------------------------------------------------ one round
+    def sample(self, rnd: int) -> list[str]:
+        ids = list(self.train_clients)
+        m = max(1, round(self.cfg.federation.sample_fraction * len(ids)))
+        if m >= len(ids):
+            return ids
+        perm = torch.randperm(len(ids), generator=generator(self.cfg.seed, "sample", rnd))
+        return [ids[i] for i in sorted(perm[:m].tolist())]
+
+    def client_round(self, rnd: int, cid: str) -> Payload:
+        algo, seed = self.algo, self.cfg.seed
+        down = algo.broadcast(self.server, rnd, cid)
+        if algo.communicates:
+            self.ledger.record(rnd, cid, "down", down)
+        seed_global(seed, "client", rnd, cid)
+        ctx = ClientContext(
+            cid=cid,
+            round=rnd,
+            data=self.train_clients[cid],
+            model=self.model,
+            train=self.cfg.train,
+            normalize=self.normalize,
+            generator=generator(seed, "batches", rnd, cid),
+            device=self.device,
+        )
+        up = algo.local_update(ctx, down, self.states[cid])
+        bad = up.first_non_finite()
+        loss = up.metrics.get("train_loss")
+        if bad is not None or (loss is not None and not torch.isfinite(torch.tensor(loss))):
+            what = f"tensor {bad!r}" if bad else f"train_loss={loss}"
+            raise TrainingError(
+                f"round {rnd}: client {cid!r} produced a non-finite update ({what}). "
+                "Lower train.lr, check the input normalisation (input.mean/std) or the data."
+            )
+        if algo.communicates:
+            self.ledger.record(rnd, cid, "up", up)
+        return up
+
+    def run_round(self, rnd: int) -> dict[str, dict]:
+        sampled = self.sample(rnd)
+        replies = self.executor.map(lambda cid: (cid, self.client_round(rnd, cid)), sampled)
+        self.algo.aggregate(self.server, rnd, replies)
+        return {cid: up.metrics for cid, up in replies}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_round(self, rnd: int, train_metrics: dict[str, dict]) -> list[dict]:
+        bs, dev = self.cfg.eval.batch_size, self.device
+        rows: list[dict] = []
+        clients = self.fed.clients
+        for c in clients:
+            row: dict[str, Any] = {"round": rnd, "client": c.name}
+            if c.name in train_metrics:
+                row["train_loss"] = train_metrics[c.name].get("train_loss")
+            rows.append(row)
+        global_w = self.algo.global_weights(self.server)
+        if global_w is not None:
+            self.model.load_state_dict(global_w)
+            for c, row in zip(clients, rows, strict=True):
+                row["global"] = self._scores(c, bs, dev)
+        if self.algo.has_personal_model:
+            for c, row in zip(clients, rows, strict=True):
+                self.model.load_state_dict(self.algo.personal_weights(self.server, self.states[c.name]))
+                row["personal"] = self._scores(c, bs, dev)
+        return rows
+
+    def _scores(self, client, bs: int, dev: torch.device) -> dict[str, float]:
+        out = {}
+        for split in ("val", "test"):
+            m = evaluate(self.model, client.split(split), self.normalize, bs, dev)
+            out[f"{split}_acc"], out[f"{split}_loss"] = m["acc"], m["loss"]
+        return out
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "round": self.last_round,
+            "server": self.server,
+            "clients": self.states,
+            "ledger": self.ledger.state_dict(),
+            "records": self.records,
+            "rng": rng_state(),
+            "wall_s": self.wall_before,
+            "config": self.cfg.to_dict(),
+        }
+
+    def save_checkpoint(self) -> None:
+        tmp = self.run_dir / (CHECKPOINT + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, self.run_dir / CHECKPOINT)
+
+    def load_checkpoint(self) -> None:
+        path = self.run_dir / CHECKPOINT
+        if not path.is_file():
+            raise FedshiftError(
+                f"{path} does not exist: the run stopped before its first checkpoint "
+                "(set checkpoint.every to save more often); start it again instead"
+            )
+        ck = torch.load(path, map_location=self.device, weights_only=False)
+        self.last_round = int(ck["round"])
+        self.server = ck["server"]
+        self.states = ck["clients"]
+        self.ledger.load_state_dict(ck["ledger"])
+        self.records = ck["records"]
+        self.wall_before = float(ck["wall_s"])
+        set_rng_state(ck["rng"])
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, resume: bool = False, stop_after: int | None = None) -> RunResult:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.load_checkpoint()
+        else:
+            dump_config(cfg, self.run_dir / "config.yaml")
+        self._rewrite_metrics()
+        t0 = time.perf_counter()
+        rounds = cfg.train.rounds
+        label = f"{cfg.algorithm['name']} s{cfg.seed}"
+        bar = tqdm(
+            range(self.last_round + 1, rounds + 1),
+            desc=label,
+            initial=self.last_round,
+            total=rounds,
+            disable=not self.progress,
+            leave=False,
+            dynamic_ncols=True,
+        )
+        for rnd in bar:
+            train_metrics = self.run_round(rnd)
+            if rnd % cfg.eval.every == 0 or rnd == rounds:
+                rows = self.evaluate_round(rnd, train_metrics)
+                self.records.extend(rows)
+                self._append_metrics(rows)
+                kind = self.kinds[0]
+                val = sum(r[kind]["val_acc"] for r in rows) / len(rows)
+                bar.set_postfix_str(f"val {val:.3f}")
+            self.last_round = rnd
+            every = cfg.checkpoint.every
+            if (every and rnd % every == 0) or rnd == rounds:
+                self.wall_before += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                self.save_checkpoint()
+            if stop_after is not None and rnd >= stop_after and rnd < rounds:
+                bar.close()
+                raise RunInterrupted(f"stopped after round {rnd} (stop_after)")
+        bar.close()
+        self.wall_before += time.perf_counter() - t0
+        summary = summarize(self)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self._write_ledger()
+        from fedshift.eval.plots import plot_convergence
+
+        plot_convergence(self.records, self.kinds, self.run_dir / "convergence.png", label)
+        return RunResult(self.run_dir, summary)
+
+    # ------------------------------------------------------------------ files
+    def _rewrite_metrics(self) -> None:
+        with open(self.run_dir / "metrics.jsonl", "w") as f:
+            for r in self.records:
+                f.write(json.dumps(r) + "\n")
+
+    def _append_metrics(self, rows: list[dict]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+    def _write_ledger(self) -> None:
+        data = {
+            "by_record": self.ledger.by_record(),
+            "by_round": {str(k): v for k, v in self.ledger.by_round().items()},
+            "total": {"up": self.ledger.total("up"), "down": self.ledger.total("down")},
+        }
+        (self.run_dir / "ledger.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def run_experiment(
+    cfg: RunConfig,
+    out: str | Path | None = None,
+    run_dir: Path | None = None,
+    federation: Federation | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> RunResult:
+    """Run one resolved config to the end; returns the run directory and its summary."""
+    run_dir = run_dir or new_run_dir(cfg, out)
+    return Simulation(cfg, run_dir, federation, progress).run(stop_after=stop_after)
+
+
+def resume_experiment(
+    run_dir: str | Path,
+    federation: Federation | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> RunResult:
+    """Continue a killed run from its last checkpoint, with its saved config."""
+    from fedshift.config import load_yaml, resolve
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FedshiftError(f"{run_dir} is not a fedshift run directory (no config.yaml)")
+    cfg = resolve(load_yaml(cfg_path), source=str(cfg_path))
+    sim = Simulation(cfg, run_dir, federation, progress)
+    return sim.run(resume=True, stop_after=stop_after)

@@ -1,0 +1,1 @@
+"""Evaluation: metrics, summaries, tables and plots."""

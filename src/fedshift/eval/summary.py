@@ -1,0 +1,91 @@
+"""Run summaries: model selection on mean validation accuracy, then test at that round."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+SELECTION_RULE = (
+    "round with the best mean validation accuracy over clients (earliest on ties); "
+    "test accuracy reported at that round"
+)
+
+
+def select_round(records: list[dict], kind: str) -> dict[str, Any]:
+    """Model selection for one model kind (``global`` or ``personal``) over metric rows."""
+    by_round: dict[int, list[dict]] = defaultdict(list)
+    for r in records:
+        if kind in r:
+            by_round[r["round"]].append(r)
+    if not by_round:
+        raise ValueError(f"no evaluated rounds for the {kind} model")
+
+    def mean(rows: list[dict], key: str) -> float:
+        return sum(r[kind][key] for r in rows) / len(rows)
+
+    curve = {rnd: mean(rows, "val_acc") for rnd, rows in sorted(by_round.items())}
+    best = max(curve, key=lambda rnd: (curve[rnd], -rnd))
+    last = max(by_round)
+
+    def block(rnd: int) -> dict[str, Any]:
+        rows = by_round[rnd]
+        return {
+            "round": rnd,
+            "val_mean": mean(rows, "val_acc"),
+            "test_mean": mean(rows, "test_acc"),
+            "val_per_client": {r["client"]: r[kind]["val_acc"] for r in rows},
+            "test_per_client": {r["client"]: r[kind]["test_acc"] for r in rows},
+        }
+
+    return {"best": block(best), "final": block(last)}
+
+
+def build_summary(
+    records: list[dict],
+    kinds: list[str],
+    meta: dict[str, Any],
+    ledger_totals: dict[str, int],
+    bytes_by_record: dict[str, dict[str, int]],
+    wall_s: float,
+) -> dict[str, Any]:
+    models = {kind: select_round(records, kind) for kind in kinds}
+    primary = kinds[0]
+    best = models[primary]["best"]
+    return {
+        **meta,
+        "evaluated_model": primary,
+        "model_selection": f"{SELECTION_RULE} ({primary} model)",
+        "best_round": best["round"],
+        "val_mean": best["val_mean"],
+        "test_mean": best["test_mean"],
+        "test_per_client": best["test_per_client"],
+        "val_per_client": best["val_per_client"],
+        "final_test_mean": models[primary]["final"]["test_mean"],
+        "models": models,
+        "bytes_up": ledger_totals.get("up", 0),
+        "bytes_down": ledger_totals.get("down", 0),
+        "bytes_by_record": bytes_by_record,
+        "wall_s": wall_s,
+    }
+
+
+def summarize(sim) -> dict[str, Any]:
+    """The ``summary.json`` of a finished :class:`~fedshift.engine.simulation.Simulation`."""
+    cfg = sim.cfg
+    n_params = sum(p.numel() for p in sim.model.parameters())
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
+    meta = {
+        "algorithm": cfg.algorithm["name"],
+        "dataset": cfg.dataset["name"],
+        "model": cfg.model["name"],
+        "seed": cfg.seed,
+        "rounds": cfg.train.rounds,
+        "clients": sim.fed.client_names,
+        "model_params": n_params,
+        "model_bytes": model_bytes,
+        "run_dir": str(sim.run_dir),
+    }
+    totals = {"up": sim.ledger.total("up"), "down": sim.ledger.total("down")}
+    return build_summary(
+        sim.records, sim.kinds, meta, totals, sim.ledger.by_record(), round(sim.wall_before, 3)
+    )

@@ -1,0 +1,51 @@
+"""Model registry: name -> FedModel factory with its parameter dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedshift.errors import ConfigError
+from fedshift.models.base import FedModel
+from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
+from fedshift.registry import Registry
+
+
+@dataclass
+class CNNParams:
+    width: int = 32
+
+
+@dataclass
+class DigitModelParams:
+    pass
+
+
+@dataclass
+class LeNet5Params:
+    bn: bool = True
+
+
+MODELS: Registry[type[FedModel]] = Registry("model")
+MODELS.add("cnn", SmallCNN, CNNParams, "fast default CNN: 2 conv stages with BN, 128-d embedding")
+MODELS.add("digitmodel", DigitModel, DigitModelParams, "FedBN's DigitModel (3 conv + 3 FC, BN)")
+MODELS.add("lenet5", LeNet5, LeNet5Params, "LeNet-5 (ReLU, max-pool; optional BN)")
+
+#: input shapes each model is built for
+MODEL_INPUTS = {"cnn": (3, 28, 28), "digitmodel": (3, 28, 28), "lenet5": (3, 28, 28)}
+
+
+def build_model(section: dict, num_classes: int, input_shape: tuple[int, ...]) -> FedModel:
+    """Instantiate the model of a resolved ``model`` config section for this dataset."""
+    name = section["name"]
+    expected = MODEL_INPUTS.get(name)
+    if expected is not None and tuple(input_shape) != expected:
+        raise ConfigError(
+            f"config key 'model.name': model {name!r} takes images of shape "
+            f"{'x'.join(map(str, expected))} but the dataset gives "
+            f"{'x'.join(map(str, input_shape))}; choose a model for this dataset"
+        )
+    params = {k: v for k, v in section.items() if k != "name"}
+    return MODELS.get(name)(num_classes=num_classes, in_channels=input_shape[0], **params)
+
+
+__all__ = ["MODELS", "FedModel", "build_model"]

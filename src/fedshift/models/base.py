@@ -1,0 +1,77 @@
+"""The model contract every fedshift model follows.
+
+A :class:`FedModel` splits into ``features(x) -> z`` and ``head(z) -> logits`` (FRAug, MOON,
+FedProto and t-SNE plots need the embedding), names its convolutional *stages* in order (the
+insertion points for feature-level layers such as FedFA's FFA or MixStyle), and names its
+normalisation layers so that a BN policy (:mod:`fedshift.models.bn`) is one explicit rule over
+state-dict keys rather than a substring match on ``"bn"``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class FedModel(nn.Module):
+    """Base class: subclasses build ``self.stages`` (an ordered ModuleDict) and ``self.head``."""
+
+    stages: nn.ModuleDict
+    embed: nn.Module
+    classifier: nn.Module
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Hooks called on the output of each named stage, e.g. {"conv1": ffa_layer}.
+        self.stage_hooks: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+
+    @property
+    def stage_names(self) -> list[str]:
+        return list(self.stages.keys())
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Input images -> embedding ``z`` (the input of the classification head)."""
+        for name, stage in self.stages.items():
+            x = stage(x)
+            hook = self.stage_hooks.get(name)
+            if hook is not None:
+                x = hook(x)
+        return self.embed(torch.flatten(x, 1))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        """Embedding -> class logits."""
+        return self.classifier(z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def bn_layer_names(self) -> list[str]:
+        """Qualified names of every batch-norm layer (their tensors are the "BN tensors")."""
+        return [
+            name
+            for name, m in self.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        ]
+
+
+def conv_stage(cin: int, cout: int, k: int, pad: int, pool: bool, bn: bool = True) -> nn.Sequential:
+    """conv -> (BN) -> ReLU -> (max-pool 2), with named children (``conv``, ``bn``, ...)."""
+    layers: OrderedDict[str, nn.Module] = OrderedDict(conv=nn.Conv2d(cin, cout, k, padding=pad))
+    if bn:
+        layers["bn"] = nn.BatchNorm2d(cout)
+    layers["relu"] = nn.ReLU(inplace=True)
+    if pool:
+        layers["pool"] = nn.MaxPool2d(2)
+    return nn.Sequential(layers)
+
+
+def fc_stage(fin: int, fout: int, bn: bool = True) -> nn.Sequential:
+    """linear -> (BN1d) -> ReLU, with named children (``fc``, ``bn``, ``relu``)."""
+    layers: OrderedDict[str, nn.Module] = OrderedDict(fc=nn.Linear(fin, fout))
+    if bn:
+        layers["bn"] = nn.BatchNorm1d(fout)
+    layers["relu"] = nn.ReLU(inplace=True)
+    return nn.Sequential(layers)
