@@ -43,8 +43,13 @@ def _clear_caches() -> None:
 def params(tmp_path_factory) -> DigitsParams:
     cache = tmp_path_factory.mktemp("cache")
     return DigitsParams(
-        domains=list(LOCAL), train_size=100, val_size=50, test_size=100,
-        seed=0, synth_pool=500, cache_dir=str(cache),
+        domains=list(LOCAL),
+        train_size=100,
+        val_size=50,
+        test_size=100,
+        seed=0,
+        synth_pool=500,
+        cache_dir=str(cache),
     )
 
 
@@ -89,8 +94,12 @@ def test_federation_shapes_dtypes_and_range(fed, params):
 
 
 def test_pool_sizes_and_info(fed, params):
-    assert fed.info["pool_sizes"] == {"mnist": 2500, "mnistm": 2500, "optdigits": 1797,
-                                      "synth": 500}
+    assert fed.info["pool_sizes"] == {
+        "mnist": 2500,
+        "mnistm": 2500,
+        "optdigits": 1797,
+        "synth": 500,
+    }
     assert Path(fed.info["cache"]) == pool_dir(params)
     assert fed.info["sources"]["mnist"][0]["path"] == "data/data/mnist_5k.csv.gz"
     assert pool_dir(params).name == "v1-seed0-synth500"
@@ -183,8 +192,9 @@ def test_optdigits_is_bilinear_upsample_of_8x8(params):
     assert np.array_equal(y, labels)
     assert images.shape == (1797, 8, 8) and images.max() == 16
     scaled = torch.from_numpy(images[:, None] * 255.0 / 16.0)
-    up = torch.nn.functional.interpolate(scaled, size=(28, 28), mode="bilinear",
-                                         align_corners=False)
+    up = torch.nn.functional.interpolate(
+        scaled, size=(28, 28), mode="bilinear", align_corners=False
+    )
     expected = up[:, 0].round().clamp(0, 255).numpy()
     assert np.abs(x[:, 0].astype(float) - expected).max() <= 1
     assert x.max() == 255
@@ -219,8 +229,9 @@ def test_checksum_mismatch_raises_and_force_repairs(params, fed, tmp_path):
     with pytest.raises(DataError, match="fedshift data build digits --force"):
         load_digits(copy, progress=False)
     build_digits(replace(copy, domains=["mnist"]), progress=False, force=True)
-    assert torch.equal(load_digits(copy, progress=False).client("mnist").test.x,
-                       fed.client("mnist").test.x)
+    assert torch.equal(
+        load_digits(copy, progress=False).client("mnist").test.x, fed.client("mnist").test.x
+    )
 
 
 # ------------------------------------------------------------------------------ fonts
@@ -354,8 +365,7 @@ def test_extract_opencv_png_from_a_deb(tmp_path):
     Image.fromarray(_fake_sheet()).save(target)
     (root / "usr/share/doc/opencv-doc/other.txt").write_text("not extracted")
     deb = tmp_path / "opencv-doc_0.0_all.deb"
-    subprocess.run(["dpkg-deb", "--build", str(root), str(deb)], check=True,
-                   capture_output=True)
+    subprocess.run(["dpkg-deb", "--build", str(root), str(deb)], check=True, capture_output=True)
     work = tmp_path / "work"
     work.mkdir()
     png = ds.extract_opencv_png(deb, work)

@@ -1,9 +1,9 @@
 """The ``fedshift`` command line.
 
-  fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
-  fedshift run --resume RUN_DIR                            continue a killed run
-  fedshift list                                            algorithms, datasets, models
-  fedshift data build|show|fetch ...                       offline benchmarks
+fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
+fedshift run --resume RUN_DIR                            continue a killed run
+fedshift list                                            algorithms, datasets, models
+fedshift data build|show|fetch ...                       offline benchmarks
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for e in reg.entries():
             keys = ""
             if e.params is not None and dataclasses.is_dataclass(e.params):
-                fields = [f"{f.name}={f.default!r}" for f in dataclasses.fields(e.params)
-                          if f.default is not dataclasses.MISSING]
+                fields = [
+                    f"{f.name}={f.default!r}"
+                    for f in dataclasses.fields(e.params)
+                    if f.default is not dataclasses.MISSING
+                ]
                 keys = f"  [{', '.join(fields)}]" if fields else ""
             print(f"  {e.name:<12} {e.description}{keys}")
     return 0

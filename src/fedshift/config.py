@@ -266,6 +266,12 @@ def load_yaml(path: str | Path) -> dict:
 
 def resolve(raw: dict, source: str = "config") -> RunConfig:
     """Validate a raw nested dict into a :class:`RunConfig` (component sections resolved)."""
+    raw = dict(raw)
+    defaults = RunConfig()
+    for section in COMPONENT_SECTIONS:
+        given = raw.get(section)
+        if isinstance(given, dict) and "name" not in given:
+            raw[section] = {"name": getattr(defaults, section)["name"], **given}
     try:
         cfg = build_dataclass(RunConfig, raw)
         objs = {}
@@ -299,7 +305,9 @@ def _check_ranges(cfg: RunConfig) -> None:
         if v < 1:
             raise ConfigError(f"config key '{key}' must be >= 1, got {v}")
     if t.local_steps is not None and t.local_steps < 1:
-        raise ConfigError(f"config key 'train.local_steps' must be >= 1 or null, got {t.local_steps}")
+        raise ConfigError(
+            f"config key 'train.local_steps' must be >= 1 or null, got {t.local_steps}"
+        )
     if t.lr <= 0:
         raise ConfigError(f"config key 'train.lr' must be > 0, got {t.lr}")
     if not 0 < cfg.federation.sample_fraction <= 1:
@@ -318,12 +326,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = load_yaml(path) if path else {}
     for item in overrides or []:
         key, value = parse_override(item)
+        if key.startswith("sweep."):  # sweep keys are dotted names themselves
+            raw.setdefault("sweep", {})[key.removeprefix("sweep.")] = value
+            continue
         head = key.split(".")[0]
         section = raw.get(head)
-        if key == f"{head}.name" and isinstance(section, dict) and head in COMPONENT_SECTIONS:
-            if section.get("name") != value:
-                raw[head] = {"name": value}  # a new component: its old params don't apply
-                continue
+        renamed = isinstance(section, dict) and section.get("name") != value
+        if key == f"{head}.name" and head in COMPONENT_SECTIONS and renamed:
+            raw[head] = {"name": value}  # a new component: its old params don't apply
+            continue
         set_dotted(raw, key, value)
     return raw
 

@@ -16,8 +16,17 @@ from fedshift.registry import Registry
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 for _cls in (
-    FedAvg, FedBN, FedProx, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedNova, Scaffold,
-    LocalOnly, Centralised,
+    FedAvg,
+    FedBN,
+    FedProx,
+    FedAvgM,
+    FedAdam,
+    FedYogi,
+    FedAdagrad,
+    FedNova,
+    Scaffold,
+    LocalOnly,
+    Centralised,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

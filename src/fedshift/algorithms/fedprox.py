@@ -29,7 +29,9 @@ class FedProx(FedAvg):
     Params = FedProxParams
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        self._anchor = {k: down["weights"][k].detach().to(ctx.device) for k in self.shared_param_keys}
+        self._anchor = {
+            k: down["weights"][k].detach().to(ctx.device) for k in self.shared_param_keys
+        }
         try:
             return super().local_update(ctx, down, state)
         finally:

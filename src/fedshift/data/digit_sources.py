@@ -479,12 +479,19 @@ def _rotated_window(img: Image.Image, angle: float, fill: tuple[int, ...]) -> Im
     half_out, half_in = SYNTH_WORK / 2, img.size[0] / 2
     # output pixel (u, v) samples input (a(u-h) + b(v-h) + H, -b(u-h) + a(v-h) + H)
     coeffs = (
-        a, b, half_in - a * half_out - b * half_out,
-        -b, a, half_in + b * half_out - a * half_out,
+        a,
+        b,
+        half_in - a * half_out - b * half_out,
+        -b,
+        a,
+        half_in + b * half_out - a * half_out,
     )
     return img.transform(
-        (SYNTH_WORK, SYNTH_WORK), Image.Transform.AFFINE, coeffs,
-        Image.Resampling.BILINEAR, fillcolor=fill,
+        (SYNTH_WORK, SYNTH_WORK),
+        Image.Transform.AFFINE,
+        coeffs,
+        Image.Resampling.BILINEAR,
+        fillcolor=fill,
     )
 
 
@@ -641,8 +648,12 @@ def extract_opencv_png(deb: Path, workdir: Path) -> Path:
     dpkg = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
     try:
         tar = subprocess.run(
-            ["tar", "-x", OPENCV_MEMBER], stdin=dpkg.stdout, cwd=workdir,
-            capture_output=True, text=True, check=False,
+            ["tar", "-x", OPENCV_MEMBER],
+            stdin=dpkg.stdout,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            check=False,
         )
     finally:
         dpkg.stdout.close()

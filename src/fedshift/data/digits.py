@@ -174,7 +174,9 @@ def _read_manifest(folder: Path, params: DigitsParams, force: bool = False) -> d
     try:
         manifest = json.loads(path.read_text())
         same = (manifest["recipe"], manifest["seed"], manifest["synth_pool"]) == (
-            RECIPE, params.seed, params.synth_pool,
+            RECIPE,
+            params.seed,
+            params.synth_pool,
         )
         if not same or not isinstance(manifest["domains"], dict):
             raise ValueError("recipe, seed or synth_pool differ from the folder name")

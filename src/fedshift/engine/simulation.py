@@ -173,7 +173,9 @@ class Simulation:
                 row["global"] = self._scores(c, bs, dev)
         if self.algo.has_personal_model:
             for c, row in zip(clients, rows, strict=True):
-                self.model.load_state_dict(self.algo.personal_weights(self.server, self.states[c.name]))
+                self.model.load_state_dict(
+                    self.algo.personal_weights(self.server, self.states[c.name])
+                )
                 row["personal"] = self._scores(c, bs, dev)
         return rows
 

@@ -12,7 +12,11 @@ def _fmt(x: float) -> str:
 
 def _grid(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        padded = (c.ljust(w) for c, w in zip(cells, widths, strict=True))
+        return "| " + " | ".join(padded) + " |"
+
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
 

@@ -42,9 +42,7 @@ class DigitModel(FedModel):
                 conv3=conv_stage(64, 128, 5, 2, pool=False),
             )
         )
-        self.embed = nn.Sequential(
-            OrderedDict(fc1=fc_stage(6272, 2048), fc2=fc_stage(2048, 512))
-        )
+        self.embed = nn.Sequential(OrderedDict(fc1=fc_stage(6272, 2048), fc2=fc_stage(2048, 512)))
         self.classifier = nn.Linear(512, num_classes)
 
 

@@ -1,0 +1,275 @@
+"""Aggregation math of each algorithm on tiny hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedshift.algorithms import ALGORITHMS
+from fedshift.algorithms.base import bn_keys, weighted_average
+from fedshift.algorithms.fednova import a_norm
+from fedshift.config import FederationConfig, TrainConfig
+from fedshift.data.toy import ToyParams, load_toy
+from fedshift.engine.context import ClientContext, Normalize
+from fedshift.engine.payload import Payload
+from fedshift.engine.seeding import generator
+from fedshift.models import build_model
+from fedshift.models.digits import SmallCNN
+
+
+def make_algo(name, model=None, train=None, weighting="samples", num_clients=2, **params):
+    model = model or SmallCNN(width=4)
+    entry = ALGORITHMS.entry(name)
+    p = entry.params(**params) if entry.params else None
+    train = train or TrainConfig(lr=0.1)
+    return entry.obj(p, train, FederationConfig(weighting=weighting), model, num_clients), model
+
+
+def test_weighted_average_by_hand():
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(1)}
+    b = {"w": torch.tensor([5.0, 6.0]), "n": torch.tensor(4)}
+    avg = weighted_average([(1.0, a), (3.0, b)])
+    assert torch.allclose(avg["w"], torch.tensor([4.0, 5.0]))  # (1*1 + 3*5)/4, (2 + 18)/4
+    assert avg["n"].dtype == torch.int64 and int(avg["n"]) == 3  # 13/4 = 3.25 -> 3
+
+
+def test_fedavg_sample_and_uniform_weights():
+    for weighting, expected in (("samples", 0.25 * 1 + 0.75 * 3), ("uniform", 2.0)):
+        algo, model = make_algo("fedavg", weighting=weighting)
+        server = algo.init_server(model)
+        r1 = {k: torch.full_like(v, 1) for k, v in server["weights"].items()}
+        r3 = {k: torch.full_like(v, 3) for k, v in server["weights"].items()}
+        replies = [("a", Payload({"weights": r1}, 100)), ("b", Payload({"weights": r3}, 300))]
+        algo.aggregate(server, 1, replies)
+        w = server["weights"]["stages.conv1.conv.weight"]
+        assert torch.allclose(w, torch.full_like(w, expected))
+
+
+def test_bn_policy_keys():
+    model = SmallCNN(width=4)
+    local = bn_keys(model, "local")
+    expected = {
+        f"{layer}.{leaf}"
+        for layer in ("stages.conv1.bn", "stages.conv2.bn", "embed.bn")
+        for leaf in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+    }
+    assert set(local) == expected
+    stats = bn_keys(model, "stats-local")
+    assert set(stats) == {k for k in expected if not k.endswith(("weight", "bias"))}
+    assert bn_keys(model, "global") == []
+
+
+def test_fedbn_never_averages_a_bn_tensor():
+    algo, model = make_algo("fedbn")
+    server = algo.init_server(model)
+    before = {k: v.clone() for k, v in server["weights"].items()}
+    down = algo.broadcast(server, 1, "a")
+    assert not set(down["weights"]) & set(algo.local_keys)
+    assert set(down["weights"]) | set(algo.local_keys) == set(before)
+    # the personal model uses the client's own BN tensors
+    state = algo.init_client("a", model)
+    state["local"] = {k: v + 7 for k, v in state["local"].items()}
+    pw = algo.personal_weights(server, state)
+    for k in algo.local_keys:
+        assert torch.equal(pw[k], state["local"][k])
+    assert algo.global_weights(server) is None and algo.has_personal_model
+
+
+def test_fedbn_full_round_keeps_bn_on_clients():
+    fed = load_toy(ToyParams(clients=2, train_size=20))
+    model = build_model({"name": "cnn", "width": 4}, 10, (3, 28, 28))
+    algo, _ = make_algo("fedbn", model=model, train=TrainConfig(lr=0.1, batch_size=8))
+    server = algo.init_server(model)
+    init_bn = {k: server["weights"][k].clone() for k in algo.local_keys}
+    states = {c.name: algo.init_client(c.name, model) for c in fed.clients}
+    replies = []
+    for c in fed.clients:
+        ctx = ClientContext(
+            c.name,
+            1,
+            c,
+            model,
+            algo.train,
+            Normalize_from_default(),
+            generator(0, c.name),
+            torch.device("cpu"),
+        )
+        up = algo.local_update(ctx, algo.broadcast(server, 1, c.name), states[c.name])
+        assert not set(up["weights"]) & set(algo.local_keys)
+        replies.append((c.name, up))
+    algo.aggregate(server, 1, replies)
+    for k in algo.local_keys:
+        assert torch.equal(server["weights"][k], init_bn[k])
+    a, b = (states[c.name]["local"] for c in fed.clients)
+    assert not torch.equal(a["stages.conv1.bn.running_mean"], b["stages.conv1.bn.running_mean"])
+
+
+def Normalize_from_default():  # noqa: N802
+    from fedshift.config import InputConfig
+
+    return Normalize(InputConfig(), 3, torch.device("cpu"))
+
+
+def _scalar_server(algo, model, value):
+    server = algo.init_server(model)
+    for k in algo.shared_param_keys:
+        server["weights"][k] = torch.full_like(server["weights"][k], value)
+    return server
+
+
+def test_fedavgm_server_momentum_by_hand():
+    algo, model = make_algo("fedavgm", server_lr=1.0, server_momentum=0.5)
+    server = _scalar_server(algo, model, 0.0)
+    k = algo.shared_param_keys[0]
+    ones = {kk: torch.ones_like(v) for kk, v in server["weights"].items()}
+    algo.aggregate(server, 1, [("a", Payload({"weights": ones}, 1))])
+    # v1 = 1, w1 = 0 + 1 = 1
+    assert torch.allclose(server["weights"][k], torch.ones_like(server["weights"][k]))
+    algo.aggregate(server, 2, [("a", Payload({"weights": ones}, 1))])
+    # delta = 1 - 1 = 0, v2 = 0.5 * 1 + 0 = 0.5, w2 = 1.5
+    assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], 1.5))
+
+
+def test_fedadam_one_step_by_hand():
+    algo, model = make_algo("fedadam", server_lr=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
+    server = _scalar_server(algo, model, 0.0)
+    k = algo.shared_param_keys[0]
+    twos = {kk: torch.full_like(v, 2.0) for kk, v in server["weights"].items()}
+    algo.aggregate(server, 1, [("a", Payload({"weights": twos}, 1))])
+    m = 0.1 * 2.0
+    v = 0.99 * 1e-6 + 0.01 * 4.0
+    expected = 0.1 * m / (v**0.5 + 1e-3)
+    assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], expected))
+    # buffers take the plain average, never the adaptive step
+    buf = algo.shared_buffer_keys[0]
+    assert torch.allclose(server["weights"][buf].float(), twos[buf].float())
+
+
+def test_fednova_a_norm_formulas():
+    assert a_norm(5, 0.1) == 5.0
+    # momentum 0.5, tau 3: (3 - 0.5 (1 - 0.125) / 0.5) / 0.5 = 4.25
+    assert a_norm(3, 0.1, momentum=0.5) == pytest.approx(4.25)
+    # proximal: lr 0.1, mu 1, tau 2: (1 - 0.9^2) / 0.1 = 1.9
+    assert a_norm(2, 0.1, mu=1.0) == pytest.approx(1.9)
+
+
+def test_fednova_aggregation_by_hand():
+    algo, model = make_algo("fednova", train=TrainConfig(lr=0.1), weighting="uniform")
+    server = _scalar_server(algo, model, 1.0)
+    k = algo.shared_param_keys[0]
+
+    def reply(d, a):
+        g = {kk: torch.full_like(server["weights"][kk], d) for kk in algo.shared_param_keys}
+        buffers = {kk: server["weights"][kk].clone() for kk in algo.shared_buffer_keys}
+        return Payload({"normalized_grad": g, "buffers": buffers}, 10, config={"a_norm": a})
+
+    algo.aggregate(server, 1, [("a", reply(1.0, 2.0)), ("b", reply(3.0, 4.0))])
+    # tau_eff = 0.5*2 + 0.5*4 = 3; sum p d = 2; w = 1 - 3 * 0.1 * 2 = 0.4
+    assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], 0.4))
+
+
+def _ctx(client, model, train, seed=0):
+    return ClientContext(
+        client.name,
+        1,
+        client,
+        model,
+        train,
+        Normalize_from_default(),
+        generator(seed, client.name),
+        torch.device("cpu"),
+    )
+
+
+def test_fednova_equals_fedavg_for_equal_steps():
+    fed = load_toy(ToyParams(clients=2, train_size=16))
+    train = TrainConfig(lr=0.05, batch_size=8)
+    outs = {}
+    for name in ("fedavg", "fednova"):
+        torch.manual_seed(0)
+        model = SmallCNN(width=4)
+        algo, _ = make_algo(name, model=model, train=train)
+        server = algo.init_server(model)
+        replies = []
+        for c in fed.clients:
+            st = algo.init_client(c.name, model)
+            replies.append(
+                (
+                    c.name,
+                    algo.local_update(_ctx(c, model, train), algo.broadcast(server, 1, c.name), st),
+                )
+            )
+        algo.aggregate(server, 1, replies)
+        outs[name] = server["weights"]
+    for k in outs["fedavg"]:
+        assert torch.allclose(outs["fedavg"][k].float(), outs["fednova"][k].float(), atol=1e-5), k
+
+
+def test_scaffold_correction_and_option_two():
+    fed = load_toy(ToyParams(clients=1, train_size=16))
+    client = fed.clients[0]
+    train = TrainConfig(lr=0.1, batch_size=8, local_steps=1)
+    ys = {}
+    for name in ("fedavg", "scaffold"):
+        torch.manual_seed(0)
+        model = SmallCNN(width=4)
+        algo, _ = make_algo(name, model=model, train=train, num_clients=4)
+        server = algo.init_server(model)
+        state = algo.init_client(client.name, model)
+        if name == "scaffold":
+            server["control"] = {k: torch.full_like(v, 0.5) for k, v in server["control"].items()}
+            state["control"] = {k: torch.full_like(v, 0.2) for k, v in state["control"].items()}
+        down = algo.broadcast(server, 1, client.name)
+        up = algo.local_update(_ctx(client, model, train), down, state)
+        ys[name] = up
+    key = "stages.conv1.conv.weight"
+    y_avg = ys["fedavg"]["weights"][key]
+    delta = ys["scaffold"]["delta"][key]
+    x = down["weights"][key]
+    # one SGD step: y = x - lr (g - c_i + c) = y_fedavg - 0.1 * (0.5 - 0.2)
+    assert torch.allclose(x + delta, y_avg - 0.1 * 0.3, atol=1e-6)
+    # option II: delta_c = c_i+ - c_i = -c + (x - y)/(K lr)
+    dc = ys["scaffold"]["control_delta"][key]
+    assert torch.allclose(dc, -0.5 - delta / (1 * 0.1), atol=1e-4)
+    # the client's control is updated in its state and never sent
+    assert torch.allclose(state["control"][key], 0.2 + dc, atol=1e-6)
+    assert "control" not in ys["scaffold"].records
+
+
+def test_scaffold_server_update_by_hand():
+    algo, model = make_algo("scaffold", num_clients=4, weighting="uniform")
+    server = _scalar_server(algo, model, 1.0)
+    k = algo.shared_param_keys[0]
+
+    def reply(dy, dc):
+        return Payload(
+            {
+                "delta": {
+                    kk: torch.full_like(server["weights"][kk], dy) for kk in algo.shared_param_keys
+                },
+                "control_delta": {
+                    kk: torch.full_like(server["weights"][kk], dc) for kk in algo.shared_param_keys
+                },
+                "buffers": {kk: server["weights"][kk].clone() for kk in algo.shared_buffer_keys},
+            },
+            10,
+        )
+
+    algo.aggregate(server, 1, [("a", reply(0.2, 1.0)), ("b", reply(0.4, 3.0))])
+    # x = 1 + mean(0.2, 0.4) = 1.3 ; c = 0 + (2/4) * mean(1, 3) = 1.0
+    assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], 1.3))
+    assert torch.allclose(server["control"][k], torch.full_like(server["control"][k], 1.0))
+
+
+def test_fedprox_penalty_by_hand():
+    fed = load_toy(ToyParams(clients=1, train_size=16))
+    model = SmallCNN(width=4)
+    algo, _ = make_algo("fedprox", model=model, mu=0.2)
+    algo._anchor = {
+        k: p.detach().clone() - 1.0
+        for k, p in model.named_parameters()
+        if k in algo.shared_param_keys
+    }
+    n = sum(p.numel() for k, p in model.named_parameters() if k in algo.shared_param_keys)
+    pen = algo.penalty(_ctx(fed.clients[0], model, algo.train))
+    assert pen.item() == pytest.approx(0.5 * 0.2 * n, rel=1e-5)

@@ -1,0 +1,114 @@
+"""The command line end to end: run, resume, list, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedshift.cli import main
+
+SUMMARY_KEYS = {
+    "algorithm",
+    "dataset",
+    "seed",
+    "rounds",
+    "best_round",
+    "val_mean",
+    "test_mean",
+    "test_per_client",
+    "bytes_up",
+    "bytes_down",
+    "wall_s",
+}
+
+
+@pytest.fixture
+def digits_env(tmp_path_factory, monkeypatch):
+    cache = tmp_path_factory.getbasetemp() / "fedshift-cache"
+    monkeypatch.setenv("FEDSHIFT_CACHE", str(cache))
+    return [
+        "dataset.domains=[mnist,optdigits,mnistm]",
+        "dataset.train_size=60",
+        "dataset.val_size=20",
+        "dataset.test_size=40",
+        "dataset.synth_pool=500",
+    ]
+
+
+def test_run_on_digits_end_to_end(tmp_path, digits_env, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "name: e2e\nmodel: {name: lenet5}\ntrain: {rounds: 3, batch_size: 16}\n"
+        "sweep: {algorithm.name: [fedavg, fedbn]}\n"
+    )
+    rc = main(["run", "-c", str(cfg), *digits_env, "--out", str(tmp_path / "runs"), "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "mnistm" in out and "fedbn" in out and "run directories" in out
+    for algo in ("fedavg", "fedbn"):
+        d = tmp_path / "runs" / "e2e" / f"{algo}-digits-seed0"
+        summary = json.loads((d / "summary.json").read_text())
+        assert set(summary) >= SUMMARY_KEYS
+        assert set(summary["test_per_client"]) == {"mnist", "optdigits", "mnistm"}
+        assert summary["rounds"] == 3
+        rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        assert {r["round"] for r in rows} == {1, 2, 3} and len(rows) == 9
+        assert (d / "convergence.png").stat().st_size > 1000
+        assert (d / "config.yaml").is_file()
+
+
+def test_resume_from_cli(tmp_path, digits_env, capsys):
+    from fedshift.config import load_config, resolve
+    from fedshift.engine.simulation import RunInterrupted, run_experiment
+
+    over = [
+        *digits_env,
+        "model.name=lenet5",
+        "train.rounds=4",
+        "checkpoint.every=2",
+        "train.batch_size=16",
+    ]
+    cfg = resolve(load_config(None, over))
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "k", progress=False, stop_after=3)
+    assert main(["run", "--resume", str(tmp_path / "k"), "--quiet"]) == 0
+    resumed = json.loads((tmp_path / "k/summary.json").read_text())
+    full = run_experiment(cfg, run_dir=tmp_path / "f", progress=False).summary
+    for k in ("val_mean", "test_mean", "test_per_client", "best_round", "bytes_up"):
+        assert resumed[k] == full[k]
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in (
+        "fedavg",
+        "fedbn",
+        "fedprox",
+        "fedavgm",
+        "fedadam",
+        "fednova",
+        "scaffold",
+        "local",
+        "central",
+        "digits",
+        "cnn",
+        "digitmodel",
+        "lenet5",
+    ):
+        assert name in out
+
+
+def test_config_error_exit_code_and_message(capsys):
+    assert main(["run", "train.lrr=0.1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'train.lrr'" in err and "did you mean 'lr'" in err
+
+
+def test_data_show(tmp_path, digits_env, capsys):
+    png = tmp_path / "m.png"
+    assert main(["data", "show", "digits", *digits_env, "--out", str(png)]) == 0
+    counts = json.loads(capsys.readouterr().out.split("montage:")[0])
+    assert counts["mnist"] == {"train": 60, "val": 20, "test": 40}
+    assert png.stat().st_size > 1000

@@ -1,0 +1,184 @@
+"""The round loop: determinism, resume equality, ledger, sampling, evaluation, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedshift.data.toy import ToyParams, load_toy
+from fedshift.engine.simulation import (
+    RunInterrupted,
+    Simulation,
+    resume_experiment,
+    run_experiment,
+)
+from fedshift.errors import TrainingError
+
+METRIC_KEYS = (
+    "best_round",
+    "val_mean",
+    "test_mean",
+    "test_per_client",
+    "val_per_client",
+    "final_test_mean",
+    "models",
+    "bytes_up",
+    "bytes_down",
+    "bytes_by_record",
+)
+
+
+def metrics_of(summary):
+    return {k: summary[k] for k in METRIC_KEYS}
+
+
+def test_same_seed_same_numbers_and_other_seed_differs(make_cfg, tmp_path):
+    cfg = make_cfg("algorithm.name=fedavg", "train.momentum=0.9")
+    a = run_experiment(cfg, run_dir=tmp_path / "a", progress=False)
+    b = run_experiment(cfg, run_dir=tmp_path / "b", progress=False)
+    assert metrics_of(a.summary) == metrics_of(b.summary)
+    assert (tmp_path / "a/metrics.jsonl").read_text() == (tmp_path / "b/metrics.jsonl").read_text()
+    c = run_experiment(
+        make_cfg("algorithm.name=fedavg", "train.momentum=0.9", "seed=1"),
+        run_dir=tmp_path / "c",
+        progress=False,
+    )
+    assert metrics_of(c.summary) != metrics_of(a.summary)
+
+
+@pytest.mark.parametrize("algo", ["fedbn", "scaffold", "fedadam"])
+def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, algo):
+    over = [
+        f"algorithm.name={algo}",
+        "checkpoint.every=2",
+        "train.optimizer_state=persist",
+        "train.momentum=0.5",
+        "federation.sample_fraction=0.67",
+    ]
+    cfg = make_cfg(*over, rounds=6)
+    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=5)
+    # the checkpoint is from round 4: round 5 is redone after the "kill"
+    resumed = resume_experiment(tmp_path / "killed", progress=False)
+    assert metrics_of(resumed.summary) == metrics_of(full.summary)
+    assert (tmp_path / "full/metrics.jsonl").read_text() == (
+        tmp_path / "killed/metrics.jsonl"
+    ).read_text()
+
+
+def test_ledger_bytes(make_cfg, tmp_path):
+    res = {}
+    for algo in ("fedavg", "fedbn", "scaffold", "local", "central"):
+        res[algo] = run_experiment(
+            make_cfg(f"algorithm.name={algo}", rounds=2), run_dir=tmp_path / algo, progress=False
+        ).summary
+    s = res["fedavg"]
+    n_clients, rounds = 3, 2
+    assert s["bytes_down"] == s["model_bytes"] * n_clients * rounds
+    assert s["bytes_up"] == s["model_bytes"] * n_clients * rounds
+    assert s["bytes_by_record"]["up"] == {"weights": s["bytes_up"]}
+    # FedBN: BN tensors never cross the wire
+    assert res["fedbn"]["bytes_up"] < s["bytes_up"]
+    from fedshift.algorithms.base import bn_keys
+    from fedshift.models import build_model
+
+    model = build_model({"name": "lenet5", "bn": True}, 10, (3, 28, 28))
+    sd = model.state_dict()
+    bn_bytes = sum(sd[k].numel() * sd[k].element_size() for k in bn_keys(model, "local"))
+    assert res["fedbn"]["bytes_up"] == (s["model_bytes"] - bn_bytes) * n_clients * rounds
+    # SCAFFOLD: weights + control down; delta + control delta + buffers up
+    assert set(res["scaffold"]["bytes_by_record"]["down"]) == {"weights", "control"}
+    assert set(res["scaffold"]["bytes_by_record"]["up"]) == {"delta", "control_delta", "buffers"}
+    assert res["local"]["bytes_up"] == res["local"]["bytes_down"] == 0
+    assert res["central"]["bytes_up"] == 0
+
+
+def test_evaluated_models(make_cfg, tmp_path):
+    kinds = {}
+    for algo in ("fedavg", "fedbn", "local", "central"):
+        s = run_experiment(
+            make_cfg(f"algorithm.name={algo}", rounds=1), run_dir=tmp_path / algo, progress=False
+        ).summary
+        kinds[algo] = (s["evaluated_model"], sorted(s["models"]))
+        assert set(s["test_per_client"]) == {"client0", "client1", "client2"}
+    assert kinds["fedavg"] == ("global", ["global"])
+    assert kinds["fedbn"] == ("personal", ["personal"])
+    assert kinds["local"] == ("personal", ["personal"])
+    assert kinds["central"] == ("global", ["global"])
+
+
+def test_model_selection_uses_validation_not_test(make_cfg, tmp_path):
+    s = run_experiment(
+        make_cfg("algorithm.name=fedavg", rounds=4), run_dir=tmp_path / "r", progress=False
+    ).summary
+    rows = [json.loads(x) for x in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
+    per_round = {}
+    for r in rows:
+        per_round.setdefault(r["round"], []).append(r["global"])
+    val = {k: sum(m["val_acc"] for m in v) / len(v) for k, v in per_round.items()}
+    best = max(val, key=lambda k: (val[k], -k))
+    assert s["best_round"] == best
+    assert s["test_mean"] == pytest.approx(
+        sum(m["test_acc"] for m in per_round[best]) / len(per_round[best])
+    )
+
+
+def test_client_sampling_fraction(make_cfg, tmp_path):
+    cfg = make_cfg("federation.sample_fraction=0.34", "dataset.clients=6", rounds=3)
+    sim = Simulation(cfg, tmp_path / "s", progress=False)
+    picks = [sim.sample(r) for r in (1, 2, 3)]
+    assert all(len(p) == 2 for p in picks)
+    assert picks == [sim.sample(r) for r in (1, 2, 3)]  # deterministic
+    assert len({tuple(p) for p in picks}) > 1  # not always the same clients
+    res = sim.run()
+    assert res.summary["bytes_up"] == res.summary["model_bytes"] * 2 * 3
+
+
+def test_non_finite_update_names_client(make_cfg, tmp_path):
+    fed = load_toy(ToyParams())
+    fed.clients[1].train.x[0, 0, 0, 0] = float("nan")
+    with pytest.raises(TrainingError, match="client1"):
+        run_experiment(
+            make_cfg("algorithm.name=fedavg"),
+            run_dir=tmp_path / "n",
+            federation=fed,
+            progress=False,
+        )
+
+
+def test_local_training_steps(make_cfg, tmp_path):
+    cfg = make_cfg("algorithm.name=fedavg", "train.local_steps=3", rounds=1)
+    sim = Simulation(cfg, tmp_path / "x", progress=False)
+    metrics = sim.run_round(1)
+    assert all(m["steps"] == 3 for m in metrics.values())
+    cfg = make_cfg("algorithm.name=fedavg", "train.local_epochs=2", rounds=1)
+    sim = Simulation(cfg, tmp_path / "y", progress=False)
+    metrics = sim.run_round(1)
+    # 60 examples, batch 16: 4 batches per epoch (the last one has 12)
+    assert all(m["steps"] == 8 for m in metrics.values())
+
+
+def test_resume_without_checkpoint_is_a_clear_error(make_cfg, tmp_path):
+    from fedshift.errors import FedshiftError
+
+    cfg = make_cfg("algorithm.name=fedavg", "checkpoint.every=0", rounds=3)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "k", progress=False, stop_after=1)
+    with pytest.raises(FedshiftError, match="checkpoint"):
+        resume_experiment(tmp_path / "k", progress=False)
+
+
+def test_checkpoint_holds_all_state(make_cfg, tmp_path):
+    cfg = make_cfg(
+        "algorithm.name=scaffold", "train.optimizer_state=persist", "train.momentum=0.9", rounds=2
+    )
+    run_experiment(cfg, run_dir=tmp_path / "c", progress=False)
+    ck = torch.load(tmp_path / "c/checkpoint.pt", weights_only=False)
+    assert ck["round"] == 2
+    assert {"weights", "control"} <= set(ck["server"])
+    state = ck["clients"]["client0"]
+    assert {"control", "optimizer", "local"} <= set(state)
+    assert {"torch", "numpy", "python"} <= set(ck["rng"])
