@@ -30,6 +30,7 @@ from fedshift.config import FederationConfig, TrainConfig
 from fedshift.data.base import ClientData, Federation
 from fedshift.engine.context import ClientContext
 from fedshift.engine.payload import Payload, Tensors
+from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 BNPolicy = Literal["global", "local", "stats-local"]
@@ -90,6 +91,14 @@ def weighted_average(items: Sequence[tuple[float, Tensors]]) -> Tensors:
 
 def subset(tensors: Tensors, keys: Iterable[str]) -> Tensors:
     return {k: tensors[k] for k in keys}
+
+
+def require_sgd(algorithm: str, why: str, train: TrainConfig) -> None:
+    """Config-time check for algorithms whose update rule assumes plain SGD steps."""
+    if train.optimizer != "sgd":
+        raise ConfigError(
+            f"algorithm '{algorithm}' {why}: set train.optimizer=sgd (got {train.optimizer!r})"
+        )
 
 
 # ----------------------------------------------------------------------------- the contract

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedshift.algorithms.base import Reply, State, subset
+from fedshift.algorithms.base import Reply, State, require_sgd, subset
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
 from fedshift.config import TrainConfig
 from fedshift.engine.context import ClientContext
@@ -47,11 +47,7 @@ class FedNova(FedProx):
 
     @classmethod
     def check(cls, params: FedNovaParams, train: TrainConfig) -> None:
-        if train.optimizer != "sgd":
-            raise ConfigError(
-                "algorithm 'fednova' normalises SGD updates: set train.optimizer=sgd "
-                f"(got {train.optimizer!r})"
-            )
+        require_sgd("fednova", "normalises SGD updates", train)
         if params.mu > 0 and train.momentum > 0:
             raise ConfigError(
                 "algorithm 'fednova': algorithm.mu > 0 together with train.momentum > 0 is not "

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fedshift.algorithms.base import FLParams, Reply, State, subset
+from fedshift.algorithms.base import FLParams, Reply, State, require_sgd, subset
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.config import TrainConfig
 from fedshift.engine.context import ClientContext
 from fedshift.engine.payload import Payload
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 
@@ -41,11 +40,7 @@ class Scaffold(FedAvg):
 
     @classmethod
     def check(cls, params: ScaffoldParams, train: TrainConfig) -> None:
-        if train.optimizer != "sgd":
-            raise ConfigError(
-                "algorithm 'scaffold' corrects SGD steps (option II assumes SGD): set "
-                f"train.optimizer=sgd (got {train.optimizer!r})"
-            )
+        require_sgd("scaffold", "corrects SGD steps (option II assumes SGD)", train)
 
     def _zeros(self, model_state: dict) -> dict:
         return {k: torch.zeros_like(model_state[k]) for k in self.shared_param_keys}

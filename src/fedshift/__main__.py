@@ -1,0 +1,5 @@
+import sys
+
+from fedshift.cli import main
+
+sys.exit(main())
