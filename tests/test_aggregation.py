@@ -10,7 +10,7 @@ from fedshift.algorithms.base import bn_keys, weighted_average
 from fedshift.algorithms.fednova import a_norm
 from fedshift.config import FederationConfig, TrainConfig
 from fedshift.data.toy import ToyParams, load_toy
-from fedshift.engine.context import ClientContext, Normalize
+from fedshift.engine.context import ClientContext, InputPipeline, Normalize
 from fedshift.engine.payload import Payload
 from fedshift.engine.seeding import generator
 from fedshift.models import build_model
@@ -90,7 +90,7 @@ def test_fedbn_full_round_keeps_bn_on_clients():
             c,
             model,
             algo.train,
-            Normalize_from_default(),
+            default_pipeline(),
             generator(0, c.name),
             torch.device("cpu"),
         )
@@ -104,10 +104,10 @@ def test_fedbn_full_round_keeps_bn_on_clients():
     assert not torch.equal(a["stages.conv1.bn.running_mean"], b["stages.conv1.bn.running_mean"])
 
 
-def Normalize_from_default():  # noqa: N802
+def default_pipeline():
     from fedshift.config import InputConfig
 
-    return Normalize(InputConfig(), 3, torch.device("cpu"))
+    return InputPipeline([], Normalize(InputConfig(), 3, torch.device("cpu")))
 
 
 def _scalar_server(algo, model, value):
@@ -175,7 +175,7 @@ def _ctx(client, model, train, seed=0):
         client,
         model,
         train,
-        Normalize_from_default(),
+        default_pipeline(),
         generator(seed, client.name),
         torch.device("cpu"),
     )

@@ -15,6 +15,10 @@ def registry_for(section: str) -> Registry:
         from fedshift.models import MODELS
 
         return MODELS
+    if section == "augment":
+        from fedshift.augment import AUGMENTS
+
+        return AUGMENTS
     if section == "dataset":
         from fedshift.data import DATASETS
 

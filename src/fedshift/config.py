@@ -74,6 +74,8 @@ class RunConfig:
     dataset: dict = field(default_factory=lambda: {"name": "digits"})
     model: dict = field(default_factory=lambda: {"name": "cnn"})
     algorithm: dict = field(default_factory=lambda: {"name": "fedavg"})
+    # Plug-ins composed with the algorithm, in order: names or {name: ..., **params}.
+    augment: list = field(default_factory=list)
     train: TrainConfig = field(default_factory=TrainConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     input: InputConfig = field(default_factory=InputConfig)
@@ -287,9 +289,35 @@ def resolve(raw: dict, source: str = "config") -> RunConfig:
 
         algo_cls = registry_for("algorithm").get(cfg.algorithm["name"])
         algo_cls.check(objs["algorithm"], cfg.train)
+        cfg.augment = _resolve_augments(cfg.augment, cfg.algorithm["name"])
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return cfg
+
+
+def _resolve_augments(items: list, algorithm: str) -> list[dict]:
+    """Each ``augment`` entry (a name or ``{name: ..., **params}``) validated and completed."""
+    out, params_objs = [], []
+    for i, item in enumerate(items):
+        section = {"name": item} if isinstance(item, str) else item
+        if not isinstance(section, dict):
+            raise ConfigError(f"config key 'augment[{i}]': expected a name or a mapping")
+        name, params = component_params("augment", section)
+        resolved = {"name": name}
+        if params is not None:
+            resolved.update(dataclasses.asdict(params))
+        out.append(resolved)
+        params_objs.append(params)
+    names = [a["name"] for a in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"config key 'augment': {sorted(dup)} listed more than once")
+    from fedshift.catalog import registry_for
+
+    reg = registry_for("augment")
+    for name, params in zip(names, params_objs, strict=True):
+        reg.get(name).check(params, algorithm, [n for n in names if n != name])
+    return out
 
 
 def _check_ranges(cfg: RunConfig) -> None:

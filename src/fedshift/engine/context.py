@@ -6,8 +6,9 @@ context, so the same algorithm code runs in the native simulator and on Flower.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +36,32 @@ class Normalize:
         return (x - self.mean) / self.std
 
 
+def aug_key(augment: Any) -> str:
+    """Where an augment keeps its state inside a client's (or the server's) state dict."""
+    return f"aug/{augment.name}"
+
+
+class InputPipeline:
+    """Raw images in [0, 1] -> each augment's ``train_batch`` / ``eval_batch`` in config order
+    -> ``(x - mean) / std``, skipped when an augment normalises itself (FedRDN does)."""
+
+    def __init__(self, augments: list, normalize: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.augments = list(augments)
+        self.normalize = None if any(a.normalizes for a in self.augments) else normalize
+
+    def train(
+        self, x: torch.Tensor, y: torch.Tensor, state: dict | None, g: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        for a in self.augments:
+            x, y = a.train_batch(x, y, state[aug_key(a)], g)  # type: ignore[index]
+        return (self.normalize(x) if self.normalize else x), y
+
+    def eval(self, x: torch.Tensor, state: dict | None) -> torch.Tensor:
+        for a in self.augments:
+            x = a.eval_batch(x, state[aug_key(a)])  # type: ignore[index]
+        return self.normalize(x) if self.normalize else x
+
+
 @dataclass
 class ClientContext:
     cid: str
@@ -42,9 +69,10 @@ class ClientContext:
     data: ClientData
     model: FedModel
     train: TrainConfig
-    normalize: Normalize
+    pipeline: InputPipeline
     generator: torch.Generator
     device: torch.device
+    state: dict | None = None  # the client's state (augments read theirs from it)
 
     @property
     def num_train(self) -> int:
@@ -62,7 +90,7 @@ class ClientContext:
         return self.train.local_epochs * self.steps_per_epoch()
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The round's training batches, normalised and on the device.
+        """The round's training batches, through the input pipeline and on the device.
 
         Each epoch is a fresh permutation drawn from the client's generator. A trailing batch
         of a single example is skipped (BatchNorm cannot train on it); ``steps_per_epoch``
@@ -79,7 +107,7 @@ class ClientContext:
                     continue
                 x = split.x[idx].to(self.device, non_blocking=True)
                 y = split.y[idx].to(self.device, non_blocking=True)
-                yield self.normalize(x), y
+                yield self.pipeline.train(x, y, self.state, self.generator)
                 todo -= 1
                 if todo == 0:
                     return

@@ -25,10 +25,12 @@ import torch
 from tqdm.auto import tqdm
 
 from fedshift.algorithms import ALGORITHMS, Algorithm
+from fedshift.augment import build_augments
+from fedshift.augment.compose import Composition
 from fedshift.config import RunConfig, dump_config
 from fedshift.data import load_dataset
 from fedshift.data.base import Federation
-from fedshift.engine.context import ClientContext, Normalize
+from fedshift.engine.context import ClientContext, InputPipeline, Normalize
 from fedshift.engine.executor import SequentialExecutor
 from fedshift.engine.payload import Ledger, Payload
 from fedshift.engine.seeding import generator, rng_state, seed_global, set_rng_state
@@ -91,14 +93,22 @@ class Simulation:
         params = cfg.algorithm.copy()
         params.pop("name")
         algo_params = entry.params(**params) if entry.params is not None else None
+        augments = build_augments(cfg.augment, cfg.seed, self.fed.num_classes)
+        for a in augments:
+            a.attach(self.model)
         self.train_clients = {c.name: c for c in entry.obj.training_data(self.fed)}
-        self.algo: Algorithm = entry.obj(
+        algo: Algorithm = entry.obj(
             algo_params, cfg.train, cfg.federation, self.model, len(self.train_clients)
         )
-        self.normalize = Normalize(cfg.input, self.fed.input_shape[0], self.device)
+        self.algo = Composition(algo, augments)
+        normalize = Normalize(cfg.input, self.fed.input_shape[0], self.device)
+        self.pipeline = InputPipeline(augments, normalize)
         self.executor = SequentialExecutor()
         self.server = self.algo.init_server(self.model)
-        self.states = {cid: self.algo.init_client(cid, self.model) for cid in self.train_clients}
+        self.states = {
+            cid: self.algo.init_client(cid, data, self.model)
+            for cid, data in self.train_clients.items()
+        }
         self.ledger = Ledger()
         self.records: list[dict] = []
         self.last_round = 0
@@ -133,9 +143,10 @@ class Simulation:
             data=self.train_clients[cid],
             model=self.model,
             train=self.cfg.train,
-            normalize=self.normalize,
+            pipeline=self.pipeline,
             generator=generator(seed, "batches", rnd, cid),
             device=self.device,
+            state=self.states[cid],
         )
         up = algo.local_update(ctx, down, self.states[cid])
         bad = up.first_non_finite()
@@ -149,6 +160,20 @@ class Simulation:
         if algo.communicates:
             self.ledger.record(rnd, cid, "up", up)
         return up
+
+    def setup_exchange(self) -> None:
+        """Round 0: every client sends its augments' setup records (FedRDN's statistics) and
+        receives what the server shares back. Recorded in the ledger as round 0."""
+        replies = []
+        for cid in self.train_clients:
+            up = self.algo.setup_reply(cid, self.states[cid])
+            self.ledger.record(0, cid, "up", up)
+            replies.append((cid, up))
+        self.algo.setup_aggregate(self.server, replies)
+        for cid in self.train_clients:
+            down = self.algo.setup_broadcast(self.server, cid)
+            self.ledger.record(0, cid, "down", down)
+            self.algo.setup_receive(down, self.states[cid])
 
     def run_round(self, rnd: int) -> dict[str, dict]:
         sampled = self.sample(rnd)
@@ -181,8 +206,13 @@ class Simulation:
 
     def _scores(self, client, bs: int, dev: torch.device) -> dict[str, float]:
         out = {}
+        state = self.states.get(client.name)
+
+        def prepare(x: torch.Tensor) -> torch.Tensor:
+            return self.pipeline.eval(x, state)
+
         for split in ("val", "test"):
-            m = evaluate(self.model, client.split(split), self.normalize, bs, dev)
+            m = evaluate(self.model, client.split(split), prepare, bs, dev)
             out[f"{split}_acc"], out[f"{split}_loss"] = m["acc"], m["loss"]
         return out
 
@@ -228,6 +258,8 @@ class Simulation:
             self.load_checkpoint()
         else:
             dump_config(cfg, self.run_dir / "config.yaml")
+            if self.algo.needs_setup:
+                self.setup_exchange()
         self._rewrite_metrics()
         t0 = time.perf_counter()
         rounds = cfg.train.rounds

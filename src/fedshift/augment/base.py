@@ -1,0 +1,103 @@
+"""Plug-ins that compose with any algorithm: input-level, feature-level and label-level
+augmentations and the statistics they exchange (FedRDN, amplitude normalisation, FedFA's
+FFA layers, FedMix, mixup, MixStyle, MoEx, ...).
+
+A run is ``algorithm x [augment, ...] x model``. An :class:`Augment` can
+
+* change the model (``attach``: e.g. insert a layer after named conv stages through
+  ``FedModel.stage_hooks``), training only or always;
+* change what a client trains and is evaluated on (``train_batch`` / ``eval_batch``): batches
+  arrive as raw images in [0, 1] and integer labels; an augment may return soft labels of
+  shape (N, classes) (mixup-like methods), which the cross-entropy accepts as probabilities.
+  Unless an augment declares ``normalizes = True`` (it normalises itself, as FedRDN does),
+  the run's ``input.mean/std`` normalisation is applied after the augments;
+* exchange its own named payload records: a one-off *setup* exchange before round 1
+  (``setup_reply`` / ``setup_aggregate`` / ``setup_broadcast``: FedRDN's statistics) and
+  per-round records (``broadcast`` / ``receive`` on the way down, ``reply`` / ``aggregate``
+  on the way up: FedFA's statistics and variances, HarmoFL's amplitudes). Every record passes
+  the ledger like the algorithm's own.
+
+Client-side augment state lives in the client's state under ``"aug/<name>"`` (kept between
+rounds, checkpointed, never sent); server-side state under ``"aug/<name>"`` of the server state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from fedshift.data.base import ClientData
+from fedshift.engine.payload import Payload, Tensors
+from fedshift.models.base import FedModel
+
+State = dict[str, Any]
+Records = dict[str, Tensors]
+
+
+class Augment:
+    """Base class: every hook is optional and does nothing by default."""
+
+    name: ClassVar[str] = "augment"
+    Params: ClassVar[type | None] = None
+    #: True when the augment normalises inputs itself (the run's input.mean/std is skipped).
+    normalizes: ClassVar[bool] = False
+    #: True when the augment needs the setup exchange before round 1.
+    needs_setup: ClassVar[bool] = False
+
+    def __init__(self, params: Any, seed: int, num_classes: int) -> None:
+        self.params = params
+        self.seed = seed
+        self.num_classes = num_classes
+
+    # -- config-time -------------------------------------------------------------------------
+    @classmethod
+    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
+        """Raise ConfigError when combining with ``algorithm`` / other augments makes no sense."""
+
+    # -- model -------------------------------------------------------------------------------
+    def attach(self, model: FedModel) -> None:
+        """Modify the model once, before the initial weights are taken."""
+
+    # -- state -------------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        return {}
+
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        return {}
+
+    # -- setup exchange (before round 1, every client) ----------------------------------------
+    def setup_reply(self, cid: str, state: State) -> Records:
+        return {}
+
+    def setup_aggregate(self, server: State, replies: list[tuple[str, Records]]) -> None:
+        """Server side of the setup exchange."""
+
+    def setup_broadcast(self, server: State, cid: str) -> Records:
+        return {}
+
+    # -- every round -------------------------------------------------------------------------
+    def broadcast(self, server: State, rnd: int, cid: str) -> Records:
+        return {}
+
+    def receive(self, records: Payload, state: State, rnd: int) -> None:
+        """Client side: read this augment's records from the down payload (also at setup)."""
+
+    def before_train(self, model: FedModel, state: State, rnd: int) -> None:
+        """Client side, just before local training (e.g. load per-client layer statistics)."""
+
+    def reply(self, model: FedModel, state: State, rnd: int) -> Records:
+        """Client side, after local training: records to send up."""
+        return {}
+
+    def aggregate(self, server: State, rnd: int, replies: list[tuple[str, Payload]]) -> None:
+        """Server side, after the algorithm aggregated."""
+
+    # -- data path ---------------------------------------------------------------------------
+    def train_batch(
+        self, x: torch.Tensor, y: torch.Tensor, state: State, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, y
+
+    def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
+        return x

@@ -1,0 +1,111 @@
+"""An algorithm and its augments presented to a runtime (the simulator, Flower) as one.
+
+:class:`Composition` has the algorithm interface (``init_server``, ``broadcast``,
+``local_update``, ``aggregate``, ...) plus the setup exchange. It merges each augment's
+records into the algorithm's payloads (a record name used twice is an error, never a silent
+overwrite). The data path (raw batch -> augments -> normalisation) is
+:class:`fedshift.engine.context.InputPipeline`.
+"""
+
+from __future__ import annotations
+
+from fedshift.algorithms.base import Algorithm, State
+from fedshift.augment.base import Augment, Records
+from fedshift.data.base import ClientData
+from fedshift.engine.context import ClientContext, aug_key
+from fedshift.engine.payload import Payload, Tensors
+from fedshift.models.base import FedModel
+
+
+def _merge(into: dict[str, Tensors], extra: Records, who: str) -> None:
+    clash = set(into) & set(extra)
+    if clash:
+        raise ValueError(f"{who} sends record(s) {sorted(clash)} that already exist in the payload")
+    into.update(extra)
+
+
+class Composition:
+    """``algorithm x [augments]`` behind the algorithm interface."""
+
+    def __init__(self, algo: Algorithm, augments: list[Augment]) -> None:
+        self.algo = algo
+        self.augments = augments
+
+    # -- passthrough -------------------------------------------------------------------------
+    @property
+    def communicates(self) -> bool:
+        return self.algo.communicates
+
+    @property
+    def has_global_model(self) -> bool:
+        return self.algo.has_global_model
+
+    @property
+    def has_personal_model(self) -> bool:
+        return self.algo.has_personal_model
+
+    @property
+    def needs_setup(self) -> bool:
+        return any(a.needs_setup for a in self.augments)
+
+    def global_weights(self, server: State) -> Tensors | None:
+        return self.algo.global_weights(server)
+
+    def personal_weights(self, server: State, state: State) -> Tensors | None:
+        return self.algo.personal_weights(server, state)
+
+    # -- state -------------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        server = self.algo.init_server(model)
+        for a in self.augments:
+            server[aug_key(a)] = a.init_server(model)
+        return server
+
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = self.algo.init_client(cid, model)
+        for a in self.augments:
+            state[aug_key(a)] = a.init_client(cid, data, model)
+        return state
+
+    # -- setup exchange ----------------------------------------------------------------------
+    def setup_reply(self, cid: str, state: State) -> Payload:
+        up = Payload()
+        for a in self.augments:
+            _merge(up.records, a.setup_reply(cid, state[aug_key(a)]), a.name)
+        return up
+
+    def setup_aggregate(self, server: State, replies: list[tuple[str, Payload]]) -> None:
+        for a in self.augments:
+            a.setup_aggregate(server[aug_key(a)], [(cid, p.records) for cid, p in replies])
+
+    def setup_broadcast(self, server: State, cid: str) -> Payload:
+        down = Payload()
+        for a in self.augments:
+            _merge(down.records, a.setup_broadcast(server[aug_key(a)], cid), a.name)
+        return down
+
+    def setup_receive(self, down: Payload, state: State) -> None:
+        for a in self.augments:
+            a.receive(down, state[aug_key(a)], 0)
+
+    # -- rounds ------------------------------------------------------------------------------
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        down = self.algo.broadcast(server, rnd, cid)
+        for a in self.augments:
+            _merge(down.records, a.broadcast(server[aug_key(a)], rnd, cid), a.name)
+        return down
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        for a in self.augments:
+            a.receive(down, state[aug_key(a)], ctx.round)
+        for a in self.augments:
+            a.before_train(ctx.model, state[aug_key(a)], ctx.round)
+        up = self.algo.local_update(ctx, down, state)
+        for a in self.augments:
+            _merge(up.records, a.reply(ctx.model, state[aug_key(a)], ctx.round), a.name)
+        return up
+
+    def aggregate(self, server: State, rnd: int, replies: list[tuple[str, Payload]]) -> None:
+        self.algo.aggregate(server, rnd, replies)
+        for a in self.augments:
+            a.aggregate(server[aug_key(a)], rnd, replies)
