@@ -289,7 +289,12 @@ def resolve(raw: dict, source: str = "config") -> RunConfig:
 
         algo_cls = registry_for("algorithm").get(cfg.algorithm["name"])
         algo_cls.check(objs["algorithm"], cfg.train)
-        cfg.augment = _resolve_augments(cfg.augment, cfg.algorithm["name"])
+        implied = [
+            a
+            for a in algo_cls.implied_augments(objs["algorithm"])
+            if a not in {x if isinstance(x, str) else x.get("name") for x in cfg.augment}
+        ]
+        cfg.augment = _resolve_augments([*implied, *cfg.augment], cfg.algorithm["name"])
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return cfg

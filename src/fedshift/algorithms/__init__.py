@@ -10,6 +10,7 @@ from fedshift.algorithms.fedbn import FedBN
 from fedshift.algorithms.fednova import FedNova
 from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedshift.algorithms.fedprox import FedProx
+from fedshift.algorithms.fedsam import FedSAM
 from fedshift.algorithms.local import LocalOnly
 from fedshift.algorithms.scaffold import Scaffold
 from fedshift.registry import Registry
@@ -27,6 +28,7 @@ for _cls in (
     Scaffold,
     LocalOnly,
     Centralised,
+    FedSAM,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

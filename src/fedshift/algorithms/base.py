@@ -101,6 +101,22 @@ def require_sgd(algorithm: str, why: str, train: TrainConfig) -> None:
         )
 
 
+def _freeze_bn_stats(model: torch.nn.Module) -> list[tuple[torch.nn.Module, float | None]]:
+    """Stop BN layers from updating running statistics (the second SAM pass must not count)."""
+    saved = []
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            saved.append((m, m.momentum))
+            m.momentum = 0.0
+    return saved
+
+
+def _restore_bn_stats(model: torch.nn.Module, saved: list) -> None:
+    for m, momentum in saved:
+        m.momentum = momentum
+        m.num_batches_tracked.sub_(1)
+
+
 # ----------------------------------------------------------------------------- the contract
 class Algorithm:
     """Base class. Subclasses override the hooks they need; see FedAvg for the plain flow."""
@@ -132,9 +148,18 @@ class Algorithm:
         #: shared keys that are buffers (BN running statistics): always plainly averaged
         self.shared_buffer_keys: list[str] = [k for k in self.shared_keys if k not in params_named]
 
+    #: SAM radius rho for the local steps (None: plain steps). FedSAM and HarmoFL set it.
+    sam_rho: float | None = None
+
     @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:
         """Config-time check of a combination; raise ConfigError saying why it makes no sense."""
+
+    @classmethod
+    def implied_augments(cls, params: Any) -> list[str]:
+        """Augments this algorithm consists of (a preset such as ``fedrdn`` = FedAvg +
+        the ``fedrdn`` augment). Listing one in ``augment`` explicitly sets its parameters."""
+        return []
 
     def compute_local_keys(self, model: FedModel) -> list[str]:
         return bn_keys(model, getattr(self.params, "bn_policy", "global"))
@@ -226,6 +251,8 @@ class Algorithm:
             opt.zero_grad(set_to_none=True)
             loss = self.loss(ctx, x, y)
             loss.backward()
+            if self.sam_rho:
+                self.sam_second_pass(ctx, x, y, self.sam_rho)
             self.before_step(ctx)
             opt.step()
             total += loss.detach()
@@ -233,6 +260,32 @@ class Algorithm:
         if self.train.optimizer_state == "persist":
             state["optimizer"] = opt.state_dict()
         return steps, float(total) / max(steps, 1)
+
+    def sam_second_pass(
+        self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, rho: float
+    ) -> None:
+        """Sharpness-aware step (Foret et al., ICLR 2021, Eq. 2; HarmoFL's weight perturbation,
+        Jiang et al., AAAI 2022, Eq. 6-7). With the gradient g at w already in ``.grad``:
+        epsilon = rho * g / ||g|| (one norm over all parameters), then the gradient is taken
+        again at w + epsilon and left in ``.grad`` while the weights go back to w, so the
+        optimiser applies the perturbed gradient at w. BN running statistics are not updated
+        by the second forward pass."""
+        params = [p for p in ctx.model.parameters() if p.grad is not None]
+        norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
+        scale = rho / (norm + 1e-12)
+        eps = []
+        with torch.no_grad():
+            for p in params:
+                e = p.grad * scale
+                p.add_(e)
+                eps.append(e)
+        bn_momenta = _freeze_bn_stats(ctx.model)
+        ctx.model.zero_grad(set_to_none=True)
+        self.loss(ctx, x, y).backward()
+        _restore_bn_stats(ctx.model, bn_momenta)
+        with torch.no_grad():
+            for p, e in zip(params, eps, strict=True):
+                p.sub_(e)
 
     # -- evaluation ------------------------------------------------------------------------
     def global_weights(self, server: State) -> Tensors | None:

@@ -1,0 +1,31 @@
+"""FedSAM (Qu et al., "Generalized Federated Learning via Sharpness Aware Minimization",
+ICML 2022; Caldarola et al., ECCV 2022): FedAvg whose clients use SAM as the local optimiser.
+
+Each local step computes epsilon = rho * g / ||g|| at w, takes the gradient at w + epsilon and
+applies it at w with the base optimiser (``train.optimizer``). The mechanism is shared with
+HarmoFL's weight perturbation: :meth:`fedshift.algorithms.base.Algorithm.sam_second_pass`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedshift.algorithms.base import FLParams
+from fedshift.algorithms.fedavg import FedAvg
+
+
+@dataclass
+class FedSAMParams(FLParams):
+    rho: float = 0.05
+
+
+class FedSAM(FedAvg):
+    """FedAvg with sharpness-aware local steps."""
+
+    name = "fedsam"
+    Params = FedSAMParams
+
+    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(params, *args, **kwargs)
+        self.sam_rho = params.rho
