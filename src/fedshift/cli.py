@@ -63,10 +63,17 @@ def _lookup(tree: dict, dotted: str):
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from fedshift.algorithms import ALGORITHMS
+    from fedshift.augment import AUGMENTS
     from fedshift.data import DATASETS
     from fedshift.models import MODELS
 
-    for title, reg in (("algorithms", ALGORITHMS), ("datasets", DATASETS), ("models", MODELS)):
+    sections = (
+        ("algorithms", ALGORITHMS),
+        ("augments (augment: [...], composable with any algorithm)", AUGMENTS),
+        ("datasets", DATASETS),
+        ("models", MODELS),
+    )
+    for title, reg in sections:
         print(f"{title}:")
         for e in reg.entries():
             keys = ""

@@ -32,4 +32,13 @@ for _cls in (
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 
-__all__ = ["ALGORITHMS", "Algorithm"]
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator for algorithm modules imported below."""
+    ALGORITHMS.add(cls.name, cls, cls.Params)
+    return cls
+
+
+from fedshift.algorithms import fedfa, fedproto, fedrdn, harmofl  # noqa: E402, F401
+
+__all__ = ["ALGORITHMS", "Algorithm", "register"]

@@ -273,19 +273,17 @@ class Algorithm:
         params = [p for p in ctx.model.parameters() if p.grad is not None]
         norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
         scale = rho / (norm + 1e-12)
-        eps = []
+        saved = [p.detach().clone() for p in params]  # exact restore: (w + e) - e != w in float
         with torch.no_grad():
             for p in params:
-                e = p.grad * scale
-                p.add_(e)
-                eps.append(e)
+                p.add_(p.grad * scale)
         bn_momenta = _freeze_bn_stats(ctx.model)
         ctx.model.zero_grad(set_to_none=True)
         self.loss(ctx, x, y).backward()
         _restore_bn_stats(ctx.model, bn_momenta)
         with torch.no_grad():
-            for p, e in zip(params, eps, strict=True):
-                p.sub_(e)
+            for p, w in zip(params, saved, strict=True):
+                p.copy_(w)
 
     # -- evaluation ------------------------------------------------------------------------
     def global_weights(self, server: State) -> Tensors | None:

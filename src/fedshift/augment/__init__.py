@@ -24,4 +24,7 @@ def build_augments(sections: list[dict], seed: int, num_classes: int) -> list[Au
     return out
 
 
+# Each module registers its augments with @register when imported.
+from fedshift.augment import ampnorm, fedmix, fedrdn, ffa, mixing  # noqa: E402, F401
+
 __all__ = ["AUGMENTS", "Augment", "build_augments", "register"]

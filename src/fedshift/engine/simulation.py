@@ -93,6 +93,7 @@ class Simulation:
         params = cfg.algorithm.copy()
         params.pop("name")
         algo_params = entry.params(**params) if entry.params is not None else None
+        self.implied = entry.obj.implied_augments(algo_params)
         augments = build_augments(cfg.augment, cfg.seed, self.fed.num_classes)
         for a in augments:
             a.attach(self.model)

@@ -64,3 +64,64 @@ def seeds_table(summaries: list[dict]) -> str | None:
         sd = statistics.stdev(means) if len(means) > 1 else 0.0
         rows.append([name, str(len(g)), *cells, f"{_fmt(statistics.mean(means))} ± {_fmt(sd)}"])
     return _grid(header, rows)
+
+
+def _changed(section: dict, kind: str) -> str:
+    """``k=v`` for the keys of a resolved component section that differ from its defaults."""
+    import dataclasses
+
+    from fedshift.catalog import registry_for
+
+    entry = registry_for(kind).entry(section["name"])
+    if entry.params is None:
+        return ""
+    defaults = dataclasses.asdict(entry.params())
+    diff = [f"{k}={v}" for k, v in section.items() if k != "name" and defaults.get(k) != v]
+    return ",".join(diff)
+
+
+def flow_label(s: dict) -> str:
+    """How a run differs from its algorithm's plain form (FedRDN's Table 1 "flows"): ``base``,
+    or non-default algorithm keys and augments, e.g. ``+fedrdn``, ``ffa(variant=fedfa-r)``,
+    ``perturbation=False``. An algorithm's own (implied) augment with default keys is base."""
+    parts = []
+    algo = s.get("algorithm_config")
+    if algo:
+        changed = _changed(algo, "algorithm")
+        if changed:
+            parts.append(changed)
+    implied = set(s.get("implied", []))
+    for a in s.get("augment", []):
+        changed = _changed(a, "augment") if len(a) > 1 else ""
+        if a["name"] in implied and not changed:
+            continue
+        tag = a["name"] + (f"({changed})" if changed else "")
+        parts.append(tag if a["name"] in implied else "+" + tag)
+    return " ".join(parts) or "base"
+
+
+def flows_table(summaries: list[dict]) -> str:
+    """FedRDN's Table 1 shape: one row per (algorithm, flow) with per-client test accuracy
+    (mean over seeds), the average ± std over seeds, the change against the algorithm's base
+    flow and the paired t-test p-value against it (pairs matched by seed)."""
+    from fedshift.eval.stats import mean_std, paired_ttest
+
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for s in summaries:
+        groups[(s["algorithm"], flow_label(s))].append(s)
+    clients = summaries[0]["clients"]
+    header = ["algorithm", "flow", "seeds", *clients, "avg ± std", "Δ vs base", "p (paired t)"]
+    rows = []
+    for (algo, flow), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "base")):
+        by_seed = {s["seed"]: s["test_mean"] for s in g}
+        m, sd = mean_std(list(by_seed.values()))
+        base = groups.get((algo, "base"))
+        delta, p = "", ""
+        if base and flow != "base":
+            base_by_seed = {s["seed"]: s["test_mean"] for s in base}
+            delta = f"{100 * (m - mean_std(list(base_by_seed.values()))[0]):+.2f}"
+            pv = paired_ttest(by_seed, base_by_seed)
+            p = "" if pv is None else f"{pv:.3f}"
+        cells = [_fmt(statistics.mean(s["test_per_client"][c] for s in g)) for c in clients]
+        rows.append([algo, flow, str(len(g)), *cells, f"{_fmt(m)} ± {_fmt(sd)}", delta, p])
+    return _grid(header, rows)

@@ -1,0 +1,28 @@
+"""FedFA (Zhou & Konukoglu, "FedFA: Federated Feature Augmentation", ICLR 2023) as an
+algorithm name: FedAvg (the paper's server rule, Algorithm 1) with the ``ffa`` augment, which
+puts FFA layers after the model's conv stages and exchanges their statistics (client UP
+``ffa_stats``, server DOWN ``ffa_variance``; see :mod:`fedshift.augment.ffa`).
+
+Set the layers' parameters by listing the augment explicitly, e.g.
+``augment: [{name: ffa, variant: fedfa-c}]`` or ``{name: ffa, variance: released}``. The
+``ffa`` augment also composes with any other algorithm (``algorithm.name=fedprox`` +
+``augment=[ffa]``) and with input-level augments such as ``fedrdn``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedshift.algorithms import register
+from fedshift.algorithms.fedavg import FedAvg
+
+
+@register
+class FedFA(FedAvg):
+    """FedAvg + federated feature augmentation (FFA layers with shared variances)."""
+
+    name = "fedfa"
+
+    @classmethod
+    def implied_augments(cls, params: Any) -> list[str]:
+        return ["ffa"]

@@ -1,0 +1,21 @@
+"""FedRDN as an algorithm name: FedAvg with the ``fedrdn`` augment (the method's default
+flow). FedRDN composes with any algorithm: ``augment: [fedrdn]`` on top of FedProx, FedBN,
+SCAFFOLD, FedFA ... is the same plug-in (see :mod:`fedshift.augment.fedrdn`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedshift.algorithms import register
+from fedshift.algorithms.fedavg import FedAvg
+
+
+@register
+class FedRDNAlgorithm(FedAvg):
+    """FedAvg + random normalisation with federation statistics."""
+
+    name = "fedrdn"
+
+    @classmethod
+    def implied_augments(cls, params: Any) -> list[str]:
+        return ["fedrdn"]

@@ -1,0 +1,183 @@
+"""Amplitude normalisation (HarmoFL: Jiang, Wang & Dou, "HarmoFL: Harmonizing Local and Global
+Drifts in Federated Learning on Heterogeneous Medical Images", AAAI 2022, Eq. 2-4), as an
+input-level augment usable with any algorithm (``augment: [ampnorm]``).
+
+Images are raw, in [0, 1]; the run's ``input.mean/std`` normalisation is applied after this
+augment by the pipeline.
+
+* Eq. 2: each channel of an image x is transformed with the 2-D FFT,
+  F(x) = A(x) exp(j P(x)), amplitude A = |F(x)| and phase P = angle(F(x)).
+* Eq. 3: during its first round of local training a client keeps a running mean amplitude
+  over its mini-batches, A_k <- (1 - v) A_k + v * mean_b A(x_b) with decay v = 0.1
+  (``decay``). It starts from the first batch's mean amplitude (the paper gives no start
+  value; the released code starts there). After round 1 the client sends A_k up once (record
+  ``amplitude``: C x H x W float32, C*H*W*4 bytes) and the server fixes the global amplitude
+  A = 1/K sum_k A_k over the clients that replied in round 1 (uniform weights, as the
+  released code's ``client_weights``). It never changes again and is sent down once to each
+  client (record ``global_amplitude``, C*H*W*4 bytes, in the client's first broadcast after
+  round 1), which keeps it in its augment state.
+* Eq. 4: the normalised image is rebuilt from the global amplitude and its own phase,
+  x_hat = Re F^-1(A exp(j P(x))).
+
+Round 1 (before a global amplitude exists): as in the released code, each batch first
+updates the client's running amplitude (Eq. 3) and is then rebuilt with that running
+amplitude (Eq. 4 with the client's own A_k); the paper only describes the steady state.
+
+Evaluation rule: a client's validation and test images are rebuilt with the global amplitude
+it holds. A client holds it from its first broadcast after round 1 on, so the evaluation
+right after round 1 uses the client's own running amplitude (the released code evaluates that
+round on the server model, which already holds the average), and a client that neither
+trained in round 1 nor has been sampled since sees its images unchanged.
+
+``amplitude`` selects the variant:
+
+* ``"paper"`` (default): the whole amplitude spectrum is replaced and A_k is the decayed
+  running mean above.
+* ``"released"``: the released code (med-air/HarmoFL). Its spectral window has half-width
+  ``floor(min(H, W) * 0) = 0``, so only the DC coefficient F[0, 0] is replaced (for images
+  in [0, 1] this moves each channel's mean to the global one and keeps everything else), and
+  its momentum is declared ``int`` in Cython (0.1 -> 0), so A_k stays the first batch's mean.
+
+The transforms run in float64; the amplitudes are stored and sent as float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedshift.augment import register
+from fedshift.augment.base import Augment, Records, State
+from fedshift.data.base import ClientData
+from fedshift.engine.payload import Payload
+from fedshift.errors import ConfigError
+from fedshift.models.base import FedModel
+
+UP = "amplitude"
+DOWN = "global_amplitude"
+NO_FEDERATION = ("local", "central")
+
+
+@dataclass
+class AmpNormParams:
+    # "paper": whole amplitude spectrum, decayed running mean (Eq. 3-4);
+    # "released": released code: only the DC coefficient, amplitude of the first batch.
+    amplitude: Literal["paper", "released"] = "paper"
+    # v of Eq. 3 (weight of the newest batch); "released" behaves as v = 0.
+    decay: float = 0.1
+
+
+def amplitude_phase(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 2: amplitude and phase of the per-channel 2-D FFT of (..., H, W) images (float64)."""
+    f = torch.fft.fft2(x.double())
+    return f.abs(), f.angle()
+
+
+def batch_amplitude(x: torch.Tensor) -> torch.Tensor:
+    """Mean amplitude spectrum of a batch (N, C, H, W) -> (C, H, W) float32."""
+    return amplitude_phase(x)[0].mean(0).float()
+
+
+def update_running(
+    running: torch.Tensor | None, batch_amp: torch.Tensor, decay: float
+) -> torch.Tensor:
+    """Eq. 3: (1 - v) * running + v * batch amplitude; the first batch starts the mean."""
+    if running is None:
+        return batch_amp.clone()
+    return (1.0 - decay) * running + decay * batch_amp
+
+
+def rebuild(x: torch.Tensor, amplitude: torch.Tensor, dc_only: bool = False) -> torch.Tensor:
+    """Eq. 4: images (N, C, H, W) rebuilt from ``amplitude`` (C, H, W) and their own phase.
+
+    ``dc_only`` replaces the amplitude of the DC coefficient F[0, 0] only (released code)."""
+    amp, phase = amplitude_phase(x)
+    target = amplitude.to(device=x.device, dtype=torch.float64)
+    if dc_only:
+        amp = amp.clone()
+        amp[..., 0, 0] = target[..., 0, 0]
+    else:
+        amp = target.expand_as(amp)
+    return torch.fft.ifft2(torch.polar(amp, phase)).real.to(x.dtype)
+
+
+@register
+class AmpNorm(Augment):
+    """HarmoFL's amplitude normalisation: every client's images get one global amplitude."""
+
+    name = "ampnorm"
+    Params = AmpNormParams
+
+    @classmethod
+    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
+        if algorithm in NO_FEDERATION:
+            raise ConfigError(
+                f"augment 'ampnorm' averages amplitudes over the clients, which algorithm "
+                f"'{algorithm}' does not have (it trains without a federation)"
+            )
+        if not 0.0 < params.decay <= 1.0:
+            raise ConfigError(
+                f"config key 'augment.ampnorm.decay' must be in (0, 1], got {params.decay}"
+            )
+
+    @property
+    def _decay(self) -> float:
+        return 0.0 if self.params.amplitude == "released" else self.params.decay
+
+    @property
+    def _dc_only(self) -> bool:
+        return self.params.amplitude == "released"
+
+    # -- state -------------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        return {"amplitude": None, "sent": []}
+
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        # running: the client's own A_k (Eq. 3); global: the server's A once received.
+        return {"running": None, "batches": 0, "uploaded": False, "global": None}
+
+    # -- exchange ----------------------------------------------------------------------------
+    def broadcast(self, server: State, rnd: int, cid: str) -> Records:
+        """The fixed global amplitude, once to each client (it keeps it)."""
+        if server["amplitude"] is None or cid in server["sent"]:
+            return {}
+        server["sent"].append(cid)
+        return {DOWN: {"amplitude": server["amplitude"]}}
+
+    def receive(self, records: Payload, state: State, rnd: int) -> None:
+        rec = records.records.get(DOWN)
+        if rec is not None:
+            state["global"] = rec["amplitude"].detach().clone()
+
+    def reply(self, model: FedModel, state: State, rnd: int) -> Records:
+        """The client's running amplitude, once, after the round it was accumulated in."""
+        if state["running"] is None or state["uploaded"]:
+            return {}
+        state["uploaded"] = True
+        return {UP: {"amplitude": state["running"]}}
+
+    def aggregate(self, server: State, rnd: int, replies: list[tuple[str, Payload]]) -> None:
+        """The global amplitude: the uniform mean of the first amplitudes received; then fixed."""
+        if server["amplitude"] is not None:
+            return
+        amps = [p.records[UP]["amplitude"] for _, p in replies if UP in p.records]
+        if amps:
+            server["amplitude"] = torch.stack([a.float() for a in amps]).mean(0)
+
+    # -- data path ---------------------------------------------------------------------------
+    def train_batch(
+        self, x: torch.Tensor, y: torch.Tensor, state: State, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if state["global"] is None:
+            # first round: accumulate A_k (Eq. 3), then rebuild with it
+            state["running"] = update_running(state["running"], batch_amplitude(x), self._decay)
+            state["batches"] += 1
+            return rebuild(x, state["running"], self._dc_only), y
+        return rebuild(x, state["global"], self._dc_only), y
+
+    def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
+        """The global amplitude once held; before that the client's own; else unchanged."""
+        amp = state["global"] if state["global"] is not None else state["running"]
+        return x if amp is None else rebuild(x, amp, self._dc_only)

@@ -1,0 +1,189 @@
+"""FedRDN (Yan et al., "A Simple Data Augmentation for Feature Distribution Skewed Federated
+Learning"): random normalisation with the federation's statistics, at the input level.
+
+Before training every client k computes channel statistics of its training images
+  mu_k    = 1/N sum_i mean_hw(x_i)        (Eq. 5)
+  sigma_k = 1/N sum_i std_hw(x_i)         (Eq. 6)
+(per-image mean and standard deviation over the pixels, population form, averaged over the
+local training set) and uploads the pair once (2C floats). The server shares all clients' pairs
+with everyone (setup exchange, round 0 in the ledger).
+
+* ``fedrdn``: during training each image is normalised with the pair of a client drawn at
+  random, redrawn for every image every time it is seen (Eq. 7); at test time client k
+  normalises with its own pair (Eq. 8). ``draw="released"`` reproduces the released code
+  instead: one draw per mini-batch, with the mean and the std drawn independently.
+* ``fedrdn_v``: the averaged statistics mu = 1/K sum_k mu_k, sigma = 1/K sum_k sigma_k for
+  training and test (FedRDN-V, Eq. 9).
+* ``norm``: conventional normalisation with the client's own statistics at training and test
+  time (the papers' "+norm" flow); nothing is communicated.
+
+All three normalise the inputs themselves, so the run's ``input.mean/std`` step is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedshift.augment import register
+from fedshift.augment.base import Augment, Records, State
+from fedshift.data.base import ClientData
+from fedshift.engine.payload import Payload
+from fedshift.errors import ConfigError
+from fedshift.models.base import FedModel
+
+NO_FEDERATION = ("local", "central")
+
+
+def channel_statistics(x: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5-6: the mean over images of each image's per-channel mean and std (over H x W)."""
+    if x.ndim != 4 or x.shape[0] == 0:
+        raise ValueError(f"expected a non-empty (N, C, H, W) tensor, got shape {tuple(x.shape)}")
+    mean = torch.zeros(x.shape[1], dtype=torch.float64)
+    std = torch.zeros(x.shape[1], dtype=torch.float64)
+    for s in range(0, x.shape[0], batch):
+        flat = x[s : s + batch].flatten(2).double()
+        mean += flat.mean(2).sum(0)
+        std += flat.std(2, unbiased=False).sum(0)
+    n = x.shape[0]
+    return (mean / n).float(), (std / n).float()
+
+
+def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std with per-image (N, C) or shared (C,) statistics."""
+    if mean.ndim == 1:
+        mean, std = mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
+    else:
+        mean, std = mean[:, :, None, None], std[:, :, None, None]
+    return (x - mean) / std
+
+
+class _ClientStats(Augment):
+    """Shared part: the client's own statistics, computed once from its training split."""
+
+    normalizes = True
+
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        mean, std = channel_statistics(data.train.x)
+        if bool((std <= 0).any()):
+            raise ConfigError(
+                f"augment '{self.name}': client {cid!r} has a channel with zero spread "
+                "(constant images); its statistics cannot normalise"
+            )
+        return {"mean": mean, "std": std}
+
+    def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
+        """Eq. 8: each client normalises its test data with its own statistics."""
+        return _normalize(x, state["mean"].to(x.device), state["std"].to(x.device))
+
+    @classmethod
+    def _one_normalizer(cls, others: list[str]) -> None:
+        from fedshift.augment import AUGMENTS
+
+        clash = [o for o in others if AUGMENTS.get(o).normalizes]
+        if clash:
+            raise ConfigError(
+                f"config key 'augment': '{cls.name}' and {clash} both normalise the inputs; "
+                "keep one of them"
+            )
+
+
+@register
+class Norm(_ClientStats):
+    """Conventional normalisation with each client's own statistics (the "+norm" flow)."""
+
+    name = "norm"
+
+    @classmethod
+    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
+        if algorithm == "central":
+            raise ConfigError(
+                "augment 'norm' normalises each client with its own statistics, but algorithm "
+                "'central' trains on the pooled data; set input.mean/input.std instead"
+            )
+        cls._one_normalizer(others)
+
+    def train_batch(self, x, y, state, generator):
+        return _normalize(x, state["mean"].to(x.device), state["std"].to(x.device)), y
+
+
+@dataclass
+class FedRDNParams:
+    # "paper": a client's (mean, std) pair per image, redrawn every time (Eq. 7);
+    # "released": one draw per mini-batch, mean and std drawn independently.
+    draw: Literal["paper", "released"] = "paper"
+
+
+class _Federated(_ClientStats):
+    """Statistics shared through the server in a setup exchange before round 1."""
+
+    needs_setup = True
+
+    @classmethod
+    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
+        if algorithm in NO_FEDERATION:
+            raise ConfigError(
+                f"augment '{cls.name}' shares statistics between clients, which algorithm "
+                f"'{algorithm}' does not have (it trains without a federation); use 'norm'"
+            )
+        cls._one_normalizer(others)
+
+    def setup_reply(self, cid: str, state: State) -> Records:
+        return {"fedrdn_stats": {"mean": state["mean"], "std": state["std"]}}
+
+    def setup_aggregate(self, server: State, replies: list[tuple[str, Records]]) -> None:
+        server["clients"] = [cid for cid, _ in replies]
+        server["mean"] = torch.stack([r["fedrdn_stats"]["mean"] for _, r in replies])
+        server["std"] = torch.stack([r["fedrdn_stats"]["std"] for _, r in replies])
+
+
+@register
+class FedRDN(_Federated):
+    """Random normalisation with a random client's statistics during training."""
+
+    name = "fedrdn"
+    Params = FedRDNParams
+
+    def setup_broadcast(self, server: State, cid: str) -> Records:
+        return {"fedrdn_bank": {"mean": server["mean"], "std": server["std"]}}
+
+    def receive(self, records: Payload, state: State, rnd: int) -> None:
+        bank = records.records.get("fedrdn_bank")
+        if bank is not None:
+            state["bank_mean"], state["bank_std"] = bank["mean"], bank["std"]
+
+    def train_batch(self, x, y, state, generator):
+        """Eq. 7: x_hat = (x - mu_j) / sigma_j with j drawn uniformly from the K clients."""
+        bank_mean, bank_std = state["bank_mean"], state["bank_std"]
+        k = bank_mean.shape[0]
+        if self.params.draw == "paper":
+            j = torch.randint(k, (x.shape[0],), generator=generator)
+            mean, std = bank_mean[j], bank_std[j]
+        else:
+            i = torch.randint(k, (1,), generator=generator)
+            j = torch.randint(k, (1,), generator=generator)
+            mean, std = bank_mean[i[0]], bank_std[j[0]]
+        return _normalize(x, mean.to(x.device), std.to(x.device)), y
+
+
+@register
+class FedRDNV(_Federated):
+    """FedRDN-V: the federation's averaged statistics for training and test (Eq. 9)."""
+
+    name = "fedrdn_v"
+
+    def setup_broadcast(self, server: State, cid: str) -> Records:
+        return {"fedrdn_avg": {"mean": server["mean"].mean(0), "std": server["std"].mean(0)}}
+
+    def receive(self, records: Payload, state: State, rnd: int) -> None:
+        avg = records.records.get("fedrdn_avg")
+        if avg is not None:
+            state["avg_mean"], state["avg_std"] = avg["mean"], avg["std"]
+
+    def train_batch(self, x, y, state, generator):
+        return _normalize(x, state["avg_mean"].to(x.device), state["avg_std"].to(x.device)), y
+
+    def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
+        return _normalize(x, state["avg_mean"].to(x.device), state["avg_std"].to(x.device))

@@ -1,0 +1,65 @@
+"""Seed statistics and the Table-1-shaped flows table."""
+
+from __future__ import annotations
+
+import pytest
+from scipy import stats
+
+from fedshift.eval.stats import mean_std, paired_ttest
+from fedshift.eval.tables import flow_label, flows_table
+
+
+def test_mean_std_and_paired_ttest():
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    a = {0: 0.9, 1: 0.8, 2: 0.85}
+    b = {0: 0.7, 1: 0.75, 2: 0.72, 3: 0.1}  # seed 3 has no pair and is ignored
+    expected = stats.ttest_rel([0.9, 0.8, 0.85], [0.7, 0.75, 0.72]).pvalue
+    assert paired_ttest(a, b) == pytest.approx(expected)
+    assert paired_ttest({0: 1.0}, {0: 0.5}) is None
+    assert paired_ttest({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}) == 1.0
+
+
+def _s(algo, augs, seed, acc, implied=()):
+    return {
+        "algorithm": algo,
+        "augment": [{"name": a} for a in augs],
+        "implied": list(implied),
+        "seed": seed,
+        "test_mean": acc,
+        "clients": ["a"],
+        "test_per_client": {"a": acc},
+    }
+
+
+def test_flows_table_deltas():
+    runs = [_s("fedavg", [], s, 0.80 + 0.01 * s) for s in range(3)]
+    runs += [_s("fedavg", ["fedrdn"], s, 0.85 + 0.01 * s + 0.001 * s * s) for s in range(3)]
+    runs += [_s("fedrdn", ["fedrdn"], 0, 0.9, implied=["fedrdn"])]
+    assert flow_label(runs[0]) == "base" and flow_label(runs[3]) == "+fedrdn"
+    assert flow_label(runs[-1]) == "base"  # the preset's own augment is its base flow
+    table = flows_table(runs)
+    row = next(line for line in table.splitlines() if "+fedrdn" in line)
+    assert "+5.17" in row  # mean(85, 86.1, 87.4) - mean(80, 81, 82) = 86.17 - 81.00 (%)
+
+
+def test_flow_label_names_non_default_keys():
+    harmo = {
+        "algorithm_config": {
+            "name": "harmofl",
+            "bn_policy": "global",
+            "rho": 0.05,
+            "perturbation": False,
+            "amplitude_norm": True,
+        },
+        "implied": ["ampnorm"],
+        "augment": [{"name": "ampnorm", "amplitude": "paper", "decay": 0.1}],
+    }
+    assert flow_label(harmo) == "perturbation=False"
+    harmo["algorithm_config"]["perturbation"] = True
+    assert flow_label(harmo) == "base"
+    rdn = {
+        "algorithm_config": {"name": "fedbn", "bn_policy": "local"},
+        "implied": [],
+        "augment": [{"name": "fedrdn", "draw": "released"}],
+    }
+    assert flow_label(rdn) == "+fedrdn(draw=released)"
