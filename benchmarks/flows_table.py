@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from fedshift.eval.summary import SELECTION_RULE
-from fedshift.eval.tables import flows_table
+from fedshift.eval.tables import comm_table, flows_table
 
 
 def main() -> int:
@@ -33,10 +33,13 @@ def main() -> int:
     table = flows_table(summaries)
     seeds = len({s["seed"] for s in summaries})
     note = f"Test accuracy (%), {seeds} seeds. Model selection: {SELECTION_RULE}."
+    comm = comm_table(summaries)
     print(table)
     print(note)
+    print()
+    print(comm)
     if args.md:
-        args.md.write_text(table + "\n\n" + note + "\n")
+        args.md.write_text(f"{table}\n\n{note}\n\n{comm}\n")
     return 0
 
 

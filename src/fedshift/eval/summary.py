@@ -89,6 +89,9 @@ def summarize(sim) -> dict[str, Any]:
         "run_dir": str(sim.run_dir),
     }
     totals = {"up": sim.ledger.total("up"), "down": sim.ledger.total("down")}
+    setup = sim.ledger.by_round().get(0, {})
+    meta["bytes_setup"] = sum(setup.values())
+    meta["bytes_setup_by_direction"] = setup
     return build_summary(
         sim.records, sim.kinds, meta, totals, sim.ledger.by_record(), round(sim.wall_before, 3)
     )

@@ -125,3 +125,44 @@ def flows_table(summaries: list[dict]) -> str:
         cells = [_fmt(statistics.mean(s["test_per_client"][c] for s in g)) for c in clients]
         rows.append([algo, flow, str(len(g)), *cells, f"{_fmt(m)} ± {_fmt(sd)}", delta, p])
     return _grid(header, rows)
+
+
+def comm_table(summaries: list[dict]) -> str:
+    """Communication per (algorithm, flow): bytes per client per round (up, down; the setup
+    exchange of round 0 excluded and shown apart, per client) next to the model's size."""
+    groups: dict[tuple[str, str], dict] = {}
+    for s in summaries:
+        groups.setdefault((s["algorithm"], flow_label(s)), s)
+    header = [
+        "algorithm",
+        "flow",
+        "model KB",
+        "up KB/client/rnd",
+        "down KB/client/rnd",
+        "setup KB/client",
+        "records",
+    ]
+    rows = []
+    for (algo, flow), s in sorted(groups.items()):
+        n, r = len(s["clients"]), s["rounds"]
+        setup = s.get("bytes_setup", 0)
+        by_rec = s.get("bytes_by_record", {})
+        names = sorted({k for d in by_rec.values() for k in d})
+        up = (s["bytes_up"] - _setup_part(s, "up")) / (n * r)
+        down = (s["bytes_down"] - _setup_part(s, "down")) / (n * r)
+        rows.append(
+            [
+                algo,
+                flow,
+                f"{s['model_bytes'] / 1e3:.1f}",
+                f"{up / 1e3:.2f}",
+                f"{down / 1e3:.2f}",
+                f"{setup / n / 1e3:.2f}",
+                ", ".join(names),
+            ]
+        )
+    return _grid(header, rows)
+
+
+def _setup_part(s: dict, direction: str) -> int:
+    return int(s.get("bytes_setup_by_direction", {}).get(direction, 0))
