@@ -170,8 +170,8 @@ def test_fedmix_ledger_shows_the_averaged_images_in_round_0(make_cfg, tmp_path):
 @pytest.mark.parametrize(
     ("over", "match"),
     [
-        (["algorithm.name=local", "augment=[fedmix]"], "no federation"),
-        (["algorithm.name=central", "augment=[fedmix]"], "no federation"),
+        (["algorithm.name=local", "augment=[fedmix]"], "without a federation"),
+        (["algorithm.name=central", "augment=[fedmix]"], "without a federation"),
         (["algorithm.name=fedproto", "augment=[fedmix]"], "integer class"),
         (["augment=[{name: fedmix, lam: 1.0}]"], "augment.fedmix.lam"),
         (["augment=[{name: fedmix, m: 0}]"], "augment.fedmix.m"),

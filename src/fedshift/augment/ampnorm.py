@@ -49,7 +49,7 @@ from typing import Any, Literal
 import torch
 
 from fedshift.augment import register
-from fedshift.augment.base import Augment, Records, State
+from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.data.base import ClientData
 from fedshift.engine.payload import Payload
 from fedshift.errors import ConfigError
@@ -57,7 +57,6 @@ from fedshift.models.base import FedModel
 
 UP = "amplitude"
 DOWN = "global_amplitude"
-NO_FEDERATION = ("local", "central")
 
 
 @dataclass
@@ -112,11 +111,7 @@ class AmpNorm(Augment):
 
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        if algorithm in NO_FEDERATION:
-            raise ConfigError(
-                f"augment 'ampnorm' averages amplitudes over the clients, which algorithm "
-                f"'{algorithm}' does not have (it trains without a federation)"
-            )
+        require_federation("ampnorm", algorithm, "averages amplitudes over the clients")
         if not 0.0 < params.decay <= 1.0:
             raise ConfigError(
                 f"config key 'augment.ampnorm.decay' must be in (0, 1], got {params.decay}"

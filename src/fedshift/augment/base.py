@@ -29,10 +29,23 @@ import torch
 
 from fedshift.data.base import ClientData
 from fedshift.engine.payload import Payload, Tensors
+from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 State = dict[str, Any]
 Records = dict[str, Tensors]
+
+
+def require_federation(augment: str, algorithm: str, needs: str, hint: str = "") -> None:
+    """Config-time check for augments that exchange something through the server: the
+    algorithm must communicate (``local`` and ``central`` train without a federation)."""
+    from fedshift.algorithms import ALGORITHMS
+
+    if not ALGORITHMS.get(algorithm).communicates:
+        raise ConfigError(
+            f"augment '{augment}' {needs}, which algorithm '{algorithm}' does not have "
+            f"(it trains without a federation){'; ' + hint if hint else ''}"
+        )
 
 
 class Augment:

@@ -56,15 +56,13 @@ import torch
 import torch.nn.functional as F
 
 from fedshift.augment import register
-from fedshift.augment.base import Augment, Records, State
+from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
 from fedshift.data.base import ClientData
 from fedshift.engine.payload import Payload
 from fedshift.engine.seeding import generator as derived_generator
 from fedshift.errors import ConfigError, TrainingError
 from fedshift.models.base import FedModel
-
-NO_FEDERATION = ("local", "central")
 
 
 @dataclass
@@ -148,12 +146,12 @@ class FedMix(Augment):
 
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        if algorithm in NO_FEDERATION:
-            raise ConfigError(
-                f"augment 'fedmix' mixes local data with other clients' averaged images shared "
-                f"through the server, but algorithm '{algorithm}' has no federation to share "
-                "them; use 'mixup' for mixing within one data set"
-            )
+        require_federation(
+            "fedmix",
+            algorithm,
+            "mixes local data with other clients' averaged images shared through the server",
+            "use 'mixup' for mixing within one data set",
+        )
         if algorithm in HARD_LABEL_ALGORITHMS:
             raise ConfigError(
                 f"augment 'fedmix' returns soft (mixed) labels, but algorithm '{algorithm}' "

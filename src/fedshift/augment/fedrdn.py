@@ -28,13 +28,11 @@ from typing import Any, Literal
 import torch
 
 from fedshift.augment import register
-from fedshift.augment.base import Augment, Records, State
+from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.data.base import ClientData
 from fedshift.engine.payload import Payload
 from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
-
-NO_FEDERATION = ("local", "central")
 
 
 def channel_statistics(x: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,11 +121,7 @@ class _Federated(_ClientStats):
 
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        if algorithm in NO_FEDERATION:
-            raise ConfigError(
-                f"augment '{cls.name}' shares statistics between clients, which algorithm "
-                f"'{algorithm}' does not have (it trains without a federation); use 'norm'"
-            )
+        require_federation(cls.name, algorithm, "shares statistics between clients", "use 'norm'")
         cls._one_normalizer(others)
 
     def setup_reply(self, cid: str, state: State) -> Records:

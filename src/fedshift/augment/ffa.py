@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 from fedshift.augment import register
-from fedshift.augment.base import Augment, Records, State
+from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.data.base import ClientData
 from fedshift.engine.payload import Payload, Tensors
 from fedshift.errors import ConfigError
@@ -79,7 +79,6 @@ from fedshift.models.base import FedModel
 Variant = Literal["fedfa", "fedfa-r", "fedfa-c", "direct"]
 #: variants whose fused variance uses the server's client-sharing variances
 SHARING = ("fedfa", "direct")
-NO_FEDERATION = ("local", "central")
 UP, DOWN, RUNNING = "ffa_stats", "ffa_variance", "ffa_running"
 
 
@@ -333,11 +332,12 @@ class FFA(Augment):
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         variant = params.variant if params is not None else "fedfa"
-        if algorithm in NO_FEDERATION and variant in SHARING:
-            raise ConfigError(
-                f"augment 'ffa' with variant {variant!r} needs statistics from the other "
-                f"clients, which algorithm '{algorithm}' does not have (it trains without a "
-                "federation); use variant 'fedfa-c' (client-specific variances only)"
+        if variant in SHARING:
+            require_federation(
+                "ffa",
+                algorithm,
+                f"with variant {variant!r} needs statistics from the other clients",
+                "use variant 'fedfa-c' (client-specific variances only)",
             )
 
     # -- model -------------------------------------------------------------------------------
