@@ -182,3 +182,24 @@ def test_checkpoint_holds_all_state(make_cfg, tmp_path):
     state = ck["clients"]["client0"]
     assert {"control", "optimizer", "local"} <= set(state)
     assert {"torch", "numpy", "python"} <= set(ck["rng"])
+
+
+def test_select_round_picks_best_validation_even_when_test_disagrees():
+    from fedshift.eval.summary import select_round
+
+    def row(rnd, client, val, test):
+        return {"round": rnd, "client": client, "global": {"val_acc": val, "test_acc": test}}
+
+    records = [
+        row(1, "a", 0.50, 0.90),
+        row(1, "b", 0.50, 0.90),  # best test, worse validation
+        row(2, "a", 0.80, 0.60),
+        row(2, "b", 0.70, 0.70),  # best validation
+        row(3, "a", 0.75, 0.80),
+        row(3, "b", 0.75, 0.80),  # ties round 2 on validation
+    ]
+    sel = select_round(records, "global")
+    assert sel["best"]["round"] == 2  # 0.75 mean validation; earliest of the tie
+    assert sel["best"]["test_mean"] == pytest.approx(0.65)
+    assert sel["best"]["test_per_client"] == {"a": 0.60, "b": 0.70}
+    assert sel["final"]["round"] == 3
