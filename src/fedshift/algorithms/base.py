@@ -201,7 +201,7 @@ class Algorithm:
 
     # -- client ----------------------------------------------------------------------------
     def init_client(self, cid: str, model: FedModel) -> State:
-        return {"local": subset(clone(model.state_dict()), self.local_keys)}
+        return {"local": clone(subset(model.state_dict(), self.local_keys))}
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         raise NotImplementedError
@@ -212,7 +212,7 @@ class Algorithm:
 
     def keep_local(self, ctx: ClientContext, state: State) -> None:
         if self.local_keys:
-            state["local"] = subset(clone(ctx.model.state_dict()), self.local_keys)
+            state["local"] = clone(subset(ctx.model.state_dict(), self.local_keys))
 
     # -- the local loop --------------------------------------------------------------------
     def make_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.Optimizer:

@@ -25,7 +25,7 @@ class FedAvg(Algorithm):
         steps, loss = self.local_train(ctx, state)
         self.keep_local(ctx, state)
         return Payload(
-            {"weights": subset(clone(ctx.model.state_dict()), self.shared_keys)},
+            {"weights": clone(subset(ctx.model.state_dict(), self.shared_keys))},
             num_examples=ctx.num_train,
             metrics={"train_loss": loss, "steps": steps},
         )

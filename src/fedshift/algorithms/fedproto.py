@@ -203,7 +203,7 @@ class FedProto(Algorithm):
             }
         }
         if self.params.share_weights:
-            records["weights"] = subset(clone(ctx.model.state_dict()), self.shared_keys)
+            records["weights"] = clone(subset(ctx.model.state_dict(), self.shared_keys))
         return Payload(
             records, num_examples=ctx.num_train, metrics={"train_loss": loss, "steps": steps}
         )
