@@ -23,4 +23,8 @@ def registry_for(section: str) -> Registry:
         from fedshift.data import DATASETS
 
         return DATASETS
+    if section == "partition":
+        from fedshift.data.partition import PARTITIONS
+
+        return PARTITIONS
     raise ConfigError(f"no registry for config section {section!r}")

@@ -74,6 +74,9 @@ class RunConfig:
     dataset: dict = field(default_factory=lambda: {"name": "digits"})
     model: dict = field(default_factory=lambda: {"name": "cnn"})
     algorithm: dict = field(default_factory=lambda: {"name": "fedavg"})
+    # How the dataset's pooled examples are re-split across clients (label skew); ``none``
+    # keeps the dataset's own clients (domains).
+    partition: dict = field(default_factory=lambda: {"name": "none"})
     # Plug-ins composed with the algorithm, in order: names or {name: ..., **params}.
     augment: list = field(default_factory=list)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -89,7 +92,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-COMPONENT_SECTIONS = ("dataset", "model", "algorithm")
+COMPONENT_SECTIONS = ("dataset", "model", "algorithm", "partition")
 
 
 # ----------------------------------------------------------------------------- validation

@@ -39,6 +39,20 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-from fedshift.algorithms import fedfa, fedproto, fedrdn, harmofl  # noqa: E402, F401
+from fedshift.algorithms import (  # noqa: E402, F401
+    advprop,
+    distrans,
+    fedaws,
+    fedfa,
+    fedproto,
+    fedrdn,
+    fraug,
+    harmofl,
+    moon,
+    partialfed,
+    pfedavg,
+    pfedhn,
+    pfedme,
+)
 
 __all__ = ["ALGORITHMS", "Algorithm", "register"]

@@ -161,6 +161,13 @@ class Algorithm:
         the ``fedrdn`` augment). Listing one in ``augment`` explicitly sets its parameters."""
         return []
 
+    @classmethod
+    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+        """The model this algorithm trains, built around the configured backbone ``model``
+        (identity by default; DisTrans wraps it in a double-input-channel model). Called once
+        per run with the seeded initial backbone, before augments attach."""
+        return model
+
     def compute_local_keys(self, model: FedModel) -> list[str]:
         return bn_keys(model, getattr(self.params, "bn_policy", "global"))
 

@@ -19,11 +19,15 @@ DATASETS.add(
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 
 
-def load_dataset(section: dict) -> Federation:
-    """Load the dataset of a resolved ``dataset`` config section."""
+def load_dataset(section: dict, partition: dict | None = None) -> Federation:
+    """Load the dataset of a resolved ``dataset`` config section, then apply the resolved
+    ``partition`` section (label skew across simulated clients; ``none`` by default)."""
+    from fedshift.data.partition import apply_partition
+
     entry = DATASETS.entry(section["name"], key="dataset.name")
     params = entry.params(**{k: v for k, v in section.items() if k != "name"})
-    return entry.obj(params)
+    fed = entry.obj(params)
+    return apply_partition(fed, partition or {"name": "none"})
 
 
 __all__ = ["DATASETS", "ClientData", "Federation", "Split", "load_dataset"]

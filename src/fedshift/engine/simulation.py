@@ -30,6 +30,7 @@ from fedshift.augment.compose import Composition
 from fedshift.config import RunConfig, dump_config
 from fedshift.data import load_dataset
 from fedshift.data.base import Federation
+from fedshift.data.partition import apply_partition
 from fedshift.engine.context import ClientContext, InputPipeline, Normalize
 from fedshift.engine.executor import SequentialExecutor
 from fedshift.engine.payload import Ledger, Payload
@@ -85,14 +86,19 @@ class Simulation:
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.device = resolve_device(cfg.device)
-        self.fed = federation if federation is not None else load_dataset(cfg.dataset)
+        if federation is None:
+            self.fed = load_dataset(cfg.dataset, cfg.partition)
+        else:  # a pre-loaded dataset (tests, benchmarks): the partition still applies
+            self.fed = apply_partition(federation, cfg.partition)
         seed_global(cfg.seed, "init")
-        self.model = build_model(cfg.model, self.fed.num_classes, self.fed.input_shape)
-        self.model.to(self.device)
         entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
         params = cfg.algorithm.copy()
         params.pop("name")
         algo_params = entry.params(**params) if entry.params is not None else None
+        model = build_model(cfg.model, self.fed.num_classes, self.fed.input_shape)
+        # algorithms that change the architecture (DisTrans's double-input-channel model)
+        self.model = entry.obj.wrap_model(algo_params, model, self.fed)
+        self.model.to(self.device)
         self.implied = entry.obj.implied_augments(algo_params)
         augments = build_augments(cfg.augment, cfg.seed, self.fed.num_classes)
         for a in augments:

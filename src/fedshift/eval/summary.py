@@ -81,6 +81,9 @@ def summarize(sim) -> dict[str, Any]:
         "algorithm_config": cfg.algorithm,
         "augment": cfg.augment,
         "implied": list(getattr(sim, "implied", [])),
+        "partition": cfg.partition,
+        # label-distribution heterogeneity of the clients (DisTrans's DH, Eq. 3-4), when known
+        "dh": sim.fed.info.get("dh"),
         "seed": cfg.seed,
         "rounds": cfg.train.rounds,
         "clients": sim.fed.client_names,
