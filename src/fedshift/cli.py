@@ -2,6 +2,7 @@
 
 fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
 fedshift run --resume RUN_DIR                            continue a killed run
+fedshift bench SUITE.yaml [key=value ...] [--workers N]  a suite: cached cells, parallel runs
 fedshift list                                            algorithms, datasets, models
 fedshift data build|show|fetch ...                       offline benchmarks
 """
@@ -51,6 +52,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print("\nrun directories:")
     for s in summaries:
         print(f"  {s['run_dir']}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from fedshift.bench import run_suite
+    from fedshift.eval.tables import runs_table, seeds_table
+
+    summaries = run_suite(
+        args.suite, args.overrides, out=args.out, workers=args.workers, progress=not args.quiet
+    )
+    print(runs_table(summaries))
+    agg = seeds_table(summaries)
+    if agg:
+        print("\nMean over seeds (test accuracy %, model selected on validation):")
+        print(agg)
+    if summaries:
+        print(f"\nsuite folder: {Path(summaries[0]['run_dir']).parent}")
     return 0
 
 
@@ -132,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
+
+    bench = sub.add_parser("bench", help="run a suite (grid of runs) with cached cells")
+    bench.add_argument("suite", help="suite YAML (a run config with a sweep grid)")
+    bench.add_argument("overrides", nargs="*", help="key=value overrides for every cell")
+    bench.add_argument("--out", help="root folder for run directories (config key 'out')")
+    bench.add_argument("--workers", type=int, help="parallel processes (default: cores // 2)")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench.set_defaults(fn=_cmd_bench)
 
     ls = sub.add_parser("list", help="list algorithms, datasets and models")
     ls.set_defaults(fn=_cmd_list)
