@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fedshift.data import debian
 from fedshift.data import digit_sources as ds
 from fedshift.data.base import SPLITS, Federation
 from fedshift.data.digits import (
@@ -333,7 +334,7 @@ def test_fetch_opencv_downloads_retries_after_update_and_cleans_up(tmp_path, mon
         Image.fromarray(_fake_sheet()).save(png)
         return png
 
-    monkeypatch.setattr(ds, "_run", fake_run)
+    monkeypatch.setattr(debian, "run", fake_run)
     monkeypatch.setattr(ds, "extract_opencv_png", fake_extract)
     dest = fetch_opencv(tmp_path)
     assert dest == tmp_path / "sources" / "opencv" / "digits.png"
@@ -347,7 +348,7 @@ def test_fetch_opencv_failure_is_a_missing_source(tmp_path, monkeypatch):
     def failing(cmd, cwd):
         return subprocess.CompletedProcess(cmd, 100, "", "E: no network")
 
-    monkeypatch.setattr(ds, "_run", failing)
+    monkeypatch.setattr(debian, "run", failing)
     with pytest.raises(MissingSourceError, match="apt-get download opencv-doc"):
         fetch_opencv(tmp_path)
 

@@ -83,12 +83,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from fedshift.algorithms import ALGORITHMS
     from fedshift.augment import AUGMENTS
     from fedshift.data import DATASETS
+    from fedshift.data.partition import PARTITIONS
     from fedshift.models import MODELS
 
     sections = (
         ("algorithms", ALGORITHMS),
         ("augments (augment: [...], composable with any algorithm)", AUGMENTS),
         ("datasets", DATASETS),
+        ("partitions (partition: {name: ...}; label skew over the pooled dataset)", PARTITIONS),
         ("models", MODELS),
     )
     for title, reg in sections:
@@ -117,16 +119,34 @@ def _dataset_params(name: str, overrides: list[str]):
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from fedshift.data import digits
+    from fedshift.data import digits, fashion
 
     if args.action == "fetch":
-        if args.name != "opencv":
-            raise FedshiftError(f"nothing to fetch for {args.name!r}; fetchable: opencv")
-        path = digits.fetch_opencv(Path(args.cache) if args.cache else None)
-        print(f"opencv digits sheet: {path}")
+        cache = Path(args.cache) if args.cache else None
+        if args.name == "opencv":
+            print(f"opencv digits sheet: {digits.fetch_opencv(cache)}")
+        elif args.name == "fashion-mnist":
+            print(f"fashion-mnist files: {fashion.fetch_fashion(cache)}")
+        else:
+            raise FedshiftError(
+                f"nothing to fetch for {args.name!r}; fetchable: fashion-mnist, opencv"
+            )
+        return 0
+    if args.name == "fashion-mnist":
+        if args.action == "build":
+            raise FedshiftError(
+                "fashion-mnist has nothing to build (splits are drawn at load time); "
+                "get its files with 'fedshift data fetch fashion-mnist'"
+            )
+        _, params = _dataset_params(args.name, args.overrides)
+        out = Path(args.out or "fashion_montage.png")
+        print(json.dumps(fashion.show_fashion(params, out), indent=2))
+        print(f"montage: {out}")
         return 0
     if args.name != "digits":
-        raise FedshiftError(f"'fedshift data {args.action}' supports the dataset 'digits'")
+        raise FedshiftError(
+            f"'fedshift data {args.action}' supports the datasets 'digits' and 'fashion-mnist'"
+        )
     entry, params = _dataset_params(args.name, args.overrides)
     if args.action == "build":
         path = digits.build_digits(params, progress=True, force=args.force)
@@ -164,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
     data.add_argument("action", choices=["build", "show", "fetch"])
-    data.add_argument("name", help="dataset (digits) or source to fetch (opencv)")
+    data.add_argument(
+        "name", help="dataset (digits, fashion-mnist) or what to fetch (opencv, fashion-mnist)"
+    )
     data.add_argument("overrides", nargs="*", help="dataset keys, e.g. train_size=500")
     data.add_argument("--force", action="store_true", help="rebuild even if cached")
     data.add_argument("--out", help="montage PNG path for 'show'")

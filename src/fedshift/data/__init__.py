@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
+from fedshift.data.fashion import FashionParams, load_fashion
 from fedshift.data.toy import ToyParams, load_toy
 from fedshift.registry import Registry
 
@@ -15,6 +16,12 @@ DATASETS.add(
     load_digits,
     DigitsParams,
     "offline Digits: mnist, mnistm, optdigits, synth, opencv (real data from packages)",
+)
+DATASETS.add(
+    "fashion-mnist",
+    load_fashion,
+    FashionParams,
+    "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition",
 )
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 

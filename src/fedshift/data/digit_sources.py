@@ -17,7 +17,6 @@ import importlib.metadata
 import importlib.util
 import math
 import os
-import subprocess
 import tempfile
 import zlib
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from fedshift.data import debian
 from fedshift.errors import DataError, MissingSourceError
 
 NUM_CLASSES = 10
@@ -614,54 +614,14 @@ def build_opencv(seed: int, cache_dir: Path) -> Pool:
     return Pool(gray_to_rgb(x), y, [source])
 
 
-def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """Run a command, capturing its output (a seam for tests)."""
-    try:
-        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    except FileNotFoundError as exc:
-        raise MissingSourceError(
-            f"`{' '.join(cmd)}` failed: {cmd[0]} not found. Fetching opencv-doc needs a "
-            f"Debian/Ubuntu system; otherwise copy digits.png from OpenCV's samples/data"
-        ) from exc
-
-
 def download_opencv_deb(workdir: Path) -> Path:
     """``apt-get download opencv-doc`` into ``workdir`` (after one ``apt-get update`` retry)."""
-    cmd = ["apt-get", "download", "opencv-doc"]
-    result = _run(cmd, workdir)
-    if result.returncode != 0:
-        _run(["apt-get", "update"], workdir)
-        result = _run(cmd, workdir)
-    debs = sorted(workdir.glob("opencv-doc_*.deb"))
-    if result.returncode != 0 or not debs:
-        tail = (result.stderr or result.stdout or "").strip()[-400:]
-        raise MissingSourceError(
-            f"`apt-get download opencv-doc` failed (also after `apt-get update`): {tail}. "
-            "Install the package instead (`apt-get install opencv-doc`) or copy OpenCV's "
-            "samples/data/digits.png there by hand"
-        )
-    return debs[-1]
+    return debian.apt_download("opencv-doc", workdir)
 
 
 def extract_opencv_png(deb: Path, workdir: Path) -> Path:
     """Extract only ``digits.png`` from the opencv-doc ``.deb`` into ``workdir``."""
-    dpkg = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
-    try:
-        tar = subprocess.run(
-            ["tar", "-x", OPENCV_MEMBER],
-            stdin=dpkg.stdout,
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    finally:
-        dpkg.stdout.close()
-        dpkg.wait()
-    png = workdir / OPENCV_MEMBER
-    if tar.returncode != 0 or not png.is_file():
-        raise MissingSourceError(f"could not extract {OPENCV_MEMBER} from {deb}: {tar.stderr}")
-    return png
+    return debian.extract_deb_members(deb, [OPENCV_MEMBER], workdir)[0]
 
 
 def fetch_opencv(cache_dir: Path | None = None) -> Path:
