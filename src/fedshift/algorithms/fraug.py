@@ -1,1 +1,617 @@
-"""(being written)"""
+"""FRAug (Chen et al., "FRAug: Tackling Federated Learning with Non-IID Features via
+Representation Augmentation", ICCV 2023, arXiv 2205.14900).
+
+Every client's model splits into a feature extractor and a prediction head,
+``u = model.features(x)`` and ``logits = model.head(u)``. On top of FedBN-style training
+(local BN layers, everything else averaged), each client augments its *embedding* space:
+
+* a class-conditional generator ``g(z, y)`` (shared: averaged by the server like the model,
+  payload record ``generator``) maps noise ``z`` and a one-hot label to a client-agnostic
+  embedding; an MLP ``[z, onehot(y)] -> 2 x (Linear + BN1d + ReLU) -> R^d``;
+* a Representation Transformation Network ``m`` (RTNet, one per client, never sent: it lives
+  in client state only) turns ``g``'s output into a client-specific *residual*:
+  ``m(g, y) = dec(enc([g, onehot(y)]))`` with ``enc = Linear + BN1d + ReLU`` and
+  ``dec = Linear + BN1d``;
+* synthetic embeddings (Eq. 2) ``u_hat = u + m(g(z, y), y)``, where ``u`` is the *real*
+  embedding of a training example of class ``y`` (the released code adds the residual to the
+  real embedding, ``FTNet(f_fake, f_real, y)``), and class-prototypical embeddings (Eq. 3)
+  ``u_hat_c = u_bar_c + m(g(z', c), c)``, with ``u_bar_c`` an exponential moving average of
+  the client's real class-``c`` embeddings (Eq. 4):
+  ``u_bar_c <- (1 - mu) u_bar_c + mu * mean{u_i : y_i = c}`` for the classes present in the
+  batch (others unchanged; ``u_bar`` starts at 0; ``prototype_momentum`` mu = 0.3);
+* the synthetic loss (Eq. 1) trains the prediction head *only* (the synthetic embeddings are
+  built without gradient, from detached real embeddings):
+  ``L = (1 - w_t) CE(h(u), y) + w_t * L_syn`` with ``L_syn`` the mean of
+  ``CE(h(u_hat), y)`` and ``CE(h(u_hat_c), c)``; ``w_t = min(lambda_syn, exp(gamma (e - T)))``
+  (``e`` = rounds already done, i.e. round - 1; ``T`` = ``train.rounds``), the released code's
+  exponential ramp-up capped at ``lambda_syn`` (0.5 in the code); ``ramp_up=false``:
+  ``w_t = lambda_syn``;
+* the generator loss (Eq. 5) ``L_G = CE(h(g(z, c)), c) - alpha * MMD(g(z, c), U)``: the
+  generated embeddings must be classified right by the (fixed) head while staying far from
+  the batch ``U`` of real embeddings (diversity); only the generator is updated;
+* the RTNet loss (Eq. 6) ``L_m = -H(softmax(h(u_hat))) + beta * MMD(u_hat, U)`` (and the same
+  for ``u_hat_c`` against the prototypes ``u_bar_c``): the transformed embeddings should be
+  hard for the head (high entropy ``H``) yet close to the client's real distribution; only the
+  RTNet is updated.
+
+One local step (one mini-batch) = one model step, one generator step, one RTNet step, in that
+order, as in the released code (``users/user_FRAug.py``). The generator and the RTNet use
+their own SGD optimisers (``lr_generator``, ``lr_rtnet``, momentum ``aux_momentum``), fresh
+each round or kept in client state like the model's (``train.optimizer_state``). The labels
+``c`` of the generator / prototypical branch cycle through the classes (class-balanced
+batches continuing across steps, as the code does). At test time only the feature extractor
+and the head are used (no generator, no RTNet): evaluation is FedBN's (personal models with
+each client's BN layers).
+
+MMD (``mmd``): the code's multi-kernel Gaussian MMD^2 (``utils/loss_utils.py``, ``MMD_kernel``)
+with 5 bandwidths ``s * 2^k / 4`` (k = 0..4) around ``s`` = the mean pairwise squared distance
+of the pooled samples (no gradient through ``s``); ``mmd_kernel="mean_cov"`` is the code's
+other "MMD" (squared differences of means and covariances).
+
+Paper vs released code. The paper's method text (equations and hyper-parameters) could not be
+read here; equation numbers follow the issue (Eq. 1 synthetic loss, 2-4 embeddings and
+prototypes, 5 generator, 6 RTNet) and the defaults follow the released code
+(HaokunChen245/FRAug @816e8be, ``main.py``). Options:
+
+* ``bn_policy``: ``local`` (default: the paper keeps local BN layers as FedBN does);
+  ``stats-local`` is the released code's ``model_share="no_bn_running_stats"`` (BN affine
+  parameters averaged, running statistics local) for all three benchmarks;
+* ``generator_bn``: ``global`` (default; code Digits/PACS ``model_share_G="all"``: every
+  generator tensor, BN running statistics included, is averaged); ``local`` is the code's
+  OfficeHome ``no_local`` (the generator's BN layers never leave the client);
+* ``generator_distance="mse"``: the code's Digits setting (``distance_metric_G="L2"``:
+  ``-alpha * MSE(g(z, c), u_bar_c)``, pushing generated embeddings away from the prototypes);
+  ``rtnet_distance="mse"`` is the code's PACS ``distance_metric_FT="L2"``;
+* ``interpolate=true``: the code's ``use_feature_inter`` (PACS, OfficeHome): synthetic
+  embeddings are mixed with their base, ``r * u_hat + (1 - r) * u`` with
+  ``r = exp(gamma (e - T))`` (uncapped);
+* ``reference="eval"`` (default, code): the real embeddings the MMD terms compare against
+  are recomputed after the model step in evaluation mode (one extra forward pass per step);
+  ``"train"`` reuses the (detached) training-mode embeddings of the model step (cheaper).
+
+Ablations (the paper's Table 3): ``embeddings="agnostic"`` uses ``g(z, y)`` and ``g(z', c)``
+directly (no RTNet: none is built or trained), ``"u_hat"`` only Eq. 2, ``"u_hat_c"`` only
+Eq. 3, ``"both"`` (default) both; ``ramp_up=false`` removes the ramp-up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedshift.algorithms import register
+from fedshift.algorithms.base import (
+    BN_STATS,
+    Algorithm,
+    BNPolicy,
+    FLParams,
+    Reply,
+    State,
+    clone,
+    subset,
+)
+from fedshift.config import FederationConfig, TrainConfig
+from fedshift.engine.context import ClientContext
+from fedshift.engine.payload import Payload
+from fedshift.errors import ConfigError, TrainingError
+from fedshift.models.base import FedModel
+
+Embeddings = Literal["both", "agnostic", "u_hat", "u_hat_c"]
+
+
+# ----------------------------------------------------------------------------- MMD
+def pairwise_sq_dists(a: torch.Tensor) -> torch.Tensor:
+    """``D[i, j] = ||a_i - a_j||^2`` by explicit differences (exactly symmetric, exact zeros)."""
+    return (a.unsqueeze(0) - a.unsqueeze(1)).pow(2).sum(-1)
+
+
+def mmd(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    kernel: Literal["gaussian", "mean_cov"] = "gaussian",
+    kernel_mul: float = 2.0,
+    kernel_num: int = 5,
+    bandwidth: float | None = None,
+) -> torch.Tensor:
+    """Squared maximum mean discrepancy between the sample sets ``x`` (n, d) and ``y`` (m, d),
+    as FRAug's released code computes it (``utils/loss_utils.py``, ``MMD_loss``).
+
+    ``gaussian`` (the code's ``MMD_kernel``): the biased estimate
+    ``mean K_xx + mean K_yy - 2 mean K_xy`` with a sum of ``kernel_num`` Gaussian kernels
+    ``k(a, b) = sum_k exp(-||a - b||^2 / s_k)``, ``s_k = s * kernel_mul^(k - kernel_num // 2)``
+    (default: s/4, s/2, s, 2s, 4s). ``s`` is ``bandwidth`` if given, else the mean squared
+    distance over all ordered pairs of distinct indices of the pooled set ``[x; y]``, taken
+    without gradient. (The code assumes n = m; for n = m this equals its
+    ``mean(XX + YY - XY - YX)``.) Identical sets give exactly 0.
+
+    ``mean_cov`` (the code's default ``MMD_loss()``, named "MMD" in its configs):
+    ``mean((mu_x - mu_y)^2) + mean((C_x - C_y)^2)`` with unbiased covariances ``C``.
+    """
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(
+            f"mmd needs (n, d) and (m, d) tensors, got {tuple(x.shape)}, {tuple(y.shape)}"
+        )
+    if kernel == "mean_cov":
+        mx, my = x.mean(0, keepdim=True), y.mean(0, keepdim=True)
+        cx = (x - mx).t() @ (x - mx) / (x.shape[0] - 1)
+        cy = (y - my).t() @ (y - my) / (y.shape[0] - 1)
+        return (mx - my).pow(2).mean() + (cx - cy).pow(2).mean()
+    if kernel != "gaussian":
+        raise ValueError(f"unknown MMD kernel {kernel!r}")
+    n = x.shape[0]
+    total = torch.cat([x, y], 0)
+    d2 = pairwise_sq_dists(total)
+    if bandwidth is None:
+        size = total.shape[0]
+        base = d2.detach().sum() / (size * size - size)
+    else:
+        base = torch.tensor(float(bandwidth), dtype=d2.dtype, device=d2.device)
+    base = base.clamp_min(1e-12) / kernel_mul ** (kernel_num // 2)
+    k = sum(torch.exp(-d2 / (base * kernel_mul**i)) for i in range(kernel_num))
+    assert isinstance(k, torch.Tensor)
+    return k[:n, :n].mean() + k[n:, n:].mean() - k[:n, n:].mean() - k[n:, :n].mean()
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Mean prediction entropy ``H = -1/B sum_i sum_k p_ik log p_ik`` (the code's ``HLoss``)."""
+    return -(F.softmax(logits, 1) * F.log_softmax(logits, 1)).sum(1).mean()
+
+
+# ----------------------------------------------------------------------------- schedule
+def ramp_factor(rnd: int, rounds: int, gamma: float) -> float:
+    """The released code's exponential ramp-up ``exp(gamma * (e - T))`` with ``e = rnd - 1``
+    rounds already done (fedshift counts rounds from 1, the code from 0) and ``T = rounds``."""
+    return math.exp(gamma * ((rnd - 1) - rounds))
+
+
+def synthetic_weight(
+    rnd: int, rounds: int, lambda_syn: float, gamma: float, ramp_up: bool = True
+) -> float:
+    """``w_t`` of Eq. 1: ``min(lambda_syn, ramp_factor)``; ``lambda_syn`` without ramp-up."""
+    r = ramp_factor(rnd, rounds, gamma) if ramp_up else 1.0
+    return min(lambda_syn, r)
+
+
+# ----------------------------------------------------------------------------- prototypes
+@torch.no_grad()
+def update_prototypes(
+    protos: torch.Tensor, u: torch.Tensor, y: torch.Tensor, momentum: float
+) -> torch.Tensor:
+    """Eq. 4: ``u_bar_c <- (1 - mu) u_bar_c + mu * mean{u_i : y_i = c}`` for every class ``c``
+    in the batch; the other classes keep their prototype. Returns the new (C, d) tensor."""
+    num_classes = protos.shape[0]
+    onehot = F.one_hot(y, num_classes).to(u.dtype)  # (B, C)
+    counts = onehot.sum(0)  # (C,)
+    means = (onehot.t() @ u.detach()) / counts.clamp(min=1)[:, None]
+    mu = (counts > 0).to(u.dtype)[:, None] * momentum
+    return protos * (1 - mu) + means * mu
+
+
+def cyclic_labels(offset: int, n: int, num_classes: int, device: torch.device) -> torch.Tensor:
+    """Class-balanced labels ``(offset + i) mod C``, i = 0..n-1 (the code's ``y_fake``)."""
+    return (torch.arange(n, device=device) + offset) % num_classes
+
+
+# ----------------------------------------------------------------------------- networks
+class Generator(nn.Module):
+    """``g(z, y)``: ``[z, onehot(y)] -> Linear + BN1d + ReLU -> Linear + BN1d + ReLU -> R^d``
+    (the released code's ``G``; hidden width ``d`` there)."""
+
+    def __init__(self, noise_dim: int, num_classes: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.noise_dim, self.num_classes = noise_dim, num_classes
+        self.net = nn.Sequential(
+            OrderedDict(
+                fc1=nn.Linear(noise_dim + num_classes, hidden),
+                bn1=nn.BatchNorm1d(hidden),
+                relu1=nn.ReLU(inplace=True),
+                fc2=nn.Linear(hidden, dim),
+                bn2=nn.BatchNorm1d(dim),
+                relu2=nn.ReLU(inplace=True),
+            )
+        )
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        onehot = F.one_hot(y, self.num_classes).to(z.dtype)
+        return self.net(torch.cat([z, onehot], 1))
+
+
+class RTNet(nn.Module):
+    """``m``: the client-specific residual ``dec(enc([g, onehot(y)]))`` added to a base
+    embedding (a real one, Eq. 2, or a class prototype, Eq. 3). ``enc = Linear + BN1d + ReLU``,
+    ``dec = Linear + BN1d`` (the released code's ``FTNet`` with BN and the label input)."""
+
+    def __init__(self, dim: int, num_classes: int, hidden: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.encoder = nn.Sequential(
+            OrderedDict(
+                fc=nn.Linear(dim + num_classes, hidden),
+                bn=nn.BatchNorm1d(hidden),
+                relu=nn.ReLU(inplace=True),
+            )
+        )
+        self.decoder = nn.Sequential(OrderedDict(fc=nn.Linear(hidden, dim), bn=nn.BatchNorm1d(dim)))
+
+    def forward(self, base: torch.Tensor, g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        onehot = F.one_hot(y, self.num_classes).to(g.dtype)
+        return base + self.decoder(self.encoder(torch.cat([g, onehot], 1)))
+
+
+def module_bn_keys(module: nn.Module, policy: BNPolicy) -> list[str]:
+    """State-dict keys of ``module``'s BN layers that ``policy`` keeps on the client."""
+    if policy == "global":
+        return []
+    layers = {
+        n for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    }
+    out = []
+    for key in module.state_dict():
+        owner, _, leaf = key.rpartition(".")
+        if owner in layers and (policy == "local" or leaf in BN_STATS):
+            out.append(key)
+    return out
+
+
+# ----------------------------------------------------------------------------- algorithm
+@dataclass
+class FRAugParams(FLParams):
+    # BN tensors of the classification model kept on the client: "local" = FedBN (paper);
+    # the released code uses "stats-local" (model_share="no_bn_running_stats")
+    bn_policy: BNPolicy = "local"
+    # which synthetic embeddings train the head (Table 3 ablations)
+    embeddings: Embeddings = "both"
+    # cap of the synthetic-loss weight w_t (code: min(0.5, ratio))
+    lambda_syn: float = 0.5
+    # exponential ramp-up exp(gamma (e - T)) of w_t; false: w_t = lambda_syn
+    ramp_up: bool = True
+    # code: inter_gamma = 0.01 (PACS, OfficeHome), 0.002 (Digits)
+    ramp_gamma: float = 0.01
+    # code's use_feature_inter: r * synthetic + (1 - r) * base (PACS, OfficeHome; not Digits)
+    interpolate: bool = False
+    # weight of the generator's distance term, Eq. 5 (code L_G_dist_lambda: Digits 1)
+    alpha: float = 1.0
+    # weight of the RTNet's distance term, Eq. 6 (code L_FT_dist_lambda: PACS 1)
+    beta: float = 1.0
+    # noise size of g (None: d // 2, the code's default latent_dim)
+    noise_dim: int | None = None
+    # hidden width of g (None: d, as in the code)
+    generator_hidden: int | None = None
+    # hidden width of the RTNet (None: the noise size, as in the code's latent_dim)
+    rtnet_hidden: int | None = None
+    # distribution of z (code: torch.rand, uniform on [0, 1))
+    noise: Literal["uniform", "normal"] = "uniform"
+    # SGD learning rates of the generator and the RTNet (code: lr_G, lr_FTNet = 0.05)
+    lr_generator: float = 0.05
+    lr_rtnet: float = 0.05
+    # SGD momentum of the generator and RTNet optimisers (code: local_momentum = 0.5)
+    aux_momentum: float = 0.5
+    # EMA momentum of the class prototypes, Eq. 4 (code: cls_mean_momentum = 0.3)
+    prototype_momentum: float = 0.3
+    # distance in Eq. 5: "mmd" to the real batch (paper; code PACS/OfficeHome) or
+    # "mse" to the class prototypes (code Digits: distance_metric_G="L2")
+    generator_distance: Literal["mmd", "mse"] = "mmd"
+    # distance in Eq. 6: "mmd" (paper; code Digits/OfficeHome) or "mse" (code PACS)
+    rtnet_distance: Literal["mmd", "mse"] = "mmd"
+    # "gaussian": multi-kernel Gaussian MMD (code MMD_kernel); "mean_cov": the code's "MMD"
+    mmd_kernel: Literal["gaussian", "mean_cov"] = "gaussian"
+    # generator BN tensors kept on the client ("global": all averaged, code Digits/PACS)
+    generator_bn: BNPolicy = "global"
+    # real embeddings the distances compare against: recomputed in eval mode after the
+    # model step ("eval", code) or the detached training-mode ones of the model step
+    reference: Literal["eval", "train"] = "eval"
+
+
+@register
+class FRAug(Algorithm):
+    """FedBN + a shared embedding generator + local RTNets; synthetic embeddings train the head."""
+
+    name = "fraug"
+    Params = FRAugParams
+
+    @classmethod
+    def check(cls, params: Any, train: TrainConfig) -> None:
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"config key 'algorithm.{key}' {why}, got {getattr(params, key)!r}")
+
+        if not 0.0 <= params.lambda_syn <= 1.0:
+            raise bad("lambda_syn", "must be in [0, 1] (w_t mixes real and synthetic losses)")
+        if params.ramp_up and params.ramp_gamma <= 0:
+            raise bad("ramp_gamma", "must be > 0 with ramp_up=true (set ramp_up=false instead)")
+        for key in ("alpha", "beta"):
+            if getattr(params, key) < 0:
+                raise bad(key, "must be >= 0 (the sign of its term is fixed by the method)")
+        for key in ("lr_generator", "lr_rtnet"):
+            if getattr(params, key) <= 0:
+                raise bad(key, "must be > 0")
+        if not 0.0 <= params.aux_momentum < 1.0:
+            raise bad("aux_momentum", "must be in [0, 1)")
+        if not 0.0 < params.prototype_momentum <= 1.0:
+            raise bad("prototype_momentum", "must be in (0, 1]")
+        for key in ("noise_dim", "generator_hidden", "rtnet_hidden"):
+            v = getattr(params, key)
+            if v is not None and v < 1:
+                raise bad(key, "must be >= 1 (or null for the default)")
+        if params.embeddings == "agnostic" and params.rtnet_hidden is not None:
+            raise bad("rtnet_hidden", "has no effect with embeddings=agnostic (no RTNet)")
+        if train.batch_size < 2:
+            raise ConfigError(
+                "algorithm 'fraug' needs train.batch_size >= 2 (its generator and RTNet have "
+                f"BatchNorm layers), got {train.batch_size}"
+            )
+
+    def __init__(
+        self,
+        params: Any,
+        train: TrainConfig,
+        federation: FederationConfig,
+        model: FedModel,
+        num_clients: int,
+    ) -> None:
+        super().__init__(params, train, federation, model, num_clients)
+        head = model.classifier
+        if not isinstance(head, nn.Linear):
+            raise ConfigError(
+                "algorithm 'fraug' needs a model whose head (classifier) is a torch.nn.Linear "
+                "(it reads the embedding size and the number of classes from it)"
+            )
+        p = params
+        self.dim, self.num_classes = head.in_features, head.out_features
+        self.noise_dim = p.noise_dim or max(1, self.dim // 2)
+        self.rtnet_hidden = p.rtnet_hidden or self.noise_dim
+        self.generator = Generator(
+            self.noise_dim, self.num_classes, self.dim, p.generator_hidden or self.dim
+        )
+        self.generator_local_keys = module_bn_keys(self.generator, p.generator_bn)
+        local = set(self.generator_local_keys)
+        self.generator_shared_keys = [k for k in self.generator.state_dict() if k not in local]
+        self.uses_rtnet = p.embeddings != "agnostic"
+        self.rtnet: RTNet | None = self._new_rtnet() if self.uses_rtnet else None
+
+    def _new_rtnet(self) -> RTNet:
+        return RTNet(self.dim, self.num_classes, self.rtnet_hidden)
+
+    # -- server ----------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        server = super().init_server(model)
+        server["generator"] = clone(self.generator.state_dict())
+        return server
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        return Payload(
+            {
+                "weights": subset(server["weights"], self.shared_keys),
+                "generator": subset(server["generator"], self.generator_shared_keys),
+            }
+        )
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        server["weights"].update(self.average_record(replies, "weights"))
+        server["generator"].update(self.average_record(replies, "generator"))
+
+    # -- client ----------------------------------------------------------------------------
+    def init_client(self, cid: str, model: FedModel) -> State:
+        state = super().init_client(cid, model)
+        state["generator_local"] = clone(
+            subset(self.generator.state_dict(), self.generator_local_keys)
+        )
+        if self.uses_rtnet:
+            state["rtnet"] = clone(self._new_rtnet().state_dict())
+        state["prototypes"] = torch.zeros(self.num_classes, self.dim)
+        state["label_offset"] = 0
+        return state
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        self.load_client_model(ctx, down["weights"], state)
+        gen = self.generator.to(ctx.device)
+        gen.load_state_dict({**down["generator"], **state["generator_local"]}, strict=True)
+        if self.rtnet is not None:
+            self.rtnet.to(ctx.device).load_state_dict(state["rtnet"], strict=True)
+        steps, loss = self.local_train(ctx, state)
+        self.keep_local(ctx, state)
+        gen_sd = gen.state_dict()
+        state["generator_local"] = clone(subset(gen_sd, self.generator_local_keys))
+        if self.rtnet is not None:
+            state["rtnet"] = clone(self.rtnet.state_dict())
+        return Payload(
+            {
+                "weights": clone(subset(ctx.model.state_dict(), self.shared_keys)),
+                "generator": clone(subset(gen_sd, self.generator_shared_keys)),
+            },
+            num_examples=ctx.num_train,
+            metrics={"train_loss": loss, "steps": steps},
+        )
+
+    # -- pieces of one local step ----------------------------------------------------------
+    def noise(self, n: int, device: torch.device) -> torch.Tensor:
+        if self.params.noise == "normal":
+            return torch.randn(n, self.noise_dim, device=device)
+        return torch.rand(n, self.noise_dim, device=device)
+
+    @torch.no_grad()
+    def synthetic_embeddings(
+        self,
+        u: torch.Tensor,
+        y: torch.Tensor,
+        y_c: torch.Tensor,
+        protos: torch.Tensor,
+        mix: float | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(embeddings, labels) of the branches in use, built without gradient from the
+        detached real embeddings ``u`` (labels ``y``) and the prototypes of classes ``y_c``:
+        Eq. 2 ``u_hat = u + m(g(z, y), y)``, Eq. 3 ``u_hat_c = u_bar_c + m(g(z', c), c)``;
+        ``agnostic``: ``g(z, y)`` and ``g(z', c)``. ``mix`` = r interpolates with the base."""
+        mode, gen, rt = self.params.embeddings, self.generator, self.rtnet
+        u = u.detach()
+        out = []
+        branches = []
+        if mode in ("both", "u_hat", "agnostic"):
+            branches.append((u, y))
+        if mode in ("both", "u_hat_c", "agnostic"):
+            branches.append((protos[y_c], y_c))
+        for base, labels in branches:
+            g = gen(self.noise(labels.shape[0], u.device), labels)
+            emb = g if rt is None else rt(base, g, labels)
+            if mix is not None:
+                emb = mix * emb + (1 - mix) * base
+            out.append((emb, labels))
+        return out
+
+    def synthetic_loss(
+        self,
+        model: FedModel,
+        u: torch.Tensor,
+        y: torch.Tensor,
+        y_c: torch.Tensor,
+        protos: torch.Tensor,
+        mix: float | None = None,
+    ) -> torch.Tensor:
+        """Eq. 1's ``L_syn``: mean over branches of CE(h(synthetic), labels). Its gradient
+        reaches the prediction head only."""
+        parts = [
+            F.cross_entropy(model.head(e), lab)
+            for e, lab in self.synthetic_embeddings(u, y, y_c, protos, mix)
+        ]
+        return torch.stack(parts).mean()
+
+    def _distance(self, kind: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if kind == "mse":
+            return F.mse_loss(a, b)
+        return mmd(a, b, kernel=self.params.mmd_kernel)
+
+    def generator_loss(
+        self, model: FedModel, y_c: torch.Tensor, ref: torch.Tensor | None, protos: torch.Tensor
+    ) -> torch.Tensor:
+        """Eq. 5: ``CE(h(g(z, c)), c) - alpha * D``; D = MMD(g(z, c), U) against the real batch
+        ``ref`` or (``generator_distance="mse"``) MSE(g(z, c), u_bar_c)."""
+        g = self.generator(self.noise(y_c.shape[0], y_c.device), y_c)
+        loss = F.cross_entropy(model.head(g), y_c)
+        if self.params.alpha:
+            if self.params.generator_distance == "mse":
+                dist = F.mse_loss(g, protos[y_c])
+            else:
+                assert ref is not None
+                dist = mmd(g, ref, kernel=self.params.mmd_kernel)
+            loss = loss - self.params.alpha * dist
+        return loss
+
+    def rtnet_loss(
+        self,
+        model: FedModel,
+        y: torch.Tensor,
+        y_c: torch.Tensor,
+        ref: torch.Tensor | None,
+        protos: torch.Tensor,
+    ) -> torch.Tensor:
+        """Eq. 6: ``-H(h(u_hat)) + beta * D(u_hat, U)`` for Eq. 2's embeddings (U: the real
+        batch) and ``-H(h(u_hat_c)) + beta * D(u_hat_c, u_bar_c)`` for Eq. 3's, averaged over
+        the branches in use. The generator is fixed (its output is detached)."""
+        assert self.rtnet is not None
+        mode = self.params.embeddings
+        branches = []
+        if mode in ("both", "u_hat"):
+            assert ref is not None
+            branches.append((ref, y))
+        if mode in ("both", "u_hat_c"):
+            branches.append((protos[y_c], y_c))
+        parts = []
+        for base, labels in branches:
+            with torch.no_grad():
+                g = self.generator(self.noise(labels.shape[0], labels.device), labels)
+            emb = self.rtnet(base, g, labels)
+            loss = -entropy(model.head(emb))
+            if self.params.beta:
+                dist = self._distance(self.params.rtnet_distance, emb, base)
+                loss = loss + self.params.beta * dist
+            parts.append(loss)
+        return torch.stack(parts).mean()
+
+    def _aux_optimizer(self, module: nn.Module, lr: float, state: State, key: str):
+        opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=self.params.aux_momentum)
+        if self.train.optimizer_state == "persist" and key in state:
+            opt.load_state_dict(state[key])
+        return opt
+
+    @staticmethod
+    def _step(opt: torch.optim.Optimizer, module: nn.Module, loss: torch.Tensor) -> None:
+        """One step of ``module`` alone: gradients w.r.t. its parameters only (the model's
+        ``.grad`` is left untouched)."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, params)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def local_train(self, ctx: ClientContext, state: State) -> tuple[int, float]:
+        """The round's local steps: model (Eq. 1), generator (Eq. 5), RTNet (Eq. 6)."""
+        p, model, gen, rt = self.params, ctx.model, self.generator, self.rtnet
+        opt = self.make_optimizer(ctx, state)
+        opt_g = self._aux_optimizer(gen, p.lr_generator, state, "optimizer_generator")
+        opt_r = (
+            self._aux_optimizer(rt, p.lr_rtnet, state, "optimizer_rtnet")
+            if rt is not None
+            else None
+        )
+        w = synthetic_weight(ctx.round, self.train.rounds, p.lambda_syn, p.ramp_gamma, p.ramp_up)
+        mix = ramp_factor(ctx.round, self.train.rounds, p.ramp_gamma) if p.interpolate else None
+        needs_ref = (p.alpha and p.generator_distance == "mmd") or (
+            rt is not None and p.embeddings in ("both", "u_hat")
+        )
+        protos = state["prototypes"].to(ctx.device)
+        offset = int(state["label_offset"])
+        total = torch.zeros((), device=ctx.device)
+        steps = 0
+        for x, y in ctx.batches():
+            if y.ndim != 1:
+                raise TrainingError(
+                    "fraug needs integer labels, but an augment produced soft labels"
+                )
+            y_c = cyclic_labels(offset, y.shape[0], self.num_classes, y.device)
+            offset = (offset + y.shape[0]) % self.num_classes
+            # -- model step, Eq. 1 (generator and RTNet fixed, in evaluation mode)
+            model.train()
+            gen.eval()
+            if rt is not None:
+                rt.eval()
+            opt.zero_grad(set_to_none=True)
+            u = model.features(x)
+            protos = update_prototypes(protos, u, y, p.prototype_momentum)  # Eq. 4
+            loss = F.cross_entropy(model.head(u), y)
+            if w > 0:
+                syn = self.synthetic_loss(model, u, y, y_c, protos, mix)
+                loss = (1 - w) * loss + w * syn
+            loss.backward()
+            opt.step()
+            total += loss.detach()
+            steps += 1
+            # -- generator step, Eq. 5, then RTNet step, Eq. 6 (model fixed, eval mode)
+            model.eval()
+            ref = None
+            if needs_ref:
+                if p.reference == "eval":
+                    with torch.no_grad():
+                        ref = model.features(x)
+                else:
+                    ref = u.detach()
+            gen.train()
+            self._step(opt_g, gen, self.generator_loss(model, y_c, ref, protos))
+            if rt is not None and opt_r is not None:
+                gen.eval()
+                rt.train()
+                self._step(opt_r, rt, self.rtnet_loss(model, y, y_c, ref, protos))
+        model.train()
+        state["prototypes"] = protos
+        state["label_offset"] = offset
+        if self.train.optimizer_state == "persist":
+            state["optimizer"] = opt.state_dict()
+            state["optimizer_generator"] = opt_g.state_dict()
+            if opt_r is not None:
+                state["optimizer_rtnet"] = opt_r.state_dict()
+        return steps, float(total) / max(steps, 1)

@@ -1,0 +1,306 @@
+"""FRAug: MMD, the head-only synthetic loss, generator sharing, local RTNet, prototypes,
+the ramp-up, the Table 3 ablations, config checks and resume."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedshift.algorithms.fraug import (
+    FRAug,
+    entropy,
+    mmd,
+    ramp_factor,
+    synthetic_weight,
+    update_prototypes,
+)
+from fedshift.engine.payload import Payload
+from fedshift.engine.simulation import (
+    RunInterrupted,
+    Simulation,
+    resume_experiment,
+    run_experiment,
+)
+from fedshift.errors import ConfigError
+
+EMBEDDINGS = ("both", "agnostic", "u_hat", "u_hat_c")
+
+
+def fraug_sim(make_cfg, tmp_path, *over: str, rounds: int = 2) -> Simulation:
+    cfg = make_cfg("algorithm.name=fraug", *over, rounds=rounds)
+    return Simulation(cfg, tmp_path / "sim", progress=False)
+
+
+def algo_of(sim: Simulation) -> FRAug:
+    algo = sim.algo.algo
+    assert isinstance(algo, FRAug)
+    return algo
+
+
+def batch(sim: Simulation, n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    split = sim.train_clients["client0"].train
+    return (split.x[:n] - 0.5) / 0.5, split.y[:n]
+
+
+# ----------------------------------------------------------------------------- MMD
+def test_mmd_zero_for_identical_sets_positive_otherwise_and_hand_value():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 5, generator=g)
+    assert mmd(x, x.clone()).item() == 0.0
+    assert mmd(x, x + 0.5).item() > 0
+    assert mmd(x, torch.randn(7, 5, generator=g)).item() > 0
+    # hand value: x = {0, 1}, y = {3, 3} in 1-d. Pooled squared distances over ordered pairs
+    # i != j sum to 2 * (1 + 9 + 9 + 4 + 4 + 0) = 54 over 12 pairs: s = 4.5; bandwidths
+    # s/4, s/2, s, 2s, 4s.
+    bws = [1.125, 2.25, 4.5, 9.0, 18.0]
+
+    def k(d2: float) -> float:
+        return sum(math.exp(-d2 / b) for b in bws)
+
+    xx = (2 * k(0) + 2 * k(1)) / 4
+    yy = k(0)
+    xy = (2 * k(9) + 2 * k(4)) / 4
+    got = mmd(torch.tensor([[0.0], [1.0]]), torch.tensor([[3.0], [3.0]])).item()
+    assert got == pytest.approx(xx + yy - 2 * xy, rel=1e-6)
+    # the code's "mean_cov": (mean diff)^2 + (cov diff)^2; cov{0, 2} = 2, cov{1, 1} = 0
+    got = mmd(torch.tensor([[0.0], [2.0]]), torch.tensor([[1.0], [1.0]]), kernel="mean_cov")
+    assert got.item() == pytest.approx(4.0)
+
+
+def test_entropy_of_uniform_and_certain_predictions():
+    assert entropy(torch.zeros(3, 4)).item() == pytest.approx(math.log(4))
+    assert entropy(torch.tensor([[100.0, 0.0, 0.0]])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- Eq. 1
+@pytest.mark.parametrize("embeddings", EMBEDDINGS)
+def test_synthetic_loss_gradient_reaches_only_the_head(make_cfg, tmp_path, embeddings):
+    sim = fraug_sim(make_cfg, tmp_path, f"algorithm.embeddings={embeddings}")
+    algo, model = algo_of(sim), sim.model
+    model.train()
+    x, y = batch(sim)
+    u = model.features(x)  # with its graph: the loss must not reach the extractor
+    y_c = torch.arange(len(y)) % algo.num_classes
+    protos = torch.randn(algo.num_classes, algo.dim)
+    model.zero_grad(set_to_none=True)
+    algo.synthetic_loss(model, u, y, y_c, protos).backward()
+    head = {f"classifier.{n}" for n, _ in model.classifier.named_parameters()}
+    for name, p in model.named_parameters():
+        if name in head:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None or not p.grad.any(), name
+    for net in (algo.generator, algo.rtnet):
+        if net is not None:
+            assert all(p.grad is None for p in net.parameters())
+
+
+@pytest.mark.parametrize("embeddings", EMBEDDINGS)
+def test_ablations_compute_different_branches(make_cfg, tmp_path, embeddings):
+    sim = fraug_sim(make_cfg, tmp_path, f"algorithm.embeddings={embeddings}")
+    algo = algo_of(sim)
+    y = torch.tensor([1, 1, 2, 3])
+    y_c = torch.tensor([5, 6, 7, 8])
+    protos = torch.randn(algo.num_classes, algo.dim)
+    u = torch.randn(4, algo.dim)
+    algo.generator.eval()
+    if algo.rtnet is not None:
+        algo.rtnet.eval()
+    out = algo.synthetic_embeddings(u, y, y_c, protos)
+    labels = [lab.tolist() for _, lab in out]
+    expect = {
+        "both": [y.tolist(), y_c.tolist()],
+        "agnostic": [y.tolist(), y_c.tolist()],
+        "u_hat": [y.tolist()],
+        "u_hat_c": [y_c.tolist()],
+    }[embeddings]
+    assert labels == expect
+    assert (algo.rtnet is None) == (embeddings == "agnostic")
+    if embeddings == "agnostic":  # g(z, y) itself: non-negative (ReLU output), no base added
+        assert all(bool((e >= 0).all()) for e, _ in out)
+
+
+# ----------------------------------------------------------------------------- Eq. 5, 6
+def test_generator_loss_is_ce_minus_alpha_mmd_to_the_real_batch(make_cfg, tmp_path):
+    sim = fraug_sim(make_cfg, tmp_path, "algorithm.alpha=2.5")
+    algo, model = algo_of(sim), sim.model
+    model.eval()
+    algo.generator.train()
+    y_c = torch.arange(8) % algo.num_classes
+    ref = torch.rand(8, algo.dim)
+    protos = torch.zeros(algo.num_classes, algo.dim)
+    torch.manual_seed(3)
+    got = algo.generator_loss(model, y_c, ref, protos)
+    torch.manual_seed(3)
+    g = algo.generator(torch.rand(8, algo.noise_dim), y_c)
+    want = F.cross_entropy(model.head(g), y_c) - 2.5 * mmd(g, ref)
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_rtnet_loss_is_minus_entropy_plus_beta_mmd(make_cfg, tmp_path):
+    sim = fraug_sim(make_cfg, tmp_path, "algorithm.beta=3.0", "algorithm.embeddings=u_hat_c")
+    algo, model = algo_of(sim), sim.model
+    assert algo.rtnet is not None
+    model.eval()
+    algo.generator.eval()
+    algo.rtnet.train()
+    y = torch.arange(8) % algo.num_classes
+    y_c = (torch.arange(8) + 3) % algo.num_classes
+    protos = torch.randn(algo.num_classes, algo.dim)
+    torch.manual_seed(4)
+    got = algo.rtnet_loss(model, y, y_c, None, protos)
+    torch.manual_seed(4)
+    g = algo.generator(torch.rand(8, algo.noise_dim), y_c)
+    emb = algo.rtnet(protos[y_c], g, y_c)  # Eq. 3: the prototype plus the RTNet residual
+    want = -entropy(model.head(emb)) + 3.0 * mmd(emb, protos[y_c])
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- Eq. 4
+def test_prototype_ema_matches_hand_computation():
+    protos = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    u = torch.tensor([[0.0, 2.0], [4.0, 0.0], [10.0, 10.0]])
+    y = torch.tensor([0, 0, 2])
+    new = update_prototypes(protos, u, y, momentum=0.3)
+    # class 0: batch mean (2, 1) -> 0.7 * (1, 1) + 0.3 * (2, 1) = (1.3, 1.0)
+    # class 1: absent -> unchanged; class 2: 0.7 * (3, 3) + 0.3 * (10, 10) = (5.1, 5.1)
+    want = torch.tensor([[1.3, 1.0], [2.0, 2.0], [5.1, 5.1]])
+    assert torch.allclose(new, want)
+
+
+# ----------------------------------------------------------------------------- ramp-up
+def test_ramp_up_schedule():
+    # w_t = min(lambda_syn, exp(gamma * (e - T))), e = round - 1
+    assert synthetic_weight(1, 100, 0.5, 0.01) == pytest.approx(math.exp(-1.0))
+    assert synthetic_weight(51, 100, 1.0, 0.01) == pytest.approx(math.exp(-0.5))
+    assert synthetic_weight(51, 100, 0.5, 0.01) == 0.5  # capped
+    assert synthetic_weight(100, 100, 1.0, 0.01) == pytest.approx(math.exp(-0.01))
+    assert ramp_factor(11, 40, 0.002) == pytest.approx(math.exp(-0.06))
+    for rnd in (1, 7, 100):
+        assert synthetic_weight(rnd, 100, 1.0, 0.01, ramp_up=False) == 1.0
+        assert synthetic_weight(rnd, 100, 0.3, 0.01, ramp_up=False) == 0.3
+
+
+# ----------------------------------------------------------------------------- payloads
+def test_generator_is_sent_and_averaged_and_rtnet_never_leaves(make_cfg, tmp_path):
+    sim = fraug_sim(make_cfg, tmp_path, "dataset.clients=2")
+    algo = algo_of(sim)
+    gen_keys = set(algo.generator.state_dict())
+    rt_keys = set(algo._new_rtnet().state_dict())
+    rt0 = {k: v.clone() for k, v in sim.states["client0"]["rtnet"].items()}
+    down = algo.broadcast(sim.server, 1, "client0")
+    assert set(down.records) == {"weights", "generator"}
+    assert set(down["generator"]) == gen_keys
+    replies = [(cid, sim.client_round(1, cid)) for cid in ("client0", "client1")]
+    for _, up in replies:
+        assert set(up.records) == {"weights", "generator"}
+        assert set(up["generator"]) == gen_keys
+        for rec in up.records.values():
+            assert not set(rec) & rt_keys
+    # the RTNet trained, but only in client state
+    assert any(not torch.equal(rt0[k], sim.states["client0"]["rtnet"][k]) for k in rt0)
+    assert {r[3] for r in sim.ledger.rows} == {"weights", "generator"}
+    # hand check of the average, with sample-size weights 1 and 3
+    a, b = (up["generator"] for _, up in replies)
+    fake = [
+        ("client0", Payload({"weights": replies[0][1]["weights"], "generator": a}, 1)),
+        ("client1", Payload({"weights": replies[1][1]["weights"], "generator": b}, 3)),
+    ]
+    algo.aggregate(sim.server, 1, fake)
+    key = "net.fc1.weight"
+    assert torch.allclose(sim.server["generator"][key], 0.25 * a[key] + 0.75 * b[key])
+    count = "net.bn1.num_batches_tracked"
+    assert sim.server["generator"][count] == a[count]  # equal step counts: rounded mean
+    assert not torch.equal(a[key], b[key])
+
+
+def test_generator_bn_local_keeps_its_bn_on_the_client(make_cfg, tmp_path):
+    sim = fraug_sim(make_cfg, tmp_path, "algorithm.generator_bn=local")
+    algo = algo_of(sim)
+    up = sim.client_round(1, "client0")
+    assert not any(".bn" in k for k in up["generator"])
+    assert set(sim.states["client0"]["generator_local"]) == {
+        k for k in algo.generator.state_dict() if ".bn" in k
+    }
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_ablations_run_end_to_end_and_differ(make_cfg, tmp_path):
+    variants = [[f"algorithm.embeddings={e}"] for e in EMBEDDINGS] + [["algorithm.ramp_up=false"]]
+    losses = []
+    for i, over in enumerate(variants):
+        # gamma = 1 makes the ramp-up visible within 2 rounds: w_1 = exp(-2) < 0.5
+        cfg = make_cfg("algorithm.name=fraug", "algorithm.ramp_gamma=1.0", *over, rounds=2)
+        res = run_experiment(cfg, run_dir=tmp_path / str(i), progress=False)
+        assert res.summary["evaluated_model"] == "personal"
+        assert set(res.summary["bytes_by_record"]["up"]) == {"weights", "generator"}
+        ck = torch.load(tmp_path / str(i) / "checkpoint.pt", weights_only=False)
+        for state in ck["clients"].values():
+            # with "agnostic" no RTNet exists, so none is trained
+            assert ("rtnet" in state) == (over != ["algorithm.embeddings=agnostic"])
+            assert state["prototypes"].abs().sum() > 0
+        run_losses = tuple(r["train_loss"] for r in ck["records"])
+        assert all(math.isfinite(v) for v in run_losses)
+        losses.append(run_losses)
+    assert len(set(losses)) == len(variants)  # every ablation computes something else
+
+
+# ----------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("lambda_syn", 1.5),
+        ("ramp_gamma", 0),
+        ("alpha", -1),
+        ("beta", -0.5),
+        ("lr_generator", 0),
+        ("lr_rtnet", -1),
+        ("aux_momentum", 1.0),
+        ("prototype_momentum", 0),
+        ("noise_dim", 0),
+        ("embeddings", "all"),
+    ],
+)
+def test_check_rejects_nonsense(make_cfg, key, value):
+    with pytest.raises(ConfigError, match=f"algorithm.{key}"):
+        make_cfg("algorithm.name=fraug", f"algorithm.{key}={value}")
+
+
+def test_check_rejects_rtnet_width_without_rtnet(make_cfg):
+    with pytest.raises(ConfigError, match="algorithm.rtnet_hidden"):
+        make_cfg(
+            "algorithm.name=fraug", "algorithm.embeddings=agnostic", "algorithm.rtnet_hidden=8"
+        )
+    make_cfg("algorithm.name=fraug", "algorithm.ramp_up=false", "algorithm.ramp_gamma=0")
+
+
+# ----------------------------------------------------------------------------- resume
+def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path):
+    over = [
+        "algorithm.name=fraug",
+        "checkpoint.every=2",
+        "train.optimizer_state=persist",
+        "train.momentum=0.5",
+        "federation.sample_fraction=0.67",
+        "dataset.train_size=43",  # 43 examples a round: the class cycle does not restart
+    ]
+    cfg = make_cfg(*over, rounds=4)
+    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=3)
+    resumed = resume_experiment(tmp_path / "killed", progress=False)
+    for key in ("best_round", "val_mean", "test_mean", "test_per_client", "bytes_up"):
+        assert resumed.summary[key] == full.summary[key]
+    assert (tmp_path / "full/metrics.jsonl").read_text() == (
+        tmp_path / "killed/metrics.jsonl"
+    ).read_text()
+    a = torch.load(tmp_path / "full/checkpoint.pt", weights_only=False)["clients"]
+    b = torch.load(tmp_path / "killed/checkpoint.pt", weights_only=False)["clients"]
+    for cid in a:
+        assert torch.equal(a[cid]["prototypes"], b[cid]["prototypes"])
+        assert a[cid]["label_offset"] == b[cid]["label_offset"] != 0
+        for k in a[cid]["rtnet"]:
+            assert torch.equal(a[cid]["rtnet"][k], b[cid]["rtnet"][k])
