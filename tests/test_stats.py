@@ -63,3 +63,36 @@ def test_flow_label_names_non_default_keys():
         "augment": [{"name": "fedrdn", "draw": "released"}],
     }
     assert flow_label(rdn) == "+fedrdn(draw=released)"
+
+
+def test_label_skew_table_grid_and_pvalues():
+    from fedshift.eval.tables import label_skew_table
+
+    def s(algo, part, dh, seed, acc, **algo_keys):
+        return {
+            "algorithm": algo,
+            "algorithm_config": {"name": algo, **algo_keys},
+            "augment": [],
+            "implied": [],
+            "partition": part,
+            "dh": dh,
+            "seed": seed,
+            "test_mean": acc,
+        }
+
+    iid = {"name": "iid", "clients": 10, "seed": 0}
+    one = {"name": "one-class", "clients": None, "negatives": 1.0, "seed": 0}
+    runs = [
+        *(s("fedavg", iid, 0.0, k, 0.80 + 0.01 * k) for k in range(3)),
+        *(s("fedavg", one, 100.0, k, 0.50) for k in range(3)),
+        *(s("moon", iid, 0.0, k, 0.70 + 0.01 * k + 0.001 * k * k) for k in range(3)),
+    ]
+    table = label_skew_table(runs)
+    lines = table.splitlines()
+    assert "iid DH=0%" in lines[0] and "one-class DH=100%" in lines[0]
+    assert lines[0].index("iid") < lines[0].index("one-class")  # columns by DH
+    assert lines[2].startswith("| fedavg")  # reference first
+    assert "81.00 ± 1.00" in lines[2] and "50.00 ± 0.00" in lines[2]
+    moon = lines[3]
+    assert "moon" in moon and "(p=" in moon
+    assert moon.split("|")[-2].strip() == ""  # moon has no one-class runs: empty cell

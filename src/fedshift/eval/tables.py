@@ -166,3 +166,46 @@ def comm_table(summaries: list[dict]) -> str:
 
 def _setup_part(s: dict, direction: str) -> int:
     return int(s.get("bytes_setup_by_direction", {}).get(direction, 0))
+
+
+def partition_label(s: dict) -> str:
+    """``iid``, ``classes(classes_per_client=6)``... with the run's DH, for column headers."""
+    part = s.get("partition") or {"name": "none"}
+    changed = _changed(part, "partition") if part.get("name") != "none" else ""
+    changed = ",".join(x for x in changed.split(",") if x and not x.startswith("clients="))
+    dh = s.get("dh")
+    tag = part["name"] + (f"({changed})" if changed else "")
+    return f"{tag} DH={dh:.0f}%" if dh is not None else tag
+
+
+def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
+    """DisTrans's Table 1/4 shape: one row per (algorithm, flow), one column per partition
+    (with its DH), cells = test accuracy mean ± std over seeds and, in brackets, the paired
+    t-test p-value against the ``reference`` algorithm's base flow on the same partition."""
+    from fedshift.eval.stats import mean_std, paired_ttest
+
+    groups: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+    dhs: dict[str, float] = {}
+    for s in summaries:
+        col = partition_label(s)
+        dhs[col] = s.get("dh") if s.get("dh") is not None else -1.0
+        groups[(s["algorithm"], flow_label(s), col)][s["seed"]] = s["test_mean"]
+    cols = sorted(dhs, key=lambda c: dhs[c])
+    rows_keys = sorted({(a, f) for a, f, _ in groups}, key=lambda k: (k[0] != reference, k))
+    rows = []
+    for algo, flow in rows_keys:
+        cells = []
+        for col in cols:
+            by_seed = groups.get((algo, flow, col))
+            if not by_seed:
+                cells.append("")
+                continue
+            m, sd = mean_std(list(by_seed.values()))
+            cell = f"{_fmt(m)} ± {_fmt(sd)}"
+            ref = groups.get((reference, "base", col))
+            if ref and (algo, flow) != (reference, "base"):
+                p = paired_ttest(by_seed, ref)
+                cell += "" if p is None else f" (p={p:.3f})"
+            cells.append(cell)
+        rows.append([algo, flow, *cells])
+    return _grid(["algorithm", "flow", *cols], rows)
