@@ -153,12 +153,14 @@ def run_suite(
     out: str | None = None,
     workers: int | None = None,
     progress: bool = True,
+    threads: int | None = None,
 ) -> list[dict]:
-    """Run every cell of a suite that is not done yet; returns all cells' summaries."""
+    """Run every cell of a suite that is not done yet; returns all cells' summaries.
+    ``threads``: torch threads per worker (default ``cores // workers``)."""
     cells = plan(suite, overrides, out)
     todo = [c for c in cells if cell_status(c) != "done"]
     n_workers = workers or default_workers(len(todo))
-    threads = max(1, (os.cpu_count() or 1) // n_workers)
+    threads = threads or max(1, (os.cpu_count() or 1) // n_workers)
     events: dict[str, str] = {str(c.run_dir): "cached" for c in cells if c not in todo}
     bar = tqdm(
         total=len(cells),

@@ -60,7 +60,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from fedshift.eval.tables import runs_table, seeds_table
 
     summaries = run_suite(
-        args.suite, args.overrides, out=args.out, workers=args.workers, progress=not args.quiet
+        args.suite,
+        args.overrides,
+        out=args.out,
+        workers=args.workers,
+        progress=not args.quiet,
+        threads=args.threads,
     )
     print(runs_table(summaries))
     agg = seeds_table(summaries)
@@ -176,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("overrides", nargs="*", help="key=value overrides for every cell")
     bench.add_argument("--out", help="root folder for run directories (config key 'out')")
     bench.add_argument("--workers", type=int, help="parallel processes (default: cores // 2)")
+    bench.add_argument(
+        "--threads", type=int, help="torch threads per worker (default: cores // workers)"
+    )
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)
 
