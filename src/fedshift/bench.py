@@ -67,7 +67,8 @@ def _fmt(v: Any) -> str:
         names = [x if isinstance(x, str) else (x or {}).get("name", "?") for x in v]
         return "+".join(names) if names else "-"
     if isinstance(v, dict):
-        return str(v.get("name", v))
+        rest = ",".join(f"{k}={x}" for k, x in v.items() if k != "name")
+        return f"{v.get('name', '?')}({rest})" if rest else str(v.get("name", v))
     return str(v)
 
 
@@ -85,10 +86,10 @@ def plan(
         if out:
             cfg.out = out
         digest = config_digest(cfg)
-        extra = [
-            f"{k}={_fmt(_lookup(one, k))}" for k in grid if k not in ("seed", "algorithm.name")
-        ]
-        label = " ".join([cfg.algorithm["name"], *extra])
+        skip = ("seed", "algorithm.name", "algorithm")
+        extra = [f"{k}={_fmt(_lookup(one, k))}" for k in grid if k not in skip]
+        head = _fmt(one["algorithm"]) if "algorithm" in grid else cfg.algorithm["name"]
+        label = " ".join([head, *extra])
         base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}-{digest}"
         cells.append(Cell(cfg, label, Path(cfg.out) / cfg.name / base, digest))
     seen: dict[str, str] = {}
