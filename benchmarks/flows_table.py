@@ -11,11 +11,10 @@ p-value (pairs matched by seed). Model selection: best mean validation accuracy 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from fedshift.eval.summary import SELECTION_RULE
+from fedshift.eval.summary import SELECTION_RULE, load_summaries
 from fedshift.eval.tables import comm_table, flows_table
 
 
@@ -24,9 +23,7 @@ def main() -> int:
     ap.add_argument("roots", nargs="+", type=Path)
     ap.add_argument("--md", type=Path, help="also write the table to this Markdown file")
     args = ap.parse_args()
-    summaries = [
-        json.loads(p.read_text()) for r in args.roots for p in sorted(r.rglob("summary.json"))
-    ]
+    summaries = load_summaries(args.roots)
     if not summaries:
         print("no summary.json found", file=sys.stderr)
         return 1

@@ -11,11 +11,10 @@ seed). Model selection: best mean validation accuracy (never test).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from fedshift.eval.summary import SELECTION_RULE
+from fedshift.eval.summary import SELECTION_RULE, load_summaries
 from fedshift.eval.tables import label_skew_table
 
 
@@ -25,9 +24,7 @@ def main() -> int:
     ap.add_argument("--reference", default="fedavg")
     ap.add_argument("--md", type=Path, help="also write the table to this Markdown file")
     args = ap.parse_args()
-    summaries = [
-        json.loads(p.read_text()) for r in args.roots for p in sorted(r.rglob("summary.json"))
-    ]
+    summaries = load_summaries(args.roots)
     if not summaries:
         print("no summary.json found", file=sys.stderr)
         return 1

@@ -101,6 +101,15 @@ def require_sgd(algorithm: str, why: str, train: TrainConfig) -> None:
         )
 
 
+def build_optimizer(params: list, train: TrainConfig) -> torch.optim.Optimizer:
+    """The local optimiser ``train`` asks for (SGD with momentum/weight decay, or Adam)."""
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
+        )
+    return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+
+
 def _freeze_bn_stats(model: torch.nn.Module) -> list[tuple[torch.nn.Module, float | None]]:
     """Stop BN layers from updating running statistics (the second SAM pass must not count)."""
     saved = []
@@ -222,15 +231,13 @@ class Algorithm:
             state["local"] = clone(subset(ctx.model.state_dict(), self.local_keys))
 
     # -- the local loop --------------------------------------------------------------------
+    def trainable(self, ctx: ClientContext) -> list[torch.nn.Parameter]:
+        """The tensors the model optimiser steps (DisTrans leaves its offset to its own)."""
+        return [p for p in ctx.model.parameters() if p.requires_grad]
+
     def make_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.Optimizer:
         t = self.train
-        params = [p for p in ctx.model.parameters() if p.requires_grad]
-        if t.optimizer == "sgd":
-            opt: torch.optim.Optimizer = torch.optim.SGD(
-                params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
-            )
-        else:
-            opt = torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+        opt = build_optimizer(self.trainable(ctx), t)
         if t.optimizer_state == "persist" and "optimizer" in state:
             opt.load_state_dict(state["optimizer"])
         return opt

@@ -550,19 +550,9 @@ class DisTrans(Algorithm):
         return up
 
     # -- the local loop --------------------------------------------------------------------
-    def make_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.Optimizer:
-        """The model's optimiser (``train``), over every trainable tensor but the offset."""
-        t = self.train
-        params = [p for n, p in ctx.model.named_parameters() if p.requires_grad and n != OFFSET]
-        if t.optimizer == "sgd":
-            opt: torch.optim.Optimizer = torch.optim.SGD(
-                params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay
-            )
-        else:
-            opt = torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
-        if t.optimizer_state == "persist" and "optimizer" in state:
-            opt.load_state_dict(state["optimizer"])
-        return opt
+    def trainable(self, ctx: ClientContext) -> list[torch.nn.Parameter]:
+        """The model optimiser (``train``) steps every trainable tensor but the offset."""
+        return [p for n, p in ctx.model.named_parameters() if p.requires_grad and n != OFFSET]
 
     def make_offset_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.SGD:
         opt = torch.optim.SGD(

@@ -31,10 +31,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, clone, subset
+from fedshift.algorithms.base import FLParams, State, build_optimizer, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.config import TrainConfig
 from fedshift.engine.context import ClientContext
@@ -99,13 +97,7 @@ class FedAvgFT(FedAvg):
         )
         model = ctx.model
         model.train()
-        params = [q for q in model.parameters() if q.requires_grad]
-        if t.optimizer == "sgd":
-            opt: torch.optim.Optimizer = torch.optim.SGD(
-                params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay
-            )
-        else:
-            opt = torch.optim.Adam(params, lr=lr, weight_decay=t.weight_decay)
+        opt = build_optimizer(self.trainable(ft), ft.train)
         steps = 0
         for x, y in ft.batches():
             opt.zero_grad(set_to_none=True)

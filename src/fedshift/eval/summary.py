@@ -98,3 +98,11 @@ def summarize(sim) -> dict[str, Any]:
     return build_summary(
         sim.records, sim.kinds, meta, totals, sim.ledger.by_record(), round(sim.wall_before, 3)
     )
+
+
+def load_summaries(roots) -> list[dict[str, Any]]:
+    """Every ``summary.json`` below the given folders, in path order."""
+    import json
+    from pathlib import Path
+
+    return [json.loads(p.read_text()) for r in roots for p in sorted(Path(r).rglob("summary.json"))]
