@@ -3,9 +3,11 @@
     python benchmarks/flows_table.py runs/table1 [more run roots...] [--md OUT.md]
 
 Every ``summary.json`` below the given folders is read; runs are grouped by (algorithm,
-augment flow); per-client test accuracy is averaged over seeds; the average is given as
+augment flow); per-client test scores are averaged over seeds; the average is given as
 mean ± std over seeds with its change against the algorithm's base flow and the paired t-test
-p-value (pairs matched by seed). Model selection: best mean validation accuracy (never test).
+p-value (pairs matched by seed). Model selection: best mean validation primary metric (never
+test). Segmentation runs get two tables, each labelled: foreground Dice (the selection metric)
+and mean Dice including background (the number FedFA's and HarmoFL's code report).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedshift.eval.summary import SELECTION_RULE, load_summaries
-from fedshift.eval.tables import comm_table, flows_table
+from fedshift.eval.summary import load_summaries, selection_rule
+from fedshift.eval.tables import comm_table, flows_table, metric_caption
 
 
 def main() -> int:
@@ -27,16 +29,19 @@ def main() -> int:
     if not summaries:
         print("no summary.json found", file=sys.stderr)
         return 1
-    table = flows_table(summaries)
     seeds = len({s["seed"] for s in summaries})
-    note = f"Test accuracy (%), {seeds} seeds. Model selection: {SELECTION_RULE}."
-    comm = comm_table(summaries)
-    print(table)
-    print(note)
-    print()
-    print(comm)
+    first = summaries[0]
+    rule = selection_rule(first.get("metric_label", "accuracy"))
+    parts = []
+    for metric in [None, *first.get("metrics", {})]:
+        table = flows_table(summaries, metric)
+        note = f"{metric_caption(summaries, metric)}, {seeds} seeds. Model selection: {rule}."
+        parts.append(f"{table}\n{note}")
+    parts.append(comm_table(summaries))
+    text = "\n\n".join(parts)
+    print(text)
     if args.md:
-        args.md.write_text(f"{table}\n\n{note}\n\n{comm}\n")
+        args.md.write_text(text + "\n")
     return 0
 
 

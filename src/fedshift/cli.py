@@ -21,13 +21,12 @@ from fedshift.errors import FedshiftError
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedshift.config import expand_sweep, load_config, resolve
     from fedshift.engine.simulation import resume_experiment, run_experiment
-    from fedshift.eval.tables import runs_table, seeds_table
 
     if args.resume:
         if args.config or args.overrides:
             raise FedshiftError("--resume takes the run's saved config; drop -c and key=value")
         result = resume_experiment(args.resume, progress=not args.quiet)
-        print(runs_table([result.summary]))
+        _print_tables([result.summary])
         print(f"\nrun directory: {result.run_dir}")
         return 0
     source = args.config or "defaults"
@@ -44,11 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         labels = [f"{k}={_lookup(one, k)}" for k in grid if k != "seed" and k != "algorithm.name"]
         result.summary["label"] = " ".join([cfg.algorithm["name"], *labels])
         summaries.append(result.summary)
-    print(runs_table(summaries))
-    agg = seeds_table(summaries)
-    if agg:
-        print("\nMean over seeds (test accuracy %, model selected on validation):")
-        print(agg)
+    _print_tables(summaries)
     print("\nrun directories:")
     for s in summaries:
         print(f"  {s['run_dir']}")
@@ -57,7 +52,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from fedshift.bench import run_suite
-    from fedshift.eval.tables import runs_table, seeds_table
 
     summaries = run_suite(
         args.suite,
@@ -67,14 +61,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         threads=args.threads,
     )
-    print(runs_table(summaries))
-    agg = seeds_table(summaries)
-    if agg:
-        print("\nMean over seeds (test accuracy %, model selected on validation):")
-        print(agg)
     if summaries:
+        _print_tables(summaries)
         print(f"\nsuite folder: {Path(summaries[0]['run_dir']).parent}")
     return 0
+
+
+def _print_tables(summaries: list[dict]) -> None:
+    """Per-run and mean-over-seeds tables for the primary metric and each other metric
+    (segmentation: foreground Dice, then mean Dice incl. background), each captioned."""
+    from fedshift.eval.tables import metric_caption, runs_table, seeds_table
+
+    for i, metric in enumerate([None, *summaries[0].get("metrics", {})]):
+        caption = metric_caption(summaries, metric)
+        print(("\n" if i else "") + f"{caption}, model selected on validation:")
+        print(runs_table(summaries, metric))
+        agg = seeds_table(summaries, metric)
+        if agg:
+            print(f"\nMean over seeds ({caption}):")
+            print(agg)
 
 
 def _lookup(tree: dict, dotted: str):

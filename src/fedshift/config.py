@@ -36,6 +36,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     # "reset": a fresh optimizer every round (FedBN's code); "persist": kept in client state.
     optimizer_state: Literal["reset", "persist"] = "reset"
+    # the local loss: "auto" = cross-entropy for classification, (CE + soft Dice) / 2 for
+    # segmentation (HarmoFL/FedFA); "ce", "dice" or "ce+dice" set it explicitly
+    loss: Literal["auto", "ce", "dice", "ce+dice"] = "auto"
 
 
 @dataclass
@@ -298,6 +301,7 @@ def resolve(raw: dict, source: str = "config") -> RunConfig:
             if a not in {x if isinstance(x, str) else x.get("name") for x in cfg.augment}
         ]
         cfg.augment = _resolve_augments([*implied, *cfg.augment], cfg.algorithm["name"])
+        _check_task(cfg, algo_cls)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return cfg
@@ -326,6 +330,25 @@ def _resolve_augments(items: list, algorithm: str) -> list[dict]:
     for name, params in zip(names, params_objs, strict=True):
         reg.get(name).check(params, algorithm, [n for n in names if n != name])
     return out
+
+
+def _check_task(cfg: RunConfig, algo_cls: Any) -> None:
+    """The algorithm, augments, loss and partition must fit the dataset's task."""
+    from fedshift.catalog import registry_for
+    from fedshift.data import dataset_task
+    from fedshift.tasks import check_task
+
+    dataset = cfg.dataset["name"]
+    augments = registry_for("augment")
+    check_task(
+        dataset_task(dataset),
+        dataset,
+        cfg.algorithm["name"],
+        algo_cls.tasks,
+        {a["name"]: augments.get(a["name"]).tasks for a in cfg.augment},
+        cfg.train.loss,
+        cfg.partition["name"],
+    )
 
 
 def _check_ranges(cfg: RunConfig) -> None:

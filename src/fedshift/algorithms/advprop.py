@@ -220,6 +220,7 @@ class AdvProp(FedAvg):
     """FedAvg whose local steps minimise CE(clean; main BNs) + CE(PGD adversarial; aux BNs)."""
 
     name = "advprop"
+    tasks = ("classification",)  # its objective needs one label per image
     Params = AdvPropParams
 
     @classmethod

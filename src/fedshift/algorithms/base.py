@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 
 from fedshift.config import FederationConfig, TrainConfig
 from fedshift.data.base import ClientData, Federation
@@ -134,6 +133,8 @@ class Algorithm:
     Params: ClassVar[type] = FLParams
     #: False for algorithms with no client-server traffic (Local, Centralised).
     communicates: ClassVar[bool] = True
+    #: the dataset tasks (fedshift.tasks) whose labels the local objective can use
+    tasks: ClassVar[tuple[str, ...]] = ("classification", "segmentation")
 
     def __init__(
         self,
@@ -243,8 +244,9 @@ class Algorithm:
         return opt
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Local objective on one batch: cross-entropy plus ``penalty`` (0 by default)."""
-        loss = F.cross_entropy(ctx.model(x), y)
+        """Local objective on one batch: the task's loss (cross-entropy, or the segmentation
+        loss ``train.loss``) plus ``penalty`` (0 by default)."""
+        loss = ctx.task.loss(ctx.model(x), y)
         extra = self.penalty(ctx)
         return loss if extra is None else loss + extra
 

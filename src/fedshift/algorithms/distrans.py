@@ -342,6 +342,7 @@ class DisTrans(Algorithm):
     """Per-client offsets + a double-input-channel model averaged FedAvg-style."""
 
     name = "distrans"
+    tasks = ("classification",)  # its objective needs one label per image
     Params = DisTransParams
 
     def __init__(

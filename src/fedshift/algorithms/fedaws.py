@@ -175,6 +175,7 @@ class FedAwS(FedAvg):
     """FedAvg of the encoder + positive-only client loss + spreadout of W at the server."""
 
     name = "fedaws"
+    tasks = ("classification",)  # its objective needs one label per image
     Params = FedAwSParams
 
     @classmethod

@@ -119,6 +119,7 @@ class FedProto(Algorithm):
     """Federated prototype learning: personal models, shared class prototypes."""
 
     name = "fedproto"
+    tasks = ("classification",)  # its objective needs one label per image
     Params = FedProtoParams
 
     @classmethod

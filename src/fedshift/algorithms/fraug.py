@@ -313,6 +313,7 @@ class FRAug(Algorithm):
     """FedBN + a shared embedding generator + local RTNets; synthetic embeddings train the head."""
 
     name = "fraug"
+    tasks = ("classification",)  # its objective needs one label per image
     Params = FRAugParams
 
     @classmethod

@@ -35,6 +35,12 @@ Facts from the released code (QinbinLi/MOON) that fix what the paper leaves open
   Tiny-ImageNet (the code's ``--mu`` default); fedshift defaults to 5, the small-CNN,
   10-class setting closest to its digit benchmarks.
 
+Segmentation (U-Net). The model's ``features`` are per-pixel maps (B, w, H, W); MOON's
+projection head is defined for vectors, so on a segmentation dataset ``projection=false`` is
+required and z is the flattened decoder output (every pixel's embedding, one vector per
+image); the supervised term is the task's loss (the (CE + Dice) / 2 joint loss by default).
+This adaptation is fedshift's: MOON's paper has no segmentation experiment.
+
 z_glob uses the received shared tensors plus the client's own local tensors (``bn_policy``);
 z_prev is the client's whole model after its last local update, kept in its state (never
 sent).
@@ -144,6 +150,12 @@ class MOON(FedAvg):
     def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
         if not params.projection:
             return model
+        if federation.task == "segmentation":
+            raise ConfigError(
+                "algorithm 'moon' on a segmentation dataset contrasts the flattened per-pixel "
+                "features; the projection head is for vector embeddings: set "
+                "algorithm.projection=false"
+            )
         if not isinstance(getattr(model, "classifier", None), nn.Linear):
             raise ConfigError(
                 "algorithm 'moon' with projection=true needs a model whose classifier is a "
@@ -192,13 +204,15 @@ class MOON(FedAvg):
             model.train(was_training)
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """CE + mu * l_con (Eq. 3) (+ ``penalty``)."""
+        """Task loss (CE) + mu * l_con (Eq. 3) (+ ``penalty``)."""
         if self._glob is None:  # not inside local_update (e.g. a subclass evaluating a loss)
             return super().loss(ctx, x, y)
         z_glob = self.frozen_features(ctx, self._glob, x)
         z_prev = None if self._prev is None else self.frozen_features(ctx, self._prev, x)
         z = ctx.model.features(x)
-        loss = F.cross_entropy(ctx.model.head(z), y)
+        loss = ctx.task.loss(ctx.model.head(z), y)
+        z, z_glob = z.flatten(1), z_glob.flatten(1)  # per-pixel maps -> one vector per image
+        z_prev = None if z_prev is None else z_prev.flatten(1)
         loss = loss + self.params.mu * contrastive_loss(z, z_glob, z_prev, self.params.tau)
         extra = self.penalty(ctx)
         return loss if extra is None else loss + extra

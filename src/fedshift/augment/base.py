@@ -57,6 +57,8 @@ class Augment:
     normalizes: ClassVar[bool] = False
     #: True when the augment needs the setup exchange before round 1.
     needs_setup: ClassVar[bool] = False
+    #: the dataset tasks it works on (label mixing needs one label per image)
+    tasks: ClassVar[tuple[str, ...]] = ("classification", "segmentation")
 
     def __init__(self, params: Any, seed: int, num_classes: int) -> None:
         self.params = params

@@ -141,6 +141,7 @@ class FedMix(Augment):
     """FedMix / NaiveMix under Mean Augmented FL: averaged local data shared once."""
 
     name = "fedmix"
+    tasks = ("classification",)  # it mixes one label per image
     Params = FedMixParams
     needs_setup = True
 

@@ -133,6 +133,8 @@ def _check_alpha(value: float, key: str) -> None:
 class _MixesLabels(Augment):
     """Shared config check of the label-mixing augments."""
 
+    tasks = ("classification",)  # they mix one label per image
+
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         if algorithm in HARD_LABEL_ALGORITHMS:

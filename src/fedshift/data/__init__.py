@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fedshift.data.base import ClientData, Federation, Split
+from fedshift.data.brain_mri import BrainMRIParams, load_brain_mri
+from fedshift.data.camelyon import CamelyonParams, load_camelyon
 from fedshift.data.digits import DigitsParams, load_digits
 from fedshift.data.fashion import FashionParams, load_fashion
-from fedshift.data.toy import ToyParams, load_toy
+from fedshift.data.nuclei import NucleiParams, load_nuclei
+from fedshift.data.prostate import ProstateParams, load_prostate
+from fedshift.data.toy import ToyParams, ToySegParams, load_toy, load_toyseg
 from fedshift.registry import Registry
 
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset")
@@ -23,7 +27,46 @@ DATASETS.add(
     FashionParams,
     "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition",
 )
+DATASETS.add(
+    "brain-mri",
+    load_brain_mri,
+    BrainMRIParams,
+    "offline segmentation: real MNI152 brain anatomy (nilearn), K sites with simulated scanners",
+)
+DATASETS.add(
+    "prostate",
+    load_prostate,
+    ProstateParams,
+    "multi-site prostate MRI segmentation (your NIfTI files: BIDMC, HK, I2CVB, BMC, RUNMC, UCL)",
+)
+DATASETS.add(
+    "camelyon17",
+    load_camelyon,
+    CamelyonParams,
+    "Camelyon17 histology patches, five hospitals (your WILDS or HarmoFL data.pkl folder)",
+)
+DATASETS.add(
+    "nuclei",
+    load_nuclei,
+    NucleiParams,
+    "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})",
+)
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
+DATASETS.add(
+    "toyseg",
+    load_toyseg,
+    ToySegParams,
+    "tiny synthetic segmentation data with feature shift (tests)",
+)
+
+
+#: datasets whose labels are per-pixel maps (every other dataset is a classification task)
+SEGMENTATION = ("brain-mri", "prostate", "nuclei", "toyseg")
+
+
+def dataset_task(name: str) -> str:
+    """The task of a registered dataset, known before loading it (config-time checks)."""
+    return "segmentation" if name in SEGMENTATION else "classification"
 
 
 def load_dataset(section: dict, partition: dict | None = None) -> Federation:
@@ -34,7 +77,9 @@ def load_dataset(section: dict, partition: dict | None = None) -> Federation:
     entry = DATASETS.entry(section["name"], key="dataset.name")
     params = entry.params(**{k: v for k, v in section.items() if k != "name"})
     fed = entry.obj(params)
+    if fed.task != dataset_task(section["name"]):
+        raise AssertionError(f"dataset {section['name']!r} loaded a {fed.task} federation")
     return apply_partition(fed, partition or {"name": "none"})
 
 
-__all__ = ["DATASETS", "ClientData", "Federation", "Split", "load_dataset"]
+__all__ = ["DATASETS", "ClientData", "Federation", "Split", "dataset_task", "load_dataset"]

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 import torch
 
 SPLITS = ("train", "val", "test")
+#: what a federation's labels are: one class per image, or one class per pixel
+TASKS = ("classification", "segmentation")
 
 
 @dataclass
 class Split:
-    """One split of one client: images ``x`` (float, [0, 1]) and integer labels ``y``."""
+    """One split of one client: images ``x`` (float, [0, 1], ``(N, C, H, W)``) and int64
+    labels ``y``: ``(N,)`` class indices, or ``(N, H, W)`` label maps for segmentation."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -48,13 +51,21 @@ class ClientData:
 
 @dataclass
 class Federation:
-    """A federated benchmark: named clients sharing one label space."""
+    """A federated benchmark: named clients sharing one label space.
+
+    ``task`` is ``classification`` (``y`` holds one class per image) or ``segmentation``
+    (``y`` holds one class per pixel, ``classes[0]`` is the background)."""
 
     name: str
     clients: list[ClientData]
     classes: list[str]
     input_shape: tuple[int, int, int]
     info: dict = field(default_factory=dict)
+    task: str = "classification"
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"Federation.task must be one of {TASKS}, got {self.task!r}")
 
     @property
     def num_classes(self) -> int:

@@ -213,7 +213,7 @@ def _build(
             parts.append(Split(src.x.index_select(0, idx), src.y.index_select(0, idx)))
         clients.append(ClientData(cname, *parts))
     info = {**fed.info, "source_clients": fed.client_names, **(extra_info or {})}
-    return Federation(fed.name, clients, list(fed.classes), fed.input_shape, info)
+    return Federation(fed.name, clients, list(fed.classes), fed.input_shape, info, fed.task)
 
 
 def _deal_all(
@@ -475,6 +475,14 @@ def apply_partition(fed: Federation, section: dict) -> Federation:
         params = None
     else:
         params = build_dataclass(entry.params, rest, "partition")
+    if fed.task != "classification":
+        if entry.name != "none":
+            raise ConfigError(
+                f"config key 'partition.name': {entry.name!r} deals out images by class, "
+                f"which the {fed.task} dataset {fed.name!r} does not have; use none"
+            )
+        info = {**fed.info, "partition": {"name": "none"}}
+        return dataclasses.replace(fed, info=info)
     out = entry.obj(fed, params)
     counts = label_counts(out)
     info = dict(out.info)

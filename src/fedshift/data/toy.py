@@ -49,3 +49,70 @@ def load_toy(p: ToyParams) -> Federation:
     return Federation(
         "toyshift", clients, [str(i) for i in range(p.classes)], (3, 28, 28), {"synthetic": True}
     )
+
+
+@dataclass
+class ToySegParams:
+    """``toyseg``: per-pixel labels of random discs and boxes on a textured background."""
+
+    clients: int = 3
+    size: int = 32
+    train_size: int = 24
+    val_size: int = 8
+    test_size: int = 8
+    seed: int = 0
+
+
+def load_toyseg(p: ToySegParams) -> Federation:
+    """``toyseg``: a tiny synthetic segmentation benchmark with feature shift (tests, smoke
+    runs). Each image holds one disc (class 1) and one box (class 2) at random places on a
+    smooth random background; every client sees them through its own colour gain/offset,
+    contrast of the shapes and noise level. Labels never depend on the client."""
+    for key in ("clients", "train_size", "val_size", "test_size"):
+        if getattr(p, key) < 1:
+            raise DataError(f"config key 'dataset.{key}' must be >= 1")
+    if p.size < 8:
+        raise DataError(f"config key 'dataset.size' must be >= 8, got {p.size}")
+    g = torch.Generator().manual_seed(p.seed)
+    s = p.size
+    coords = torch.arange(s, dtype=torch.float32)
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+
+    def shapes(n: int) -> torch.Tensor:
+        lab = torch.zeros(n, s, s, dtype=torch.long)
+        for i in range(n):
+            r = s * (0.12 + 0.1 * float(torch.rand((), generator=g)))
+            cy, cx = (s * (0.2 + 0.6 * torch.rand(2, generator=g))).tolist()
+            h, w = (s * (0.15 + 0.15 * torch.rand(2, generator=g))).tolist()
+            by, bx = (s * 0.6 * torch.rand(2, generator=g)).tolist()
+            box = (yy >= by) & (yy < by + h) & (xx >= bx) & (xx < bx + w)
+            lab[i][box] = 2
+            lab[i][(yy - cy) ** 2 + (xx - cx) ** 2 <= r * r] = 1
+        return lab
+
+    clients = []
+    for c in range(p.clients):
+        gain = 0.5 + 0.5 * torch.rand(1, 3, 1, 1, generator=g)
+        offset = 0.3 * torch.rand(1, 3, 1, 1, generator=g)
+        contrast = 0.25 + 0.25 * float(torch.rand((), generator=g))
+        noise = 0.03 + 0.07 * c / max(p.clients - 1, 1)
+
+        def make(n: int, gain=gain, offset=offset, contrast=contrast, noise=noise) -> Split:
+            lab = shapes(n)
+            bg = F.interpolate(torch.rand(n, 3, 4, 4, generator=g), size=s, mode="bilinear")
+            fg = torch.tensor([0.0, 1.0, -1.0])[lab].unsqueeze(1)  # disc brighter, box darker
+            x = (0.5 * bg + contrast * fg) * gain + offset
+            x = x + noise * torch.randn(n, 3, s, s, generator=g)
+            return Split(x.clamp(0, 1), lab)
+
+        clients.append(
+            ClientData(f"client{c}", make(p.train_size), make(p.val_size), make(p.test_size))
+        )
+    return Federation(
+        "toyseg",
+        clients,
+        ["background", "disc", "box"],
+        (3, s, s),
+        {"synthetic": True},
+        task="segmentation",
+    )

@@ -7,7 +7,7 @@ context, so the same algorithm code runs in the native simulator and on Flower.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ import torch
 from fedshift.config import InputConfig, TrainConfig
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
+from fedshift.tasks import Classification, Task
 
 
 class Normalize:
@@ -73,6 +74,7 @@ class ClientContext:
     generator: torch.Generator
     device: torch.device
     state: dict | None = None  # the client's state (augments read theirs from it)
+    task: Task = field(default_factory=Classification)  # the loss (and metrics) of the data
 
     @property
     def num_train(self) -> int:

@@ -5,8 +5,9 @@ algorithm's broadcast, runs the algorithm's ``local_update`` in a :class:`Client
 records every payload in the ledger, checks replies for non-finite values and lets the
 algorithm aggregate. Every ``eval.every`` rounds (and at the last round) it evaluates every
 client's validation and test split with the global model and, where the algorithm keeps
-client-local tensors, with each client's personalised model. Model selection picks the round
-with the best mean *validation* accuracy (never test).
+client-local tensors, with each client's personalised model, on the task's metrics
+(:mod:`fedshift.tasks`: accuracy, or foreground Dice and mean Dice incl. background). Model
+selection picks the round with the best mean *validation* primary metric (never test).
 
 Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.engine.seeding`),
 so a run resumed from a checkpoint ends with exactly the numbers of an uninterrupted one.
@@ -36,9 +37,9 @@ from fedshift.engine.executor import SequentialExecutor
 from fedshift.engine.payload import Ledger, Payload
 from fedshift.engine.seeding import generator, rng_state, seed_global, set_rng_state
 from fedshift.errors import ConfigError, FedshiftError, TrainingError
-from fedshift.eval.metrics import evaluate
 from fedshift.eval.summary import summarize
 from fedshift.models import build_model
+from fedshift.tasks import make_task
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -90,12 +91,14 @@ class Simulation:
             self.fed = load_dataset(cfg.dataset, cfg.partition)
         else:  # a pre-loaded dataset (tests, benchmarks): the partition still applies
             self.fed = apply_partition(federation, cfg.partition)
+        #: the loss and metrics of the data's labels (classification or segmentation)
+        self.task = make_task(self.fed.task, cfg.train.loss)
         seed_global(cfg.seed, "init")
         entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
         params = cfg.algorithm.copy()
         params.pop("name")
         algo_params = entry.params(**params) if entry.params is not None else None
-        model = build_model(cfg.model, self.fed.num_classes, self.fed.input_shape)
+        model = build_model(cfg.model, self.fed.num_classes, self.fed.input_shape, self.fed.task)
         # algorithms that change the architecture (DisTrans's double-input-channel model)
         self.model = entry.obj.wrap_model(algo_params, model, self.fed)
         self.model.to(self.device)
@@ -154,6 +157,7 @@ class Simulation:
             generator=generator(seed, "batches", rnd, cid),
             device=self.device,
             state=self.states[cid],
+            task=self.task,
         )
         up = algo.local_update(ctx, down, self.states[cid])
         bad = up.first_non_finite()
@@ -219,8 +223,8 @@ class Simulation:
             return self.pipeline.eval(x, state)
 
         for split in ("val", "test"):
-            m = evaluate(self.model, client.split(split), prepare, bs, dev)
-            out[f"{split}_acc"], out[f"{split}_loss"] = m["acc"], m["loss"]
+            m = self.task.evaluate(self.model, client.split(split), prepare, bs, dev)
+            out.update({f"{split}_{k}": v for k, v in m.items()})
         return out
 
     # ------------------------------------------------------------------ state
@@ -286,9 +290,9 @@ class Simulation:
                 rows = self.evaluate_round(rnd, train_metrics)
                 self.records.extend(rows)
                 self._append_metrics(rows)
-                kind = self.kinds[0]
-                val = sum(r[kind]["val_acc"] for r in rows) / len(rows)
-                bar.set_postfix_str(f"val {val:.3f}")
+                kind, metric = self.kinds[0], self.task.primary.name
+                val = sum(r[kind][f"val_{metric}"] for r in rows) / len(rows)
+                bar.set_postfix_str(f"val {metric} {val:.3f}")
             self.last_round = rnd
             every = cfg.checkpoint.every
             if (every and rnd % every == 0) or rnd == rounds:
@@ -305,7 +309,15 @@ class Simulation:
         self._write_ledger()
         from fedshift.eval.plots import plot_convergence
 
-        plot_convergence(self.records, self.kinds, self.run_dir / "convergence.png", label)
+        metric = self.task.primary
+        plot_convergence(
+            self.records,
+            self.kinds,
+            self.run_dir / "convergence.png",
+            label,
+            metric.name,
+            metric.label,
+        )
         return RunResult(self.run_dir, summary)
 
     # ------------------------------------------------------------------ files

@@ -11,9 +11,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_convergence(records: list[dict], kinds: list[str], out: Path, title: str) -> Path:
-    """Left: mean val/test accuracy per round for each model kind. Right: per-client test
-    accuracy of the primary kind."""
+def plot_convergence(
+    records: list[dict],
+    kinds: list[str],
+    out: Path,
+    title: str,
+    metric: str = "acc",
+    label: str = "accuracy",
+) -> Path:
+    """Left: mean val/test ``metric`` (called ``label``) per round for each model kind.
+    Right: per-client test ``metric`` of the primary kind."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for kind in kinds:
         rounds: dict[int, list[dict]] = defaultdict(list)
@@ -22,10 +29,10 @@ def plot_convergence(records: list[dict], kinds: list[str], out: Path, title: st
                 rounds[r["round"]].append(r[kind])
         xs = sorted(rounds)
         for split, style in (("val", "--"), ("test", "-")):
-            ys = [sum(m[f"{split}_acc"] for m in rounds[x]) / len(rounds[x]) for x in xs]
+            ys = [sum(m[f"{split}_{metric}"] for m in rounds[x]) / len(rounds[x]) for x in xs]
             ax1.plot(xs, ys, style, label=f"{kind} {split} (mean)")
     ax1.set_xlabel("round")
-    ax1.set_ylabel("accuracy")
+    ax1.set_ylabel(label)
     ax1.set_title(f"{title}: mean over clients")
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)
@@ -33,12 +40,12 @@ def plot_convergence(records: list[dict], kinds: list[str], out: Path, title: st
     per_client: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in records:
         if primary in r:
-            per_client[r["client"]].append((r["round"], r[primary]["test_acc"]))
+            per_client[r["client"]].append((r["round"], r[primary][f"test_{metric}"]))
     for client, pts in per_client.items():
         pts.sort()
         ax2.plot([p[0] for p in pts], [p[1] for p in pts], label=client)
     ax2.set_xlabel("round")
-    ax2.set_title(f"test accuracy per client ({primary} model)")
+    ax2.set_title(f"test {label} per client ({primary} model)")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
     fig.tight_layout()

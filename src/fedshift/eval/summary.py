@@ -1,4 +1,5 @@
-"""Run summaries: model selection on mean validation accuracy, then test at that round."""
+"""Run summaries: model selection on the mean validation primary metric (accuracy, or
+foreground Dice for segmentation), then test at that round, for every metric of the task."""
 
 from __future__ import annotations
 
@@ -11,8 +12,17 @@ SELECTION_RULE = (
 )
 
 
-def select_round(records: list[dict], kind: str) -> dict[str, Any]:
-    """Model selection for one model kind (``global`` or ``personal``) over metric rows."""
+def selection_rule(label: str = "accuracy") -> str:
+    """The model-selection rule in words, for the metric called ``label``."""
+    return SELECTION_RULE.replace("accuracy", label)
+
+
+def select_round(
+    records: list[dict], kind: str, metric: str = "acc", others: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Model selection for one model kind (``global`` or ``personal``) over metric rows: the
+    round with the best mean validation ``metric``; each block also reports the ``others``
+    metrics at its round under ``block["metrics"]``."""
     by_round: dict[int, list[dict]] = defaultdict(list)
     for r in records:
         if kind in r:
@@ -23,19 +33,24 @@ def select_round(records: list[dict], kind: str) -> dict[str, Any]:
     def mean(rows: list[dict], key: str) -> float:
         return sum(r[kind][key] for r in rows) / len(rows)
 
-    curve = {rnd: mean(rows, "val_acc") for rnd, rows in sorted(by_round.items())}
+    curve = {rnd: mean(rows, f"val_{metric}") for rnd, rows in sorted(by_round.items())}
     best = max(curve, key=lambda rnd: (curve[rnd], -rnd))
     last = max(by_round)
 
+    def scores(rows: list[dict], m: str) -> dict[str, Any]:
+        return {
+            "val_mean": mean(rows, f"val_{m}"),
+            "test_mean": mean(rows, f"test_{m}"),
+            "val_per_client": {r["client"]: r[kind][f"val_{m}"] for r in rows},
+            "test_per_client": {r["client"]: r[kind][f"test_{m}"] for r in rows},
+        }
+
     def block(rnd: int) -> dict[str, Any]:
         rows = by_round[rnd]
-        return {
-            "round": rnd,
-            "val_mean": mean(rows, "val_acc"),
-            "test_mean": mean(rows, "test_acc"),
-            "val_per_client": {r["client"]: r[kind]["val_acc"] for r in rows},
-            "test_per_client": {r["client"]: r[kind]["test_acc"] for r in rows},
-        }
+        out = {"round": rnd, **scores(rows, metric)}
+        if others:
+            out["metrics"] = {m: scores(rows, m) for m in others}
+        return out
 
     return {"best": block(best), "final": block(last)}
 
@@ -47,20 +62,32 @@ def build_summary(
     ledger_totals: dict[str, int],
     bytes_by_record: dict[str, dict[str, int]],
     wall_s: float,
+    task: str = "classification",
 ) -> dict[str, Any]:
-    models = {kind: select_round(records, kind) for kind in kinds}
+    from fedshift.tasks import TASKS
+
+    metrics = TASKS[task].metrics
+    names = tuple(m.name for m in metrics if m.name != "loss")
+    primary_metric = metrics[0]
+    models = {kind: select_round(records, kind, primary_metric.name, names[1:]) for kind in kinds}
     primary = kinds[0]
     best = models[primary]["best"]
     return {
         **meta,
+        "task": task,
+        # what val_mean / test_mean / *_per_client measure; "metrics" has the others
+        "metric": primary_metric.name,
+        "metric_label": primary_metric.label,
+        "metric_labels": {m.name: m.label for m in metrics},
         "evaluated_model": primary,
-        "model_selection": f"{SELECTION_RULE} ({primary} model)",
+        "model_selection": f"{selection_rule(primary_metric.label)} ({primary} model)",
         "best_round": best["round"],
         "val_mean": best["val_mean"],
         "test_mean": best["test_mean"],
         "test_per_client": best["test_per_client"],
         "val_per_client": best["val_per_client"],
         "final_test_mean": models[primary]["final"]["test_mean"],
+        "metrics": best.get("metrics", {}),
         "models": models,
         "bytes_up": ledger_totals.get("up", 0),
         "bytes_down": ledger_totals.get("down", 0),
@@ -96,7 +123,13 @@ def summarize(sim) -> dict[str, Any]:
     meta["bytes_setup"] = sum(setup.values())
     meta["bytes_setup_by_direction"] = setup
     return build_summary(
-        sim.records, sim.kinds, meta, totals, sim.ledger.by_record(), round(sim.wall_before, 3)
+        sim.records,
+        sim.kinds,
+        meta,
+        totals,
+        sim.ledger.by_record(),
+        round(sim.wall_before, 3),
+        sim.task.name,
     )
 
 

@@ -1,4 +1,8 @@
-"""Plain-text result tables (per-client test accuracy, mean, and mean ± std over seeds)."""
+"""Plain-text result tables (per-client test scores, mean, and mean ± std over seeds).
+
+Cells are the run's primary metric (``summary["metric"]``: accuracy, or foreground Dice for
+segmentation) unless a table is asked for another one (``metric="dice_all"``: mean Dice
+including background); :func:`metric_caption` names what a table shows."""
 
 from __future__ import annotations
 
@@ -21,20 +25,41 @@ def _grid(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 
-def runs_table(summaries: list[dict]) -> str:
-    """One row per run: per-client test accuracy (%) at the selected round, and the mean."""
+def scores(s: dict, metric: str | None = None) -> dict:
+    """The ``test_mean`` / ``test_per_client`` (and val) block of a summary for ``metric``
+    (None: the run's primary metric, which model selection used)."""
+    if metric is None or metric == s.get("metric", "acc"):
+        return s
+    extra = s.get("metrics", {})
+    if metric not in extra:
+        have = [s.get("metric", "acc"), *extra]
+        raise ValueError(f"run {s.get('run_dir')} has no metric {metric!r} (it has {have})")
+    return extra[metric]
+
+
+def metric_caption(summaries: list[dict], metric: str | None = None) -> str:
+    """``Test accuracy (%)`` / ``Test foreground Dice (%)``... for a table's note."""
+    s = summaries[0]
+    name = metric or s.get("metric", "acc")
+    label = s.get("metric_labels", {}).get(name, "accuracy" if name == "acc" else name)
+    return f"Test {label} (%)"
+
+
+def runs_table(summaries: list[dict], metric: str | None = None) -> str:
+    """One row per run: per-client test score (%) at the selected round, and the mean."""
     clients = summaries[0]["clients"]
     header = ["algorithm", "seed", "model", *clients, "mean", "best rnd", "MB up+down"]
     rows = []
     for s in summaries:
         mb = (s["bytes_up"] + s["bytes_down"]) / 1e6
+        sc = scores(s, metric)
         rows.append(
             [
                 s["algorithm"],
                 str(s["seed"]),
                 s["evaluated_model"],
-                *(_fmt(s["test_per_client"][c]) for c in clients),
-                _fmt(s["test_mean"]),
+                *(_fmt(sc["test_per_client"][c]) for c in clients),
+                _fmt(sc["test_mean"]),
                 str(s["best_round"]),
                 f"{mb:.1f}",
             ]
@@ -46,7 +71,7 @@ def group_key(s: dict) -> str:
     return s.get("label") or s["algorithm"]
 
 
-def seeds_table(summaries: list[dict]) -> str | None:
+def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
     """Mean ± std over seeds per algorithm (per client and mean), when any has >1 seed."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for s in summaries:
@@ -59,8 +84,8 @@ def seeds_table(summaries: list[dict]) -> str | None:
     for name, g in groups.items():
         cells = []
         for c in clients:
-            cells.append(_fmt(statistics.mean(s["test_per_client"][c] for s in g)))
-        means = [s["test_mean"] for s in g]
+            cells.append(_fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g)))
+        means = [scores(s, metric)["test_mean"] for s in g]
         sd = statistics.stdev(means) if len(means) > 1 else 0.0
         rows.append([name, str(len(g)), *cells, f"{_fmt(statistics.mean(means))} ± {_fmt(sd)}"])
     return _grid(header, rows)
@@ -100,8 +125,8 @@ def flow_label(s: dict) -> str:
     return " ".join(parts) or "base"
 
 
-def flows_table(summaries: list[dict]) -> str:
-    """FedRDN's Table 1 shape: one row per (algorithm, flow) with per-client test accuracy
+def flows_table(summaries: list[dict], metric: str | None = None) -> str:
+    """FedRDN's Table 1 shape: one row per (algorithm, flow) with per-client test score
     (mean over seeds), the average ± std over seeds, the change against the algorithm's base
     flow and the paired t-test p-value against it (pairs matched by seed)."""
     from fedshift.eval.stats import mean_std, paired_ttest
@@ -113,16 +138,19 @@ def flows_table(summaries: list[dict]) -> str:
     header = ["algorithm", "flow", "seeds", *clients, "avg ± std", "Δ vs base", "p (paired t)"]
     rows = []
     for (algo, flow), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "base")):
-        by_seed = {s["seed"]: s["test_mean"] for s in g}
+        by_seed = {s["seed"]: scores(s, metric)["test_mean"] for s in g}
         m, sd = mean_std(list(by_seed.values()))
         base = groups.get((algo, "base"))
         delta, p = "", ""
         if base and flow != "base":
-            base_by_seed = {s["seed"]: s["test_mean"] for s in base}
+            base_by_seed = {s["seed"]: scores(s, metric)["test_mean"] for s in base}
             delta = f"{100 * (m - mean_std(list(base_by_seed.values()))[0]):+.2f}"
             pv = paired_ttest(by_seed, base_by_seed)
             p = "" if pv is None else f"{pv:.3f}"
-        cells = [_fmt(statistics.mean(s["test_per_client"][c] for s in g)) for c in clients]
+        cells = [
+            _fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g))
+            for c in clients
+        ]
         rows.append([algo, flow, str(len(g)), *cells, f"{_fmt(m)} ± {_fmt(sd)}", delta, p])
     return _grid(header, rows)
 

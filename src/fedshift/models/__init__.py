@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
+from fedshift.models.densenet import DenseNet, DenseNetParams
 from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
+from fedshift.models.unet import UNet, UNetParams
 from fedshift.registry import Registry
 
 
@@ -29,14 +31,35 @@ MODELS: Registry[type[FedModel]] = Registry("model")
 MODELS.add("cnn", SmallCNN, CNNParams, "fast default CNN: 2 conv stages with BN, 128-d embedding")
 MODELS.add("digitmodel", DigitModel, DigitModelParams, "FedBN's DigitModel (3 conv + 3 FC, BN)")
 MODELS.add("lenet5", LeNet5, LeNet5Params, "LeNet-5 (ReLU, max-pool; optional BN)")
+MODELS.add(
+    "unet",
+    UNet,
+    UNetParams,
+    "U-Net of FedFA/HarmoFL (base width 32, 4 encoder stages + bottleneck, BN) for segmentation",
+)
+MODELS.add(
+    "densenet121",
+    DenseNet,
+    DenseNetParams,
+    "DenseNet-121 (BC, growth 32) for 96x96 histology patches (HarmoFL's Camelyon17 model)",
+)
 
 #: input shapes each model is built for
 MODEL_INPUTS = {"cnn": (3, 28, 28), "digitmodel": (3, 28, 28), "lenet5": (3, 28, 28)}
 
 
-def build_model(section: dict, num_classes: int, input_shape: tuple[int, ...]) -> FedModel:
+def build_model(
+    section: dict, num_classes: int, input_shape: tuple[int, ...], task: str = "classification"
+) -> FedModel:
     """Instantiate the model of a resolved ``model`` config section for this dataset."""
     name = section["name"]
+    why = MODELS.get(name).check_input(tuple(input_shape), task)
+    if why is not None:
+        raise ConfigError(
+            f"config key 'model.name': model {name!r} cannot take this dataset's "
+            f"{task} task with images of shape {'x'.join(map(str, input_shape))}: {why}; "
+            "choose another model (fedshift list) or change the dataset's image size"
+        )
     expected = MODEL_INPUTS.get(name)
     if expected is not None and tuple(input_shape) != expected:
         raise ConfigError(

@@ -28,6 +28,13 @@ class FedModel(nn.Module):
         # Hooks called on the output of each named stage, e.g. {"conv1": ffa_layer}.
         self.stage_hooks: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
 
+    @classmethod
+    def check_input(cls, input_shape: tuple[int, ...], task: str) -> str | None:
+        """Why this model cannot take images of ``input_shape`` for ``task``
+        (``classification`` / ``segmentation``), or None if it can. ``build_model`` turns a
+        reason into a ConfigError naming the config keys."""
+        return None if task == "classification" else "it is a classification model"
+
     @property
     def stage_names(self) -> list[str]:
         return list(self.stages.keys())
