@@ -235,3 +235,33 @@ def test_tables_caption_the_metric(tmp_path):
     assert f"{100 * s['metrics']['dice_all']['test_mean']:.2f}" in all_
     with pytest.raises(ValueError, match="no metric 'acc'"):
         flows_table([s], "acc")
+
+
+def test_site_figure_predicts_with_each_clients_evaluated_model(tmp_path):
+    from fedshift.eval.segviz import foreground_dice, predict, site_predictions_figure
+
+    runs = []
+    for algo in ("fedavg", "fedbn"):
+        cfg = seg_cfg(f"algorithm.name={algo}", rounds=1)
+        runs.append(run_experiment(cfg, run_dir=tmp_path / algo, progress=False).run_dir)
+    out = site_predictions_figure(runs, tmp_path / "fig.png", channel=1)
+    assert out.is_file() and out.stat().st_size > 10_000
+    # FedBN predicts each client with its own model (shared weights + its BN layers): the
+    # prediction is the run's per-client evaluation model's
+    from fedshift.eval.segviz import _load
+
+    sim = _load(runs[1])
+    x = sim.fed.clients[0].test.x[:2]
+    a = predict(sim, "client0", x)
+    assert a.shape == (2, 32, 32) and a.dtype == torch.long
+    sim.model.load_state_dict(sim.algo.personal_weights(sim.server, sim.states["client0"]))
+    sim.model.eval()
+    with torch.no_grad():
+        want = sim.model(sim.pipeline.eval(x, sim.states["client0"])).argmax(1)
+    assert torch.equal(a, want)
+    assert not torch.equal(
+        sim.algo.personal_weights(sim.server, sim.states["client0"])["stages.enc1.bn1.weight"],
+        sim.algo.personal_weights(sim.server, sim.states["client1"])["stages.enc1.bn1.weight"],
+    )
+    y = torch.tensor([[0, 1], [1, 1]])
+    assert foreground_dice(torch.tensor([[0, 1], [0, 1]]), y, 2) == pytest.approx(2 * 2 / 5)
