@@ -194,7 +194,8 @@ def test_segmentation_learns_on_toyseg(tmp_path):
     cfg = seg_cfg("model.width=8", "train.local_epochs=2", rounds=6)
     s = run_experiment(cfg, run_dir=tmp_path / "learn", progress=False).summary
     first = s["models"]["global"]
-    rows = [json.loads(line) for line in (tmp_path / "learn/metrics.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "learn/metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
     round1 = [r["global"]["val_dice"] for r in rows if r["round"] == 1]
     assert first["best"]["val_mean"] > sum(round1) / len(round1) + 0.1
 
