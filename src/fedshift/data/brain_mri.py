@@ -10,7 +10,7 @@ different slices of the same subject, so the benchmark measures robustness to th
 (feature) shift, not to anatomy across subjects.
 
 **Volume.** The three volumes are cropped to the bounding box of the brain plus a
-:data:`MARGIN`-voxel border and zero-padded, centred, to a cube (side 188 for the shipped
+:data:`MARGIN`-voxel border and zero-padded, centred, to a cube (side 192 for the shipped
 template), so that every slice of every orientation is already square ("pad to a square"
 happens in 3-D, before the scanner model, and the padding receives the same noise as the rest
 of the background).
@@ -22,9 +22,10 @@ the probabilities (255 - gm - wm, gm + wm) / 255 (gm + wm <= 255 in the template
 iff gm + wm > 127.5. Labels depend on the gm/wm maps only, never on the scanner.
 
 **Slices.** For each orientation in ``dataset.orientations`` (axial, coronal, sagittal), slice
-i is *usable* when 1 <= i <= D - 2 (it has both neighbours) and its native-resolution label map
-has a foreground (non-background) fraction of at least ``dataset.min_foreground`` of the
-square cube plane (so the usable set does not depend on ``dataset.size``). A usable slice
+i is *usable* when 1 <= i <= D - 2 (it has both neighbours, as in HarmoFL's loop) and its
+native-resolution label map has a foreground (non-background) fraction of at least
+``dataset.min_foreground`` of the square cube plane (so the usable set does not depend on
+``dataset.size``). A usable slice
 becomes one example as in HarmoFL's and FedFA's prostate MRI loaders: slices (i-1, i, i+1)
 of the site's scanner-transformed volume are its three channels and slice i's label map is
 its target. Every slice of the volume is resized from the cube side to ``dataset.size`` by
@@ -40,8 +41,9 @@ orientations are shuffled (seeded by ``dataset.seed``) and dealt round-robin, so
 sees anatomy from the whole range. Within a site its blocks (never single slices: adjacent
 slices are near duplicates) are split in dealt order into train/val/test by
 ``dataset.fractions`` (FedFA's and HarmoFL's 64/16/20): ``round(0.16 n)`` blocks to val,
-``round(0.20 n)`` to test, the rest to train. Slices on either side of a block border can
-still share two of their three channels; only the label slice is never shared.
+``round(0.20 n)`` to test, the rest to train (HarmoFL's loader instead permutes single slices
+with a stored index and cuts at int(0.64 n) / int(0.8 n)). Slices on either side of a block
+border can still share two of their three channels; only the label slice is never shared.
 
 **Simulated scanners.** Site k applies its own fixed acquisition model (:data:`SCANNERS`, one
 row per site; rows beyond the sixth are drawn from a fixed seed by :func:`scanner_table`) to
@@ -56,8 +58,9 @@ the whole 3-D T1 volume ``v`` = t1 / 255, in this order:
    back, as a viewer reconstructs a thick-slice acquisition);
 4. Rician noise of standard deviation ``noise`` (magnitude of the complex signal with
    Gaussian noise on both channels), seeded by ``dataset.seed`` and the site;
-5. per-volume normalisation: the 1st..99th percentile window is mapped to [0, 1] and clipped
-   (HarmoFL clips prostate volumes at the 99th percentile and min-max scales them);
+5. per-volume normalisation: the 1st..99th percentile window of the brain voxels (template
+   t1 > 0; most of the cube is empty background) is mapped to [0, 1] and clipped (HarmoFL
+   clips each prostate volume at its 99th percentile and min-max scales it);
 6. display window: ``clip(contrast * v + brightness, 0, 1)``. This linear step comes *after*
    the normalisation on purpose: a positive linear map before a percentile window would be
    cancelled exactly.
@@ -438,12 +441,12 @@ def class_probabilities(gm: np.ndarray, wm: np.ndarray, labels: str) -> np.ndarr
     """Per-class probability maps ``(C, *gm.shape)`` float32 for ``tissue`` or ``brain``.
 
     ``gm``/``wm`` are uint8 (0..255) with gm + wm <= 255 (see :func:`load_template`)."""
-    g = gm.astype(np.float32) / 255.0
-    w = wm.astype(np.float32) / 255.0
-    bg = np.clip(1.0 - g - w, 0.0, 1.0)
-    if labels == "tissue":
-        return np.stack([bg, g, w])
-    return np.stack([bg, g + w])
+    g = gm.astype(np.int16)
+    w = wm.astype(np.int16)
+    bg = np.clip(255 - g - w, 0, 255)
+    # integer shares first, then one division: a tie stays an exact tie in float32
+    stack = np.stack([bg, g, w] if labels == "tissue" else [bg, g + w])
+    return stack.astype(np.float32) / np.float32(255.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -829,9 +832,6 @@ def scanner_preview(params: BrainMRIParams, path: str | Path, slice_id: str | No
     each orientation of ``params.orientations`` under that site's scanner, then the label
     map. ``slice_id`` picks the first orientation's slice; default: its middle usable slice.
     Returns the slice ids shown and the PNG path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
