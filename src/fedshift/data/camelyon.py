@@ -247,7 +247,7 @@ def split_by_slide(
         s = int(np.argmax(target - have))
         slide_split[j] = s
         have[s] += counts[j]
-    return slide_split[np.random.default_rng(0).integers(0, len(ids), len(slides))]
+    return slide_split[np.searchsorted(ids, slides)]
 
 
 def wilds_sources(

@@ -35,7 +35,9 @@ Preprocessing (HarmoFL ``utils/dataset.py``), per case, in this order:
    volume (high == low) is an error.
 4. For every slice i in 1..Z-2 whose mask is non-empty: image = slices (i-1, i, i+1) as the
    three channels, label = the mask of slice i. Slices are listed case by case (cases sorted
-   by name), i ascending: the order HarmoFL builds before applying its slice index.
+   by name), i ascending: the order HarmoFL builds before applying its slice index (checked:
+   with HarmoFL's ``HK-index.npy`` on a 157-slice fixture, fedshift's splits equal a
+   SimpleITK re-run of HarmoFL's steps, byte for byte).
 5. Resize to ``size x size`` (default 384, a multiple of 16): bilinear (antialiased) images,
    nearest labels. The SAML volumes are already 384x384 in-plane, so this is a no-op on them;
    the released code does not resize at all.
@@ -59,8 +61,9 @@ An empty split is an error. Images are float32 in [0, 1] ``(N, 3, size, size)``,
 the network 0-255 values (``torch.Tensor`` of the uint8 slices, no division by 255); fedshift
 keeps [0, 1] images and applies ``input.mean/std`` per batch. The released training-time
 random rotations and flips are not part of the loader. With HarmoFL's slice counts (BIDMC 261,
-HK 157, I2CVB 468, BMC 411, RUNMC 384, UCL 175; from its index files) the six sites hold 1,856
-slices, about 3.3 GB as float32 at 384x384.
+HK 157, I2CVB 468, BMC 411, RUNMC 384, UCL 175; the lengths of its index files) the six sites
+hold 1,856 slices: about 3.3 GB of float32 images and 2.2 GB of int64 label maps at 384x384
+(truncation to HK's 100 training slices drops about a third of that).
 
 Cache: reading and normalising the volumes is slow, so each site's preprocessed volumes
 (uint8 with ``quantize``, else float32, at native resolution) are stored in
@@ -75,6 +78,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -358,7 +362,9 @@ def load_site_volumes(
             return cached, {"path": str(target), "hit": True}
     vols = read_site(cases, quantize)
     target.mkdir(parents=True, exist_ok=True)
-    (target / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    tmp = target / f".meta.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, target / "meta.json")
     arrays: dict[str, np.ndarray] = {"cases": np.array(vols.cases, dtype=str)}
     for k, (image, mask) in enumerate(zip(vols.images, vols.masks, strict=True)):
         arrays[f"image_{k}"] = image
@@ -367,30 +373,29 @@ def load_site_volumes(
     return vols, {"path": str(target), "hit": False}
 
 
-def extract_slices(vols: SiteVolumes, size: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """Step 4-5: 3-channel slices with non-empty masks, resized.
+def slice_table(vols: SiteVolumes) -> np.ndarray:
+    """Step 4's selection: ``(N, 2)`` rows (case index, slice i) for every slice i in
+    1..Z-2 with a non-empty mask, case by case (sorted by name), i ascending."""
+    rows = [
+        (k, i)
+        for k, mask in enumerate(vols.masks)
+        for i in range(1, mask.shape[0] - 1)
+        if mask[i].any()
+    ]
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
-    Returns images float32 ``(N, 3, size, size)``, labels int64 ``(N, size, size)`` and the
-    case index of each slice.
-    """
-    xs, ys, owner = [], [], []
-    for k, (image, mask) in enumerate(zip(vols.images, vols.masks, strict=True)):
-        keep = [i for i in range(1, mask.shape[0] - 1) if mask[i].any()]
-        if not keep:
-            continue
-        x = torch.from_numpy(np.stack([image[i - 1 : i + 2] for i in keep]))
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        y = torch.from_numpy(np.stack([mask[i] for i in keep]).astype(np.int64))
-        xs.append(resize_images(x, size))
-        ys.append(resize_labels(y, size))
-        owner.extend([k] * len(keep))
-    if not xs:
-        return (
-            torch.zeros(0, 3, size, size),
-            torch.zeros(0, size, size, dtype=torch.int64),
-            np.zeros(0, dtype=np.int64),
-        )
-    return torch.cat(xs), torch.cat(ys), np.asarray(owner, dtype=np.int64)
+
+def build_split(vols: SiteVolumes, table: np.ndarray, idx: np.ndarray, size: int) -> Split:
+    """Steps 4-5 for the slices ``table[idx]``, in that order: images = slices (i-1, i, i+1)
+    as float32 ``(n, 3, size, size)`` in [0, 1], labels = mask i as int64 ``(n, size, size)``."""
+    x = torch.empty(len(idx), 3, size, size, dtype=torch.float32)
+    y = torch.empty(len(idx), size, size, dtype=torch.int64)
+    for j, (k, i) in enumerate(table[np.asarray(idx, dtype=np.int64)]):
+        image = torch.from_numpy(vols.images[k][i - 1 : i + 2])
+        image = image.float().div_(255.0) if image.dtype == torch.uint8 else image.float()
+        x[j] = resize_images(image[None], size)[0]
+        y[j] = resize_labels(torch.from_numpy(vols.masks[k][i][None]).long(), size)[0]
+    return Split(x, y)
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,27 +476,20 @@ def load_prostate(params: ProstateParams) -> Federation:
     cache_info = {}
     for site, folder in folders.items():
         vols, cache_info[site] = load_site_volumes(folder, params.quantize, cache_root)
-        x, y, owner = extract_slices(vols, params.size)
-        parts = split_site(site, owner, len(vols.cases), params)
-        per_site[site] = (vols.cases, x, y, owner, parts)
-    before = {s: len(v[4]["train"]) for s, v in per_site.items()}
+        table = slice_table(vols)
+        parts = split_site(site, table[:, 0], len(vols.cases), params)
+        per_site[site] = (vols, table, parts)
+    before = {s: len(v[2]["train"]) for s, v in per_site.items()}
     keep = min(before.values()) if params.truncate_train else None
     clients, split_cases = [], {}
-    for site, (cases, x, y, owner, parts) in per_site.items():
+    for site, (vols, table, parts) in per_site.items():
         parts = dict(parts)
         if keep is not None:
             parts["train"] = parts["train"][:keep]
-        idx = {s: torch.from_numpy(np.asarray(parts[s], dtype=np.int64)) for s in parts}
-        clients.append(
-            ClientData(
-                site,
-                Split(x[idx["train"]], y[idx["train"]]),
-                Split(x[idx["val"]], y[idx["val"]]),
-                Split(x[idx["test"]], y[idx["test"]]),
-            )
-        )
+        splits = {s: build_split(vols, table, parts[s], params.size) for s in parts}
+        clients.append(ClientData(site, splits["train"], splits["val"], splits["test"]))
         split_cases[site] = {
-            s: sorted({cases[k] for k in owner[np.asarray(parts[s], dtype=np.int64)]})
+            s: sorted({vols.cases[k] for k in table[np.asarray(parts[s], dtype=np.int64), 0]})
             for s in ("train", "val", "test")
         }
     fed = Federation(
@@ -501,8 +499,8 @@ def load_prostate(params: ProstateParams) -> Federation:
         "root": str(root),
         "site_folders": {s: f.name for s, f in folders.items()},
         "counts": fed.counts(),
-        "cases": {s: len(v[0]) for s, v in per_site.items()},
-        "slices": {s: len(v[3]) for s, v in per_site.items()},
+        "cases": {s: len(v[0].cases) for s, v in per_site.items()},
+        "slices": {s: len(v[1]) for s, v in per_site.items()},
         "split_cases": split_cases,
         "preprocessing": {
             "orientation": "SimpleITK array order (z, y, x): nibabel array transposed (2, 1, 0)",
