@@ -112,3 +112,20 @@ def test_data_show(tmp_path, digits_env, capsys):
     counts = json.loads(capsys.readouterr().out.split("montage:")[0])
     assert counts["mnist"] == {"train": 60, "val": 20, "test": 40}
     assert png.stat().st_size > 1000
+
+
+def test_data_show_user_dataset_without_root_shows_the_layout(capsys):
+    assert main(["data", "show", "prostate"]) == 2
+    err = capsys.readouterr().err
+    assert "dataset.root" in err and "Case00_segmentation.nii.gz" in err
+
+
+def test_data_show_brain_mri_counts_and_preview(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FEDSHIFT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "scanners.png"
+    assert main(["data", "show", "brain-mri", "size=32", "sites=2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    shown = json.loads(text[: text.rindex("}") + 1])
+    assert shown["task"] == "segmentation"
+    assert set(shown["counts"]) == {"site1", "site2"}
+    assert out.is_file()

@@ -154,9 +154,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
         print(f"montage: {out}")
         return 0
     if args.name != "digits":
-        raise FedshiftError(
-            f"'fedshift data {args.action}' supports the datasets 'digits' and 'fashion-mnist'"
-        )
+        return _show_other(args)
     entry, params = _dataset_params(args.name, args.overrides)
     if args.action == "build":
         path = digits.build_digits(params, progress=True, force=args.force)
@@ -166,6 +164,30 @@ def _cmd_data(args: argparse.Namespace) -> int:
     counts = digits.show_digits(params, out)
     print(json.dumps(counts, indent=2))
     print(f"montage: {out}")
+    return 0
+
+
+def _show_other(args: argparse.Namespace) -> int:
+    """``data show`` for any other dataset: load it (checking a user's folder layout) and print
+    the per-client split counts and what the loader recorded; ``brain-mri`` also saves the
+    scanner preview (the same slice under every site's scanner)."""
+    from fedshift.data import load_dataset
+
+    if args.action == "build":
+        raise FedshiftError(
+            f"'fedshift data build' is for digits; {args.name!r} is built (and cached) when "
+            f"loaded: use 'fedshift data show {args.name}'"
+        )
+    entry, params = _dataset_params(args.name, args.overrides)
+    section = {"name": args.name, **dataclasses.asdict(params)}
+    fed = load_dataset(section)
+    print(json.dumps({"task": fed.task, "classes": fed.classes, "counts": fed.counts()}, indent=2))
+    if args.name == "brain-mri":
+        from fedshift.data.brain_mri import scanner_preview
+
+        out = Path(args.out or "brain_mri_scanners.png")
+        scanner_preview(params, out)
+        print(f"scanner preview: {out}")
     return 0
 
 
@@ -198,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
     data.add_argument("action", choices=["build", "show", "fetch"])
     data.add_argument(
-        "name", help="dataset (digits, fashion-mnist) or what to fetch (opencv, fashion-mnist)"
+        "name",
+        help="dataset ('show': any dataset, e.g. digits, brain-mri, prostate) or what to fetch "
+        "(opencv, fashion-mnist)",
     )
     data.add_argument("overrides", nargs="*", help="dataset keys, e.g. train_size=500")
     data.add_argument("--force", action="store_true", help="rebuild even if cached")
