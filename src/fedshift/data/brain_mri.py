@@ -82,7 +82,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -94,6 +93,7 @@ import torch.nn.functional as F
 
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.digit_sources import default_cache_dir
+from fedshift.data.medical_io import atomic_save_npz
 from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 NAME = "brain-mri"
@@ -771,14 +771,7 @@ def _save(fed: Federation, path: Path) -> None:
         for s in SPLITS:
             arrays[f"{c.name}/{s}/x"] = c.split(s).x.numpy()
             arrays[f"{c.name}/{s}/y"] = c.split(s).y.to(torch.uint8).numpy()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_save_npz(path, arrays)
 
 
 def _restore(path: Path, p: BrainMRIParams) -> Federation | None:
