@@ -48,7 +48,8 @@ def test_unknown_algorithm_lists_choices():
 def test_unknown_dataset_and_model():
     with pytest.raises(ConfigError, match=r"'dataset.name'.*unknown dataset 'mnist'.*digits"):
         resolve(load_config(None, ["dataset.name=mnist"]))
-    with pytest.raises(ConfigError, match=r"unknown model 'resnet'.*cnn, densenet121, digitmodel, lenet5, unet"):
+    valid = "alexnet, cnn, densenet121, digitmodel, lenet5, resnet18, unet"
+    with pytest.raises(ConfigError, match=rf"unknown model 'resnet'.*{valid}"):
         cfg("model.name=resnet")
 
 

@@ -25,6 +25,6 @@ def build_augments(sections: list[dict], seed: int, num_classes: int) -> list[Au
 
 
 # Each module registers its augments with @register when imported.
-from fedshift.augment import ampnorm, fedmix, fedrdn, ffa, mixing  # noqa: E402, F401
+from fedshift.augment import ampnorm, fedmix, fedrdn, ffa, geometric, mixing  # noqa: E402, F401
 
 __all__ = ["AUGMENTS", "Augment", "build_augments", "register"]

@@ -7,8 +7,18 @@ from collections.abc import Callable
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.brain_mri import BrainMRIParams, load_brain_mri
 from fedshift.data.camelyon import CamelyonParams, load_camelyon
+from fedshift.data.cifar import CifarParams, load_cifar10, load_cifar100
 from fedshift.data.digits import DigitsParams, load_digits
 from fedshift.data.fashion import FashionParams, load_fashion
+from fedshift.data.fedbn_pickles import (
+    Digits5Params,
+    DomainNetParams,
+    OfficeParams,
+    load_digits5,
+    load_domainnet,
+    load_office,
+)
+from fedshift.data.image_folders import OfficeHomeParams, PACSParams, load_officehome, load_pacs
 from fedshift.data.nuclei import NucleiParams, load_nuclei
 from fedshift.data.prostate import ProstateParams, load_prostate
 from fedshift.data.toy import ToyParams, ToySegParams, load_toy, load_toyseg
@@ -50,6 +60,40 @@ DATASETS.add(
     load_nuclei,
     NucleiParams,
     "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})",
+)
+DATASETS.add(
+    "digits5",
+    load_digits5,
+    Digits5Params,
+    "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)",
+)
+DATASETS.add(
+    "office-caltech10",
+    load_office,
+    OfficeParams,
+    "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)",
+)
+DATASETS.add(
+    "domainnet",
+    load_domainnet,
+    DomainNetParams,
+    "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)",
+)
+DATASETS.add(
+    "pacs",
+    load_pacs,
+    PACSParams,
+    "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)",
+)
+DATASETS.add(
+    "officehome",
+    load_officehome,
+    OfficeHomeParams,
+    "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)",
+)
+DATASETS.add("cifar10", load_cifar10, CifarParams, "CIFAR-10 (your python batches); partition it")
+DATASETS.add(
+    "cifar100", load_cifar100, CifarParams, "CIFAR-100 (your python batches); partition it"
 )
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 DATASETS.add(

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedshift.errors import ConfigError
+from fedshift.models.alexnet import AlexNetBN, AlexNetParams
 from fedshift.models.base import FedModel
 from fedshift.models.densenet import DenseNet, DenseNetParams
 from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
+from fedshift.models.resnet import ResNet18, ResNetParams
 from fedshift.models.unet import UNet, UNetParams
 from fedshift.registry import Registry
 
@@ -31,6 +33,13 @@ MODELS: Registry[type[FedModel]] = Registry("model")
 MODELS.add("cnn", SmallCNN, CNNParams, "fast default CNN: 2 conv stages with BN, 128-d embedding")
 MODELS.add("digitmodel", DigitModel, DigitModelParams, "FedBN's DigitModel (3 conv + 3 FC, BN)")
 MODELS.add("lenet5", LeNet5, LeNet5Params, "LeNet-5 (ReLU, max-pool; optional BN)")
+MODELS.add(
+    "alexnet",
+    AlexNetBN,
+    AlexNetParams,
+    "AlexNet with BN (FedBN: hidden 4096; FedFA: hidden=1024) for 256x256 images",
+)
+MODELS.add("resnet18", ResNet18, ResNetParams, "ResNet-18 with BN (small_input for 32x32)")
 MODELS.add(
     "unet",
     UNet,
