@@ -82,6 +82,18 @@ def _print_tables(summaries: list[dict]) -> None:
             print(agg)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from fedshift.eval.report import build_report
+
+    try:
+        files = build_report(args.runs, args.out, args.reference, args.title)
+    except ValueError as e:  # an unknown reference row
+        raise FedshiftError(str(e)) from None
+    for key in ("md", "html", "csv"):
+        print(f"{key}: {files[key]}")
+    return 0
+
+
 def _lookup(tree: dict, dotted: str):
     node = tree
     for part in dotted.split("."):
@@ -216,6 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list algorithms, datasets and models")
     ls.set_defaults(fn=_cmd_list)
+
+    rep = sub.add_parser("report", help="Markdown + self-contained HTML + CSV report of runs")
+    rep.add_argument("runs", nargs="+", help="run directories or folders holding them")
+    rep.add_argument("--out", default="report", help="output folder (default: ./report)")
+    rep.add_argument(
+        "--reference", help="row the p-values are also taken against: ALGO or ALGO/FLOW"
+    )
+    rep.add_argument("--title", help="report title")
+    rep.set_defaults(fn=_cmd_report)
 
     data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
     data.add_argument("action", choices=["build", "show", "fetch"])

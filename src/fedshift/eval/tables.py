@@ -14,7 +14,7 @@ def _fmt(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def _grid(header: list[str], rows: list[list[str]]) -> str:
+def grid(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -64,7 +64,7 @@ def runs_table(summaries: list[dict], metric: str | None = None) -> str:
                 f"{mb:.1f}",
             ]
         )
-    return _grid(header, rows)
+    return grid(header, rows)
 
 
 def group_key(s: dict) -> str:
@@ -88,7 +88,7 @@ def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
         means = [scores(s, metric)["test_mean"] for s in g]
         sd = statistics.stdev(means) if len(means) > 1 else 0.0
         rows.append([name, str(len(g)), *cells, f"{_fmt(statistics.mean(means))} ± {_fmt(sd)}"])
-    return _grid(header, rows)
+    return grid(header, rows)
 
 
 def _changed(section: dict, kind: str) -> str:
@@ -125,37 +125,79 @@ def flow_label(s: dict) -> str:
     return " ".join(parts) or "base"
 
 
-def flows_table(summaries: list[dict], metric: str | None = None) -> str:
-    """FedRDN's Table 1 shape: one row per (algorithm, flow) with per-client test score
-    (mean over seeds), the average ± std over seeds, the change against the algorithm's base
-    flow and the paired t-test p-value against it (pairs matched by seed)."""
+def _delta(d: float) -> str:
+    """A change in percentage points with its direction, e.g. ``+1.25 ↑``."""
+    arrow = "↑" if d > 0 else "↓" if d < 0 else "="
+    return f"{d:+.2f} {arrow}"
+
+
+def parse_reference(reference: str | None) -> tuple[str, str] | None:
+    """``fedavg`` -> (fedavg, base); ``fedavg/+fedrdn`` -> (fedavg, +fedrdn)."""
+    if not reference:
+        return None
+    algo, _, flow = reference.partition("/")
+    return algo, flow or "base"
+
+
+def flows_rows(
+    summaries: list[dict], metric: str | None = None, reference: str | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """FedRDN's Table 1/2 shape: one row per (algorithm, flow) with per-client test score
+    (%, mean over seeds), the average ± std over seeds, the change against the algorithm's
+    base flow (with its direction) and the paired t-test p-value against it (pairs matched by
+    seed); with ``reference`` (``ALGO`` or ``ALGO/FLOW``) also the paired t-test p-value
+    against that row (FedRDN's appendix B)."""
     from fedshift.eval.stats import mean_std, paired_ttest
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for s in summaries:
         groups[(s["algorithm"], flow_label(s))].append(s)
+    ref_key = parse_reference(reference)
+    if ref_key is not None and ref_key not in groups:
+        have = ", ".join(f"{a}/{f}" for a, f in sorted(groups))
+        raise ValueError(f"reference {reference!r} is not among the runs ({have})")
+
+    def by_seed(g: list[dict]) -> dict[int, float]:
+        return {s["seed"]: scores(s, metric)["test_mean"] for s in g}
+
     clients = summaries[0]["clients"]
-    header = ["algorithm", "flow", "seeds", *clients, "avg ± std", "Δ vs base", "p (paired t)"]
+    header = ["algorithm", "flow", "seeds", *clients, "avg ± std", "Δ vs base", "p vs base"]
+    if ref_key is not None:
+        header.append(f"p vs {ref_key[0]}/{ref_key[1]}")
     rows = []
     for (algo, flow), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "base")):
-        by_seed = {s["seed"]: scores(s, metric)["test_mean"] for s in g}
-        m, sd = mean_std(list(by_seed.values()))
+        seeds = by_seed(g)
+        m, sd = mean_std(list(seeds.values()))
         base = groups.get((algo, "base"))
         delta, p = "", ""
         if base and flow != "base":
-            base_by_seed = {s["seed"]: scores(s, metric)["test_mean"] for s in base}
-            delta = f"{100 * (m - mean_std(list(base_by_seed.values()))[0]):+.2f}"
-            pv = paired_ttest(by_seed, base_by_seed)
+            base_seeds = by_seed(base)
+            delta = _delta(100 * (m - mean_std(list(base_seeds.values()))[0]))
+            pv = paired_ttest(seeds, base_seeds)
             p = "" if pv is None else f"{pv:.3f}"
         cells = [
             _fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g))
             for c in clients
         ]
-        rows.append([algo, flow, str(len(g)), *cells, f"{_fmt(m)} ± {_fmt(sd)}", delta, p])
-    return _grid(header, rows)
+        row = [algo, flow, str(len(g)), *cells, f"{_fmt(m)} ± {_fmt(sd)}", delta, p]
+        if ref_key is not None:
+            pr = ""
+            if (algo, flow) != ref_key:
+                pv = paired_ttest(seeds, by_seed(groups[ref_key]))
+                pr = "" if pv is None else f"{pv:.3f}"
+            row.append(pr)
+        rows.append(row)
+    return header, rows
 
 
-def comm_table(summaries: list[dict]) -> str:
+def flows_table(
+    summaries: list[dict], metric: str | None = None, reference: str | None = None
+) -> str:
+    """:func:`flows_rows` as a plain-text (Markdown) table."""
+    return grid(*flows_rows(summaries, metric, reference))
+
+
+def comm_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Communication per (algorithm, flow): bytes per client per round (up, down; the setup
     exchange of round 0 excluded and shown apart, per client) next to the model's size."""
     groups: dict[tuple[str, str], dict] = {}
@@ -189,7 +231,12 @@ def comm_table(summaries: list[dict]) -> str:
                 ", ".join(names),
             ]
         )
-    return _grid(header, rows)
+    return header, rows
+
+
+def comm_table(summaries: list[dict]) -> str:
+    """:func:`comm_rows` as a plain-text (Markdown) table."""
+    return grid(*comm_rows(summaries))
 
 
 def _setup_part(s: dict, direction: str) -> int:
@@ -236,4 +283,4 @@ def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
                 cell += "" if p is None else f" (p={p:.3f})"
             cells.append(cell)
         rows.append([algo, flow, *cells])
-    return _grid(["algorithm", "flow", *cols], rows)
+    return grid(["algorithm", "flow", *cols], rows)

@@ -1,0 +1,296 @@
+"""``fedshift report RUN_DIR...``: a paper-style report of finished runs, as Markdown, one
+self-contained HTML file (styles and figures inlined) and CSV.
+
+Every ``summary.json`` below the given folders is one run. Runs are grouped by dataset; for
+each dataset the report has
+
+* the per-client table of each metric of the task, shaped like the papers' (FedRDN's Table 1/2,
+  FedFA's and HarmoFL's per-site tables): one row per (algorithm, flow), per-client test score
+  averaged over seeds, the average ± std over seeds, the change against the same algorithm's
+  base flow with its direction (↑/↓) and the paired t-test p-value against it, and with
+  ``--reference ALGO[/FLOW]`` the paired t-test p-value against that row (FedRDN's appendix B);
+  segmentation gets foreground Dice and mean Dice including background, each labelled;
+* convergence curves: the mean over clients of the validation and test primary metric per
+  round, averaged over seeds, one curve per (algorithm, flow);
+* the communication cost per client and round, from the ledger, next to the model's size;
+* the model-selection rule, stated under every table.
+
+``report.csv`` has one row per (run, client, metric) with the test score at the selected round
+(and a ``mean`` row per run), for plotting elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fedshift.errors import FedshiftError  # noqa: E402
+from fedshift.eval.summary import selection_rule  # noqa: E402
+from fedshift.eval.tables import (  # noqa: E402
+    comm_rows,
+    flow_label,
+    flows_rows,
+    metric_caption,
+    scores,
+)
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.6em;border-bottom:2px solid #444;padding-bottom:.2em}
+h2{font-size:1.3em;margin-top:1.8em;border-bottom:1px solid #bbb}
+h3{font-size:1.05em;margin-top:1.2em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.86em}
+th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right;white-space:nowrap}
+th{background:#f0f0f0}
+td:first-child,td:nth-child(2),th:first-child,th:nth-child(2){text-align:left}
+tr:nth-child(even) td{background:#fafafa}
+td.up{color:#17803d;font-weight:600} td.down{color:#b42318;font-weight:600}
+td.best{font-weight:700}
+p.note{color:#555;font-size:.85em;margin-top:.2em}
+img{max-width:100%;border:1px solid #ddd}
+.meta{color:#555;font-size:.9em}
+"""
+
+
+# ----------------------------------------------------------------------------- loading
+def load_runs(roots: list[str | Path]) -> list[dict]:
+    """Every ``summary.json`` below ``roots`` (path order), with ``_dir`` = its folder."""
+    runs = []
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            raise FedshiftError(f"{root} does not exist")
+        for path in sorted(root.rglob("summary.json")):
+            s = json.loads(path.read_text())
+            s["_dir"] = str(path.parent)
+            runs.append(s)
+    if not runs:
+        raise FedshiftError(f"no finished runs (summary.json) below {', '.join(map(str, roots))}")
+    return runs
+
+
+def _curves(runs: list[dict]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per (algorithm, flow) label: round -> (val, test) mean over clients of the primary
+    metric of the evaluated model, averaged over the runs (seeds) that evaluated that round."""
+    acc: dict[str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for s in runs:
+        path = Path(s["_dir"]) / "metrics.jsonl"
+        if not path.is_file():
+            continue
+        kind, metric = s["evaluated_model"], s.get("metric", "acc")
+        per_round: dict[int, list[dict]] = defaultdict(list)
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if kind in row:
+                per_round[row["round"]].append(row[kind])
+        label = _label(s)
+        for rnd, rows in per_round.items():
+            val = sum(r[f"val_{metric}"] for r in rows) / len(rows)
+            test = sum(r[f"test_{metric}"] for r in rows) / len(rows)
+            acc[label][rnd].append((val, test))
+    return {
+        label: {
+            rnd: (
+                sum(v for v, _ in pts) / len(pts),
+                sum(t for _, t in pts) / len(pts),
+            )
+            for rnd, pts in sorted(by_round.items())
+        }
+        for label, by_round in acc.items()
+    }
+
+
+def _label(s: dict) -> str:
+    flow = flow_label(s)
+    return s["algorithm"] + ("" if flow == "base" else f" {flow}")
+
+
+def convergence_png(runs: list[dict]) -> bytes:
+    """The convergence figure (PNG bytes): validation (left) and test (right) curves."""
+    curves = _curves(runs)
+    s = runs[0]
+    metric_label = s.get("metric_label", "accuracy")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for label, pts in sorted(curves.items()):
+        xs = list(pts)
+        for ax, k in zip(axes, (0, 1), strict=True):
+            ax.plot(xs, [100 * pts[x][k] for x in xs], label=label, lw=1.4)
+    seeds = len({r["seed"] for r in runs})
+    for ax, split in zip(axes, ("validation", "test"), strict=True):
+        ax.set_xlabel("round")
+        ax.set_title(f"{split} {metric_label} (%), mean over clients and {seeds} seed(s)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"{metric_label} (%)")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- rendering
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _html_table(header: list[str], rows: list[list[str]], best_col: int | None = None) -> str:
+    best = None
+    if best_col is not None and rows:
+
+        def val(r: list[str]) -> float:
+            try:
+                return float(r[best_col].split()[0])
+            except ValueError:
+                return float("-inf")
+
+        best = max(range(len(rows)), key=lambda i: val(rows[i]))
+    parts = ["<table><thead><tr>"]
+    parts += [f"<th>{html.escape(h)}</th>" for h in header]
+    parts.append("</tr></thead><tbody>")
+    for i, r in enumerate(rows):
+        parts.append("<tr>")
+        for j, cell in enumerate(r):
+            cls = []
+            if header[j].startswith("Δ"):
+                cls.append("up" if "↑" in cell else "down" if "↓" in cell else "")
+            if best is not None and i == best and j == best_col:
+                cls.append("best")
+            c = " ".join(x for x in cls if x)
+            parts.append(
+                f'<td class="{c}">{html.escape(cell)}</td>'
+                if c
+                else f"<td>{html.escape(cell)}</td>"
+            )
+        parts.append("</tr>")
+    parts.append("</tbody></table>")
+    return "".join(parts)
+
+
+def _datasets(runs: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for s in runs:
+        groups[s["dataset"]].append(s)
+    return dict(groups)
+
+
+def _check_same_clients(name: str, runs: list[dict]) -> None:
+    first = runs[0]["clients"]
+    for s in runs[1:]:
+        if s["clients"] != first:
+            raise FedshiftError(
+                f"dataset {name!r}: runs have different clients ({first} vs {s['clients']} in "
+                f"{s['_dir']}); report them separately"
+            )
+
+
+def build_report(
+    roots: list[str | Path],
+    out: str | Path,
+    reference: str | None = None,
+    title: str | None = None,
+) -> dict[str, Path]:
+    """Write ``report.md``, ``report.html`` (self-contained), ``report.csv`` and the figures
+    into ``out``; returns their paths."""
+    runs = load_runs(roots)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = title or "fedshift report"
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    md = [f"# {title}", "", f"{len(runs)} runs from {', '.join(map(str, roots))}; {stamp}."]
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="meta">{len(runs)} runs from {html.escape(", ".join(map(str, roots)))}; '
+        f"{stamp}.</p>",
+    ]
+    csv_rows: list[dict] = []
+    files: dict[str, Path] = {}
+    for name, group in sorted(_datasets(runs).items()):
+        _check_same_clients(name, group)
+        first = group[0]
+        seeds = sorted({s["seed"] for s in group})
+        rule = selection_rule(first.get("metric_label", "accuracy"))
+        task = first.get("task", "classification")
+        model = sorted({s.get("model", "?") for s in group})
+        rounds = sorted({s["rounds"] for s in group})
+        head = (
+            f"{task}; clients: {', '.join(first['clients'])}; model {', '.join(model)}; "
+            f"rounds {', '.join(map(str, rounds))}; seeds {', '.join(map(str, seeds))}"
+        )
+        md += ["", f"## {name}", "", head]
+        body += [f"<h2>{html.escape(name)}</h2>", f'<p class="meta">{html.escape(head)}</p>']
+        for metric in [None, *first.get("metrics", {})]:
+            header, rows = flows_rows(group, metric, reference)
+            caption = f"{metric_caption(group, metric)}, mean over {len(seeds)} seed(s)"
+            note = (
+                f"Model selection: {rule}. Δ: change of the average against the same "
+                "algorithm's base flow (percentage points); p: two-sided paired t-test over "
+                "seeds."
+            )
+            md += ["", f"### {caption}", "", _md_table(header, rows), "", f"_{note}_"]
+            body += [
+                f"<h3>{html.escape(caption)}</h3>",
+                _html_table(header, rows, header.index("avg ± std")),
+                f'<p class="note">{html.escape(note)}</p>',
+            ]
+        png = convergence_png(group)
+        fig_path = out / f"convergence-{_slug(name)}.png"
+        fig_path.write_bytes(png)
+        files[f"convergence:{name}"] = fig_path
+        md += ["", "### Convergence", "", f"![convergence]({fig_path.name})"]
+        b64 = base64.b64encode(png).decode()
+        body += [
+            "<h3>Convergence</h3>",
+            f'<img alt="convergence" src="data:image/png;base64,{b64}">',
+        ]
+        header, rows = comm_rows(group)
+        note = "Bytes per client per round from the ledger (setup exchange of round 0 apart)."
+        md += ["", "### Communication", "", _md_table(header, rows), "", f"_{note}_"]
+        body += ["<h3>Communication</h3>", _html_table(header, rows), f'<p class="note">{note}</p>']
+        for s in group:
+            for metric in [s.get("metric", "acc"), *s.get("metrics", {})]:
+                sc = scores(s, metric)
+                base = {
+                    "dataset": name,
+                    "algorithm": s["algorithm"],
+                    "flow": flow_label(s),
+                    "seed": s["seed"],
+                    "metric": metric,
+                    "model": s["evaluated_model"],
+                    "best_round": s["best_round"],
+                    "run_dir": s["_dir"],
+                }
+                for c in s["clients"]:
+                    csv_rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
+                csv_rows.append({**base, "client": "mean", "test": sc["test_mean"]})
+    md_path, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
+    md_path.write_text("\n".join(md) + "\n")
+    page = (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
+        f"</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )
+    html_path.write_text(page)
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
+        w.writeheader()
+        w.writerows(csv_rows)
+    files.update({"md": md_path, "html": html_path, "csv": csv_path})
+    return files
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
