@@ -215,6 +215,16 @@ class Simulation:
                 row["personal"] = self._scores(c, bs, dev)
         return rows
 
+    def weights_for(self, client: str, kind: str | None = None) -> dict[str, torch.Tensor]:
+        """The state dict of ``client``'s model of ``kind`` (``personal`` / ``global``;
+        default: the kind the run's tables evaluate)."""
+        kind = kind or self.kinds[0]
+        if kind not in self.kinds:
+            raise FedshiftError(f"this run has no {kind} model (it has {self.kinds})")
+        if kind == "global":
+            return self.algo.global_weights(self.server)
+        return self.algo.personal_weights(self.server, self.states[client])
+
     def _scores(self, client, bs: int, dev: torch.device) -> dict[str, float]:
         out = {}
         state = self.states.get(client.name)
@@ -351,6 +361,24 @@ def run_experiment(
     """Run one resolved config to the end; returns the run directory and its summary."""
     run_dir = run_dir or new_run_dir(cfg, out)
     return Simulation(cfg, run_dir, federation, progress).run(stop_after=stop_after)
+
+
+def load_finished(run_dir: str | Path, federation: Federation | None = None) -> Simulation:
+    """A finished (or checkpointed) run rebuilt from its ``config.yaml`` and ``checkpoint.pt``:
+    the federation, the model, the algorithm and every client's state as at the last
+    checkpoint, ready to evaluate (pictures, cross-site matrices, features)."""
+    from fedshift.config import load_yaml, resolve
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file() or not (run_dir / CHECKPOINT).is_file():
+        raise FedshiftError(
+            f"{run_dir} is not a finished fedshift run (it needs config.yaml and {CHECKPOINT})"
+        )
+    cfg = resolve(load_yaml(cfg_path), source=str(cfg_path))
+    sim = Simulation(cfg, run_dir, federation, progress=False)
+    sim.load_checkpoint()
+    return sim
 
 
 def resume_experiment(

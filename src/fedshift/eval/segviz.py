@@ -30,17 +30,9 @@ PALETTE = np.array(
 
 
 def _load(run_dir: Path, federation=None):
-    from fedshift.config import load_yaml, resolve
-    from fedshift.engine.simulation import Simulation
+    from fedshift.engine.simulation import load_finished
 
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file() or not (run_dir / "checkpoint.pt").is_file():
-        raise FedshiftError(
-            f"{run_dir} is not a finished fedshift run (it needs config.yaml and checkpoint.pt)"
-        )
-    cfg = resolve(load_yaml(cfg_path), source=str(cfg_path))
-    sim = Simulation(cfg, run_dir, federation, progress=False)
-    sim.load_checkpoint()
+    sim = load_finished(run_dir, federation)
     if sim.task.name != "segmentation":
         raise FedshiftError(f"{run_dir}: a {sim.task.name} run; pictures are for segmentation")
     return sim
@@ -50,13 +42,8 @@ def _load(run_dir: Path, federation=None):
 def predict(sim, client: str, x: torch.Tensor) -> torch.Tensor:
     """Label maps predicted for ``x`` (raw [0, 1] images of ``client``) by the run's evaluated
     model of that client (personalised if the run has one, else global)."""
-    kind = sim.kinds[0]
     state = sim.states.get(client)
-    if kind == "personal":
-        weights = sim.algo.personal_weights(sim.server, state)
-    else:
-        weights = sim.algo.global_weights(sim.server)
-    sim.model.load_state_dict(weights)
+    sim.model.load_state_dict(sim.weights_for(client))
     sim.model.eval()
     logits = sim.model(sim.pipeline.eval(x.to(sim.device), state))
     return logits.argmax(1).cpu()
