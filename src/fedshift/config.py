@@ -47,6 +47,12 @@ class FederationConfig:
 
     sample_fraction: float = 1.0
     weighting: Literal["samples", "uniform"] = "samples"
+    # clients that never train but are evaluated with the global model (leave-one-client-out
+    # federated domain generalisation, FedFA's Table 4); model selection ignores them
+    holdout: list[str] = field(default_factory=list)
+    # share of each client's training split that is used (seeded, stratified where labels are
+    # classes; FedFA's Fig. 2 / Table 16 sweep); validation and test are untouched
+    data_fraction: float = 1.0
 
 
 @dataclass
@@ -373,6 +379,11 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(
             "config key 'federation.sample_fraction' must be in (0, 1], "
             f"got {cfg.federation.sample_fraction}"
+        )
+    if not 0 < cfg.federation.data_fraction <= 1:
+        raise ConfigError(
+            "config key 'federation.data_fraction' must be in (0, 1], "
+            f"got {cfg.federation.data_fraction}"
         )
     if cfg.checkpoint.every < 0:
         raise ConfigError("config key 'checkpoint.every' must be >= 0")

@@ -90,6 +90,33 @@ class Federation:
 
         return ClientData(name, cat("train"), cat("val"), cat("test"))
 
+    def with_train_fraction(self, fraction: float, seed: int = 0) -> Federation:
+        """Each client keeps ``fraction`` of its training split (validation and test
+        untouched): per class for classification (at least one example of every class it
+        has), uniformly for segmentation; drawn from ``seed`` and the client's name only."""
+        if fraction >= 1:
+            return self
+        from fedshift.engine.seeding import generator
+
+        clients = []
+        for c in self.clients:
+            y = c.train.y
+            g = generator(seed, "data_fraction", c.name)
+            if self.task == "classification":
+                keep = []
+                for cls in torch.unique(y):
+                    idx = torch.nonzero(y == cls).flatten()
+                    n = max(1, round(fraction * len(idx)))
+                    keep.append(idx[torch.randperm(len(idx), generator=g)[:n]])
+                idx = torch.sort(torch.cat(keep)).values
+            else:
+                n = max(1, round(fraction * len(y)))
+                idx = torch.sort(torch.randperm(len(y), generator=g)[:n]).values
+            train = Split(c.train.x[idx], y[idx])
+            clients.append(ClientData(c.name, train, c.val, c.test))
+        info = {**self.info, "data_fraction": fraction}
+        return Federation(self.name, clients, self.classes, self.input_shape, info, self.task)
+
     def counts(self) -> dict[str, dict[str, int]]:
         """Per-client example counts per split."""
         return {c.name: {s: len(c.split(s)) for s in SPLITS} for c in self.clients}

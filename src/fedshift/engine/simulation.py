@@ -15,6 +15,7 @@ so a run resumed from a checkpoint ends with exactly the numbers of an uninterru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -91,8 +92,18 @@ class Simulation:
             self.fed = load_dataset(cfg.dataset, cfg.partition)
         else:  # a pre-loaded dataset (tests, benchmarks): the partition still applies
             self.fed = apply_partition(federation, cfg.partition)
+        fed_cfg = cfg.federation
+        self.fed = self.fed.with_train_fraction(fed_cfg.data_fraction)
         #: the loss and metrics of the data's labels (classification or segmentation)
         self.task = make_task(self.fed.task, cfg.train.loss)
+        #: clients that never train (leave-one-client-out): evaluated with the global model
+        self.holdout = list(fed_cfg.holdout)
+        unknown = [h for h in self.holdout if h not in self.fed.client_names]
+        if unknown or len(set(self.holdout)) >= len(self.fed.clients):
+            raise ConfigError(
+                f"config key 'federation.holdout': {unknown or self.holdout} must name some "
+                f"but not all of the clients {self.fed.client_names}"
+            )
         seed_global(cfg.seed, "init")
         entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
         params = cfg.algorithm.copy()
@@ -106,11 +117,19 @@ class Simulation:
         augments = build_augments(cfg.augment, cfg.seed, self.fed.num_classes)
         for a in augments:
             a.attach(self.model)
-        self.train_clients = {c.name: c for c in entry.obj.training_data(self.fed)}
+        sources = [c for c in self.fed.clients if c.name not in self.holdout]
+        source_fed = dataclasses.replace(self.fed, clients=sources)
+        self.train_clients = {c.name: c for c in entry.obj.training_data(source_fed)}
         algo: Algorithm = entry.obj(
             algo_params, cfg.train, cfg.federation, self.model, len(self.train_clients)
         )
         self.algo = Composition(algo, augments)
+        if self.holdout and (self.algo.has_personal_model or not self.algo.has_global_model):
+            raise ConfigError(
+                f"config key 'federation.holdout': algorithm {cfg.algorithm['name']!r} keeps "
+                "client-local tensors, so a held-out client has no model to be tested with; "
+                "leave-one-client-out needs an algorithm with one global model"
+            )
         normalize = Normalize(cfg.input, self.fed.input_shape[0], self.device)
         self.pipeline = InputPipeline(augments, normalize)
         self.executor = SequentialExecutor()
@@ -119,6 +138,8 @@ class Simulation:
             cid: self.algo.init_client(cid, data, self.model)
             for cid, data in self.train_clients.items()
         }
+        for cid in self.holdout:  # never trains; its augments' local state (own statistics)
+            self.states[cid] = self.algo.init_client(cid, self.fed.client(cid), self.model)
         self.ledger = Ledger()
         self.records: list[dict] = []
         self.last_round = 0
@@ -181,7 +202,7 @@ class Simulation:
             self.ledger.record(0, cid, "up", up)
             replies.append((cid, up))
         self.algo.setup_aggregate(self.server, replies)
-        for cid in self.train_clients:
+        for cid in [*self.train_clients, *self.holdout]:
             down = self.algo.setup_broadcast(self.server, cid)
             self.ledger.record(0, cid, "down", down)
             self.algo.setup_receive(down, self.states[cid])
@@ -199,6 +220,8 @@ class Simulation:
         clients = self.fed.clients
         for c in clients:
             row: dict[str, Any] = {"round": rnd, "client": c.name}
+            if c.name in self.holdout:
+                row["holdout"] = True
             if c.name in train_metrics:
                 row["train_loss"] = train_metrics[c.name].get("train_loss")
             rows.append(row)

@@ -22,7 +22,11 @@ def select_round(
 ) -> dict[str, Any]:
     """Model selection for one model kind (``global`` or ``personal``) over metric rows: the
     round with the best mean validation ``metric``; each block also reports the ``others``
-    metrics at its round under ``block["metrics"]``."""
+    metrics at its round under ``block["metrics"]``.
+
+    Rows flagged ``holdout`` (clients that never trained: leave-one-client-out) take no part in
+    the selection or the means; their test scores are reported apart as ``target_test_mean``
+    / ``target_per_client`` (and stay in ``test_per_client``)."""
     by_round: dict[int, list[dict]] = defaultdict(list)
     for r in records:
         if kind in r:
@@ -31,6 +35,7 @@ def select_round(
         raise ValueError(f"no evaluated rounds for the {kind} model")
 
     def mean(rows: list[dict], key: str) -> float:
+        rows = [r for r in rows if not r.get("holdout")]
         return sum(r[kind][key] for r in rows) / len(rows)
 
     curve = {rnd: mean(rows, f"val_{metric}") for rnd, rows in sorted(by_round.items())}
@@ -48,6 +53,10 @@ def select_round(
     def block(rnd: int) -> dict[str, Any]:
         rows = by_round[rnd]
         out = {"round": rnd, **scores(rows, metric)}
+        targets = [r for r in rows if r.get("holdout")]
+        if targets:
+            out["target_per_client"] = {r["client"]: r[kind][f"test_{metric}"] for r in targets}
+            out["target_test_mean"] = sum(out["target_per_client"].values()) / len(targets)
         if others:
             out["metrics"] = {m: scores(rows, m) for m in others}
         return out
@@ -87,6 +96,10 @@ def build_summary(
         "test_per_client": best["test_per_client"],
         "val_per_client": best["val_per_client"],
         "final_test_mean": models[primary]["final"]["test_mean"],
+        # leave-one-client-out: the held-out clients' test score at the selected round
+        "holdout": list(meta.get("holdout", [])),
+        "target_test_mean": best.get("target_test_mean"),
+        "target_per_client": best.get("target_per_client"),
         "metrics": best.get("metrics", {}),
         "models": models,
         "bytes_up": ledger_totals.get("up", 0),
@@ -112,6 +125,8 @@ def summarize(sim) -> dict[str, Any]:
         # label-distribution heterogeneity of the clients (DisTrans's DH, Eq. 3-4), when known
         "dh": sim.fed.info.get("dh"),
         "seed": cfg.seed,
+        "holdout": list(cfg.federation.holdout),
+        "data_fraction": cfg.federation.data_fraction,
         "rounds": cfg.train.rounds,
         "clients": sim.fed.client_names,
         "model_params": n_params,

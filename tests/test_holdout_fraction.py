@@ -1,0 +1,79 @@
+"""Engine support for the generalisation protocols: held-out clients (leave-one-client-out)
+and the local-data fraction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedshift.data import load_dataset
+from fedshift.engine.simulation import Simulation, run_experiment
+from fedshift.errors import ConfigError
+
+
+def test_holdout_client_never_trains_and_is_reported_as_target(make_cfg, tmp_path):
+    cfg = make_cfg("algorithm.name=fedrdn", "federation.holdout=[client1]", rounds=2)
+    res = run_experiment(cfg, run_dir=tmp_path / "h", progress=False)
+    s = res.summary
+    ledger = json.loads((tmp_path / "h/ledger.json").read_text())
+    assert s["holdout"] == ["client1"]
+    # it uploads nothing (no statistics in round 0, no weights), but receives the setup
+    rows = [json.loads(line) for line in (tmp_path / "h/metrics.jsonl").read_text().splitlines()]
+    best = [r for r in rows if r["round"] == s["best_round"]]
+    target = next(r for r in best if r["client"] == "client1")
+    assert target["holdout"] is True
+    assert s["target_test_mean"] == pytest.approx(target["global"]["test_acc"])
+    sources = [r for r in best if not r.get("holdout")]
+    assert s["val_mean"] == pytest.approx(
+        sum(r["global"]["val_acc"] for r in sources) / len(sources)
+    )
+    assert s["test_per_client"]["client1"] == target["global"]["test_acc"]
+    assert "train_loss" not in target
+    sim = Simulation(cfg, tmp_path / "again", progress=False)
+    assert "client1" not in sim.train_clients and "client1" in sim.states
+    assert ledger["total"]["up"] > 0
+
+
+def test_holdout_uploads_nothing(make_cfg, tmp_path):
+    cfg = make_cfg("algorithm.name=fedrdn", "federation.holdout=[client2]", rounds=1)
+    sim = Simulation(cfg, tmp_path / "r", progress=False)
+    sim.run()
+    ups = {client for _, client, d, _, _ in sim.ledger.rows if d == "up"}
+    downs = {client for _, client, d, _, _ in sim.ledger.rows if d == "down"}
+    assert "client2" not in ups and "client2" in downs  # it receives FedRDN's statistics
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        (["algorithm.name=fedbn", "federation.holdout=[client1]"], "one global model"),
+        (["federation.holdout=[nobody]"], "nobody"),
+        (["federation.holdout=[client0,client1,client2]"], "not all"),
+    ],
+)
+def test_holdout_errors(make_cfg, tmp_path, over, match):
+    with pytest.raises(ConfigError, match=match):
+        Simulation(make_cfg(*over), tmp_path / "x", progress=False)
+
+
+def test_data_fraction_keeps_a_stratified_share_of_train_only():
+    fed = load_dataset({"name": "toyshift", "train_size": 60, "classes": 3})
+    half = fed.with_train_fraction(0.5)
+    for a, b in zip(fed.clients, half.clients, strict=True):
+        assert len(b.train) == 30
+        assert torch.bincount(b.train.y).tolist() == [10, 10, 10]
+        assert b.val is a.val and b.test is a.test
+        # a subset of the original training images
+        assert all((a.train.x == x).flatten(1).all(1).any() for x in b.train.x[:5])
+    again = fed.with_train_fraction(0.5)
+    assert torch.equal(again.clients[0].train.x, half.clients[0].train.x)
+    assert fed.with_train_fraction(1.0) is fed
+
+
+def test_data_fraction_config(make_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="data_fraction"):
+        make_cfg("federation.data_fraction=0")
+    sim = Simulation(make_cfg("federation.data_fraction=0.5"), tmp_path / "f", progress=False)
+    assert len(sim.train_clients["client0"].train) == 30  # 3 of 6 per class
