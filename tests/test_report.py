@@ -86,3 +86,14 @@ def test_report_cli(runs_root, tmp_path, capsys):
     assert main(["report", str(runs_root), "--out", str(tmp_path / "r")]) == 0
     assert "html:" in capsys.readouterr().out
     assert main(["report", str(runs_root), "--out", str(tmp_path / "r"), "--reference", "x"]) == 2
+
+
+def test_report_sections_per_partition(tmp_path):
+    from conftest import toy_cfg
+
+    for part in ("iid", "classes"):
+        cfg = toy_cfg(f"partition.name={part}", "partition.clients=3", rounds=1)
+        run_experiment(cfg, run_dir=tmp_path / f"runs/{part}", progress=False)
+    page = build_report([tmp_path / "runs"], tmp_path / "rep")["html"].read_text()
+    heads = re.findall(r"<h2>([^<]*)</h2>", page)
+    assert len(heads) == 2 and any("iid DH=0%" in h for h in heads)

@@ -91,6 +91,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise FedshiftError(str(e)) from None
     for key in ("md", "html", "csv"):
         print(f"{key}: {files[key]}")
+    if args.screenshot:
+        from fedshift.eval.report import screenshot
+
+        print(f"screenshot: {screenshot(files['html'], Path(args.out) / 'report.png')}")
     return 0
 
 
@@ -236,7 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference", help="row the p-values are also taken against: ALGO or ALGO/FLOW"
     )
     rep.add_argument("--title", help="report title")
+    rep.add_argument(
+        "--screenshot", action="store_true", help="also render report.png in headless Chromium"
+    )
     rep.set_defaults(fn=_cmd_report)
+
+    from fedshift.protocols import add_parser as add_protocol_parser
+
+    add_protocol_parser(sub)
 
     data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
     data.add_argument("action", choices=["build", "show", "fetch"])

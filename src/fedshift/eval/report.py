@@ -26,6 +26,7 @@ import csv
 import html
 import io
 import json
+import re
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,7 +58,8 @@ th{background:#f0f0f0}
 td:first-child,td:nth-child(2),th:first-child,th:nth-child(2){text-align:left}
 tr:nth-child(even) td{background:#fafafa}
 td.up{color:#17803d;font-weight:600} td.down{color:#b42318;font-weight:600}
-td.best{font-weight:700}
+td.best{font-weight:700} td.txt{text-align:left}
+.wide{overflow-x:auto}
 p.note{color:#555;font-size:.85em;margin-top:.2em}
 img{max-width:100%;border:1px solid #ddd}
 .meta{color:#555;font-size:.9em}
@@ -159,7 +161,7 @@ def _html_table(header: list[str], rows: list[list[str]], best_col: int | None =
                 return float("-inf")
 
         best = max(range(len(rows)), key=lambda i: val(rows[i]))
-    parts = ["<table><thead><tr>"]
+    parts = ['<div class="wide"><table><thead><tr>']
     parts += [f"<th>{html.escape(h)}</th>" for h in header]
     parts.append("</tr></thead><tbody>")
     for i, r in enumerate(rows):
@@ -170,6 +172,8 @@ def _html_table(header: list[str], rows: list[list[str]], best_col: int | None =
                 cls.append("up" if "↑" in cell else "down" if "↓" in cell else "")
             if best is not None and i == best and j == best_col:
                 cls.append("best")
+            if not _NUMERIC.match(cell):
+                cls.append("txt")
             c = " ".join(x for x in cls if x)
             parts.append(
                 f'<td class="{c}">{html.escape(cell)}</td>'
@@ -177,14 +181,24 @@ def _html_table(header: list[str], rows: list[list[str]], best_col: int | None =
                 else f"<td>{html.escape(cell)}</td>"
             )
         parts.append("</tr>")
-    parts.append("</tbody></table>")
+    parts.append("</tbody></table></div>")
     return "".join(parts)
 
 
 def _datasets(runs: list[dict]) -> dict[str, list[dict]]:
+    """Runs grouped by dataset and, under label skew, by partition (with its DH): rows of one
+    table must share their clients."""
+    from fedshift.eval.tables import partition_label
+
     groups: dict[str, list[dict]] = defaultdict(list)
     for s in runs:
-        groups[s["dataset"]].append(s)
+        part = s.get("partition") or {"name": "none"}
+        key = (
+            s["dataset"]
+            if part.get("name", "none") == "none"
+            else (f"{s['dataset']}, {partition_label(s)}")
+        )
+        groups[key].append(s)
     return dict(groups)
 
 
@@ -290,6 +304,45 @@ def build_report(
         w.writerows(csv_rows)
     files.update({"md": md_path, "html": html_path, "csv": csv_path})
     return files
+
+
+_NUMERIC = re.compile(r"^[-+]?[0-9.]*( ± [0-9.]+)?( [↑↓=])?$")
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1280) -> Path:
+    """Render ``html_path`` in headless Chromium into ``png_path`` (full page height up to
+    6000 px), to check a report's layout without a display (Debian: ``apt-get install
+    chromium``)."""
+    import shutil
+    import subprocess
+
+    browser = next((b for b in BROWSERS if shutil.which(b)), None)
+    if browser is None:
+        raise FedshiftError(
+            "no headless browser found for --screenshot (tried "
+            f"{', '.join(BROWSERS)}); install one, e.g. 'sudo apt-get install chromium'"
+        )
+    html_path, png_path = Path(html_path).resolve(), Path(png_path).resolve()
+    height = min(
+        6000,
+        700 + html_path.read_text().count("<tr>") * 30 + 500 * html_path.read_text().count("<img"),
+    )
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={width},{height}",
+        f"--screenshot={png_path}",
+        html_path.as_uri(),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if done.returncode != 0 or not png_path.is_file():
+        raise FedshiftError(f"{browser} failed to render {html_path}: {done.stderr[-500:]}")
+    return png_path
 
 
 def _slug(name: str) -> str:
