@@ -1,0 +1,5 @@
+"""(being written)"""
+
+
+def add_parser(sub) -> None:
+    """Placeholder: the ``protocol`` sub-commands are being written."""
