@@ -115,6 +115,10 @@ class ProjectedModel(FedModel):
         )
         self.embed = nn.Sequential(OrderedDict(base=backbone.embed, proj=proj))
         self.classifier = nn.Linear(projection_dim, num_classes)
+        self._backbone_pool = backbone.before_flatten  # parameter-free (AlexNet's adaptive pool)
+
+    def before_flatten(self, x: torch.Tensor) -> torch.Tensor:
+        return self._backbone_pool(x)
 
 
 class _Features(nn.Module):

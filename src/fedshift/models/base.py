@@ -46,7 +46,12 @@ class FedModel(nn.Module):
             hook = self.stage_hooks.get(name)
             if hook is not None:
                 x = hook(x)
-        return self.embed(torch.flatten(x, 1))
+        return self.embed(torch.flatten(self.before_flatten(x), 1))
+
+    def before_flatten(self, x: torch.Tensor) -> torch.Tensor:
+        """Between the last stage (and its hook) and the flatten: identity by default;
+        AlexNet's adaptive 6x6 average pool (after FedFA's last FFA layer on pool5)."""
+        return x
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
         """Embedding -> class logits."""
