@@ -28,7 +28,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from fedshift.config import RunConfig, expand_sweep, load_config, resolve
+from fedshift.config import RunConfig, expand_sweep, load_config, lookup, resolve
 from fedshift.errors import FedshiftError
 
 CELL_FILE = "cell.json"
@@ -53,13 +53,6 @@ def config_digest(cfg: RunConfig) -> str:
     d.get("checkpoint", {}).pop("every", None)  # checkpoint frequency does not change results
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
-
-
-def _lookup(tree: dict, dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def _fmt(v: Any) -> str:
@@ -87,7 +80,7 @@ def plan(
             cfg.out = out
         digest = config_digest(cfg)
         skip = ("seed", "algorithm.name", "algorithm")
-        extra = [f"{k}={_fmt(_lookup(one, k))}" for k in grid if k not in skip]
+        extra = [f"{k}={_fmt(lookup(one, k))}" for k in grid if k not in skip]
         head = _fmt(one["algorithm"]) if "algorithm" in grid else cfg.algorithm["name"]
         label = " ".join([head, *extra])
         base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}-{digest}"

@@ -19,7 +19,7 @@ from fedshift.errors import FedshiftError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedshift.config import expand_sweep, load_config, resolve
+    from fedshift.config import expand_sweep, load_config, lookup, resolve
     from fedshift.engine.simulation import resume_experiment, run_experiment
 
     if args.resume:
@@ -40,7 +40,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if len(cfgs) > 1 and not args.quiet:
             print(f"[{i}/{len(cfgs)}] {cfg.algorithm['name']} seed={cfg.seed}", file=sys.stderr)
         result = run_experiment(cfg, out=args.out, progress=not args.quiet)
-        labels = [f"{k}={_lookup(one, k)}" for k in grid if k != "seed" and k != "algorithm.name"]
+        labels = [f"{k}={lookup(one, k)}" for k in grid if k != "seed" and k != "algorithm.name"]
         result.summary["label"] = " ".join([cfg.algorithm["name"], *labels])
         summaries.append(result.summary)
     _print_tables(summaries)
@@ -96,13 +96,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
         print(f"screenshot: {screenshot(files['html'], Path(args.out) / 'report.png')}")
     return 0
-
-
-def _lookup(tree: dict, dotted: str):
-    node = tree
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

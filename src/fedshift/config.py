@@ -391,6 +391,16 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths and std > 0")
 
 
+def lookup(tree: dict, dotted: str, default: Any = None) -> Any:
+    """The value at ``a.b.c`` in a nested dict, or ``default`` when a part is missing."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
     """Read YAML (optional) and apply ``key=value`` overrides; returns the raw nested dict."""
     raw = load_yaml(path) if path else {}

@@ -50,6 +50,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
+from fedshift.config import lookup
 from fedshift.errors import ConfigError, FedshiftError  # noqa: E402
 from fedshift.eval.stats import mean_std  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
@@ -115,16 +116,6 @@ def _save(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, 
     return {"md": md, "json": js}
 
 
-def _lookup(tree: dict, dotted: str) -> Any:
-    """The value at ``a.b.c`` in a nested dict, or ``_MISSING``."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
 def _short(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ",".join(_short(x) for x in v) + "]"
@@ -132,6 +123,10 @@ def _short(v: Any) -> str:
         rest = ",".join(f"{k}={_short(x)}" for k, x in v.items() if k != "name")
         return f"{v.get('name', '?')}({rest})" if rest else str(v.get("name", v))
     return str(v)
+
+
+def _lookup_missing(tree: dict, dotted: str) -> Any:
+    return lookup(tree, dotted, _MISSING)
 
 
 def _run_meta(sim) -> dict[str, Any]:
@@ -374,7 +369,7 @@ def _run_cells(
 
 def _with_settings(summaries: list[dict], keys: list[str]) -> None:
     for s in summaries:
-        s["_setting"] = " ".join(f"{k}={_short(_lookup(s['_cfg'], k))}" for k in keys)
+        s["_setting"] = " ".join(f"{k}={_short(_lookup_missing(s['_cfg'], k))}" for k in keys)
 
 
 # ============================================================================ 2. loco
@@ -613,9 +608,9 @@ def sweep(
             "or choose another --key"
         )
     for cfg in _expand(raw, source):
-        if _lookup(cfg.to_dict(), key) is _MISSING:
+        if _lookup_missing(cfg.to_dict(), key) is _MISSING:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            node = _lookup(cfg.to_dict(), parent) if parent else cfg.to_dict()
+            node = _lookup_missing(cfg.to_dict(), parent) if parent else cfg.to_dict()
             valid = ", ".join(sorted(node)) if isinstance(node, dict) else "(not a section)"
             where = f"under '{parent}'" if parent else "at the top level"
             raise ConfigError(
@@ -631,7 +626,7 @@ def sweep(
     _with_settings(summaries, _setting_keys(raw, exclude=[key]))
     labels = [str(v) for v in vals]
     for s in summaries:
-        got = _lookup(s["_cfg"], key)
+        got = _lookup_missing(s["_cfg"], key)
         idx = [i for i, v in enumerate(vals) if v == got]
         if not idx:
             raise FedshiftError(f"{s['run_dir']}: {key}={got!r} is not one of {vals}")
@@ -818,7 +813,7 @@ def rounds_to_threshold(
                 raise FedshiftError(f"{d} has a summary.json but no {f}: not a fedshift run")
         s = json.loads((d / "summary.json").read_text())
         cfg = load_yaml(d / "config.yaml")
-        value = _lookup(cfg, by)
+        value = _lookup_missing(cfg, by)
         if value is _MISSING:
             if by != "partition.clients":
                 raise FedshiftError(
