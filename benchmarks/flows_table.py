@@ -35,7 +35,9 @@ def main() -> int:
     parts = []
     for metric in [None, *first.get("metrics", {})]:
         table = flows_table(summaries, metric)
-        note = f"{metric_caption(summaries, metric)}, {seeds} seeds. Model selection: {rule}."
+        shown = "" if metric is None else " (taken at the round selected as stated)"
+        caption = metric_caption(summaries, metric)
+        note = f"{caption}, {seeds} seeds{shown}. Model selection: {rule}."
         parts.append(f"{table}\n{note}")
     parts.append(comm_table(summaries))
     text = "\n\n".join(parts)

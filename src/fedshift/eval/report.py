@@ -250,8 +250,13 @@ def build_report(
         for metric in [None, *first.get("metrics", {})]:
             header, rows = flows_rows(group, metric, reference)
             caption = f"{metric_caption(group, metric)}, mean over {len(seeds)} seed(s)"
+            shown = (
+                ""
+                if metric is None
+                else (f" This table shows the {metric_caption(group, metric)[5:-4]} at that round.")
+            )
             note = (
-                f"Model selection: {rule}. Δ: change of the average against the same "
+                f"Model selection: {rule}.{shown} Δ: change of the average against the same "
                 "algorithm's base flow (percentage points); p: two-sided paired t-test over "
                 "seeds."
             )
