@@ -117,7 +117,7 @@ def site_predictions_figure(
         x, y = data.x[i], data.y[i]
         img, cmap = _image(x, channel)
         axes[r, 0].imshow(img, cmap=cmap, vmin=0, vmax=1)
-        axes[r, 0].set_ylabel(client.name, fontsize=9)
+        axes[r, 0].set_ylabel(f"{client.name}\n{split} #{i}", fontsize=9)
         axes[r, 1].imshow(_colour(y.numpy()))
         for c, sim in enumerate(sims):
             pred = predict(sim, client.name, x[None])[0]
@@ -126,7 +126,7 @@ def site_predictions_figure(
             ax.imshow(_colour(pred.numpy()))
             ax.set_title(f"Dice {100 * d:.1f}", fontsize=8, pad=2)
         if r == 0:
-            axes[r, 0].set_title(f"image ({split} #{i})", fontsize=8)
+            axes[r, 0].set_title("image", fontsize=8)
             axes[r, 1].set_title("ground truth", fontsize=8)
     for c, lab in enumerate(labels):
         axes[0, 2 + c].set_title(f"{lab}\n{axes[0, 2 + c].get_title()}", fontsize=8)
