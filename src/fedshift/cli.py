@@ -117,11 +117,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for e in reg.entries():
             keys = ""
             if e.params is not None and dataclasses.is_dataclass(e.params):
-                fields = [
-                    f"{f.name}={f.default!r}"
-                    for f in dataclasses.fields(e.params)
-                    if f.default is not dataclasses.MISSING
-                ]
+                fields = []
+                for f in dataclasses.fields(e.params):
+                    if f.default is not dataclasses.MISSING:
+                        fields.append(f"{f.name}={f.default!r}")
+                    elif f.default_factory is not dataclasses.MISSING:  # lists, dicts
+                        fields.append(f"{f.name}={f.default_factory()!r}")
                 keys = f"  [{', '.join(fields)}]" if fields else ""
             print(f"  {e.name:<12} {e.description}{keys}")
     return 0
