@@ -249,7 +249,9 @@ def build_report(
         body += [f"<h2>{html.escape(name)}</h2>", f'<p class="meta">{html.escape(head)}</p>']
         for metric in [None, *first.get("metrics", {})]:
             header, rows = flows_rows(group, metric, reference)
-            caption = f"{metric_caption(group, metric)}, mean over {len(seeds)} seed(s)"
+            per_row = {int(r[header.index("seeds")]) for r in rows}
+            over = f"{len(seeds)} seed(s)" if len(per_row) == 1 else "each row's seeds"
+            caption = f"{metric_caption(group, metric)}, mean over {over}"
             shown = (
                 ""
                 if metric is None
