@@ -124,19 +124,25 @@ def convergence_png(runs: list[dict]) -> bytes:
     curves = _curves(runs)
     s = runs[0]
     metric_label = s.get("metric_label", "accuracy")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for label, pts in sorted(curves.items()):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharey=True)
+    # distinct colours for up to 20 curves (the default cycle repeats after 10), and line
+    # styles beyond that
+    cmap = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
+    styles = ("-", "--", ":", "-.")
+    for i, (label, pts) in enumerate(sorted(curves.items())):
         xs = list(pts)
+        look = {"color": cmap(i % cmap.N), "ls": styles[(i // cmap.N) % len(styles)]}
         for ax, k in zip(axes, (0, 1), strict=True):
-            ax.plot(xs, [100 * pts[x][k] for x in xs], label=label, lw=1.4)
-    seeds = len({r["seed"] for r in runs})
+            ax.plot(xs, [100 * pts[x][k] for x in xs], label=label, lw=1.4, **look)
     for ax, split in zip(axes, ("validation", "test"), strict=True):
         ax.set_xlabel("round")
-        ax.set_title(f"{split} {metric_label} (%), mean over clients and {seeds} seed(s)")
+        ax.set_title(f"{split} {metric_label} (%), mean over clients and seeds", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"{metric_label} (%)")
-    axes[1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    # the legend sits outside the axes, so it never hides a curve
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.80, 0.5), fontsize=7)
+    fig.tight_layout(rect=(0, 0, 0.80, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
