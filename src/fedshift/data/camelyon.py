@@ -48,9 +48,7 @@ HarmoFL's loader has no augmentation, so none is lost.
 from __future__ import annotations
 
 import csv
-import importlib
 import math
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +58,7 @@ import numpy as np
 import torch
 
 from fedshift.data.base import ClientData, Federation, Split
+from fedshift.data.fedbn_pickles import read_array_pickle
 from fedshift.data.medical_io import (
     check_fractions,
     check_size,
@@ -297,40 +296,10 @@ def wilds_sources(
     return sources, info
 
 
-class _ArrayUnpickler(pickle.Unpickler):
-    """Builds numpy arrays and plain containers only; any other global is refused."""
-
-    ALLOWED = {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
-        ("numpy.core.numeric", "_frombuffer"),
-        ("numpy._core.numeric", "_frombuffer"),
-        ("_codecs", "encode"),
-    }
-
-    def find_class(self, module: str, name: str):  # noqa: D401 - pickle API
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to build {module}.{name}")
-        if module.startswith("numpy.core.") and int(np.__version__.split(".")[0]) >= 2:
-            module = "numpy._core." + module[len("numpy.core.") :]
-        return getattr(importlib.import_module(module), name)
-
-
 def read_harmofl_pickle(path: Path) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """HarmoFL's ``data.pkl``: ``{hospital: {"train"|"test": (paths, labels)}}``, checked."""
-    try:
-        with open(path, "rb") as fh:
-            data = _ArrayUnpickler(fh).load()
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
-        raise DataError(
-            f"{path}: not a pickle of numpy arrays fedshift can read ({exc}); it should be "
-            f"HarmoFL's data/camelyon17/data.pkl"
-        ) from exc
     shape = "{'hospital1'..'hospital5': {'train': (paths, labels), 'test': (paths, labels)}}"
+    data = read_array_pickle(path, f"HarmoFL's data/camelyon17/data.pkl {shape}", "ASCII")
     if not isinstance(data, dict):
         raise DataError(f"{path} holds a {type(data).__name__}, expected a dict {shape}")
     out = {}

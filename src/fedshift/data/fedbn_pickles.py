@@ -134,8 +134,8 @@ class _ArraysOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str):  # noqa: D401 - pickle API
         if (module, name) not in _ALLOWED_GLOBALS:
             raise pickle.UnpicklingError(f"refusing to build {module}.{name}")
-        if module.startswith("numpy.core."):
-            module = "numpy._core." + module[len("numpy.core.") :]
+        if module.startswith("numpy.core.") and int(np.__version__.split(".")[0]) >= 2:
+            module = "numpy._core." + module[len("numpy.core.") :]  # numpy 2 renamed it
         return getattr(importlib.import_module(module), name)
 
 
