@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from fedshift.errors import ConfigError
-from fedshift.models.base import FedModel
+from fedshift.models.base import FedModel, classifier_input_reason
 
 #: smallest H and W for which pool5 still has an output (conv1 15, pool1 7, pool2 3, pool5 1)
 MIN_SIZE = 63
@@ -120,21 +120,13 @@ class AlexNetBN(FedModel):
 
     @classmethod
     def check_input(cls, input_shape: tuple[int, ...], task: str) -> str | None:
-        if task != "classification":
-            return (
-                f"AlexNet is a classification model and this is a {task} dataset; "
-                "use a segmentation model such as unet"
-            )
-        shape = "x".join(map(str, input_shape))
-        if len(input_shape) != 3:
-            return f"AlexNet takes (C, H, W) images; got shape {shape}"
-        if input_shape[1] < MIN_SIZE or input_shape[2] < MIN_SIZE:
-            return (
-                f"AlexNet needs H and W >= {MIN_SIZE} (conv1 stride 4 and three 3x3 stride-2 "
-                f"max-pools; FedBN and FedFA use 256x256); got {shape}: set dataset.size to "
-                f"at least {MIN_SIZE}"
-            )
-        return None
+        return classifier_input_reason(
+            "AlexNet",
+            input_shape,
+            task,
+            MIN_SIZE,
+            "conv1 stride 4 and three 3x3 stride-2 max-pools; FedBN and FedFA use 256x256",
+        )
 
     def before_flatten(self, x: torch.Tensor) -> torch.Tensor:
         """The 6x6 adaptive average pool, after the stages and their hooks (the last hook sees

@@ -69,6 +69,27 @@ class FedModel(nn.Module):
         ]
 
 
+def classifier_input_reason(
+    model: str, input_shape: tuple[int, ...], task: str, min_size: int = 0, why: str = ""
+) -> str | None:
+    """The shared ``check_input`` of image classifiers: a classification task, (C, H, W)
+    images and H, W >= ``min_size`` (``why`` says what sets the minimum)."""
+    if task != "classification":
+        return (
+            f"{model} is a classification model and this is a {task} dataset; "
+            "use a segmentation model such as unet"
+        )
+    shape = "x".join(map(str, input_shape))
+    if len(input_shape) != 3:
+        return f"{model} takes (C, H, W) images; got shape {shape}"
+    if input_shape[1] < min_size or input_shape[2] < min_size:
+        return (
+            f"{model} needs H and W >= {min_size} ({why}); got {shape}: set dataset.size to "
+            f"at least {min_size}"
+        )
+    return None
+
+
 def conv_stage(cin: int, cout: int, k: int, pad: int, pool: bool, bn: bool = True) -> nn.Sequential:
     """conv -> (BN) -> ReLU -> (max-pool 2), with named children (``conv``, ``bn``, ...)."""
     layers: OrderedDict[str, nn.Module] = OrderedDict(conv=nn.Conv2d(cin, cout, k, padding=pad))

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.errors import ConfigError
-from fedshift.models.base import FedModel
+from fedshift.models.base import FedModel, classifier_input_reason
 from fedshift.models.unet import batch_norm, check_bn
 
 BNKind = Literal["standard", "harmofl"]
@@ -210,17 +210,10 @@ class DenseNet(FedModel):
 
     @classmethod
     def check_input(cls, input_shape: tuple[int, ...], task: str) -> str | None:
-        if task != "classification":
-            return (
-                f"DenseNet is a classification model and this is a {task} dataset; "
-                "use a segmentation model such as unet"
-            )
-        shape = "x".join(map(str, input_shape))
-        if len(input_shape) != 3:
-            return f"DenseNet takes (C, H, W) images; got shape {shape}"
-        if input_shape[1] < MIN_SIZE or input_shape[2] < MIN_SIZE:
-            return (
-                f"DenseNet needs H and W >= {MIN_SIZE} (the stem and three transitions divide "
-                f"the size by 32); got {shape}: set dataset.size to at least {MIN_SIZE}"
-            )
-        return None
+        return classifier_input_reason(
+            "DenseNet",
+            input_shape,
+            task,
+            MIN_SIZE,
+            "the stem and three transitions divide the size by 32",
+        )

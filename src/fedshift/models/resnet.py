@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from fedshift.errors import ConfigError
-from fedshift.models.base import FedModel
+from fedshift.models.base import FedModel, classifier_input_reason
 
 #: basic blocks per group (ResNet-18, Table 1)
 LAYERS = (2, 2, 2, 2)
@@ -151,11 +151,4 @@ class ResNet18(FedModel):
 
     @classmethod
     def check_input(cls, input_shape: tuple[int, ...], task: str) -> str | None:
-        if task != "classification":
-            return (
-                f"ResNet-18 is a classification model and this is a {task} dataset; "
-                "use a segmentation model such as unet"
-            )
-        if len(input_shape) != 3:
-            return f"ResNet-18 takes (C, H, W) images; got shape {'x'.join(map(str, input_shape))}"
-        return None
+        return classifier_input_reason("ResNet-18", input_shape, task, 0)
