@@ -309,3 +309,20 @@ class Algorithm:
         if not self.has_personal_model:
             return None
         return {**subset(server["weights"], self.shared_keys), **state["local"]}
+
+    def server_view(self, server: State, cid: str) -> State:
+        """The part of the server state that ``personal_weights`` reads for client ``cid``.
+
+        A runtime whose clients live elsewhere (Flower) sends it to the client for evaluation
+        and calls ``personal_weights(view, state)`` there. Contract (tested for every
+        algorithm with a personal model): ``personal_weights(server_view(server, cid), state)
+        == personal_weights(server, state)``. Override it together with ``personal_weights``.
+        """
+        if not self.has_personal_model:
+            return {}
+        return {"weights": subset(server["weights"], self.shared_keys)}
+
+    def register_clients(self, cids: list[str]) -> None:
+        """Called once with the training clients, in order, before any round (by the server
+        side of every runtime). Algorithms that index clients on the server (pFedHN's
+        embedding rows) assign the indices here."""

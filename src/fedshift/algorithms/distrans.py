@@ -612,3 +612,12 @@ class DisTrans(Algorithm):
         agg = self.aggregated_offset(server, state["cid"])
         local[OFFSET] = agg if agg is not None else self.client_offset(state)
         return {**subset(server["weights"], self.shared_keys), **local}
+
+    def server_view(self, server: State, cid: str) -> State:
+        """The shared weights plus what ``aggregated_offset`` reads for ``cid``."""
+        view = super().server_view(server, cid)
+        view.update({k: server[k] for k in ("dh", "offset_avg") if k in server})
+        nn = server.get("offset_nn")
+        if nn is not None:
+            view["offset_nn"] = {cid: nn[cid]} if cid in nn else {}
+        return view

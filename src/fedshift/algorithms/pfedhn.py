@@ -275,11 +275,14 @@ class PFedHN(Algorithm):
         server["updates"] = int(server.get("updates", 0)) + 1
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, model: FedModel) -> State:
+    def _register(self, cid: str) -> None:
         if cid not in self._rows:
             if len(self._rows) >= self.num_clients:
                 raise FedshiftError(f"pfedhn: more clients than embedding rows ({cid!r})")
             self._rows[cid] = len(self._rows)
+
+    def init_client(self, cid: str, model: FedModel) -> State:
+        self._register(cid)
         state = super().init_client(cid, model)
         state["cid"] = cid
         return state
@@ -306,4 +309,16 @@ class PFedHN(Algorithm):
         return None
 
     def personal_weights(self, server: State, state: State) -> Tensors | None:
-        return {**self.generate(server, state["cid"]), **clone(state["local"])}
+        # a server view (Flower) carries the client's generated weights; the server state
+        # itself holds the hypernetwork
+        gen = server.get("generated")
+        if gen is None:
+            gen = self.generate(server, state["cid"])
+        return {**gen, **clone(state["local"])}
+
+    def server_view(self, server: State, cid: str) -> State:
+        return {"generated": self.generate(server, cid)}
+
+    def register_clients(self, cids: list[str]) -> None:
+        for cid in cids:
+            self._register(cid)

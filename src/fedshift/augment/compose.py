@@ -54,6 +54,12 @@ class Composition:
     def personal_weights(self, server: State, state: State) -> Tensors | None:
         return self.algo.personal_weights(server, state)
 
+    def server_view(self, server: State, cid: str) -> State:
+        return self.algo.server_view(server, cid)
+
+    def register_clients(self, cids: list[str]) -> None:
+        self.algo.register_clients(cids)
+
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
         server = self.algo.init_server(model)

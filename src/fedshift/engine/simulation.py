@@ -15,7 +15,6 @@ so a run resumed from a checkpoint ends with exactly the numbers of an uninterru
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -26,21 +25,22 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from fedshift.algorithms import ALGORITHMS, Algorithm
-from fedshift.augment import build_augments
-from fedshift.augment.compose import Composition
 from fedshift.config import RunConfig, dump_config
 from fedshift.data import load_dataset
 from fedshift.data.base import Federation
 from fedshift.data.partition import apply_partition
-from fedshift.engine.context import ClientContext, InputPipeline, Normalize
+from fedshift.engine.context import ClientContext
 from fedshift.engine.executor import SequentialExecutor
+from fedshift.engine.experiment import (
+    build_experiment,
+    init_client_state,
+    resolve_device,
+    score_client,
+)
 from fedshift.engine.payload import Ledger, Payload
 from fedshift.engine.seeding import generator, rng_state, seed_global, set_rng_state
-from fedshift.errors import ConfigError, FedshiftError, TrainingError
+from fedshift.errors import FedshiftError, TrainingError
 from fedshift.eval.summary import summarize
-from fedshift.models import build_model
-from fedshift.tasks import make_task
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -53,16 +53,6 @@ class RunInterrupted(FedshiftError):
 class RunResult:
     run_dir: Path
     summary: dict
-
-
-def resolve_device(name: str) -> torch.device:
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"config key 'device': {e}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("config key 'device': CUDA is not available here; use device=cpu")
-    return dev
 
 
 def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
@@ -94,73 +84,30 @@ class Simulation:
             self.fed = apply_partition(federation, cfg.partition)
         fed_cfg = cfg.federation
         self.fed = self.fed.with_train_fraction(fed_cfg.data_fraction)
-        #: the loss and metrics of the data's labels (classification or segmentation)
-        self.task = make_task(self.fed.task, cfg.train.loss)
-        #: clients that never train (leave-one-client-out): evaluated with the global model
-        self.holdout = list(fed_cfg.holdout)
-        unknown = [h for h in self.holdout if h not in self.fed.client_names]
-        if unknown or len(set(self.holdout)) >= len(self.fed.clients):
-            raise ConfigError(
-                f"config key 'federation.holdout': {unknown or self.holdout} must name some "
-                f"but not all of the clients {self.fed.client_names}"
-            )
-        seed_global(cfg.seed, "init")
-        entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
-        params = cfg.algorithm.copy()
-        params.pop("name")
-        algo_params = entry.params(**params) if entry.params is not None else None
-        model = build_model(cfg.model, self.fed.num_classes, self.fed.input_shape, self.fed.task)
-        # algorithms that change the architecture (DisTrans's double-input-channel model)
-        self.model = entry.obj.wrap_model(algo_params, model, self.fed)
-        self.model.to(self.device)
-        self.implied = entry.obj.implied_augments(algo_params)
-        augments = build_augments(cfg.augment, cfg.seed, self.fed.num_classes)
-        for a in augments:
-            a.attach(self.model)
-        sources = [c for c in self.fed.clients if c.name not in self.holdout]
-        source_fed = dataclasses.replace(self.fed, clients=sources)
-        self.train_clients = {c.name: c for c in entry.obj.training_data(source_fed)}
-        algo: Algorithm = entry.obj(
-            algo_params, cfg.train, cfg.federation, self.model, len(self.train_clients)
-        )
-        self.algo = Composition(algo, augments)
-        if self.holdout and (self.algo.has_personal_model or not self.algo.has_global_model):
-            raise ConfigError(
-                f"config key 'federation.holdout': algorithm {cfg.algorithm['name']!r} keeps "
-                "client-local tensors, so a held-out client has no model to be tested with; "
-                "leave-one-client-out needs an algorithm with one global model"
-            )
-        normalize = Normalize(cfg.input, self.fed.input_shape[0], self.device)
-        self.pipeline = InputPipeline(augments, normalize)
+        exp = build_experiment(cfg, self.fed)
+        self.exp = exp
+        self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
+        self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
+        self.pipeline, self.kinds = exp.pipeline, exp.kinds
         self.executor = SequentialExecutor()
         self.server = self.algo.init_server(self.model)
+        self.algo.register_clients(list(self.train_clients))
         self.states = {
-            cid: self.algo.init_client(cid, data, self.model)
+            cid: init_client_state(exp, cfg.seed, cid, data)
             for cid, data in self.train_clients.items()
         }
         for cid in self.holdout:  # never trains; its augments' local state (own statistics)
-            self.states[cid] = self.algo.init_client(cid, self.fed.client(cid), self.model)
+            self.states[cid] = init_client_state(exp, cfg.seed, cid, self.fed.client(cid))
         self.ledger = Ledger()
         self.records: list[dict] = []
         self.last_round = 0
         self.wall_before = 0.0
-        self.kinds = [
-            k
-            for k, ok in (
-                ("personal", self.algo.has_personal_model),
-                ("global", self.algo.has_global_model),
-            )
-            if ok
-        ]
 
     # ------------------------------------------------------------------ one round
     def sample(self, rnd: int) -> list[str]:
-        ids = list(self.train_clients)
-        m = max(1, round(self.cfg.federation.sample_fraction * len(ids)))
-        if m >= len(ids):
-            return ids
-        perm = torch.randperm(len(ids), generator=generator(self.cfg.seed, "sample", rnd))
-        return [ids[i] for i in sorted(perm[:m].tolist())]
+        return sample_clients(
+            list(self.train_clients), self.cfg.federation.sample_fraction, self.cfg.seed, rnd
+        )
 
     def client_round(self, rnd: int, cid: str) -> Payload:
         algo, seed = self.algo, self.cfg.seed
@@ -181,14 +128,7 @@ class Simulation:
             task=self.task,
         )
         up = algo.local_update(ctx, down, self.states[cid])
-        bad = up.first_non_finite()
-        loss = up.metrics.get("train_loss")
-        if bad is not None or (loss is not None and not torch.isfinite(torch.tensor(loss))):
-            what = f"tensor {bad!r}" if bad else f"train_loss={loss}"
-            raise TrainingError(
-                f"round {rnd}: client {cid!r} produced a non-finite update ({what}). "
-                "Lower train.lr, check the input normalisation (input.mean/std) or the data."
-            )
+        check_reply(rnd, cid, up)
         if algo.communicates:
             self.ledger.record(rnd, cid, "up", up)
         return up
@@ -249,16 +189,7 @@ class Simulation:
         return self.algo.personal_weights(self.server, self.states[client])
 
     def _scores(self, client, bs: int, dev: torch.device) -> dict[str, float]:
-        out = {}
-        state = self.states.get(client.name)
-
-        def prepare(x: torch.Tensor) -> torch.Tensor:
-            return self.pipeline.eval(x, state)
-
-        for split in ("val", "test"):
-            m = self.task.evaluate(self.model, client.split(split), prepare, bs, dev)
-            out.update({f"{split}_{k}": v for k, v in m.items()})
-        return out
+        return score_client(self.exp, client, self.states.get(client.name), bs)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -337,40 +268,68 @@ class Simulation:
                 raise RunInterrupted(f"stopped after round {rnd} (stop_after)")
         bar.close()
         self.wall_before += time.perf_counter() - t0
-        summary = summarize(self)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self._write_ledger()
-        from fedshift.eval.plots import plot_convergence
-
-        metric = self.task.primary
-        plot_convergence(
-            self.records,
-            self.kinds,
-            self.run_dir / "convergence.png",
-            label,
-            metric.name,
-            metric.label,
-        )
-        return RunResult(self.run_dir, summary)
+        return RunResult(self.run_dir, finish_run(self, label))
 
     # ------------------------------------------------------------------ files
     def _rewrite_metrics(self) -> None:
-        with open(self.run_dir / "metrics.jsonl", "w") as f:
-            for r in self.records:
-                f.write(json.dumps(r) + "\n")
+        write_metrics(self.run_dir, self.records)
 
     def _append_metrics(self, rows: list[dict]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_metrics(self.run_dir, rows, append=True)
 
-    def _write_ledger(self) -> None:
-        data = {
-            "by_record": self.ledger.by_record(),
-            "by_round": {str(k): v for k, v in self.ledger.by_round().items()},
-            "total": {"up": self.ledger.total("up"), "down": self.ledger.total("down")},
-        }
-        (self.run_dir / "ledger.json").write_text(json.dumps(data, indent=2) + "\n")
+
+# ---------------------------------------------------------------------- shared by runtimes
+def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
+    """The clients of round ``rnd``: ``max(1, round(fraction * N))`` of ``ids`` drawn from
+    the run's ``sample`` stream of that round, kept in ``ids`` order."""
+    m = max(1, round(fraction * len(ids)))
+    if m >= len(ids):
+        return list(ids)
+    perm = torch.randperm(len(ids), generator=generator(seed, "sample", rnd))
+    return [ids[i] for i in sorted(perm[:m].tolist())]
+
+
+def check_reply(rnd: int, cid: str, up: Payload) -> None:
+    """Refuse a reply holding NaN/inf (or a non-finite training loss), naming the round, the
+    client and the tensor."""
+    bad = up.first_non_finite()
+    loss = up.metrics.get("train_loss")
+    if bad is not None or (loss is not None and not torch.isfinite(torch.tensor(loss))):
+        what = f"tensor {bad!r}" if bad else f"train_loss={loss}"
+        raise TrainingError(
+            f"round {rnd}: client {cid!r} produced a non-finite update ({what}). "
+            "Lower train.lr, check the input normalisation (input.mean/std) or the data."
+        )
+
+
+def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:
+    with open(Path(run_dir) / "metrics.jsonl", "a" if append else "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def finish_run(run, label: str, extra: dict | None = None) -> dict:
+    """Write ``summary.json`` (+ ``extra`` keys), ``ledger.json`` and ``convergence.png`` of
+    a finished run (a :class:`Simulation` or a Flower server: anything with ``cfg``, ``fed``,
+    ``model``, ``records``, ``kinds``, ``ledger``, ``task``, ``run_dir``, ``wall_before``)."""
+    from fedshift.eval.plots import plot_convergence
+
+    summary = summarize(run)
+    summary.update(extra or {})
+    run_dir = Path(run.run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    ledger = run.ledger
+    data = {
+        "by_record": ledger.by_record(),
+        "by_round": {str(k): v for k, v in ledger.by_round().items()},
+        "total": {"up": ledger.total("up"), "down": ledger.total("down")},
+    }
+    (run_dir / "ledger.json").write_text(json.dumps(data, indent=2) + "\n")
+    metric = run.task.primary
+    plot_convergence(
+        run.records, run.kinds, run_dir / "convergence.png", label, metric.name, metric.label
+    )
+    return summary
 
 
 def run_experiment(

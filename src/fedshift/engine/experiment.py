@@ -1,0 +1,158 @@
+"""One experiment's working parts, built the same way by every runtime.
+
+:func:`build_experiment` turns a resolved config and a loaded :class:`Federation` into the
+model (seeded, wrapped by the algorithm, with its augments attached), the algorithm composed
+with its augments, the input pipeline, the task and the clients that train. The native
+simulator builds it once for all clients; on Flower the ServerApp builds it from the clients'
+descriptions (no data) and every SuperNode builds it from its own data, so both sides start
+from bit-identical initial weights (the same seeded sequence of draws).
+
+:func:`score_client` is the evaluation of one client's validation and test split with the
+model as loaded, shared by both runtimes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from fedshift.algorithms import ALGORITHMS, Algorithm
+from fedshift.augment import build_augments
+from fedshift.augment.base import Augment
+from fedshift.augment.compose import Composition
+from fedshift.config import RunConfig
+from fedshift.data.base import ClientData, Federation
+from fedshift.engine.context import InputPipeline, Normalize
+from fedshift.engine.seeding import seed_global
+from fedshift.errors import ConfigError
+from fedshift.models import build_model
+from fedshift.models.base import FedModel
+from fedshift.tasks import Task, make_task
+
+
+@dataclass
+class Experiment:
+    """What a runtime needs to drive one run (see the module docstring)."""
+
+    fed: Federation
+    task: Task
+    #: clients that never train (leave-one-client-out), evaluated with the global model
+    holdout: list[str]
+    model: FedModel
+    algo: Composition
+    augments: list[Augment]
+    implied: list[str]
+    pipeline: InputPipeline
+    #: the clients that train, in federation order (central training: one pooled client)
+    train_clients: dict[str, ClientData]
+    #: the model kinds evaluated, primary first: ``personal`` and/or ``global``
+    kinds: list[str]
+    device: torch.device
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"config key 'device': {e}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("config key 'device': CUDA is not available here; use device=cpu")
+    return dev
+
+
+def build_experiment(
+    cfg: RunConfig,
+    fed: Federation,
+    num_clients: int | None = None,
+    check_holdout: bool = True,
+) -> Experiment:
+    """The parts of one run over ``fed`` (already partitioned and fraction-reduced).
+
+    ``num_clients`` overrides the number of training clients the algorithm is built for (a
+    Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
+    that ``federation.holdout`` names clients of ``fed`` (the same SuperNode)."""
+    device = resolve_device(cfg.device)
+    fed_cfg = cfg.federation
+    task = make_task(fed.task, cfg.train.loss)
+    holdout = list(fed_cfg.holdout)
+    if check_holdout:
+        unknown = [h for h in holdout if h not in fed.client_names]
+        if unknown or len(set(holdout)) >= len(fed.clients):
+            raise ConfigError(
+                f"config key 'federation.holdout': {unknown or holdout} must name some "
+                f"but not all of the clients {fed.client_names}"
+            )
+    seed_global(cfg.seed, "init")
+    entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
+    params = cfg.algorithm.copy()
+    params.pop("name")
+    algo_params = entry.params(**params) if entry.params is not None else None
+    model = build_model(cfg.model, fed.num_classes, fed.input_shape, fed.task)
+    # algorithms that change the architecture (DisTrans's double-input-channel model)
+    model = entry.obj.wrap_model(algo_params, model, fed)
+    model.to(device)
+    implied = entry.obj.implied_augments(algo_params)
+    augments = build_augments(cfg.augment, cfg.seed, fed.num_classes)
+    for a in augments:
+        a.attach(model)
+    sources = [c for c in fed.clients if c.name not in holdout]
+    source_fed = dataclasses.replace(fed, clients=sources)
+    train_clients = {c.name: c for c in entry.obj.training_data(source_fed)}
+    n = len(train_clients) if num_clients is None else num_clients
+    algo: Algorithm = entry.obj(algo_params, cfg.train, fed_cfg, model, n)
+    composed = Composition(algo, augments)
+    if holdout and (composed.has_personal_model or not composed.has_global_model):
+        raise ConfigError(
+            f"config key 'federation.holdout': algorithm {cfg.algorithm['name']!r} keeps "
+            "client-local tensors, so a held-out client has no model to be tested with; "
+            "leave-one-client-out needs an algorithm with one global model"
+        )
+    normalize = Normalize(cfg.input, fed.input_shape[0], device)
+    kinds = [
+        k
+        for k, ok in (
+            ("personal", composed.has_personal_model),
+            ("global", composed.has_global_model),
+        )
+        if ok
+    ]
+    return Experiment(
+        fed=fed,
+        task=task,
+        holdout=holdout,
+        model=model,
+        algo=composed,
+        augments=augments,
+        implied=implied,
+        pipeline=InputPipeline(augments, normalize),
+        train_clients=train_clients,
+        kinds=kinds,
+        device=device,
+    )
+
+
+def init_client_state(exp: Experiment, seed: int, cid: str, data: ClientData) -> dict:
+    """A client's initial state (``init_client`` on the model at its initial weights), with
+    the global RNGs seeded from (seed, client) first: a client's initial state (FRAug's
+    RTNet) never depends on which other clients were initialised before it in the process,
+    so a SuperNode that builds only its own client gets the native engine's numbers."""
+    seed_global(seed, "init_client", cid)
+    return exp.algo.init_client(cid, data, exp.model)
+
+
+def score_client(
+    exp: Experiment, client: ClientData, state: dict | None, batch_size: int
+) -> dict[str, float]:
+    """``{val_<metric>, test_<metric>}`` of the working model as loaded, on ``client``'s
+    validation and test splits through its input pipeline (its augments' state)."""
+    out: dict[str, float] = {}
+
+    def prepare(x: torch.Tensor) -> torch.Tensor:
+        return exp.pipeline.eval(x, state)
+
+    for split in ("val", "test"):
+        m = exp.task.evaluate(exp.model, client.split(split), prepare, batch_size, exp.device)
+        out.update({f"{split}_{k}": v for k, v in m.items()})
+    return out

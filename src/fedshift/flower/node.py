@@ -1,0 +1,317 @@
+"""The ClientApp side: one fedshift client per Flower SuperNode.
+
+Every message from the ServerApp carries the run's resolved config (``fedshift.run``), so a
+SuperNode needs no config file of its own, only its identity and where its data is
+(``--node-config``, see :func:`node_settings`). On the first message of a run the node loads
+its data, builds the experiment exactly as the native engine does (same seeded initial
+model, same algorithm, augments and input pipeline: :func:`~fedshift.engine.experiment.
+build_experiment`) and keeps it for the following messages of the run in this process.
+
+Client state (local BN layers, persisted optimizer state, SCAFFOLD's ``c_i``, DisTrans's
+offset, FRAug's RTNet, the augments' statistics) is whatever the algorithm's ``init_client``
+returns and ``local_update`` changes. It lives in the node's Flower ``Context.state`` (record
+``fedshift.state``) and, with ``state-dir`` set, also on the node's disk, written atomically
+after every message; it never leaves the node.
+
+Message types (``<category>.<action>``):
+
+=========================  ============================================================
+``query.hello``            build the runtime; reply the client's name, task, classes, sizes
+``train.setup_reply``      the augments' setup records (FedRDN's statistics), round 0
+``train.setup_receive``    take the server's setup records (the federation statistics)
+``train``                  one round of local work: broadcast payload in, reply payload out
+``evaluate``               score val/test with the global model and/or the personal model
+=========================  ============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedshift.config import RunConfig, resolve, set_dotted
+from fedshift.data import load_dataset
+from fedshift.data.base import ClientData, Federation
+from fedshift.engine.context import ClientContext
+from fedshift.engine.experiment import (
+    Experiment,
+    build_experiment,
+    init_client_state,
+    score_client,
+)
+from fedshift.engine.seeding import generator, seed_global
+from fedshift.engine.simulation import check_reply
+from fedshift.errors import ConfigError
+from fedshift.flower.wire import pack, payload_to_records, records_to_payload, unpack
+
+log = logging.getLogger("fedshift.flower")
+
+#: the server's per-message record: the run config (YAML), round, client, number of clients
+RUN = "fedshift.run"
+#: what a node says about itself in reply to ``query.hello``
+HELLO = "fedshift.client"
+STATE = "fedshift.state"
+VIEW = "fedshift.view"
+GLOBAL = "fedshift.global"
+#: node-config keys a SuperNode understands (besides ``dataset.<key>`` overrides)
+NODE_KEYS = ("client", "partition-id", "num-partitions", "state-dir", "device")
+
+
+@dataclass
+class NodeSettings:
+    """What ``--node-config`` says about this SuperNode."""
+
+    client: str | None
+    partition: int | None
+    state_dir: Path | None
+    overrides: dict[str, object]
+
+
+def node_settings(node_config: dict) -> NodeSettings:
+    """Parse a SuperNode's ``node_config``.
+
+    - ``client="site1"``: the client this node is (deployment), or ``partition-id=k``: the
+      k-th client of the loaded federation (Flower's simulation engine sets it);
+    - ``dataset.<key>=...``: this node's own dataset settings, e.g. ``dataset.root`` (where
+      its data lives) or ``dataset.domains=["site1"]`` (load only its own site);
+    - ``device="cuda:0"``; ``state-dir="/var/lib/fedshift"``: keep the client state on disk too.
+    """
+    unknown = [k for k in node_config if k not in NODE_KEYS and not k.startswith("dataset.")]
+    if unknown:
+        raise ConfigError(
+            f"SuperNode --node-config: unknown key(s) {unknown}; fedshift reads "
+            f"{', '.join(NODE_KEYS)} and dataset.<key> (e.g. dataset.root)"
+        )
+    overrides = {k: v for k, v in node_config.items() if k.startswith("dataset.")}
+    if "device" in node_config:
+        overrides["device"] = node_config["device"]
+    pid = node_config.get("partition-id")
+    state_dir = node_config.get("state-dir")
+    return NodeSettings(
+        client=str(node_config["client"]) if "client" in node_config else None,
+        partition=None if pid is None else int(pid),
+        state_dir=Path(str(state_dir)) if state_dir else None,
+        overrides=overrides,
+    )
+
+
+@dataclass
+class NodeRuntime:
+    """One client's experiment on this node, kept across the messages of a run."""
+
+    cfg: RunConfig
+    exp: Experiment
+    cid: str
+    index: int
+    data: ClientData
+    settings: NodeSettings
+
+    @property
+    def trains(self) -> bool:
+        return self.cid in self.exp.train_clients
+
+
+_FEDERATIONS: dict[str, Federation] = {}
+_RUNTIMES: dict[tuple, NodeRuntime] = {}
+
+
+def _federation(cfg: RunConfig) -> Federation:
+    """The node's federation, loaded once per process and dataset settings."""
+    key = json.dumps([cfg.dataset, cfg.partition, cfg.federation.data_fraction], default=str)
+    if key not in _FEDERATIONS:
+        fed = load_dataset(cfg.dataset, cfg.partition)
+        _FEDERATIONS.clear()  # one federation per process: a node serves one run at a time
+        _FEDERATIONS[key] = fed.with_train_fraction(cfg.federation.data_fraction)
+    return _FEDERATIONS[key]
+
+
+def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
+    """The runtime of the run and client a message addresses on this node (built once)."""
+    settings = node_settings(dict(context.node_config))
+    num_clients = int(run["num_clients"]) if "num_clients" in run else None
+    key = (context.run_id, str(run["config"]), tuple(sorted(settings.overrides.items())),
+           settings.client, settings.partition, num_clients)  # fmt: skip
+    if key in _RUNTIMES:
+        return _RUNTIMES[key]
+    raw = yaml.safe_load(str(run["config"]))
+    for k, v in settings.overrides.items():
+        set_dotted(raw, k, v)
+    cfg = resolve(raw, source="the run config sent by the ServerApp + this node's --node-config")
+    fed = _federation(cfg)
+    if settings.client is not None:
+        if settings.client not in fed.client_names:
+            raise ConfigError(
+                f"SuperNode --node-config client={settings.client!r}: the dataset this node "
+                f"loaded ({cfg.dataset['name']}) has clients {fed.client_names}"
+            )
+        cid = settings.client
+    elif settings.partition is not None:
+        if not 0 <= settings.partition < len(fed.clients):
+            raise ConfigError(
+                f"SuperNode partition-id={settings.partition}: the federation has "
+                f"{len(fed.clients)} clients"
+            )
+        cid = fed.clients[settings.partition].name
+    else:
+        raise ConfigError(
+            "this SuperNode does not say which client it is: start it with "
+            "--node-config \"client='<name>'\" (and dataset.root=... for its data)"
+        )
+    exp = build_experiment(cfg, fed, num_clients=num_clients, check_holdout=False)
+    data = exp.train_clients.get(cid) or fed.client(cid)
+    for k in [k for k in _RUNTIMES if k[0] != context.run_id]:  # an earlier run's runtimes
+        del _RUNTIMES[k]
+    rt = NodeRuntime(cfg, exp, cid, fed.client_names.index(cid), data, settings)
+    _RUNTIMES[key] = rt
+    return rt
+
+
+# ---------------------------------------------------------------------------- client state
+def _state_path(rt: NodeRuntime, context: Context) -> Path | None:
+    if rt.settings.state_dir is None:
+        return None
+    return rt.settings.state_dir / f"run{context.run_id}-{rt.cid}.pt"
+
+
+def load_state(rt: NodeRuntime, context: Context) -> dict:
+    """The client's state: from the node's context, else its disk, else ``init_client``."""
+    if STATE in context.state.array_records:
+        return unpack(context.state.array_records[STATE], rt.exp.device)  # type: ignore[return-value]
+    path = _state_path(rt, context)
+    if path is not None and path.is_file():
+        return torch.load(path, map_location=rt.exp.device, weights_only=True)
+    return init_client_state(rt.exp, rt.cfg.seed, rt.cid, rt.data)
+
+
+def save_state(rt: NodeRuntime, context: Context, state: dict) -> None:
+    context.state[STATE] = pack(state)
+    path = _state_path(rt, context)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- handlers
+def _run_record(msg: Message) -> ConfigRecord:
+    if RUN not in msg.content.config_records:
+        raise ConfigError(
+            f"message {msg.metadata.message_type!r} has no {RUN!r} record: it was not sent by "
+            "fedshift's ServerApp (fedshift.flower.apps:server_app)"
+        )
+    return msg.content.config_records[RUN]
+
+
+def hello(msg: Message, context: Context) -> Message:
+    rt = runtime(_run_record(msg), context)
+    fed = _federation(rt.cfg)
+    info = {
+        "client": rt.cid,
+        "index": rt.index,
+        "trains": rt.trains,
+        "dataset": rt.cfg.dataset["name"],
+        "task": fed.task,
+        "classes": list(fed.classes),
+        "input_shape": [int(s) for s in fed.input_shape],
+        "num_train": len(rt.data.train),
+        "num_val": len(rt.data.val),
+        "num_test": len(rt.data.test),
+    }
+    if fed.info.get("dh") is not None:
+        info["dh"] = float(fed.info["dh"])
+    log.info("client %s ready: %d/%d/%d train/val/test", rt.cid, *[
+        info[k] for k in ("num_train", "num_val", "num_test")])  # fmt: skip
+    return Message(RecordDict({HELLO: ConfigRecord(info)}), reply_to=msg)
+
+
+def setup_reply(msg: Message, context: Context) -> Message:
+    rt = runtime(_run_record(msg), context)
+    state = load_state(rt, context)
+    up = rt.exp.algo.setup_reply(rt.cid, state)
+    save_state(rt, context, state)
+    return Message(payload_to_records(up), reply_to=msg)
+
+
+def setup_receive(msg: Message, context: Context) -> Message:
+    rt = runtime(_run_record(msg), context)
+    state = load_state(rt, context)
+    rt.exp.algo.setup_receive(records_to_payload(msg.content, rt.exp.device), state)
+    save_state(rt, context, state)
+    return Message(RecordDict(), reply_to=msg)
+
+
+def train(msg: Message, context: Context) -> Message:
+    run = _run_record(msg)
+    rt = runtime(run, context)
+    cfg, exp, rnd = rt.cfg, rt.exp, int(run["round"])
+    if not rt.trains:
+        raise ConfigError(f"client {rt.cid!r} is held out (federation.holdout); it never trains")
+    t0 = time.perf_counter()
+    state = load_state(rt, context)
+    down = records_to_payload(msg.content, exp.device)
+    seed_global(cfg.seed, "client", rnd, rt.cid)
+    ctx = ClientContext(
+        cid=rt.cid,
+        round=rnd,
+        data=rt.data,
+        model=exp.model,
+        train=cfg.train,
+        pipeline=exp.pipeline,
+        generator=generator(cfg.seed, "batches", rnd, rt.cid),
+        device=exp.device,
+        state=state,
+        task=exp.task,
+    )
+    up = exp.algo.local_update(ctx, down, state)
+    check_reply(rnd, rt.cid, up)
+    save_state(rt, context, state)
+    sent = up.nbytes()
+    log.info(
+        "client %s round %d: loss %.4f in %.1fs; sends %s",
+        rt.cid,
+        rnd,
+        up.metrics.get("train_loss", float("nan")),
+        time.perf_counter() - t0,
+        ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sent.items()),
+    )
+    return Message(payload_to_records(up), reply_to=msg)
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    run = _run_record(msg)
+    rt = runtime(run, context)
+    exp, bs = rt.exp, rt.cfg.eval.batch_size
+    state = load_state(rt, context)
+    out = RecordDict()
+    arrays = msg.content.array_records
+    if GLOBAL in arrays:
+        weights = {k: torch.from_numpy(a.numpy()).to(exp.device) for k, a in arrays[GLOBAL].items()}
+        exp.model.load_state_dict(weights)
+        out["global"] = MetricRecord(score_client(exp, rt.data, state, bs))
+    if VIEW in arrays:
+        view = unpack(arrays[VIEW], exp.device)
+        exp.model.load_state_dict(exp.algo.personal_weights(view, state))  # type: ignore[arg-type]
+        out["personal"] = MetricRecord(score_client(exp, rt.data, state, bs))
+    save_state(rt, context, state)
+    return Message(out, reply_to=msg)
+
+
+def build_client_app() -> ClientApp:
+    """fedshift's ClientApp (``fedshift.flower.apps:client_app``)."""
+    app = ClientApp()
+    app.query("hello")(hello)
+    app.train("setup_reply")(setup_reply)
+    app.train("setup_receive")(setup_receive)
+    app.train()(train)
+    app.evaluate()(evaluate)
+    return app
