@@ -5,6 +5,7 @@ fedshift run --resume RUN_DIR                            continue a killed run
 fedshift bench SUITE.yaml [key=value ...] [--workers N]  a suite: cached cells, parallel runs
 fedshift list                                            algorithms, datasets, models
 fedshift data build|show|fetch ...                       offline benchmarks
+fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
 """
 
 from __future__ import annotations
@@ -242,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fedshift.protocols import add_parser as add_protocol_parser
 
     add_protocol_parser(sub)
+
+    from fedshift.flower.cli import add_parser as add_flower_parser
+
+    add_flower_parser(sub)
 
     data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
     data.add_argument("action", choices=["build", "show", "fetch"])

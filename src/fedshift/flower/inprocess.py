@@ -77,6 +77,8 @@ class InProcessGrid(Grid):
         ids = []
         for msg in messages:
             mid = f"m{next(self._ids)}"
+            # the id the SuperLink would assign; replies name it in reply_to_message_id
+            msg.metadata.__dict__["_message_id"] = mid
             self._pending[mid] = msg
             ids.append(mid)
         return ids

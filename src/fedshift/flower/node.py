@@ -38,6 +38,7 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+import fedshift
 from fedshift.config import RunConfig, resolve, set_dotted
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
@@ -216,6 +217,7 @@ def hello(msg: Message, context: Context) -> Message:
     rt = runtime(_run_record(msg), context)
     fed = _federation(rt.cfg)
     info = {
+        "fedshift": fedshift.__version__,
         "client": rt.cid,
         "index": rt.index,
         "trains": rt.trains,

@@ -37,6 +37,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from tqdm.auto import tqdm
 
+import fedshift
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.engine.experiment import build_experiment
@@ -150,13 +151,13 @@ class FlowerServer:
                 Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
             )
         replies = list(grid.send_and_receive(messages, timeout=self.options.round_timeout))
-        by_node = {r.metadata.src_node_id: r for r in replies}
+        by_cid = _match_replies(messages, replies, {c.node: n for n, c in self.clients.items()})
         out: dict[str, Message] = {}
         for cid in contents:
             if cid in lost:
                 continue
             node = self.clients[cid].node
-            reply = by_node.get(node)
+            reply = by_cid.get(cid)
             if reply is None:
                 lost.append(cid)
             elif reply.has_error():
@@ -221,22 +222,23 @@ class FlowerServer:
             for n in nodes
         ]
         replies = list(grid.send_and_receive(msgs, timeout=self.options.round_timeout))
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
         infos: list[ClientInfo] = []
         for r in replies:
+            node = node_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
             if r.has_error():
                 raise FedshiftError(
-                    f"SuperNode {r.metadata.src_node_id} could not start its client: "
-                    f"{r.error.reason}"
+                    f"SuperNode {node} could not start its client: {r.error.reason}"
                 )
             info = dict(r.content.config_records[HELLO])
+            if info.get("fedshift") != fedshift.__version__:
+                raise FedshiftError(
+                    f"SuperNode {node} (client {info['client']!r}) runs fedshift "
+                    f"{info.get('fedshift')} but the ServerApp runs {fedshift.__version__}; "
+                    "install the same version everywhere"
+                )
             infos.append(
-                ClientInfo(
-                    info["client"],
-                    r.metadata.src_node_id,
-                    int(info["index"]),
-                    bool(info["trains"]),
-                    info,
-                )  # fmt: skip
+                ClientInfo(info["client"], node, int(info["index"]), bool(info["trains"]), info)
             )
         if len(infos) < len(nodes):
             missing = sorted(set(nodes) - {i.node for i in infos})
@@ -392,6 +394,21 @@ def _flwr_version() -> str:
     from importlib.metadata import version
 
     return version("flwr")
+
+
+def _match_replies(
+    sent: list[Message], replies: list[Message], client_of: dict[int, str]
+) -> dict[str, Message]:
+    """Replies by client. A reply names the message it answers (``reply_to_message_id``);
+    the SuperLink's own "node unavailable" error comes from the SuperLink, not from the
+    node, so the source node id alone cannot tell whose it is."""
+    by_id = {m.metadata.message_id: client_of[m.metadata.dst_node_id] for m in sent}
+    out = {}
+    for r in replies:
+        cid = by_id.get(r.metadata.reply_to_message_id) or client_of.get(r.metadata.src_node_id)
+        if cid is not None:
+            out[cid] = r
+    return out
 
 
 def _plain(value: object) -> object:

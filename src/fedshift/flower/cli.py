@@ -1,0 +1,175 @@
+"""``fedshift flower ...``: simulate on Flower, and deploy across machines.
+
+fedshift flower simulate [-c CONFIG] [key=value ...]   Flower's simulation engine (Ray)
+fedshift flower certs DIR [--host NAME ...]            self-signed CA + SuperLink certificate
+fedshift flower keys DIR NAME [NAME ...]               SuperNode authentication key pairs
+fedshift flower app DIR [-c CONFIG] [key=value ...]    write the Flower App `flwr run` takes
+fedshift flower submit [-c CONFIG] [key=value ...] --superlink HOST:PORT --root-cert CA
+                                                        submit a run to a SuperLink
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fedshift.errors import FedshiftError
+
+
+def _options(args: argparse.Namespace):
+    from fedshift.flower.server import FlowerOptions
+
+    return FlowerOptions(
+        nodes=getattr(args, "nodes", None),
+        node_wait=args.node_wait,
+        round_timeout=args.round_timeout,
+        min_clients=args.min_clients,
+    )
+
+
+def _config(args: argparse.Namespace):
+    from fedshift.config import expand_sweep, load_config, resolve
+
+    raw = load_config(args.config, args.overrides)
+    if raw.get("sweep"):
+        n = len(expand_sweep(raw, args.config or "defaults"))
+        raise FedshiftError(
+            f"the config has a sweep grid ({n} runs); `fedshift flower` runs one experiment: "
+            "fix the swept keys with key=value (or use `fedshift bench` natively)"
+        )
+    return resolve(raw, args.config or "defaults")
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from fedshift.cli import _print_tables
+    from fedshift.flower.simulate import simulate
+
+    cfg = _config(args)
+    result = simulate(
+        cfg,
+        out=args.out,
+        engine=args.engine,
+        options=_options(args),
+        cpus_per_client=args.cpus_per_client,
+        progress=not args.quiet,
+    )
+    _print_tables([result.summary])
+    rt = result.summary["runtime"]
+    print(f"\nFlower {rt['flwr']}, {rt['mode']}, {result.summary['wall_s']:.1f} s")
+    if rt["lost"]:
+        print(f"lost clients (round first lost): {rt['lost']}")
+    print(f"run directory: {result.run_dir}")
+    return 0
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from fedshift.flower.deploy import make_certificates
+
+    paths = make_certificates(Path(args.dir), args.host or ["127.0.0.1", "localhost"])
+    for k, v in paths.items():
+        print(f"{k:12s} {v}")
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from fedshift.flower.deploy import make_node_keys
+
+    for name, (private, public) in make_node_keys(Path(args.dir), args.names).items():
+        print(f"{name}: {private} (stays on the SuperNode), {public} (register at the SuperLink)")
+    return 0
+
+
+def _cmd_app(args: argparse.Namespace) -> int:
+    from fedshift.flower.deploy import write_app
+
+    path = write_app(Path(args.dir), _config(args), _options(args), out=args.out)
+    print(f"Flower App: {path} (submit it with `flwr run {path} <federation>`)")
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from fedshift.flower.deploy import submit
+
+    return submit(
+        _config(args),
+        _options(args),
+        superlink=args.superlink,
+        root_cert=Path(args.root_cert) if args.root_cert else None,
+        insecure=args.insecure,
+        out=args.out,
+        stream=not args.no_stream,
+        app_dir=Path(args.app_dir) if args.app_dir else None,
+    )
+
+
+def _experiment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.rounds=20")
+    p.add_argument(
+        "--min-clients",
+        type=int,
+        help="replies a round needs to complete when SuperNodes are lost (default: every "
+        "sampled client, so results never change silently)",
+    )
+    p.add_argument(
+        "--round-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds to wait for a round's replies before the silent clients count as lost",
+    )
+    p.add_argument(
+        "--node-wait", type=float, default=120.0, help="seconds to wait for the SuperNodes"
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    fl = sub.add_parser("flower", help="run on Flower: simulation and deployment")
+    fsub = fl.add_subparsers(dest="flower_command", required=True)
+
+    sim = fsub.add_parser("simulate", help="run a config on Flower's simulation engine")
+    _experiment_args(sim)
+    sim.add_argument("--out", help="root folder for run directories (config key 'out')")
+    sim.add_argument(
+        "--engine",
+        choices=["ray", "in-process"],
+        default="ray",
+        help="ray: Flower's simulation engine; in-process: no Ray, for debugging",
+    )
+    sim.add_argument(
+        "--cpus-per-client", type=float, default=1.0, help="Ray CPUs reserved per ClientApp"
+    )
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.set_defaults(fn=_cmd_simulate)
+
+    certs = fsub.add_parser("certs", help="self-signed CA + SuperLink TLS certificate")
+    certs.add_argument("dir", help="output folder")
+    certs.add_argument(
+        "--host",
+        action="append",
+        help="SuperLink host name or IP the certificate is valid for (repeat; default "
+        "127.0.0.1 and localhost)",
+    )
+    certs.set_defaults(fn=_cmd_certs)
+
+    keys = fsub.add_parser("keys", help="SuperNode authentication key pairs")
+    keys.add_argument("dir", help="output folder")
+    keys.add_argument("names", nargs="+", help="one name per SuperNode, e.g. site1 site2")
+    keys.set_defaults(fn=_cmd_keys)
+
+    app = fsub.add_parser("app", help="write the Flower App (FAB source) of a config")
+    app.add_argument("dir", help="output folder")
+    _experiment_args(app)
+    app.add_argument("--nodes", type=int, help="SuperNodes the ServerApp waits for")
+    app.add_argument("--out", help="run folder on the SuperLink machine (default: runs)")
+    app.set_defaults(fn=_cmd_app)
+
+    sm = fsub.add_parser("submit", help="submit a config as a run to a SuperLink")
+    _experiment_args(sm)
+    sm.add_argument("--superlink", required=True, help="SuperLink control API, HOST:PORT")
+    sm.add_argument("--root-cert", help="CA certificate that signed the SuperLink's (TLS)")
+    sm.add_argument("--insecure", action="store_true", help="no TLS (local tests only)")
+    sm.add_argument("--nodes", type=int, required=True, help="SuperNodes to wait for")
+    sm.add_argument("--out", help="run folder on the SuperLink machine (default: runs)")
+    sm.add_argument("--app-dir", help="where to write the Flower App (default: a temp folder)")
+    sm.add_argument("--no-stream", action="store_true", help="return once the run is submitted")
+    sm.set_defaults(fn=_cmd_submit)
