@@ -369,12 +369,23 @@ class FlowerServer:
         rounds = cfg.train.rounds
         label = f"{cfg.algorithm['name']} s{cfg.seed} (flower)"
         bar = tqdm(range(1, rounds + 1), desc=label, disable=not self.progress, leave=False)
+        metric = self.task.primary
         for rnd in bar:
             train_metrics = self.run_round(grid, rnd)
+            loss = [m["train_loss"] for m in train_metrics.values() if "train_loss" in m]
+            line = f"round {rnd}/{rounds}: {len(train_metrics)} replies"
+            if loss:
+                line += f", train loss {sum(loss) / len(loss):.4f}"
             if rnd % cfg.eval.every == 0 or rnd == rounds:
                 rows = self.evaluate_round(grid, rnd, train_metrics)
                 self.records.extend(rows)
                 write_metrics(self.run_dir, rows, append=True)
+                scored = [r for r in rows if self.kinds[0] in r and not r.get("holdout")]
+                val = sum(r[self.kinds[0]][f"val_{metric.name}"] for r in scored) / len(scored)
+                line += f", val {metric.name} {val:.4f} ({self.kinds[0]})"
+                bar.set_postfix_str(f"val {metric.name} {val:.3f}")
+            if not self.progress:
+                print(f"fedshift: {line}", flush=True)
         bar.close()
         self.wall_before = time.perf_counter() - t0
         runtime = {

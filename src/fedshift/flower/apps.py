@@ -1,0 +1,87 @@
+"""The ServerApp and ClientApp a fedshift Flower App names (``fedshift flower app``).
+
+``pyproject.toml`` of the app::
+
+    [tool.flwr.app.components]
+    serverapp = "fedshift.flower.apps:server_app"
+    clientapp = "fedshift.flower.apps:client_app"
+
+The code is the fedshift installed on each machine (the ServerApp checks at ``hello`` that
+every SuperNode runs the same version); the app itself carries only the run config:
+
+============== ======================================================================
+run config key meaning
+============== ======================================================================
+fedshift-config the resolved experiment config, YAML text (``fedshift flower app/submit``)
+out            folder for run directories on the SuperLink machine ("": ``./runs``)
+nodes          SuperNodes to wait for before round 1
+node-wait      seconds to wait for them
+round-timeout  seconds to wait for one exchange's replies
+min-clients    replies a round needs when SuperNodes are lost (0: every sampled client)
+============== ======================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedshift.config import resolve
+from fedshift.engine.simulation import new_run_dir
+from fedshift.errors import ConfigError
+from fedshift.flower.node import build_client_app
+from fedshift.flower.server import FlowerOptions, FlowerServer
+
+#: the run config an app declares, with its defaults (Flower refuses undeclared keys)
+RUN_CONFIG_DEFAULTS: dict[str, object] = {
+    "fedshift-config": "",
+    "out": "",
+    "nodes": 1,
+    "node-wait": 120.0,
+    "round-timeout": 3600.0,
+    "min-clients": 0,
+}
+
+
+def options_from_run_config(rc: dict) -> FlowerOptions:
+    def get(key: str) -> object:
+        return rc.get(key, RUN_CONFIG_DEFAULTS[key])
+
+    return FlowerOptions(
+        nodes=int(get("nodes")) or None,  # type: ignore[arg-type]
+        node_wait=float(get("node-wait")),  # type: ignore[arg-type]
+        round_timeout=float(get("round-timeout")),  # type: ignore[arg-type]
+        min_clients=int(get("min-clients")) or None,  # type: ignore[arg-type]
+        mode="deployment",
+    )
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = dict(context.run_config)
+    text = str(rc.get("fedshift-config") or "")
+    if not text.strip():
+        raise ConfigError(
+            "run config 'fedshift-config' is empty: write the app with `fedshift flower app` "
+            "or submit with `fedshift flower submit`, which put the experiment config there"
+        )
+    cfg = resolve(yaml.safe_load(text), source="run config 'fedshift-config'")
+    run_dir = new_run_dir(cfg, str(rc.get("out") or "runs"))
+    print(f"fedshift: run directory {Path(run_dir).resolve()}", flush=True)
+    result = FlowerServer(cfg, run_dir, options_from_run_config(rc), progress=False).run(grid)
+    s = result.summary
+    print(
+        f"fedshift: done. {s['metric_label']} test mean {100 * s['test_mean']:.2f} at round "
+        f"{s['best_round']} (selected on validation); lost clients: "
+        f"{s['runtime']['lost'] or 'none'}; summary: {Path(run_dir).resolve() / 'summary.json'}",
+        flush=True,
+    )
+
+
+client_app = build_client_app()
