@@ -3,6 +3,7 @@
 fedshift flower simulate [-c CONFIG] [key=value ...]   Flower's simulation engine (Ray)
 fedshift flower certs DIR [--host NAME ...]            self-signed CA + SuperLink certificate
 fedshift flower keys DIR NAME [NAME ...]               SuperNode authentication key pairs
+fedshift flower local [-c CONFIG] [key=value ...]      SuperLink + SuperNodes here, then submit
 fedshift flower app DIR [-c CONFIG] [key=value ...]    write the Flower App `flwr run` takes
 fedshift flower submit [-c CONFIG] [key=value ...] --superlink HOST:PORT --root-cert CA
                                                         submit a run to a SuperLink
@@ -102,6 +103,23 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_local(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from fedshift.flower.deploy import LocalDeployment
+    from fedshift.flower.simulate import client_names
+
+    cfg = _config(args)
+    names = client_names(cfg)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-"))
+    out = Path(args.out or "runs").resolve()
+    print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
+    with LocalDeployment(base, [{"client": n} for n in names], tls=not args.insecure) as dep:
+        _, status, _ = dep.submit(cfg, _options(args), out, log=print)
+    print(f"fedshift: Flower run {status}; logs of every process: {base / 'logs'}")
+    return 0 if status == "finished:completed" else 1
+
+
 def _experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.rounds=20")
@@ -162,6 +180,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     app.add_argument("--nodes", type=int, help="SuperNodes the ServerApp waits for")
     app.add_argument("--out", help="run folder on the SuperLink machine (default: runs)")
     app.set_defaults(fn=_cmd_app)
+
+    loc = fsub.add_parser(
+        "local", help="a SuperLink + one SuperNode per client on this machine, then submit"
+    )
+    _experiment_args(loc)
+    loc.add_argument("--dir", help="folder for certificates, keys, homes and logs (temp)")
+    loc.add_argument("--out", help="root folder for run directories (default: ./runs)")
+    loc.add_argument("--insecure", action="store_true", help="no TLS, no SuperNode auth")
+    loc.set_defaults(fn=_cmd_local)
 
     sm = fsub.add_parser("submit", help="submit a config as a run to a SuperLink")
     _experiment_args(sm)

@@ -21,6 +21,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+_RUN_IDS = itertools.count(1)  # each grid is a new run (nodes rebuild their runtimes)
+
 #: the node id Flower gives the SuperLink (the ServerApp's messages come from it)
 SERVER_NODE = 0
 
@@ -34,8 +36,9 @@ class InProcessGrid(Grid):
         client_app: ClientApp,
         nodes: int,
         node_configs: list[dict] | None = None,
-        run_id: int = 1,
+        run_id: int | None = None,
     ) -> None:
+        run_id = next(_RUN_IDS) if run_id is None else run_id
         self.client_app = client_app
         # the identity Flower's runtime gives a ServerApp process: ``Message(...)`` reads it
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE, 0

@@ -115,6 +115,8 @@ class NodeRuntime:
     index: int
     data: ClientData
     settings: NodeSettings
+    #: the model's initial weights (the client state starts from them)
+    initial: dict[str, torch.Tensor]
 
     @property
     def trains(self) -> bool:
@@ -171,7 +173,8 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
     data = exp.train_clients.get(cid) or fed.client(cid)
     for k in [k for k in _RUNTIMES if k[0] != context.run_id]:  # an earlier run's runtimes
         del _RUNTIMES[k]
-    rt = NodeRuntime(cfg, exp, cid, fed.client_names.index(cid), data, settings)
+    initial = {k: v.detach().clone() for k, v in exp.model.state_dict().items()}
+    rt = NodeRuntime(cfg, exp, cid, fed.client_names.index(cid), data, settings, initial)
     _RUNTIMES[key] = rt
     return rt
 
@@ -190,6 +193,8 @@ def load_state(rt: NodeRuntime, context: Context) -> dict:
     path = _state_path(rt, context)
     if path is not None and path.is_file():
         return torch.load(path, map_location=rt.exp.device, weights_only=True)
+    # init_client reads the model: give it the initial weights, whatever ran before
+    rt.exp.model.load_state_dict(rt.initial)
     return init_client_state(rt.exp, rt.cfg.seed, rt.cid, rt.data)
 
 

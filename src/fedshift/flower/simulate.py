@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from flwr.app import Context
@@ -43,9 +44,9 @@ def build_server_app(
     return app
 
 
-def count_clients(cfg: RunConfig) -> int:
-    """How many virtual SuperNodes the federation needs (its clients, held-out ones too)."""
-    return len(load_dataset(cfg.dataset, cfg.partition).clients)
+def client_names(cfg: RunConfig) -> list[str]:
+    """The federation's clients (held-out ones too): one SuperNode each."""
+    return load_dataset(cfg.dataset, cfg.partition).client_names
 
 
 def simulate(
@@ -61,7 +62,7 @@ def simulate(
     if engine not in ENGINES:
         raise FedshiftError(f"--engine must be one of {ENGINES}, got {engine!r}")
     run_dir = run_dir or new_run_dir(cfg, out)
-    nodes = count_clients(cfg)
+    nodes = len(client_names(cfg))
     options = options or FlowerOptions()
     options.nodes = options.nodes or nodes
     options.mode = f"simulation ({engine})"
@@ -75,7 +76,18 @@ def simulate(
 
     from flwr.simulation import run_simulation
 
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # quiet, offline, and nothing written to ~/.flwr (run_simulation writes $FLWR_HOME/source)
+    for key, value in (
+        ("RAY_DEDUP_LOGS", "0"),
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0"),
+        ("FLWR_TELEMETRY_ENABLED", "0"),
+        ("FLWR_HOME", str(Path(tempfile.gettempdir()) / "fedshift-flwr-home")),
+    ):
+        os.environ.setdefault(key, value)
+    # Flower 1.41 calls its Python simulation API deprecated in favour of `flwr run`, which
+    # needs a Flower App on disk; fedshift keeps the API (same engine) and says so in the docs
+    logging.getLogger("flwr").addFilter(_NoDeprecationNotice())
     backend = {
         "client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
         "init_args": {"logging_level": logging.ERROR, "log_to_driver": True},
@@ -88,3 +100,8 @@ def simulate(
             "ClientApp that failed to load, or an error in the ServerApp)"
         )
     return results[0]
+
+
+class _NoDeprecationNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "run_simulation" not in str(record.msg)
