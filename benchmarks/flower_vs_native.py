@@ -53,6 +53,9 @@ def main() -> None:
     cfg = resolve(load_config(args.config, args.overrides), args.config or "defaults")
     tmp = Path(tempfile.mkdtemp(prefix="flower-vs-native-"))
     try:
+        # warm-up (imports, first-op initialisation, the data in the page cache), untimed
+        warm = resolve(load_config(args.config, [*args.overrides, "train.rounds=1"]), "warm-up")
+        run_experiment(warm, run_dir=tmp / "warm-up", progress=False)
         t0 = time.perf_counter()
         native = run_experiment(cfg, run_dir=tmp / "native", progress=False)
         t_native = time.perf_counter() - t0

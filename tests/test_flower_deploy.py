@@ -23,8 +23,8 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-#: largest |difference| of any loss or metric against the native run
-TOLERANCE = 1e-5
+#: largest |difference| of any loss or metric against the native run (0: bit-identical)
+TOLERANCE = 0.0
 
 
 def max_abs_diff(a: list[dict], b: list[dict]) -> float:
@@ -43,7 +43,10 @@ def max_abs_diff(a: list[dict], b: list[dict]) -> float:
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory):
     base = tmp_path_factory.mktemp("sites")
-    nodes = [{"client": f"client{i}", "state-dir": str(base / f"state{i}")} for i in range(3)]
+    nodes = [
+        {"client": f"client{i}", "state-dir": str(base / f"state{i}"), "threads": 1}
+        for i in range(3)
+    ]
     dep = LocalDeployment(base, nodes).start()
     yield dep
     dep.close()
@@ -61,9 +64,9 @@ def test_three_supernodes_match_native(sites, tmp_path, algo):
     assert status == "finished:completed", log + sites.log("superlink")
     flower_dir = run_dir_of(log)
     native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
-    # the ClientApp processes use torch's default thread count, the tests one thread: float
-    # reductions may differ in the last bits (the in-process and Ray tests are exact)
+    # the SuperNodes use one torch thread like the tests (node config threads=1): exact
     assert max_abs_diff(rows(flower_dir), rows(native.run_dir)) <= TOLERANCE
+    assert rows(flower_dir) == rows(native.run_dir)
     summary = json.loads((flower_dir / "summary.json").read_text())
     assert summary["runtime"]["mode"] == "deployment"
     assert sorted(summary["runtime"]["nodes"]) == ["client0", "client1", "client2"]

@@ -26,10 +26,12 @@ Message types (``<category>.<action>``):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +66,7 @@ STATE = "fedshift.state"
 VIEW = "fedshift.view"
 GLOBAL = "fedshift.global"
 #: node-config keys a SuperNode understands (besides ``dataset.<key>`` overrides)
-NODE_KEYS = ("client", "partition-id", "num-partitions", "state-dir", "device")
+NODE_KEYS = ("client", "partition-id", "num-partitions", "state-dir", "device", "threads")
 
 
 @dataclass
@@ -84,7 +86,8 @@ def node_settings(node_config: dict) -> NodeSettings:
       k-th client of the loaded federation (Flower's simulation engine sets it);
     - ``dataset.<key>=...``: this node's own dataset settings, e.g. ``dataset.root`` (where
       its data lives) or ``dataset.domains=["site1"]`` (load only its own site);
-    - ``device="cuda:0"``; ``state-dir="/var/lib/fedshift"``: keep the client state on disk too.
+    - ``device="cuda:0"``; ``threads=4`` (torch threads); ``state-dir="/var/lib/fedshift"``:
+      keep the client state on disk too.
     """
     unknown = [k for k in node_config if k not in NODE_KEYS and not k.startswith("dataset.")]
     if unknown:
@@ -313,12 +316,27 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(out, reply_to=msg)
 
 
-def build_client_app() -> ClientApp:
-    """fedshift's ClientApp (``fedshift.flower.apps:client_app``)."""
+def build_client_app(threads: int | None = None) -> ClientApp:
+    """fedshift's ClientApp (``fedshift.flower.apps:client_app``).
+
+    ``threads``: torch threads for the client's work (a node's ``threads`` node-config key
+    wins; None and no key: torch's default). Float reductions split over a different number
+    of threads differ in the last bits, so runs compared bit for bit use the same count."""
+
+    def with_threads(handler: Callable[[Message, Context], Message]):
+        @functools.wraps(handler)
+        def run(msg: Message, context: Context) -> Message:
+            n = context.node_config.get("threads", threads)
+            if n:
+                torch.set_num_threads(int(n))  # type: ignore[arg-type]
+            return handler(msg, context)
+
+        return run
+
     app = ClientApp()
-    app.query("hello")(hello)
-    app.train("setup_reply")(setup_reply)
-    app.train("setup_receive")(setup_receive)
-    app.train()(train)
-    app.evaluate()(evaluate)
+    app.query("hello")(with_threads(hello))
+    app.train("setup_reply")(with_threads(setup_reply))
+    app.train("setup_receive")(with_threads(setup_receive))
+    app.train()(with_threads(train))
+    app.evaluate()(with_threads(evaluate))
     return app

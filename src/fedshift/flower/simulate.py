@@ -93,7 +93,9 @@ def simulate(
         "init_args": {"logging_level": logging.ERROR, "log_to_driver": True},
     }
     server_app = build_server_app(cfg, run_dir, options, results, progress)
-    run_simulation(server_app, build_client_app(), nodes, backend_config=backend)
+    # one torch thread per CPU Ray reserves for a ClientApp
+    client_app = build_client_app(threads=max(1, int(cpus_per_client)))
+    run_simulation(server_app, client_app, nodes, backend_config=backend)
     if not results:
         raise FedshiftError(
             "the Flower simulation ended without a result; its log above says why (a "
@@ -104,4 +106,4 @@ def simulate(
 
 class _NoDeprecationNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "run_simulation" not in str(record.msg)
+        return "run_simulation" not in record.getMessage()
