@@ -85,7 +85,7 @@ def _kill_after_round_one(sites, victim: int):
 
 def test_killed_supernode_round_completes_with_the_others(sites, tmp_path):
     cfg = toy_cfg("algorithm.name=fedavg", "eval.every=3", rounds=3)
-    opts = FlowerOptions(round_timeout=20, min_clients=2)
+    opts = FlowerOptions(round_timeout=45, min_clients=2)
     _, status, log = sites.submit(cfg, opts, tmp_path, 400, _kill_after_round_one(sites, 2))
     assert status == "finished:completed", log
     summary = json.loads((run_dir_of(log) / "summary.json").read_text())
@@ -99,7 +99,7 @@ def test_killed_supernode_round_completes_with_the_others(sites, tmp_path):
 
 def test_killed_supernode_below_the_minimum_stops_with_a_clear_error(sites, tmp_path):
     cfg = toy_cfg("algorithm.name=fedavg", "eval.every=3", rounds=3)
-    opts = FlowerOptions(round_timeout=20)  # every sampled client must reply
+    opts = FlowerOptions(round_timeout=45)  # every sampled client must reply
     _, status, log = sites.submit(cfg, opts, tmp_path, 400, _kill_after_round_one(sites, 1))
     assert status == "finished:failed", log
     assert "round 2: aggregation needs 3 of the 3 sampled clients but only 2 replied" in log
