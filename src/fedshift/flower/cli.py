@@ -104,8 +104,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
+    import json
     import tempfile
 
+    from fedshift.cli import _print_tables
     from fedshift.flower.deploy import LocalDeployment
     from fedshift.flower.simulate import client_names
 
@@ -115,8 +117,14 @@ def _cmd_local(args: argparse.Namespace) -> int:
     out = Path(args.out or "runs").resolve()
     print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
     with LocalDeployment(base, [{"client": n} for n in names], tls=not args.insecure) as dep:
-        _, status, _ = dep.submit(cfg, _options(args), out, log=print)
-    print(f"fedshift: Flower run {status}; logs of every process: {base / 'logs'}")
+        _, status, log = dep.submit(cfg, _options(args), out, log=print)
+    marker = "fedshift: run directory "
+    run_dir = next((ln.split(marker, 1)[1].strip() for ln in log.splitlines() if marker in ln), "")
+    summary = Path(run_dir) / "summary.json"
+    if status == "finished:completed" and summary.is_file():
+        print()
+        _print_tables([json.loads(summary.read_text())])
+    print(f"\nfedshift: Flower run {status}; logs of every process: {base / 'logs'}")
     return 0 if status == "finished:completed" else 1
 
 
