@@ -156,6 +156,19 @@ def test_lost_node_stops_the_run_with_a_clear_error(tmp_path):
         server.run(grid)
 
 
+def test_nodes_loading_only_their_own_domain(tmp_path):
+    """Each node loads only its own domain (dataset.domains=[own]) as a site would: the run
+    works, clients are ordered by name, and every node sees one client."""
+    cfg = toy_cfg("dataset.name=digits", "dataset.train_size=40", "dataset.val_size=20",
+                  "dataset.test_size=20", f"dataset.cache_dir={tmp_path / 'cache'}",
+                  "model.name=cnn", "algorithm.name=fedbn", rounds=1)  # fmt: skip
+    names = ["mnist", "optdigits"]  # built from packages, no download
+    confs = [{"client": n, "dataset.domains": [n]} for n in reversed(names)]
+    grid = InProcessGrid(build_client_app(), 2, node_configs=confs)
+    result = FlowerServer(cfg, tmp_path / "r", FlowerOptions(nodes=2), progress=False).run(grid)
+    assert result.summary["clients"] == sorted(names)
+
+
 def test_client_errors_and_bad_nodes_are_reported(tmp_path):
     cfg = toy_cfg("algorithm.name=fedavg", rounds=1)
     grid = InProcessGrid(build_client_app(), 2, node_configs=[{"client": "client0"},

@@ -144,8 +144,9 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
     """The runtime of the run and client a message addresses on this node (built once)."""
     settings = node_settings(dict(context.node_config))
     num_clients = int(run["num_clients"]) if "num_clients" in run else None
-    key = (context.run_id, str(run["config"]), tuple(sorted(settings.overrides.items())),
-           settings.client, settings.partition, num_clients)  # fmt: skip
+    overrides = json.dumps(settings.overrides, sort_keys=True, default=str)
+    key = (context.run_id, str(run["config"]), overrides, settings.client, settings.partition,
+           num_clients)  # fmt: skip
     if key in _RUNTIMES:
         return _RUNTIMES[key]
     raw = yaml.safe_load(str(run["config"]))
