@@ -105,3 +105,16 @@ def test_cli_bench(tmp_path, capsys):
     assert main(["bench", str(suite), "sweep.seed=[0]", "--workers", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "fedavg" in out and "fedbn" in out and "suite folder" in out
+
+
+def test_in_process_suite_leaves_the_callers_torch_threads(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_suite(write_suite(tmp_path), workers=1, threads=2, progress=False,
+                  overrides=["sweep.seed=[0]", "train.rounds=1"])  # fmt: skip
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -22,6 +22,16 @@ from fedshift.flower.simulate import simulate
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, unpack
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Bit-for-bit comparisons need the native run and the ClientApps on the same number of
+    torch threads (float reductions split differently otherwise): one, whatever ran before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -166,11 +166,17 @@ def run_suite(
     errors: list[str] = []
     args = [(c.cfg.to_dict(), str(c.run_dir), c.digest, c.label, threads) for c in todo]
     if n_workers == 1:
-        for c, a in zip(todo, args, strict=True):
-            res = _run_cell(*a)
-            events[str(c.run_dir)] = res["status"]
-            bar.update(1)
-            bar.set_postfix_str(c.label[:40])
+        import torch
+
+        before = torch.get_num_threads()  # the cells run here: leave the caller's setting
+        try:
+            for c, a in zip(todo, args, strict=True):
+                res = _run_cell(*a)
+                events[str(c.run_dir)] = res["status"]
+                bar.update(1)
+                bar.set_postfix_str(c.label[:40])
+        finally:
+            torch.set_num_threads(before)
     elif todo:
         import multiprocessing as mp
 
