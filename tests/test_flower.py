@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_cfg
+from conftest import metric_rows, toy_cfg
 from flwr.app import ArrayRecord
 
 from fedshift.engine.payload import Payload
@@ -21,19 +21,8 @@ from fedshift.flower.server import FlowerOptions, FlowerServer
 from fedshift.flower.simulate import simulate
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, unpack
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Bit-for-bit comparisons need the native run and the ClientApps on the same number of
-    torch threads (float reductions split differently otherwise): one, whatever ran before."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+rows = metric_rows
 
 
 def ledger(run_dir: Path) -> dict:
@@ -177,6 +166,17 @@ def test_nodes_loading_only_their_own_domain(tmp_path):
     grid = InProcessGrid(build_client_app(), 2, node_configs=confs)
     result = FlowerServer(cfg, tmp_path / "r", FlowerOptions(nodes=2), progress=False).run(grid)
     assert result.summary["clients"] == sorted(names)
+
+
+def test_fedshift_version_mismatch_is_refused(tmp_path, monkeypatch):
+    import types
+
+    import fedshift.flower.server as server_mod
+
+    monkeypatch.setattr(server_mod, "fedshift", types.SimpleNamespace(__version__="9.9.9"))
+    grid = InProcessGrid(build_client_app(), 3)
+    with pytest.raises(FedshiftError, match="runs fedshift .* but the ServerApp runs 9.9.9"):
+        FlowerServer(toy_cfg(rounds=1), tmp_path / "v", FlowerOptions(nodes=3)).run(grid)
 
 
 def test_client_errors_and_bad_nodes_are_reported(tmp_path):

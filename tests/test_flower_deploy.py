@@ -12,25 +12,14 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import toy_cfg
+from conftest import metric_rows, toy_cfg
 
 from fedshift.engine.simulation import run_experiment
 from fedshift.flower.deploy import LocalDeployment
 from fedshift.flower.server import FlowerOptions
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The SuperNodes run with threads=1; so does the native run they are compared with."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+rows = metric_rows
 
 
 #: largest |difference| of any loss or metric against the native run (0: bit-identical)

@@ -34,7 +34,6 @@ from fedshift.engine.executor import SequentialExecutor
 from fedshift.engine.experiment import (
     build_experiment,
     init_client_state,
-    resolve_device,
     score_client,
 )
 from fedshift.engine.payload import Ledger, Payload
@@ -77,7 +76,6 @@ class Simulation:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.progress = progress
-        self.device = resolve_device(cfg.device)
         if federation is None:
             self.fed = load_dataset(cfg.dataset, cfg.partition)
         else:  # a pre-loaded dataset (tests, benchmarks): the partition still applies
@@ -86,6 +84,7 @@ class Simulation:
         self.fed = self.fed.with_train_fraction(fed_cfg.data_fraction)
         exp = build_experiment(cfg, self.fed)
         self.exp = exp
+        self.device = exp.device
         self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
         self.pipeline, self.kinds = exp.pipeline, exp.kinds

@@ -54,7 +54,13 @@ from fedshift.engine.experiment import (
 from fedshift.engine.seeding import generator, seed_global
 from fedshift.engine.simulation import check_reply
 from fedshift.errors import ConfigError
-from fedshift.flower.wire import pack, payload_to_records, records_to_payload, unpack
+from fedshift.flower.wire import (
+    pack,
+    payload_to_records,
+    record_to_tensors,
+    records_to_payload,
+    unpack,
+)
 
 log = logging.getLogger("fedshift.flower")
 
@@ -306,15 +312,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     out = RecordDict()
     arrays = msg.content.array_records
     if GLOBAL in arrays:
-        weights = {k: torch.from_numpy(a.numpy()).to(exp.device) for k, a in arrays[GLOBAL].items()}
-        exp.model.load_state_dict(weights)
+        exp.model.load_state_dict(record_to_tensors(arrays[GLOBAL], exp.device))
         out["global"] = MetricRecord(score_client(exp, rt.data, state, bs))
     if VIEW in arrays:
         view = unpack(arrays[VIEW], exp.device)
         exp.model.load_state_dict(exp.algo.personal_weights(view, state))  # type: ignore[arg-type]
         out["personal"] = MetricRecord(score_client(exp, rt.data, state, bs))
-    save_state(rt, context, state)
-    return Message(out, reply_to=msg)
+    return Message(out, reply_to=msg)  # evaluation leaves the client state as it was
 
 
 def build_client_app(threads: int | None = None) -> ClientApp:

@@ -41,7 +41,7 @@ import fedshift
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.engine.experiment import build_experiment
-from fedshift.engine.payload import Ledger, Payload
+from fedshift.engine.payload import Ledger
 from fedshift.engine.simulation import (
     RunResult,
     check_reply,
@@ -51,7 +51,12 @@ from fedshift.engine.simulation import (
 )
 from fedshift.errors import ConfigError, FedshiftError
 from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
-from fedshift.flower.wire import pack, payload_to_records, records_to_payload
+from fedshift.flower.wire import (
+    pack,
+    payload_to_records,
+    records_to_payload,
+    tensors_to_record,
+)
 
 log = logging.getLogger("fedshift.flower")
 
@@ -323,11 +328,12 @@ class FlowerServer:
     def evaluate_round(self, grid: Grid, rnd: int, train_metrics: dict[str, dict]) -> list[dict]:
         algo = self.algo
         global_w = algo.global_weights(self.server)
+        global_rec = None if global_w is None else tensors_to_record(global_w)  # once for all
         contents = {}
         for cid in self.clients:
             content = RecordDict()
-            if global_w is not None:
-                content[GLOBAL] = payload_to_records(Payload({"w": global_w}))["w"]
+            if global_rec is not None:
+                content[GLOBAL] = global_rec
             if algo.has_personal_model:
                 content[VIEW] = pack(algo.server_view(self.server, cid))
             self.eval_bytes += sum(rec.count_bytes() for rec in content.array_records.values())

@@ -45,9 +45,7 @@ def payload_to_records(payload: Payload) -> RecordDict:
                 f"payload record {name!r}: names starting with {RESERVED!r} are reserved for "
                 "the Flower adapter; rename the record"
             )
-        out[name] = ArrayRecord(
-            {k: Array(t.detach().cpu().contiguous().numpy()) for k, t in tensors.items()}
-        )
+        out[name] = tensors_to_record(tensors)
     metrics = {k: _metric_value(k, v) for k, v in payload.metrics.items()}
     metrics[NUM_EXAMPLES] = int(payload.num_examples)
     out[METRICS] = MetricRecord(metrics)
@@ -62,11 +60,25 @@ def records_to_payload(content: RecordDict, device: torch.device | str = "cpu") 
     for name, rec in content.array_records.items():
         if name.startswith(RESERVED):
             continue
-        records[name] = {k: torch.from_numpy(a.numpy()).to(device) for k, a in rec.items()}
+        records[name] = record_to_tensors(rec, device)
     metrics = dict(content.metric_records.get(METRICS, {}))
     num = int(metrics.pop(NUM_EXAMPLES, 0))
     config = dict(content.config_records.get(CONFIG, {}))
     return Payload(records, num_examples=num, metrics=metrics, config=config)
+
+
+def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
+    """Named tensors as one ``ArrayRecord`` (order, dtype and shape kept)."""
+    return ArrayRecord(
+        {k: Array(t.detach().cpu().contiguous().numpy()) for k, t in tensors.items()}
+    )
+
+
+def record_to_tensors(
+    record: ArrayRecord, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The named tensors of :func:`tensors_to_record`, on ``device``."""
+    return {k: torch.from_numpy(a.numpy()).to(device) for k, a in record.items()}
 
 
 def _metric_value(key: str, value: object) -> int | float:
