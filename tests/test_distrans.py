@@ -20,6 +20,7 @@ from fedshift.algorithms.distrans import (
     OffsetAggregator,
     _FrozenBNStats,
     blend,
+    class_share,
     label_proportions,
     recover,
     train_aggregator,
@@ -307,43 +308,96 @@ def test_avg_aggregation_by_hand_and_clients_continue_from_it(weighting):
     assert torch.allclose(algo.personal_weights(server, fresh)[OFFSET], want)
 
 
+@pytest.mark.parametrize("offset_input", [False, True])
 @pytest.mark.parametrize("shape", [(3, 28, 28), (1, 3, 3), (3, 5, 7), (2, 32, 32), (3, 64, 64)])
-def test_aggregator_output_shape_any_input(shape):
-    agg = OffsetAggregator(5, shape, hidden=8, width=4)
-    out = agg(label_proportions(torch.rand(3, 5)))
+def test_aggregator_output_shape_any_input(shape, offset_input):
+    agg = OffsetAggregator(5, shape, hidden=8, width=4, offset_input=offset_input)
+    t = torch.randn(3, *shape) if offset_input else None
+    out = agg(label_proportions(torch.rand(3, 5)), t)
     assert out.shape == (3, *shape) and out.abs().max() <= 1
 
 
-def test_nn_aggregator_mse_decreases_and_per_client_offsets():
-    torch.manual_seed(0)
-    agg = OffsetAggregator(4, (3, 8, 8), hidden=16, width=8)
-    targets = [([5, 1, 0, 0], 0.5), ([0, 1, 3, 0], -0.3), ([1, 1, 1, 1], 0.1)]
-    pairs = [
-        (label_proportions(torch.tensor(c, dtype=torch.float32)), torch.full((3, 8, 8), v))
-        for c, v in targets
-    ]
-    hist = train_aggregator(agg, pairs, steps=15, lr=5e-2)
-    assert all(b < a for a, b in zip(hist, hist[1:], strict=False))
-    assert hist[-1] < 0.6 * hist[0]
+def test_class_share_is_section_4_4_embedding():
+    # e_ij = fraction of class j's training data on client i (columns sum to 1)
+    counts = torch.tensor([[5.0, 1.0, 0.0], [2.0, 2.0, 0.0], [0.0, 2.0, 0.0]])
+    e = class_share(counts)
+    assert torch.allclose(e[:, 0], torch.tensor([5 / 7, 2 / 7, 0.0]))
+    assert torch.allclose(e[:, 1], torch.tensor([0.2, 0.4, 0.4]))
+    assert torch.equal(e[:, 2], torch.zeros(3))  # nobody holds class 2
+    # not the client's own label mix (rows of label_proportions sum to 1)
+    assert not torch.allclose(e, label_proportions(counts))
 
+
+def test_nn_aggregator_mse_decreases():
+    torch.manual_seed(0)
+    for offset_input in (False, True):
+        agg = OffsetAggregator(4, (3, 8, 8), hidden=16, width=8, offset_input=offset_input)
+        targets = [([5, 1, 0, 0], 0.5), ([0, 1, 3, 0], -0.3), ([1, 1, 1, 1], 0.1)]
+        pairs = [
+            (
+                label_proportions(torch.tensor(c, dtype=torch.float32)),
+                torch.full((3, 8, 8), -v) if offset_input else None,
+                torch.full((3, 8, 8), v),
+            )
+            for c, v in targets
+        ]
+        hist = train_aggregator(agg, pairs, steps=15, lr=5e-2)
+        assert all(b < a for a, b in zip(hist, hist[1:], strict=False))
+        assert hist[-1] < 0.6 * hist[0]
+
+
+@pytest.mark.parametrize("nn_input", ["paper", "released"])
+def test_nn_aggregation_inputs_and_per_client_offsets(nn_input):
     fed = tiny_fed(sizes=(6, 4, 2))
-    algo, model = make_algo(fed, aggregation="nn", nn_steps=3, nn_hidden=8, nn_width=4)
+    algo, model = make_algo(
+        fed, aggregation="nn", nn_steps=3, nn_hidden=8, nn_width=4, nn_input=nn_input
+    )
     server = algo.init_server(model)
     counts = {"c0": [5, 1], "c1": [2, 2], "c2": [0, 2]}
-    replies = [(c, _reply(algo, model, torch.rand(SHAPE) - 0.5, 1, counts[c])) for c in counts]
+    torch.manual_seed(0)
+    ups = {c: torch.rand(SHAPE) - 0.5 for c in counts}
+    replies = [(c, _reply(algo, model, ups[c], 1, counts[c])) for c in counts]
     before = copy.deepcopy(server["aggregator"])
     algo.aggregate(server, 1, replies)
     assert len(server["nn_loss"]) == 3 and server["nn_loss"][-1] < server["nn_loss"][0]
     assert any(not torch.equal(before[k], server["aggregator"][k]) for k in before)
     net = algo.aggregator(server)
-    for cid, cnt in counts.items():
+    matrix = torch.tensor([counts[c] for c in sorted(counts)], dtype=torch.float32)
+    emb = class_share(matrix) if nn_input == "paper" else label_proportions(matrix)
+    for i, cid in enumerate(sorted(counts)):
         out = algo.broadcast(server, 2, cid)["offset"][OFFSET]
         assert out.shape == SHAPE
-        want = net(label_proportions(torch.tensor([cnt], dtype=torch.float32)))[0]
-        assert torch.allclose(out, want, atol=1e-6)
+        t = ups[cid][None] if nn_input == "paper" else None
+        assert torch.allclose(out, net(emb[i][None], t)[0], atol=1e-6)
     assert not torch.allclose(server["offset_nn"]["c0"], server["offset_nn"]["c2"])
     # the aggregator's weights stay on the server
     assert set(algo.broadcast(server, 2, "c0").records) == {"weights", "offset"}
+
+
+@pytest.mark.parametrize("nn_input", ["paper", "released"])
+def test_nn_aggregation_iid_clients_get_different_offsets(nn_input):
+    """Section 4.4 feeds the client's offset too, so clients with identical label counts (an
+    i.i.d. split) get different aggregated offsets; the released label-only input cannot."""
+    fed = tiny_fed(sizes=(4, 4, 4))
+    algo, model = make_algo(fed, aggregation="nn", nn_hidden=8, nn_width=4, nn_input=nn_input)
+    server = algo.init_server(model)
+    torch.manual_seed(1)
+    ups = {c: torch.randn(SHAPE) for c in ("c0", "c1", "c2")}
+    algo.aggregate(server, 1, [(c, _reply(algo, model, ups[c], 4, [2, 2])) for c in ups])
+    out = server["offset_nn"]
+    same = all(torch.allclose(out["c0"], out[c]) for c in ("c1", "c2"))
+    assert same == (nn_input == "released")
+    # round 2: the regression input is what the network was fed last round, its target the
+    # new upload; the next offsets are computed from the new uploads
+    if nn_input == "paper":
+        new = {c: torch.randn(SHAPE) for c in ups}
+        algo.aggregate(server, 2, [(c, _reply(algo, model, new[c], 4, None)) for c in ups])
+        assert all(torch.equal(server["offset_in"][c], new[c]) for c in ups)
+        net = algo.aggregator(server)
+        e = class_share(torch.tensor([[2.0, 2.0]] * 3))
+        want = net(e, torch.stack([new[c] for c in sorted(ups)]))
+        for i, c in enumerate(sorted(ups)):
+            assert torch.allclose(out_c := server["offset_nn"][c], want[i], atol=1e-6), out_c
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -36,14 +36,22 @@ Offset aggregation (``aggregation``; the paper's Table 4 ablation is none / avg 
 * ``avg``: clients upload their offsets (record ``offset``), the server averages them with
   ``federation.weighting`` (the released ``avg_trigger`` is a uniform mean) and every client
   continues from the average.
-* ``nn`` (Section 4.4): clients also upload their label distribution once (record
-  ``label_dist``: the C training-label counts; the aggregator's input is their normalised
-  proportions). A server-side network (:class:`OffsetAggregator`) maps a client's label
-  distribution to an offset; after each round it is trained by MSE regression onto the
-  uploaded offsets (``nn_steps`` passes, one SGD step per uploaded offset, lr ``nn_lr`` = 1e-2,
-  as ``hyperMACFed.py``: one step per client per round), then every client receives the
-  network's output for its own label distribution and continues from it. Its weights live in
-  the server state (checkpointed) and are never sent.
+* ``nn`` (Section 4.4): clients also upload their training-label counts once (record
+  ``label_dist``). A server-side network (:class:`OffsetAggregator`) maps a client-specific
+  embedding and the client's offset to an aggregated offset for that client. With
+  ``nn_input=paper`` (default) the embedding is e with e_j = the client's share of all
+  training images of class j (the column-normalised count matrix, :func:`class_share`) and
+  the network also takes the client's offset, as Section 4.4 states. Section 4.4 trains it
+  by regression on pairs (t_i, t'_i): t_i the offset client i uploaded this round, t'_i the
+  aggregated offset the network output for it in the previous round; fedshift recomputes
+  t'_i with the current network from the same inputs (e_i and the offset it was fed last
+  time: the client's previous upload, or this one the first time), minimises ||t_i - t'_i||^2
+  by SGD (``nn_steps`` passes, one step per uploaded offset, lr ``nn_lr`` = 1e-2, as
+  ``hyperMACFed.py``: one step per client per round) and sends every client the network's
+  output for (e_i, t_i). Clients with the same label counts (i.i.d. splits) therefore still
+  get different offsets. ``nn_input=released`` is the released code's generator: its only
+  input is the client's own label distribution (proportions summing to 1), so i.i.d. clients
+  all receive one offset. Its weights live in the server state (checkpointed), never sent.
 * ``auto`` (default): the paper's rule: aggregate only when the degree of heterogeneity
   DH < ``dh_threshold`` (50 %); otherwise ``none``. Below the threshold it uses
   ``auto_aggregator`` (``nn``: the released README runs ``hyperMACFed.py``, the NN aggregator,
@@ -147,6 +155,9 @@ class DisTransParams(FLParams):
     nn_hidden: int = 100
     # nn aggregator: channels of the last transposed conv (released ngf: 64)
     nn_width: int = 64
+    # nn aggregator input: "paper" = class-share embedding e + the client's offset
+    # (Sec. 4.4); "released" = the client's own label distribution only (hyperMACFed.py)
+    nn_input: Literal["paper", "released"] = "paper"
 
 
 # ----------------------------------------------------------------------------- Eq. 1
@@ -236,20 +247,29 @@ class DisTransModel(FedModel):
 
 # ----------------------------------------------------------------------------- NN aggregator
 class OffsetAggregator(nn.Module):
-    """Section 4.4's server network: label distribution (C proportions) -> offset.
+    """Section 4.4's server network: (client embedding, client offset) -> aggregated offset.
 
-    MLP (C -> hidden -> hidden) -> linear to a 100-d code -> transposed convolutions: 1 -> 4 x 4
-    (kernel 4), then stride-2 doublings until the largest input side is covered, channels
+    The embedding (C values) goes through an MLP (C -> hidden -> hidden). With
+    ``offset_input`` the client's offset goes through a convolutional encoder (3 x 3 conv to
+    ``width`` channels, ReLU, average-pooled to 4 x 4, linear to ``hidden``) and the two codes
+    are concatenated; without it (the released generator) the embedding alone is the input.
+    Then a linear layer to a 100-d code and the generator: transposed convolutions 1 -> 4 x 4
+    (kernel 4), stride-2 doublings until the largest input side is covered, channels
     ``width * 2^k`` halving down to ``width`` and finally the input's channels -> centre crop
-    to H x W -> tanh. For 3 x 64 x 64 this is the released generator's layer shape
+    to H x W -> tanh. For 3 x 64 x 64 the generator is the released one's layer shape
     (``ngf`` = 64) without its BN layers. Weights: He-uniform, biases zero (the released
-    ``weights_init_uniform`` for linear layers; applied to the transposed convolutions too).
+    ``weights_init_uniform`` for linear layers; applied to the convolutions too).
     """
 
     CODE = 100
 
     def __init__(
-        self, num_classes: int, shape: tuple[int, ...], hidden: int = 100, width: int = 64
+        self,
+        num_classes: int,
+        shape: tuple[int, ...],
+        hidden: int = 100,
+        width: int = 64,
+        offset_input: bool = False,
     ) -> None:
         super().__init__()
         c, h, w = (int(s) for s in shape)
@@ -257,7 +277,18 @@ class OffsetAggregator(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(num_classes, hidden), nn.ReLU(), nn.Linear(hidden, hidden)
         )
-        self.fc = nn.Linear(hidden, self.CODE)
+        self.encoder = (
+            nn.Sequential(
+                nn.Conv2d(c, width, 3, padding=1),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(4),
+                nn.Flatten(),
+                nn.Linear(width * 16, hidden),
+            )
+            if offset_input
+            else None
+        )
+        self.fc = nn.Linear(hidden * (2 if offset_input else 1), self.CODE)
         ups = max(0, math.ceil(math.log2(max(h, w) / 4)))
         outs = [width * 2 ** (ups - 1 - i) for i in range(ups)] + [c]
         layers: list[nn.Module] = [nn.ConvTranspose2d(self.CODE, outs[0], 4, 1, 0)]
@@ -266,43 +297,57 @@ class OffsetAggregator(nn.Module):
         self.deconv = nn.Sequential(*layers)
         self.size = 4 * 2**ups
         for m in self.modules():  # the released init for linear layers (He uniform, zero bias);
-            # the same for the transposed convolutions, which have no BN here to rescale them
-            if isinstance(m, nn.Linear | nn.ConvTranspose2d):
+            # the same for the convolutions, which have no BN here to rescale them
+            if isinstance(m, nn.Linear | nn.ConvTranspose2d | nn.Conv2d):
                 nn.init.kaiming_uniform_(m.weight, nonlinearity="relu")
                 nn.init.zeros_(m.bias)
 
-    def forward(self, p: torch.Tensor) -> torch.Tensor:
-        """(N, C) label distributions -> (N, c, h, w) offsets in [-1, 1]."""
-        code = self.fc(self.mlp(p)).view(p.shape[0], self.CODE, 1, 1)
-        out = self.deconv(code)
+    def forward(self, e: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, C) embeddings [+ (N, c, h, w) offsets] -> (N, c, h, w) offsets in [-1, 1]."""
+        code = self.mlp(e)
+        if self.encoder is not None:
+            if t is None:
+                raise ValueError("this offset aggregator also takes the clients' offsets")
+            code = torch.cat([code, self.encoder(t)], dim=1)
+        out = self.deconv(self.fc(code).view(e.shape[0], self.CODE, 1, 1))
         c, h, w = self.shape
         top, left = (self.size - h) // 2, (self.size - w) // 2
         return torch.tanh(out[:, :, top : top + h, left : left + w])
 
 
 def label_proportions(counts: torch.Tensor) -> torch.Tensor:
-    """Label counts -> the label distribution the aggregator takes (rows sum to 1)."""
+    """Label counts -> each client's own label distribution (rows sum to 1; released input)."""
     counts = counts.float()
     return counts / counts.sum(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
+def class_share(counts: torch.Tensor) -> torch.Tensor:
+    """(clients, classes) label counts -> Section 4.4's embeddings: e_ij = the fraction of
+    class j's training data that is on client i (columns sum to 1; a class nobody holds is
+    0 for every client)."""
+    counts = counts.float()
+    return counts / counts.sum(dim=0, keepdim=True).clamp_min(1e-12)
+
+
+#: one regression pair: (embedding, input offset or None, uploaded offset)
+AggPair = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
+
+
 def train_aggregator(
-    agg: OffsetAggregator,
-    pairs: list[tuple[torch.Tensor, torch.Tensor]],
-    steps: int,
-    lr: float,
+    agg: OffsetAggregator, pairs: list[AggPair], steps: int, lr: float
 ) -> list[float]:
-    """MSE regression of ``agg(label distribution)`` onto uploaded offsets: ``steps`` passes,
-    one SGD step per (label distribution, offset) pair in the given order (hyperMACFed.py).
-    Returns the mean MSE of each pass, measured as it trains."""
+    """Section 4.4's regression: minimise ||t_i - agg(e_i, t_in)||^2 by SGD, ``steps`` passes,
+    one step per pair in the given order (hyperMACFed.py). Returns each pass's mean MSE,
+    measured as it trains."""
     agg.train()
     opt = torch.optim.SGD(agg.parameters(), lr=lr)
     history = []
     for _ in range(steps):
         total = 0.0
-        for p, t in pairs:
+        for e, t_in, t in pairs:
             opt.zero_grad(set_to_none=True)
-            loss = F.mse_loss(agg(p[None])[0], t)
+            out = agg(e[None], None if t_in is None else t_in[None])[0]
+            loss = F.mse_loss(out, t)
             loss.backward()
             opt.step()
             total += float(loss.detach())
@@ -427,12 +472,11 @@ class DisTrans(Algorithm):
     # -- server ----------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
         server = super().init_server(model)
-        server.update(label_dist={}, dh=None, offset_avg=None, offset_nn={}, nn_loss=[])
+        server.update(
+            label_dist={}, dh=None, offset_avg=None, offset_nn={}, offset_in={}, nn_loss=[]
+        )
         if self.wants_label_dist():
-            agg = OffsetAggregator(
-                self.num_classes, self.input_shape, self.params.nn_hidden, self.params.nn_width
-            )
-            server["aggregator"] = clone(agg.state_dict())
+            server["aggregator"] = clone(self._new_aggregator().state_dict())
         return server
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
@@ -468,30 +512,51 @@ class DisTrans(Algorithm):
     def aggregator(self, server: State) -> OffsetAggregator:
         """The server's NN aggregator loaded from the server state."""
         if self._aggregator is None:
-            self._aggregator = OffsetAggregator(
-                self.num_classes, self.input_shape, self.params.nn_hidden, self.params.nn_width
-            )
+            self._aggregator = self._new_aggregator()
         self._aggregator.load_state_dict(server["aggregator"])
         return self._aggregator
 
+    def _new_aggregator(self) -> OffsetAggregator:
+        p = self.params
+        return OffsetAggregator(
+            self.num_classes,
+            self.input_shape,
+            p.nn_hidden,
+            p.nn_width,
+            offset_input=p.nn_input == "paper",
+        )
+
+    def _embeddings(self, server: State) -> dict[str, torch.Tensor]:
+        """Each known client's aggregator embedding (``nn_input``): its class share among
+        the clients whose label counts the server has, or its own label distribution."""
+        ids = sorted(server["label_dist"])
+        counts = torch.stack([server["label_dist"][c] for c in ids])
+        emb = class_share(counts) if self.params.nn_input == "paper" else label_proportions(counts)
+        return {c: emb[i] for i, c in enumerate(ids)}
+
     def _aggregate_nn(self, server: State, uploads: list[Reply]) -> None:
         agg = self.aggregator(server)
-        pairs = [
-            (
-                label_proportions(server["label_dist"][cid]),
-                p[OFFSET_RECORD][OFFSET].detach().float().cpu(),
-            )
-            for cid, p in uploads
-            if cid in server["label_dist"]
-        ]
+        emb = self._embeddings(server)
+        paper = self.params.nn_input == "paper"
+        fed_in: dict[str, torch.Tensor] = server.setdefault("offset_in", {})  # old checkpoints
+        pairs: list[AggPair] = []
+        for cid, p in uploads:
+            if cid not in emb:
+                continue
+            t = p[OFFSET_RECORD][OFFSET].detach().float().cpu()
+            pairs.append((emb[cid], fed_in.get(cid, t) if paper else None, t))
+            if paper:
+                fed_in[cid] = t
         if not pairs:
             return
         server["nn_loss"] = train_aggregator(agg, pairs, self.params.nn_steps, self.params.nn_lr)
         server["aggregator"] = clone(agg.state_dict())
-        ids = sorted(server["label_dist"])
+        # every client the network can serve: known embedding (and, for the paper's input,
+        # an offset it has uploaded at least once)
+        ids = [c for c in sorted(emb) if not paper or c in fed_in]
         with torch.no_grad():
-            dist = torch.stack([label_proportions(server["label_dist"][c]) for c in ids])
-            out = agg(dist)
+            e = torch.stack([emb[c] for c in ids])
+            out = agg(e, torch.stack([fed_in[c] for c in ids]) if paper else None)
         server["offset_nn"] = {c: out[i].clone() for i, c in enumerate(ids)}
 
     # -- client ----------------------------------------------------------------------------
