@@ -1137,6 +1137,23 @@ def _cmd_loco(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_head_finetune(args: argparse.Namespace) -> int:
+    from fedshift.head_finetune import head_finetune
+
+    return _print(
+        head_finetune(
+            args.config,
+            args.overrides,
+            args.epochs,
+            args.workers,
+            args.threads,
+            args.out,
+            args.runs,
+            not args.quiet,
+        )
+    )
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     return _print(
         sweep(
@@ -1186,10 +1203,12 @@ def _suite_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub) -> None:
-    """Add ``fedshift protocol {cross-site,loco,sweep,rounds,tsne}`` to the ``sub``-commands
-    of the main parser; each sets ``fn`` to a handler returning the exit code."""
+    """Add ``fedshift protocol {cross-site,loco,sweep,rounds,head-finetune,tsne}`` to the
+    ``sub``-commands of the main parser; each sets ``fn`` to a handler returning the exit code."""
     p = sub.add_parser(
-        "protocol", help="the papers' evaluation protocols (cross-site, loco, sweep, rounds, tsne)"
+        "protocol",
+        help="the papers' evaluation protocols "
+        "(cross-site, loco, sweep, rounds, head-finetune, tsne)",
     )
     ps = p.add_subparsers(dest="protocol", required=True)
 
@@ -1240,6 +1259,14 @@ def add_parser(sub) -> None:
     )
     common(ro, "rounds")
     ro.set_defaults(fn=_cmd_rounds)
+
+    hf = ps.add_parser(
+        "head-finetune", help="train on a data fraction, retrain only the head (FRAug Tab. 1)"
+    )
+    _suite_args(hf)
+    hf.add_argument("--epochs", type=int, default=10, help="head epochs (default 10)")
+    common(hf, "head-finetune")
+    hf.set_defaults(fn=_cmd_head_finetune)
 
     ts = ps.add_parser("tsne", help="t-SNE of test features by client (FedRDN Fig. 3)")
     ts.add_argument("runs", nargs="+", help="finished run directories, one panel each")
