@@ -9,6 +9,7 @@ from fedshift.data.brain_mri import BrainMRIParams, load_brain_mri
 from fedshift.data.camelyon import CamelyonParams, load_camelyon
 from fedshift.data.cifar import CifarParams, load_cifar10, load_cifar100
 from fedshift.data.digits import DigitsParams, load_digits
+from fedshift.data.distrans_folders import CHMNISTParams, CUBParams, load_chmnist, load_cub200
 from fedshift.data.fashion import FashionParams, load_fashion
 from fedshift.data.fedbn_pickles import (
     Digits5Params,
@@ -94,6 +95,18 @@ DATASETS.add(
 DATASETS.add("cifar10", load_cifar10, CifarParams, "CIFAR-10 (your python batches); partition it")
 DATASETS.add(
     "cifar100", load_cifar100, CifarParams, "CIFAR-100 (your python batches); partition it"
+)
+DATASETS.add(
+    "chmnist",
+    load_chmnist,
+    CHMNISTParams,
+    "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it",
+)
+DATASETS.add(
+    "cub200",
+    load_cub200,
+    CUBParams,
+    "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
 )
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 DATASETS.add(
