@@ -129,3 +129,15 @@ def test_data_show_brain_mri_counts_and_preview(tmp_path, capsys, monkeypatch):
     assert shown["task"] == "segmentation"
     assert set(shown["counts"]) == {"site1", "site2"}
     assert out.is_file()
+
+
+def test_overrides_may_follow_options():
+    from fedshift.cli import parse
+
+    args = parse(["bench", "s.yaml", "--quiet", "sweep={seed: [0, 1]}", "--workers", "2", "a=1"])
+    assert args.suite == "s.yaml" and args.quiet and args.workers == 2
+    assert args.overrides == ["sweep={seed: [0, 1]}", "a=1"]
+    with pytest.raises(SystemExit):
+        parse(["bench", "s.yaml", "--no-such-flag"])
+    with pytest.raises(SystemExit):
+        parse(["list", "stray"])

@@ -266,8 +266,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; ``key=value`` words may also follow the options."""
+    parser = build_parser()
+    # argparse stops filling a subcommand's positional ``overrides`` at the first option, so
+    # ``bench SUITE --quiet key=value`` would be refused; key=value words after options are
+    # overrides too (anything else is still an error).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(w.startswith("-") for w in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*(args.overrides or []), *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.fn(args)
     except FedshiftError as e:
