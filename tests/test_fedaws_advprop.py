@@ -29,7 +29,7 @@ from fedshift.algorithms.fedaws import (
     spreadout_step,
     unit_distances,
 )
-from fedshift.algorithms.pfedhn import PFedHN, PFedHNParams
+from fedshift.algorithms.pfedhn import HyperNetwork, PFedHN, PFedHNParams
 from fedshift.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.data.base import ClientData, Split
 from fedshift.engine.context import ClientContext, InputPipeline, Normalize
@@ -389,6 +389,27 @@ def test_hypernetwork_outputs_the_target_parameter_shapes():
     assert {k: v.shape for k, v in out.items()} == {k: p.shape for k, p in cnn.named_parameters()}
     assert big.local_keys == [k for k in cnn.state_dict() if "running" in k or "tracked" in k]
     assert big.hnet.embeddings.weight.shape == (3, 1)  # int(1 + 3 / 4)
+
+
+def test_pfedhn_initial_output_is_the_target_models_init_by_default():
+    """head_init=target: h(v; phi) starts at the model's own init (BN scales near 1), so a BN
+    target's signal is not crushed; head_init=default (released nn.Linear init) starts every
+    generated BN scale near 0."""
+    torch.manual_seed(0)
+    cnn = SmallCNN(num_classes=10, width=4)
+    own = {k: p.detach().clone() for k, p in cnn.named_parameters()}
+    scales = [k for k in own if k.endswith("bn.weight")]
+    assert scales and all(torch.equal(own[k], torch.ones_like(own[k])) for k in scales)
+    target = PFedHN(PFedHNParams(), TrainConfig(), FederationConfig(), cnn, 3)
+    released = PFedHN(PFedHNParams(head_init="default"), TrainConfig(), FederationConfig(), cnn, 3)
+    for row in range(3):
+        out_t, out_r = target.hnet(row), released.hnet(row)
+        for k in scales:
+            assert (out_t[k] - 1).abs().mean() < 0.3, k  # around the model's 1
+            assert out_r[k].abs().mean() < 0.3, k  # around 0: the released init
+        # the bias carries the model's init; the rest is the client-dependent linear term
+        head = target.hnet.heads[HyperNetwork.head_name(scales[0])]
+        assert torch.equal(head.bias.detach(), own[scales[0]].reshape(-1))
 
 
 def test_server_update_is_the_vector_jacobian_product():
