@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fedshift.config import load_config, resolve
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
+from fedshift.core.context import Normalize
+from fedshift.core.seeding import generator, seed_global
 from fedshift.data import load_dataset
-from fedshift.engine.context import Normalize
-from fedshift.engine.seeding import generator, seed_global
-from fedshift.engine.simulation import run_experiment
 from fedshift.models import build_model
+from fedshift.runtime.simulation import run_experiment
 
 
 def hand_written_fedavg(cfg, fed) -> tuple[dict, float]:

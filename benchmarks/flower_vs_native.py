@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from fedshift.config import load_config, resolve
-from fedshift.engine.simulation import run_experiment
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
 from fedshift.flower.simulate import simulate
+from fedshift.runtime.simulation import run_experiment
 
 
 def rows(run_dir: Path) -> list[dict]:

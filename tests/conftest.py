@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedshift.config import load_config, resolve
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
 
 torch.set_num_threads(1)
 

@@ -9,15 +9,15 @@ from conftest import toy_cfg
 from fedshift.algorithms import ALGORITHMS
 from fedshift.algorithms.base import bn_keys, resolve_weighting, weighted_average
 from fedshift.algorithms.fednova import a_norm
-from fedshift.config import FederationConfig, TrainConfig
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext, InputPipeline, Normalize
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
+from fedshift.core.seeding import generator
 from fedshift.data.toy import ToyParams, load_toy
-from fedshift.engine.context import ClientContext, InputPipeline, Normalize
-from fedshift.engine.payload import Payload
-from fedshift.engine.seeding import generator
-from fedshift.engine.simulation import run_experiment
-from fedshift.errors import ConfigError
 from fedshift.models import build_model
 from fedshift.models.digits import SmallCNN
+from fedshift.runtime.simulation import run_experiment
 
 
 def make_algo(name, model=None, train=None, weighting="samples", num_clients=2, **params):
@@ -108,7 +108,7 @@ def test_fedbn_full_round_keeps_bn_on_clients():
 
 
 def default_pipeline():
-    from fedshift.config import InputConfig
+    from fedshift.core.config import InputConfig
 
     return InputPipeline([], Normalize(InputConfig(), 3, torch.device("cpu")))
 

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from fedshift.bench import cell_status, config_digest, plan, run_suite
+from fedshift.catalog import resolve
 from fedshift.cli import main
-from fedshift.config import resolve
-from fedshift.engine.simulation import RunInterrupted, Simulation
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
+from fedshift.runtime.simulation import RunInterrupted, Simulation
 
 SUITE = {
     "name": "suite",

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedshift.core.errors import ConfigError, MissingSourceError
 from fedshift.data import brain_mri as bm
 from fedshift.data import load_dataset
 from fedshift.data.brain_mri import (
@@ -30,7 +31,6 @@ from fedshift.data.brain_mri import (
     scanner_table,
     usable_slices,
 )
-from fedshift.errors import ConfigError, MissingSourceError
 
 SIDE = 48  # the phantom's cube side (its brain spans 40 voxels along y, plus 2 x 4 margin)
 

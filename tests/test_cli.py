@@ -59,8 +59,9 @@ def test_run_on_digits_end_to_end(tmp_path, digits_env, capsys):
 
 
 def test_resume_from_cli(tmp_path, digits_env, capsys):
-    from fedshift.config import load_config, resolve
-    from fedshift.engine.simulation import RunInterrupted, run_experiment
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.runtime.simulation import RunInterrupted, run_experiment
 
     over = [
         *digits_env,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedshift.engine.simulation import run_experiment
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
+from fedshift.runtime.simulation import run_experiment
 
 TABLE1_ALGORITHMS = [
     "fedavg",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fedshift.config import expand_sweep, load_config, resolve
-from fedshift.errors import ConfigError
+from fedshift.catalog import resolve
+from fedshift.core.config import expand_sweep, load_config
+from fedshift.core.errors import ConfigError
 
 
 def cfg(*overrides):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data import debian
 from fedshift.data import digit_sources as ds
 from fedshift.data.base import SPLITS, Federation
@@ -28,7 +29,6 @@ from fedshift.data.digits import (
     show_digits,
     split_indices,
 )
-from fedshift.errors import DataError, MissingSourceError
 
 LOCAL = ["mnist", "mnistm", "optdigits", "synth"]  # domains that need no download
 GRAY = ("mnist", "optdigits", "opencv")

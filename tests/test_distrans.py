@@ -25,18 +25,18 @@ from fedshift.algorithms.distrans import (
     recover,
     train_aggregator,
 )
-from fedshift.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.context import ClientContext, InputPipeline, Normalize
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.engine.context import ClientContext, InputPipeline, Normalize
-from fedshift.engine.payload import Payload
-from fedshift.engine.simulation import (
+from fedshift.models.base import FedModel
+from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
     resume_experiment,
     run_experiment,
 )
-from fedshift.errors import ConfigError
-from fedshift.models.base import FedModel
 
 SMALL = ("dataset.train_size=32", "dataset.val_size=8", "dataset.test_size=8", "dataset.classes=4")
 SHAPE = (1, 3, 3)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data import DATASETS, load_dataset
 from fedshift.data.distrans_folders import (
     CHMNIST_CLASSES,
@@ -24,7 +25,6 @@ from fedshift.data.distrans_folders import (
     load_chmnist,
     load_cub200,
 )
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 PER_CLASS = 6
 

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
+from fedshift.core.errors import TrainingError
 from fedshift.data.toy import ToyParams, load_toy
-from fedshift.engine.simulation import (
+from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
     resume_experiment,
     run_experiment,
 )
-from fedshift.errors import TrainingError
 
 METRIC_KEYS = (
     "best_round",
@@ -162,7 +162,7 @@ def test_local_training_steps(make_cfg, tmp_path):
 
 
 def test_resume_without_checkpoint_is_a_clear_error(make_cfg, tmp_path):
-    from fedshift.errors import FedshiftError
+    from fedshift.core.errors import FedshiftError
 
     cfg = make_cfg("algorithm.name=fedavg", "checkpoint.every=0", rounds=3)
     with pytest.raises(RunInterrupted):

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from fedshift.cli import main
+from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data import debian, load_dataset
 from fedshift.data import fashion as fm
 from fedshift.data.fashion import FashionParams, load_fashion, locate_fashion
-from fedshift.errors import DataError, MissingSourceError
 
 TRAIN_PER_CLASS, TEST_PER_CLASS = 6, 3
 

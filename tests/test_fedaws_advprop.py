@@ -30,15 +30,15 @@ from fedshift.algorithms.fedaws import (
     unit_distances,
 )
 from fedshift.algorithms.pfedhn import HyperNetwork, PFedHN, PFedHNParams
-from fedshift.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.context import ClientContext, InputPipeline, Normalize
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
+from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
-from fedshift.engine.context import ClientContext, InputPipeline, Normalize
-from fedshift.engine.payload import Payload
-from fedshift.engine.seeding import generator
-from fedshift.engine.simulation import RunInterrupted, Simulation, resume_experiment
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 from fedshift.models.digits import SmallCNN
+from fedshift.runtime.simulation import RunInterrupted, Simulation, resume_experiment
 
 TINY = ("model.name=cnn", "model.width=4")
 ONE_CLASS = ("dataset.classes=3", "partition.name=one-class")

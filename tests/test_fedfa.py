@@ -20,15 +20,15 @@ from fedshift.augment.ffa import (
     resample,
     sharing_variance,
 )
-from fedshift.engine.payload import Payload
-from fedshift.engine.simulation import (
+from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.payload import Payload
+from fedshift.models.digits import LeNet5, SmallCNN
+from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
     resume_experiment,
     run_experiment,
 )
-from fedshift.errors import ConfigError, DataError
-from fedshift.models.digits import LeNet5, SmallCNN
 
 T = torch.tensor
 

@@ -17,14 +17,14 @@ from fedshift.algorithms.fedproto import (
     prototype_regulariser,
 )
 from fedshift.augment.fedmix import FedMix, FedMixParams, group_means
-from fedshift.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.context import ClientContext, InputPipeline, Normalize
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
+from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
-from fedshift.engine.context import ClientContext, InputPipeline, Normalize
-from fedshift.engine.payload import Payload
-from fedshift.engine.seeding import generator
-from fedshift.engine.simulation import Simulation, run_experiment
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
+from fedshift.runtime.simulation import Simulation, run_experiment
 
 
 class Linear(FedModel):
@@ -123,7 +123,7 @@ def test_fedmix_loss_matches_the_formula_on_a_linear_model():
 
 def test_fedmix_needs_a_differentiable_pipeline_after_it():
     from fedshift.augment.base import Augment
-    from fedshift.errors import TrainingError
+    from fedshift.core.errors import TrainingError
 
     class Detach(Augment):
         name = "detach"

@@ -16,11 +16,11 @@ from fedshift.augment.fedrdn import (
     NormParams,
     channel_statistics,
 )
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Split
 from fedshift.data.fedbn_pickles import DomainNetParams, OfficeParams, split_bounds
-from fedshift.engine.payload import Payload
-from fedshift.engine.simulation import run_experiment
-from fedshift.errors import ConfigError
+from fedshift.runtime.simulation import run_experiment
 
 
 def test_channel_statistics_by_hand():
@@ -251,9 +251,7 @@ def test_office_loader_fedrdn_split_on_pickle_fixture(tmp_path):
             labels = np.array([OFFICE_CLASSES[i % 10] for i in range(n)])
             with open(folder / f"{d}_{which}.pkl", "wb") as fh:
                 pickle.dump((np.array(rel), labels), fh)
-    fed = load_office(
-        OfficeParams(root=str(tmp_path), split="fedrdn", size=4, cache=False)
-    )
+    fed = load_office(OfficeParams(root=str(tmp_path), split="fedrdn", size=4, cache=False))
     for d, (n, n_test) in sizes.items():
         c = fed.client(d)
         first = [int(round(v * 255)) for v in c.train.x[:, 0, 0, 0].tolist()]

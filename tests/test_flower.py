@@ -12,14 +12,14 @@ import torch
 from conftest import metric_rows, toy_cfg
 from flwr.app import ArrayRecord
 
-from fedshift.engine.payload import Payload
-from fedshift.engine.simulation import Simulation, run_experiment
-from fedshift.errors import ConfigError, FedshiftError
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Payload
 from fedshift.flower.inprocess import InProcessGrid
 from fedshift.flower.node import build_client_app, node_settings
 from fedshift.flower.server import FlowerOptions, FlowerServer
 from fedshift.flower.simulate import simulate
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, unpack
+from fedshift.runtime.simulation import Simulation, run_experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 rows = metric_rows

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import metric_rows, toy_cfg
 
-from fedshift.engine.simulation import run_experiment
 from fedshift.flower.deploy import LocalDeployment
 from fedshift.flower.server import FlowerOptions
+from fedshift.runtime.simulation import run_experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 rows = metric_rows

@@ -17,14 +17,14 @@ from fedshift.algorithms.fraug import (
     synthetic_weight,
     update_prototypes,
 )
-from fedshift.engine.payload import Payload
-from fedshift.engine.simulation import (
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
+from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
     resume_experiment,
     run_experiment,
 )
-from fedshift.errors import ConfigError
 
 EMBEDDINGS = ("both", "agnostic", "u_hat", "u_hat_c")
 

@@ -19,14 +19,14 @@ from fedshift.augment.ampnorm import (
     batch_amplitude,
     rebuild,
 )
-from fedshift.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
+from fedshift.core.context import ClientContext, InputPipeline, Normalize
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
+from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
-from fedshift.engine.context import ClientContext, InputPipeline, Normalize
-from fedshift.engine.payload import Payload
-from fedshift.engine.seeding import generator
-from fedshift.engine.simulation import Simulation
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
+from fedshift.runtime.simulation import Simulation
 
 AMP_BYTES = 3 * 28 * 28 * 4  # one toyshift amplitude spectrum, float32
 
@@ -431,7 +431,7 @@ def test_table_suites_give_fedbn_standard_bn(suite):
 
 
 def test_sweep_cell_sets_keys_together():
-    from fedshift.config import expand_sweep
+    from fedshift.core.config import expand_sweep
 
     raw = {
         "model": {"name": "unet", "bn": "harmofl"},

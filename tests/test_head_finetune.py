@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.head_finetune import finetune_head, head_finetune, head_table
 from fedshift.protocols import load_run
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from fedshift.core.errors import ConfigError
 from fedshift.data import load_dataset
-from fedshift.engine.simulation import Simulation, run_experiment
-from fedshift.errors import ConfigError
+from fedshift.runtime.simulation import Simulation, run_experiment
 
 
 def test_holdout_client_never_trains_and_is_reported_as_target(make_cfg, tmp_path):

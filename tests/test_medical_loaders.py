@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data import DATASETS, load_dataset
 from fedshift.data import camelyon as cam
 from fedshift.data import medical_io as mio
@@ -21,7 +22,6 @@ from fedshift.data import prostate as pro
 from fedshift.data.camelyon import CamelyonParams, load_camelyon
 from fedshift.data.nuclei import NucleiParams, load_nuclei
 from fedshift.data.prostate import ProstateParams, load_prostate
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 # a scanner-like affine: flipped x/y (RAS <- LPS storage), 0.625 mm in-plane, 3.6 mm slices
 AFFINE = np.array([[-0.625, 0, 0, 120.0], [0, -0.625, 0, -80.0], [0, 0, 3.6, 30.0], [0, 0, 0, 1.0]])

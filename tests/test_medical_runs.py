@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from test_medical_loaders import write_prostate, write_wilds
 
-from fedshift.config import load_config, resolve
-from fedshift.engine.simulation import run_experiment
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
+from fedshift.runtime.simulation import run_experiment
 
 
 def test_prostate_folder_to_dice_table(tmp_path, monkeypatch):

@@ -26,9 +26,9 @@ from fedshift.augment.mixing import (
     moment_exchange,
     sample_beta,
 )
-from fedshift.engine.simulation import Simulation, run_experiment
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
+from fedshift.runtime.simulation import Simulation, run_experiment
 
 
 class Tiny(FedModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models import MODEL_INPUTS, MODELS, build_model
 
 #: the 3x28x28 classification models (U-Net and DenseNet: tests/test_seg_models.py)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedshift.config import load_config, resolve
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.partition import (
     apply_partition,
@@ -18,8 +20,7 @@ from fedshift.data.partition import (
     tv_heterogeneity,
 )
 from fedshift.data.toy import ToyParams, load_toy
-from fedshift.engine.simulation import run_experiment
-from fedshift.errors import ConfigError, DataError
+from fedshift.runtime.simulation import run_experiment
 
 # ------------------------------------------------------------------------------ helpers
 

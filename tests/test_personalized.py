@@ -13,18 +13,18 @@ from torch import nn
 
 from fedshift.algorithms.moon import _Features, contrastive_loss
 from fedshift.algorithms.pfedme import PFedMe, PFedMeParams, blend, inner_step, outer_step
-from fedshift.config import FederationConfig, TrainConfig
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext, InputPipeline
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Split
-from fedshift.engine.context import ClientContext, InputPipeline
-from fedshift.engine.payload import Payload
-from fedshift.engine.simulation import (
+from fedshift.models.base import FedModel
+from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
     resume_experiment,
     run_experiment,
 )
-from fedshift.errors import ConfigError
-from fedshift.models.base import FedModel
 
 SMALL = (
     "dataset.train_size=24",

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from fedshift.config import dump_config, load_config, resolve
-from fedshift.engine.simulation import load_finished, run_experiment
-from fedshift.errors import ConfigError, FedshiftError
+from fedshift.catalog import resolve
+from fedshift.core.config import dump_config, load_config
+from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.protocols import (
     add_parser,
     cross_site,
@@ -30,6 +30,7 @@ from fedshift.protocols import (
     sweep,
     tsne,
 )
+from fedshift.runtime.simulation import load_finished, run_experiment
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=test"]
 SEG = [

@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data import DATASETS, load_dataset
 from fedshift.data import fedbn_pickles as fp
 from fedshift.data import image_folders as imf
@@ -31,7 +32,6 @@ from fedshift.data.fedbn_pickles import (
     load_office,
 )
 from fedshift.data.image_folders import OfficeHomeParams, PACSParams, load_officehome, load_pacs
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 
 def dump(path: Path, obj: object, protocol: int = pickle.HIGHEST_PROTOCOL) -> None:
@@ -724,7 +724,8 @@ def test_resize_uint8_matches_pillow_on_gradients() -> None:
     ],
 )
 def test_config_time_checks_name_the_key(overrides: list[str], key: str) -> None:
-    from fedshift.config import load_config, resolve
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
 
     with pytest.raises(ConfigError, match=key):
         resolve(load_config(None, [*overrides, "model.name=cnn"]))

@@ -15,13 +15,14 @@ from torch import nn
 from fedshift.augment import AUGMENTS, build_augments
 from fedshift.augment.ffa import stage_channels
 from fedshift.augment.geometric import FlipRotate, FlipRotateParams, flip_rotate, rotation_theta
+from fedshift.catalog import resolve
 from fedshift.cli import main
-from fedshift.config import load_config, resolve
-from fedshift.engine.simulation import run_experiment
-from fedshift.errors import ConfigError
+from fedshift.core.config import load_config
+from fedshift.core.errors import ConfigError
 from fedshift.models import build_model
 from fedshift.models.alexnet import AlexNetBN
 from fedshift.models.resnet import ResNet18
+from fedshift.runtime.simulation import run_experiment
 
 CLS = "classification"
 SEG = "segmentation"

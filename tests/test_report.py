@@ -8,9 +8,9 @@ import re
 import pytest
 
 from fedshift.cli import main
-from fedshift.engine.simulation import run_experiment
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.eval.report import build_report, load_runs
+from fedshift.runtime.simulation import run_experiment
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fedshift.augment import build_augments
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models import build_model
 from fedshift.models.densenet import DenseNet
 from fedshift.models.unet import UNet

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedshift.config import load_config, resolve
-from fedshift.engine.simulation import RunInterrupted, resume_experiment, run_experiment
-from fedshift.errors import ConfigError
-from fedshift.tasks import (
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
+from fedshift.core.errors import ConfigError
+from fedshift.core.tasks import (
     Classification,
     Segmentation,
     dice_counts,
@@ -21,6 +21,7 @@ from fedshift.tasks import (
     joint_loss,
     soft_dice_loss,
 )
+from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
 
 
 def seg_cfg(*overrides: str, rounds: int = 2):
@@ -138,7 +139,7 @@ def test_segmentation_evaluate_reports_foreground_and_all_class_dice():
 )
 def test_segmentation_rejects_what_needs_one_label_per_image(overrides, match):
     with pytest.raises(ConfigError, match=match):
-        from fedshift.engine.simulation import Simulation
+        from fedshift.runtime.simulation import Simulation
 
         cfg = seg_cfg(*overrides)
         Simulation(cfg, "/tmp/unused", progress=False)

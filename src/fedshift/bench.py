@@ -12,7 +12,7 @@ every cell with what happened to it in this invocation (``ran``, ``resumed``, ``
 Independent cells run in ``workers`` processes (default: one per two cores, at most the
 number of pending cells), each with ``torch`` limited to ``cores // workers`` threads, so
 results do not depend on how many workers ran them (every random stream is derived from the
-config's seed; see :mod:`fedshift.engine.seeding`).
+config's seed; see :mod:`fedshift.core.seeding`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from fedshift.config import RunConfig, expand_sweep, load_config, lookup, resolve
-from fedshift.errors import FedshiftError
+from fedshift.catalog import resolve
+from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
+from fedshift.core.errors import FedshiftError
 
 CELL_FILE = "cell.json"
 MANIFEST = "bench.json"
@@ -130,7 +131,7 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: in
     """Worker entry point (a separate process): run or resume one cell."""
     import torch
 
-    from fedshift.engine.simulation import Simulation
+    from fedshift.runtime.simulation import Simulation
 
     torch.set_num_threads(max(1, threads))
     cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")

@@ -1,30 +1,130 @@
-"""Where the config sections find their components."""
+"""The component catalog: config section -> registry, and config resolution against it.
+
+This module sits above the components (data, models, algorithms, augments): it imports them
+all, so :func:`resolve` can check a ``{name: ..., **params}`` section against its component's
+parameter dataclass and the algorithm/augment/dataset combination against each other. The
+config *schema* (:mod:`fedshift.core.config`) knows nothing of the components.
+"""
 
 from __future__ import annotations
 
-from fedshift.errors import ConfigError
-from fedshift.registry import Registry
+import dataclasses
+from typing import Any
+
+from fedshift.algorithms import ALGORITHMS
+from fedshift.augment import AUGMENTS
+from fedshift.core.config import (
+    COMPONENT_SECTIONS,
+    RunConfig,
+    build_dataclass,
+    check_ranges,
+    unknown_key_error,
+)
+from fedshift.core.errors import ConfigError
+from fedshift.core.registry import Registry
+from fedshift.core.tasks import check_task
+from fedshift.data import DATASETS, dataset_task
+from fedshift.data.partition import PARTITIONS
+from fedshift.models import MODELS
+
+REGISTRIES: dict[str, Registry] = {
+    "algorithm": ALGORITHMS,
+    "model": MODELS,
+    "augment": AUGMENTS,
+    "dataset": DATASETS,
+    "partition": PARTITIONS,
+}
 
 
 def registry_for(section: str) -> Registry:
-    if section == "algorithm":
-        from fedshift.algorithms import ALGORITHMS
+    """The registry of a component config section (``algorithm``, ``model``, ...)."""
+    try:
+        return REGISTRIES[section]
+    except KeyError:
+        raise ConfigError(f"no registry for config section {section!r}") from None
 
-        return ALGORITHMS
-    if section == "model":
-        from fedshift.models import MODELS
 
-        return MODELS
-    if section == "augment":
-        from fedshift.augment import AUGMENTS
+def component_params(section: str, data: dict) -> tuple[str, Any]:
+    """Validate a ``{name: ..., **params}`` section against the component's registry entry."""
+    if not isinstance(data, dict) or "name" not in data:
+        raise ConfigError(f"config section '{section}' needs a 'name' key, got {data!r}")
+    reg = registry_for(section)
+    entry = reg.entry(str(data["name"]), key=f"{section}.name")
+    params_cls = entry.params
+    rest = {k: v for k, v in data.items() if k != "name"}
+    if params_cls is None:
+        if rest:
+            raise unknown_key_error(f"{section}.{next(iter(rest))}", ["name"])
+        return entry.name, None
+    return entry.name, build_dataclass(params_cls, rest, section)
 
-        return AUGMENTS
-    if section == "dataset":
-        from fedshift.data import DATASETS
 
-        return DATASETS
-    if section == "partition":
-        from fedshift.data.partition import PARTITIONS
+def resolve(raw: dict, source: str = "config") -> RunConfig:
+    """Validate a raw nested dict into a :class:`RunConfig` (component sections resolved)."""
+    raw = dict(raw)
+    defaults = RunConfig()
+    for section in COMPONENT_SECTIONS:
+        given = raw.get(section)
+        if isinstance(given, dict) and "name" not in given:
+            raw[section] = {"name": getattr(defaults, section)["name"], **given}
+    try:
+        cfg = build_dataclass(RunConfig, raw)
+        objs = {}
+        for section in COMPONENT_SECTIONS:
+            name, params = component_params(section, getattr(cfg, section))
+            objs[section] = params
+            resolved = {"name": name}
+            if params is not None:
+                resolved.update(dataclasses.asdict(params))
+            setattr(cfg, section, resolved)
+        check_ranges(cfg)
+        algo_cls = registry_for("algorithm").get(cfg.algorithm["name"])
+        algo_cls.check(objs["algorithm"], cfg.train)
+        implied = [
+            a
+            for a in algo_cls.implied_augments(objs["algorithm"])
+            if a not in {x if isinstance(x, str) else x.get("name") for x in cfg.augment}
+        ]
+        cfg.augment = _resolve_augments([*implied, *cfg.augment], cfg.algorithm["name"])
+        _check_task(cfg, algo_cls)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return cfg
 
-        return PARTITIONS
-    raise ConfigError(f"no registry for config section {section!r}")
+
+def _resolve_augments(items: list, algorithm: str) -> list[dict]:
+    """Each ``augment`` entry (a name or ``{name: ..., **params}``) validated and completed."""
+    out, params_objs = [], []
+    for i, item in enumerate(items):
+        section = {"name": item} if isinstance(item, str) else item
+        if not isinstance(section, dict):
+            raise ConfigError(f"config key 'augment[{i}]': expected a name or a mapping")
+        name, params = component_params("augment", section)
+        resolved = {"name": name}
+        if params is not None:
+            resolved.update(dataclasses.asdict(params))
+        out.append(resolved)
+        params_objs.append(params)
+    names = [a["name"] for a in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"config key 'augment': {sorted(dup)} listed more than once")
+    reg = registry_for("augment")
+    for name, params in zip(names, params_objs, strict=True):
+        reg.get(name).check(params, algorithm, [n for n in names if n != name])
+    return out
+
+
+def _check_task(cfg: RunConfig, algo_cls: Any) -> None:
+    """The algorithm, augments, loss and partition must fit the dataset's task."""
+    dataset = cfg.dataset["name"]
+    augments = registry_for("augment")
+    check_task(
+        dataset_task(dataset),
+        dataset,
+        cfg.algorithm["name"],
+        algo_cls.tasks,
+        {a["name"]: augments.get(a["name"]).tasks for a in cfg.augment},
+        cfg.train.loss,
+        cfg.partition["name"],
+    )

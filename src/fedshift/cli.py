@@ -16,18 +16,20 @@ import json
 import sys
 from pathlib import Path
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedshift.config import expand_sweep, load_config, lookup, resolve
-    from fedshift.engine.simulation import resume_experiment, run_experiment
+    from fedshift.catalog import resolve
+    from fedshift.core.config import expand_sweep, load_config, lookup
+    from fedshift.eval.tables import print_tables
+    from fedshift.runtime.simulation import resume_experiment, run_experiment
 
     if args.resume:
         if args.config or args.overrides:
             raise FedshiftError("--resume takes the run's saved config; drop -c and key=value")
         result = resume_experiment(args.resume, progress=not args.quiet)
-        _print_tables([result.summary])
+        print_tables([result.summary])
         print(f"\nrun directory: {result.run_dir}")
         return 0
     source = args.config or "defaults"
@@ -44,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         labels = [f"{k}={lookup(one, k)}" for k in grid if k != "seed" and k != "algorithm.name"]
         result.summary["label"] = " ".join([cfg.algorithm["name"], *labels])
         summaries.append(result.summary)
-    _print_tables(summaries)
+    print_tables(summaries)
     print("\nrun directories:")
     for s in summaries:
         print(f"  {s['run_dir']}")
@@ -53,6 +55,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from fedshift.bench import run_suite
+    from fedshift.eval.tables import print_tables
 
     summaries = run_suite(
         args.suite,
@@ -63,27 +66,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     if summaries:
-        _print_tables(summaries)
+        print_tables(summaries)
         print(f"\nsuite folder: {Path(summaries[0]['run_dir']).parent}")
     return 0
-
-
-def _print_tables(summaries: list[dict]) -> None:
-    """Per-run and mean-over-seeds tables for the primary metric and each other metric
-    (segmentation: foreground Dice, then mean Dice incl. background), each captioned."""
-    from fedshift.eval.tables import metric_caption, runs_table, seeds_table
-
-    for i, metric in enumerate([None, *summaries[0].get("metrics", {})]):
-        caption = metric_caption(summaries, metric)
-        print(("\n" if i else "") + f"{caption}, model selected on validation:")
-        print(runs_table(summaries, metric))
-        if not i:  # the resolved federation.weighting of each algorithm in the table
-            seen = {s["algorithm"]: s.get("weighting", "?") for s in summaries}
-            print("aggregation weighting: " + ", ".join(f"{a}={w}" for a, w in seen.items()))
-        agg = seeds_table(summaries, metric)
-        if agg:
-            print(f"\nMean over seeds ({caption}):")
-            print(agg)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -133,7 +118,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _dataset_params(name: str, overrides: list[str]):
-    from fedshift.config import build_dataclass, parse_override
+    from fedshift.core.config import build_dataclass, parse_override
     from fedshift.data import DATASETS
 
     entry = DATASETS.entry(name)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedshift.errors import ConfigError, FedshiftError
+from fedshift.core.errors import ConfigError, FedshiftError
 
 
 def _optimizer(params: list[torch.nn.Parameter], train: Any) -> torch.optim.Optimizer:
@@ -68,7 +68,7 @@ def finetune_head(
 ) -> list[float]:
     """Train only ``sim.model.classifier`` on the embeddings of (x, y); the extractor is
     frozen. Returns the mean training loss of each epoch."""
-    from fedshift.engine.seeding import derive_seed
+    from fedshift.core.seeding import derive_seed
 
     model, train = sim.model, sim.cfg.train
     z = embed(sim, cid, x)
@@ -102,8 +102,8 @@ def finetune_run(run_dir: str | Path, epochs: int) -> dict[str, Any]:
     """Step 2 on one finished run: ``{client: {before, after, train, train_full}}``."""
     from fedshift.data import load_dataset
     from fedshift.data.partition import apply_partition
-    from fedshift.engine.experiment import score_client
     from fedshift.protocols import load_run
+    from fedshift.runtime.experiment import score_client
 
     sim = load_run(run_dir)
     cfg = sim.cfg
@@ -145,7 +145,7 @@ def head_finetune(
     """Run the config's cells (step 1), finetune each client's head on all its training data
     (step 2) and tabulate test scores w/o and w. finetuning per client, mean ± std over the
     cells (seeds). Returns a :class:`fedshift.protocols.ProtocolResult`."""
-    from fedshift.config import load_config
+    from fedshift.core.config import load_config
     from fedshift.protocols import ProtocolResult, _expand, _out_dir, _run_cells, _save
 
     if epochs < 1:

@@ -25,7 +25,7 @@
 Every protocol writes a Markdown table (``<name>.md``), the numbers behind it
 (``<name>.json``) and, where it draws one, a figure (``<name>.png``) into its output folder
 (default ``./protocol-<name>``). Runs are rebuilt with
-:func:`fedshift.engine.simulation.load_finished` (final-round checkpoint) or read from their
+:func:`fedshift.runtime.simulation.load_finished` (final-round checkpoint) or read from their
 ``metrics.jsonl`` / ``summary.json``; suites run through :func:`fedshift.bench.run_suite`, so
 cells are cached by config digest and never run twice.
 """
@@ -52,8 +52,8 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from fedshift.config import lookup
-from fedshift.errors import ConfigError, FedshiftError  # noqa: E402
+from fedshift.core.config import lookup
+from fedshift.core.errors import ConfigError, FedshiftError  # noqa: E402
 from fedshift.eval.stats import mean_std  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import flow_label, grid  # noqa: E402
@@ -153,7 +153,7 @@ def load_run(run_dir: str | Path):
     """A finished run rebuilt from its config and final checkpoint (``load_finished``), after
     checking the folder holds a finished run (``config.yaml``, ``checkpoint.pt`` and the
     ``summary.json`` written at the end)."""
-    from fedshift.engine.simulation import CHECKPOINT, load_finished
+    from fedshift.runtime.simulation import CHECKPOINT, load_finished
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -383,7 +383,8 @@ def _heatmap(mat: list[list[float]], clients: list[str], title: str, path: Path)
 
 # ============================================================================ suites
 def _expand(raw: dict, source: str) -> list:
-    from fedshift.config import expand_sweep, resolve
+    from fedshift.catalog import resolve
+    from fedshift.core.config import expand_sweep
 
     return [resolve(one, source) for one in expand_sweep(raw, source)]
 
@@ -436,7 +437,7 @@ def loco(
     clients' validation score only, and the target's test score at the selected round is its
     ``target_test_mean``. Table: one row per (algorithm, flow[, setting]), one column per
     target (mean over seeds) and the average over targets, mean ± std over seeds."""
-    from fedshift.config import load_config
+    from fedshift.core.config import load_config
 
     source = str(config) if config else "defaults"
     raw = load_config(config, overrides)
@@ -470,7 +471,7 @@ def _loco_clients(cfgs: list, source: str) -> list[str]:
     every distinct cell has one global model to test a held-out client with."""
     from fedshift.data import load_dataset
     from fedshift.data.partition import apply_partition
-    from fedshift.engine.simulation import Simulation
+    from fedshift.runtime.simulation import Simulation
 
     feds: dict[str, Any] = {}
     clients: list[str] | None = None
@@ -638,7 +639,7 @@ def sweep(
     ``train.local_epochs`` = 1, 2, 5, 10. Table: one row per (algorithm, flow[, setting]),
     one column per value, mean ± std over seeds of the test score at the selected round;
     ``sweep.png``: the mean against the value with std error bars per row."""
-    from fedshift.config import load_config
+    from fedshift.core.config import load_config
 
     source = str(config) if config else "defaults"
     vals = parse_values(values) if isinstance(values, str) else list(values)
@@ -844,7 +845,7 @@ def rounds_to_threshold(
     ``config.yaml``; for the default ``partition.clients`` a dataset's own clients are
     counted when the partition has no such key); cells: mean over the seeds that reached the
     threshold, with how many of the seeds did (``—`` if none)."""
-    from fedshift.config import load_yaml
+    from fedshift.core.config import load_yaml
 
     if split not in ("val", "test"):
         raise FedshiftError(f"--split {split!r}: choose val or test")

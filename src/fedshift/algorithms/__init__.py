@@ -13,7 +13,7 @@ from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedsam import FedSAM
 from fedshift.algorithms.local import LocalOnly
 from fedshift.algorithms.scaffold import Scaffold
-from fedshift.registry import Registry
+from fedshift.core.registry import Registry
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 for _cls in (

@@ -52,10 +52,10 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import TrainConfig
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext, Normalize
+from fedshift.core.errors import ConfigError
 from fedshift.data.base import Federation
-from fedshift.engine.context import ClientContext, Normalize
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 

@@ -26,11 +26,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from fedshift.config import FederationConfig, TrainConfig
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 BNPolicy = Literal["global", "local", "stats-local"]
@@ -179,7 +179,7 @@ class Algorithm:
     Params: ClassVar[type] = FLParams
     #: False for algorithms with no client-server traffic (Local, Centralised).
     communicates: ClassVar[bool] = True
-    #: the dataset tasks (fedshift.tasks) whose labels the local objective can use
+    #: the dataset tasks (fedshift.core.tasks) whose labels the local objective can use
     tasks: ClassVar[tuple[str, ...]] = ("classification", "segmentation")
     #: how the algorithm's paper weights client replies in its aggregation
     #: (``federation.weighting=auto`` resolves to it): ``samples`` = n_k / n (FedAvg, McMahan

@@ -109,12 +109,12 @@ from fedshift.algorithms.base import (
     subset,
     weighted_average,
 )
-from fedshift.config import FederationConfig, TrainConfig
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
+from fedshift.core.seeding import derive_seed
 from fedshift.data.base import Federation
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.engine.seeding import derive_seed
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 #: the offset's key in the wrapper's state dict (and in the ``offset`` payload record)

@@ -12,8 +12,8 @@ client (see :func:`fedshift.algorithms.base.bn_keys`); FedBN is that with ``loca
 from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm, Reply, State, clone, subset
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
+from fedshift.core.context import ClientContext
+from fedshift.core.payload import Payload
 
 
 class FedAvg(Algorithm):

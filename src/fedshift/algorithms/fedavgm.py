@@ -14,7 +14,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
-from fedshift.engine.payload import Tensors
+from fedshift.core.payload import Tensors
 
 
 @dataclass

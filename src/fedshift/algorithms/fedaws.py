@@ -60,11 +60,11 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, Reply, State, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import FederationConfig, TrainConfig
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Payload
 from fedshift.data.base import Federation
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
-from fedshift.errors import ConfigError, FedshiftError
 from fedshift.models.base import FedModel
 
 RECORD = "class_embeddings"

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from fedshift.algorithms.base import Reply, State, require_sgd, subset
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
-from fedshift.config import TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
-from fedshift.errors import ConfigError
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
 
 
 @dataclass

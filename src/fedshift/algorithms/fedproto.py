@@ -48,10 +48,10 @@ from fedshift.algorithms.base import (
     clone,
     subset,
 )
-from fedshift.config import TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError, TrainingError
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError, TrainingError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
 

@@ -9,8 +9,8 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
+from fedshift.core.context import ClientContext
+from fedshift.core.payload import Payload
 
 
 @dataclass

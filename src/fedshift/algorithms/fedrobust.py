@@ -50,9 +50,9 @@ import torch
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
-from fedshift.errors import ConfigError
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
 
 AFFINE = "affine"
 

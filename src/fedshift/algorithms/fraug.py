@@ -100,10 +100,10 @@ from fedshift.algorithms.base import (
     clone,
     subset,
 )
-from fedshift.config import FederationConfig, TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
-from fedshift.errors import ConfigError, TrainingError
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError, TrainingError
+from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
 
 Embeddings = Literal["both", "agnostic", "u_hat", "u_hat_c"]

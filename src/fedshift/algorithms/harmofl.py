@@ -38,8 +38,8 @@ from typing import Any, ClassVar
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import TrainConfig
-from fedshift.errors import ConfigError
+from fedshift.core.config import TrainConfig
+from fedshift.core.errors import ConfigError
 
 
 @dataclass

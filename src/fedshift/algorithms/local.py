@@ -5,8 +5,8 @@ evaluated as its personalised model. All clients start from the same seeded init
 from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm, Reply, State
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
+from fedshift.core.context import ClientContext
+from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
 
 

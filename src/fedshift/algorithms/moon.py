@@ -59,11 +59,11 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, clone
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import TrainConfig
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import Federation
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 

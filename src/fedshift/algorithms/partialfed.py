@@ -65,10 +65,10 @@ import torch
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, bn_keys, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import FederationConfig, TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
 

@@ -34,10 +34,10 @@ from typing import Any
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, build_optimizer, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
 

@@ -78,10 +78,10 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone
 from fedshift.algorithms.partialfed import resolve_layer_keys
-from fedshift.config import FederationConfig, TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError, FedshiftError
+from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
 

@@ -52,10 +52,10 @@ import torch
 
 from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone, require_sgd, subset
-from fedshift.config import TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
 

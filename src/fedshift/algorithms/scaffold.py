@@ -22,9 +22,9 @@ import torch
 
 from fedshift.algorithms.base import FLParams, Reply, State, require_sgd, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.config import TrainConfig
-from fedshift.engine.context import ClientContext
-from fedshift.engine.payload import Payload
+from fedshift.core.config import TrainConfig
+from fedshift.core.context import ClientContext
+from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fedshift.algorithms.base import Reply, State
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.engine.payload import Tensors
+from fedshift.core.payload import Tensors
 
 
 class ServerOptAlgorithm(FedAvg):

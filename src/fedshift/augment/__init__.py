@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fedshift.augment.base import Augment
-from fedshift.registry import Registry
+from fedshift.core.registry import Registry
 
 AUGMENTS: Registry[type[Augment]] = Registry("augment")
 

@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 State = dict[str, Any]

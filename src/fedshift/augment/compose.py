@@ -4,16 +4,16 @@
 ``local_update``, ``aggregate``, ...) plus the setup exchange. It merges each augment's
 records into the algorithm's payloads (a record name used twice is an error, never a silent
 overwrite). The data path (raw batch -> augments -> normalisation) is
-:class:`fedshift.engine.context.InputPipeline`.
+:class:`fedshift.core.context.InputPipeline`.
 """
 
 from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm, State
 from fedshift.augment.base import Augment, Records
+from fedshift.core.context import ClientContext, aug_key
+from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
-from fedshift.engine.context import ClientContext, aug_key
-from fedshift.engine.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
 

@@ -63,10 +63,10 @@ import torch.nn.functional as F
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
+from fedshift.core.errors import ConfigError, TrainingError
+from fedshift.core.payload import Payload
+from fedshift.core.seeding import generator as derived_generator
 from fedshift.data.base import ClientData
-from fedshift.engine.payload import Payload
-from fedshift.engine.seeding import generator as derived_generator
-from fedshift.errors import ConfigError, TrainingError
 from fedshift.models.base import FedModel
 
 

@@ -44,9 +44,9 @@ import torch
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
-from fedshift.engine.payload import Payload
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 

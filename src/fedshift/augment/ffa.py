@@ -95,9 +95,9 @@ from torch import nn
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
+from fedshift.core.errors import ConfigError
+from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
-from fedshift.engine.payload import Payload, Tensors
-from fedshift.errors import ConfigError
 from fedshift.models.base import FedModel
 
 Variant = Literal["fedfa", "fedfa-r", "fedfa-c", "direct"]

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, State
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 
 Interpolation = Literal["bilinear", "nearest"]
 

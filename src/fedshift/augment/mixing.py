@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, State
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 
 #: algorithms whose local objective indexes by the integer label (soft labels break them)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.brain_mri import BrainMRIParams, load_brain_mri
 from fedshift.data.camelyon import CamelyonParams, load_camelyon
@@ -23,7 +24,6 @@ from fedshift.data.image_folders import OfficeHomeParams, PACSParams, load_offic
 from fedshift.data.nuclei import NucleiParams, load_nuclei
 from fedshift.data.prostate import ProstateParams, load_prostate
 from fedshift.data.toy import ToyParams, ToySegParams, load_toy, load_toyseg
-from fedshift.registry import Registry
 
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset")
 DATASETS.add(

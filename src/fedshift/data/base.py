@@ -3,7 +3,7 @@
 Images live as float tensors in ``[0, 1]`` of shape ``(N, C, H, W)`` once a benchmark is
 built; nothing on the training hot path reads files or runs per-sample Python code.
 Normalisation is *not* baked in: it is part of the input pipeline (see
-:mod:`fedshift.engine.inputs`) so that input-level methods (FedRDN, amplitude
+:mod:`fedshift.runtime.inputs`) so that input-level methods (FedRDN, amplitude
 normalisation) see raw images.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from fedshift.core.seeding import generator
 
 SPLITS = ("train", "val", "test")
 #: what a federation's labels are: one class per image, or one class per pixel
@@ -96,8 +98,6 @@ class Federation:
         has), uniformly for segmentation; drawn from ``seed`` and the client's name only."""
         if fraction >= 1:
             return self
-        from fedshift.engine.seeding import generator
-
         clients = []
         for c in self.clients:
             y = c.train.y

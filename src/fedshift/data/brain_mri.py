@@ -91,10 +91,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.digit_sources import default_cache_dir
 from fedshift.data.medical_io import atomic_save_npz
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 NAME = "brain-mri"
 DESCRIPTION = "real anatomy (MNI152 2009a template), simulated scanners"

@@ -57,6 +57,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.fedbn_pickles import read_array_pickle
 from fedshift.data.medical_io import (
@@ -68,7 +69,6 @@ from fedshift.data.medical_io import (
     seeded_rng,
     stratified_subsample,
 )
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 NAME = "camelyon17"
 HOSPITALS: tuple[str, ...] = tuple(f"hospital{k}" for k in range(1, 6))

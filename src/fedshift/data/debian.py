@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fedshift.errors import MissingSourceError
+from fedshift.core.errors import MissingSourceError
 
 
 def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

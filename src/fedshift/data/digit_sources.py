@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data import debian
-from fedshift.errors import DataError, MissingSourceError
 
 NUM_CLASSES = 10
 SIDE = 28

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.errors import DataError
 from fedshift.data import digit_sources as ds
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.digit_sources import default_cache_dir, fetch_opencv
-from fedshift.errors import DataError
 
 DOMAINS: tuple[str, ...] = ("mnist", "mnistm", "optdigits", "synth", "opencv")
 CLASSES = [str(d) for d in range(10)]
@@ -238,7 +238,8 @@ def build_digits(params: DigitsParams, progress: bool = True, force: bool = Fals
     """Build (or reuse) the cached pools of ``params.domains``; returns the pool folder.
 
     With ``force`` the requested domains are rebuilt even if present. Raises
-    :class:`~fedshift.errors.MissingSourceError` before building anything if a source is absent.
+    :class:`~fedshift.core.errors.MissingSourceError` before building anything if a source is
+    absent.
     """
     from tqdm import tqdm
 

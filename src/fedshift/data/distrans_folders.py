@@ -65,10 +65,10 @@ are cached (``cache=True``) as uint8 in ``<cache>/<name>/<digest>.npz`` (see
 is 2.3 GB (at 64: 580 MB).
 
 Errors: ``dataset.root`` unset or missing, a class folder, an index file or the ``images``
-folder missing raise :class:`~fedshift.errors.MissingSourceError` naming the path and the fix;
+folder missing raise :class:`~fedshift.core.errors.MissingSourceError` naming the path and the fix;
 a wrong tile count, a malformed or inconsistent index file raise
-:class:`~fedshift.errors.DataError`; a bad key value or a size the data cannot honour raises
-:class:`~fedshift.errors.ConfigError` naming the key.
+:class:`~fedshift.core.errors.DataError`; a bad key value or a size the data cannot honour raises
+:class:`~fedshift.core.errors.ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import Federation
 from fedshift.data.image_folders import (
     IMAGE_SUFFIXES,
@@ -93,7 +94,6 @@ from fedshift.data.image_folders import (
     materialize_client,
 )
 from fedshift.data.medical_io import check_size, require_root, seeded_rng, stratified_subsample
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 __all__ = [
     "CHMNIST_CLASSES",

@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.debian import apt_download, extract_deb_members
 from fedshift.data.digit_sources import default_cache_dir
 from fedshift.data.digits import class_quota, split_indices
-from fedshift.errors import DataError, MissingSourceError
 
 NAME = "fashion-mnist"
 CLASSES = [

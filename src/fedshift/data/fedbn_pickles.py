@@ -78,6 +78,7 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.image_folders import (
     ClientSource,
@@ -96,7 +97,6 @@ from fedshift.data.image_folders import (
     to_float,
 )
 from fedshift.data.medical_io import check_size, require_root, seeded_rng, stratified_subsample
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 __all__ = [
     "DIGITS5_CLASSES",

@@ -59,6 +59,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.digit_sources import default_cache_dir
 from fedshift.data.medical_io import (
@@ -73,7 +74,6 @@ from fedshift.data.medical_io import (
     seeded_rng,
     stratified_subsample,
 )
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 __all__ = [
     "IMAGE_SUFFIXES",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedshift.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -15,7 +15,7 @@ class reads ``SiteA`` .. ``SiteF``), with any site folders. Nothing is downloade
 
 Clients are ``dataset.sites`` in that order, or (None) every sub-folder of the root in sorted
 order (hidden folders skipped). Image and label are paired by file stem (the name without its
-last extension); samples are sorted by stem. Errors (:class:`~fedshift.errors.DataError`,
+last extension); samples are sorted by stem. Errors (:class:`~fedshift.core.errors.DataError`,
 naming the file): an image without a label, a label without an image, two files with one
 stem, an image and its label of different sizes, a site without ``train``, ``val`` or
 ``test`` (or without ``images`` / ``labels`` inside), an empty split, a file with another
@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.medical_io import (
     IMAGE_EXTENSIONS,
@@ -54,7 +55,6 @@ from fedshift.data.medical_io import (
     resize_images,
     resize_labels,
 )
-from fedshift.errors import ConfigError, DataError
 
 NAME = "nuclei"
 CLASSES = ["background", "nucleus"]

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.registry import Registry
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
-from fedshift.errors import ConfigError, DataError
-from fedshift.registry import Registry
 
 PartitionFn = Callable[[Federation, object], Federation]
 PARTITIONS: Registry[PartitionFn] = Registry("partition")
@@ -484,7 +484,7 @@ def apply_partition(fed: Federation, section: dict) -> Federation:
     Returns a new federation (the input's ``info`` is not changed) whose ``info`` has
     ``dh``, ``label_counts`` and ``partition``.
     """
-    from fedshift.config import build_dataclass, unknown_key_error
+    from fedshift.core.config import build_dataclass, unknown_key_error
 
     entry = PARTITIONS.entry(section["name"], key="partition.name")
     rest = {k: v for k, v in section.items() if k != "name"}

@@ -16,7 +16,7 @@ FedFA (Zhou & Konukoglu, ICLR 2023) and FedRDN. Nothing is downloaded: point
 Every image ``<name>.nii.gz`` (or ``.nii``) needs its mask ``<name>_segmentation.nii.gz``
 (``_Segmentation`` also accepted, one of the two); a mask without an image, an image without
 a mask, both casings for one case, a mask of another shape, a site folder named both ways
-(``BMC`` and ``ISBI``) or a missing site folder is a :class:`~fedshift.errors.DataError`
+(``BMC`` and ``ISBI``) or a missing site folder is a :class:`~fedshift.core.errors.DataError`
 naming the file. Other files are ignored. Clients are the sites in ``dataset.sites`` order
 (default ``BIDMC, HK, I2CVB, BMC, RUNMC, UCL``, HarmoFL's order), always named by these names
 whatever the folder is called. The mapping BMC = ``ISBI``, RUNMC = ``ISBI_1.5`` is HarmoFL's
@@ -104,6 +104,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digit_sources import default_cache_dir
 from fedshift.data.medical_io import (
@@ -117,7 +118,6 @@ from fedshift.data.medical_io import (
     resize_labels,
     seeded_rng,
 )
-from fedshift.errors import ConfigError, DataError, MissingSourceError
 
 NAME = "prostate"
 SITES: tuple[str, ...] = ("BIDMC", "HK", "I2CVB", "BMC", "RUNMC", "UCL")

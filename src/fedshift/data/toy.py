@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fedshift.core.errors import DataError
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.errors import DataError
 
 
 @dataclass

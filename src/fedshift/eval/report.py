@@ -36,7 +36,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedshift.errors import FedshiftError  # noqa: E402
+from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,

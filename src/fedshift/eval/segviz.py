@@ -20,17 +20,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from fedshift.errors import FedshiftError  # noqa: E402
+from fedshift.core.errors import FedshiftError  # noqa: E402
 
 #: label colours: background black, then red, cyan, yellow, magenta, green...
-PALETTE = np.array(
-    [[0, 0, 0], [230, 60, 50], [60, 200, 230], [250, 210, 40], [200, 80, 220], [90, 200, 90]],
-    dtype=np.float32,
-) / 255.0
+PALETTE = (
+    np.array(
+        [[0, 0, 0], [230, 60, 50], [60, 200, 230], [250, 210, 40], [200, 80, 220], [90, 200, 90]],
+        dtype=np.float32,
+    )
+    / 255.0
+)
 
 
 def _load(run_dir: Path, federation=None):
-    from fedshift.engine.simulation import load_finished
+    from fedshift.runtime.simulation import load_finished
 
     sim = load_finished(run_dir, federation)
     if sim.task.name != "segmentation":
@@ -62,7 +65,7 @@ def _image(x: torch.Tensor, channel: int | None) -> tuple[np.ndarray, str | None
 
 
 def foreground_dice(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> float:
-    from fedshift.tasks import dice_counts, dice_from_counts, nanmean
+    from fedshift.core.tasks import dice_counts, dice_from_counts, nanmean
 
     per_class = dice_from_counts(dice_counts(pred[None], y[None], num_classes))
     return nanmean(per_class[1:])

@@ -73,7 +73,7 @@ def build_summary(
     wall_s: float,
     task: str = "classification",
 ) -> dict[str, Any]:
-    from fedshift.tasks import TASKS
+    from fedshift.core.tasks import TASKS
 
     metrics = TASKS[task].metrics
     names = tuple(m.name for m in metrics if m.name != "loss")
@@ -117,7 +117,7 @@ def effective_weighting(sim) -> str:
 
 
 def summarize(sim) -> dict[str, Any]:
-    """The ``summary.json`` of a finished :class:`~fedshift.engine.simulation.Simulation`."""
+    """The ``summary.json`` of a finished :class:`~fedshift.runtime.simulation.Simulation`."""
     cfg = sim.cfg
     n_params = sum(p.numel() for p in sim.model.parameters())
     model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())

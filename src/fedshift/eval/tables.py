@@ -295,3 +295,19 @@ def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
             cells.append(cell)
         rows.append([algo, flow, *cells])
     return grid(["algorithm", "flow", *cols], rows)
+
+
+def print_tables(summaries: list[dict]) -> None:
+    """Per-run and mean-over-seeds tables for the primary metric and each other metric
+    (segmentation: foreground Dice, then mean Dice incl. background), each captioned."""
+    for i, metric in enumerate([None, *summaries[0].get("metrics", {})]):
+        caption = metric_caption(summaries, metric)
+        print(("\n" if i else "") + f"{caption}, model selected on validation:")
+        print(runs_table(summaries, metric))
+        if not i:  # the resolved federation.weighting of each algorithm in the table
+            seen = {s["algorithm"]: s.get("weighting", "?") for s in summaries}
+            print("aggregation weighting: " + ", ".join(f"{a}={w}" for a, w in seen.items()))
+        agg = seeds_table(summaries, metric)
+        if agg:
+            print(f"\nMean over seeds ({caption}):")
+            print(agg)

@@ -29,11 +29,11 @@ import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedshift.config import resolve
-from fedshift.engine.simulation import new_run_dir
-from fedshift.errors import ConfigError
+from fedshift.catalog import resolve
+from fedshift.core.errors import ConfigError
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
+from fedshift.runtime.simulation import new_run_dir
 
 #: the run config an app declares, with its defaults (Flower refuses undeclared keys)
 RUN_CONFIG_DEFAULTS: dict[str, object] = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 
 def _options(args: argparse.Namespace):
@@ -29,7 +29,8 @@ def _options(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace):
-    from fedshift.config import expand_sweep, load_config, resolve
+    from fedshift.catalog import resolve
+    from fedshift.core.config import expand_sweep, load_config
 
     raw = load_config(args.config, args.overrides)
     if raw.get("sweep"):
@@ -42,7 +43,7 @@ def _config(args: argparse.Namespace):
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from fedshift.cli import _print_tables
+    from fedshift.eval.tables import print_tables
     from fedshift.flower.simulate import simulate
 
     cfg = _config(args)
@@ -54,7 +55,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         cpus_per_client=args.cpus_per_client,
         progress=not args.quiet,
     )
-    _print_tables([result.summary])
+    print_tables([result.summary])
     rt = result.summary["runtime"]
     print(f"\nFlower {rt['flwr']}, {rt['mode']}, {result.summary['wall_s']:.1f} s")
     if rt["lost"]:
@@ -107,7 +108,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
-    from fedshift.cli import _print_tables
+    from fedshift.eval.tables import print_tables
     from fedshift.flower.deploy import LocalDeployment
     from fedshift.flower.simulate import client_names
 
@@ -123,7 +124,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     summary = Path(run_dir) / "summary.json"
     if status == "finished:completed" and summary.is_file():
         print()
-        _print_tables([json.loads(summary.read_text())])
+        print_tables([json.loads(summary.read_text())])
     print(f"\nfedshift: Flower run {status}; logs of every process: {base / 'logs'}")
     return 0 if status == "finished:completed" else 1
 

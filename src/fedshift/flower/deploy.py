@@ -37,8 +37,8 @@ from pathlib import Path
 import tomli_w
 import yaml
 
-from fedshift.config import RunConfig
-from fedshift.errors import FedshiftError
+from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.flower.apps import RUN_CONFIG_DEFAULTS
 from fedshift.flower.server import FlowerOptions
 

@@ -4,7 +4,7 @@ Every message from the ServerApp carries the run's resolved config (``fedshift.r
 SuperNode needs no config file of its own, only its identity and where its data is
 (``--node-config``, see :func:`node_settings`). On the first message of a run the node loads
 its data, builds the experiment exactly as the native engine does (same seeded initial
-model, same algorithm, augments and input pipeline: :func:`~fedshift.engine.experiment.
+model, same algorithm, augments and input pipeline: :func:`~fedshift.runtime.experiment.
 build_experiment`) and keeps it for the following messages of the run in this process.
 
 Client state (local BN layers, persisted optimizer state, SCAFFOLD's ``c_i``, DisTrans's
@@ -41,19 +41,13 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 import fedshift
-from fedshift.config import RunConfig, resolve, set_dotted
+from fedshift.catalog import resolve
+from fedshift.core.config import RunConfig, set_dotted
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
+from fedshift.core.seeding import generator, seed_global
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
-from fedshift.engine.context import ClientContext
-from fedshift.engine.experiment import (
-    Experiment,
-    build_experiment,
-    init_client_state,
-    score_client,
-)
-from fedshift.engine.seeding import generator, seed_global
-from fedshift.engine.simulation import check_reply
-from fedshift.errors import ConfigError
 from fedshift.flower.wire import (
     pack,
     payload_to_records,
@@ -61,6 +55,13 @@ from fedshift.flower.wire import (
     records_to_payload,
     unpack,
 )
+from fedshift.runtime.experiment import (
+    Experiment,
+    build_experiment,
+    init_client_state,
+    score_client,
+)
+from fedshift.runtime.simulation import check_reply
 
 log = logging.getLogger("fedshift.flower")
 

@@ -1,6 +1,6 @@
 """The ServerApp side: the native engine's round loop, driven over a Flower ``Grid``.
 
-:class:`FlowerServer` does what :class:`~fedshift.engine.simulation.Simulation` does, with
+:class:`FlowerServer` does what :class:`~fedshift.runtime.simulation.Simulation` does, with
 every client behind a SuperNode:
 
 1. wait for the SuperNodes, ask each who it is (``query.hello``) and build the experiment
@@ -38,24 +38,24 @@ from flwr.serverapp import Grid
 from tqdm.auto import tqdm
 
 import fedshift
-from fedshift.config import RunConfig, dump_config
+from fedshift.core.config import RunConfig, dump_config
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Ledger
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.engine.experiment import build_experiment
-from fedshift.engine.payload import Ledger
-from fedshift.engine.simulation import (
-    RunResult,
-    check_reply,
-    finish_run,
-    sample_clients,
-    write_metrics,
-)
-from fedshift.errors import ConfigError, FedshiftError
 from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
 from fedshift.flower.wire import (
     pack,
     payload_to_records,
     records_to_payload,
     tensors_to_record,
+)
+from fedshift.runtime.experiment import build_experiment
+from fedshift.runtime.simulation import (
+    RunResult,
+    check_reply,
+    finish_run,
+    sample_clients,
+    write_metrics,
 )
 
 log = logging.getLogger("fedshift.flower")

@@ -17,12 +17,12 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedshift.config import RunConfig
+from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.data import load_dataset
-from fedshift.engine.simulation import RunResult, new_run_dir
-from fedshift.errors import FedshiftError
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
+from fedshift.runtime.simulation import RunResult, new_run_dir
 
 ENGINES = ("ray", "in-process")
 

@@ -1,13 +1,13 @@
 """fedshift payloads as Flower records, and back, without loss.
 
-A :class:`~fedshift.engine.payload.Payload` becomes one Flower ``RecordDict``:
+A :class:`~fedshift.core.payload.Payload` becomes one Flower ``RecordDict``:
 
 - every named record (``weights``, ``control``, ``fedrdn_stats``, ``ffa_stats``,
   ``amplitude``, ``offset``, ``generator``...) is an ``ArrayRecord`` under its own name, its
   tensors in order under their own keys (numpy ``.npy`` bytes: dtype and shape kept, so a
   round trip is bit-exact);
 - ``Payload.metrics`` and ``num_examples`` are the ``MetricRecord`` ``fedshift.metrics``;
-- ``Payload.config`` is the ``ConfigRecord`` ``fedshift.config``.
+- ``Payload.config`` is the ``ConfigRecord`` ``fedshift.core.config``.
 
 Record names starting with ``fedshift.`` are reserved for the adapter's own records (the run's
 config, the client's identity, evaluation scores). Flower's built-in strategies accept one
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedshift.engine.payload import Payload
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
+from fedshift.core.payload import Payload
 
 #: prefix of the adapter's own records; payload record names may not start with it
 RESERVED = "fedshift."

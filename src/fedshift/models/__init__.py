@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
+from fedshift.core.registry import Registry
 from fedshift.models.alexnet import AlexNetBN, AlexNetParams
 from fedshift.models.base import FedModel
 from fedshift.models.densenet import DenseNet, DenseNetParams
 from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
 from fedshift.models.resnet import ResNet18, ResNetParams
 from fedshift.models.unet import UNet, UNetParams
-from fedshift.registry import Registry
 
 
 @dataclass

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 
 #: smallest H and W for which pool5 still has an output (conv1 15, pool1 7, pool2 3, pool5 1)

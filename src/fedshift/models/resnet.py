@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 
 #: basic blocks per group (ResNet-18, Table 1)

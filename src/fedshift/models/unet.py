@@ -49,7 +49,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 
 BNKind = Literal["standard", "harmofl"]

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedshift.data.base import Split

@@ -22,14 +22,14 @@ from fedshift.algorithms import ALGORITHMS, Algorithm
 from fedshift.augment import build_augments
 from fedshift.augment.base import Augment
 from fedshift.augment.compose import Composition
-from fedshift.config import RunConfig
+from fedshift.core.config import RunConfig
+from fedshift.core.context import InputPipeline, Normalize
+from fedshift.core.errors import ConfigError
+from fedshift.core.seeding import seed_global
+from fedshift.core.tasks import Task, make_task
 from fedshift.data.base import ClientData, Federation
-from fedshift.engine.context import InputPipeline, Normalize
-from fedshift.engine.seeding import seed_global
-from fedshift.errors import ConfigError
 from fedshift.models import build_model
 from fedshift.models.base import FedModel
-from fedshift.tasks import Task, make_task
 
 
 @dataclass

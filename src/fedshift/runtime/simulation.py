@@ -6,10 +6,10 @@ records every payload in the ledger, checks replies for non-finite values and le
 algorithm aggregate. Every ``eval.every`` rounds (and at the last round) it evaluates every
 client's validation and test split with the global model and, where the algorithm keeps
 client-local tensors, with each client's personalised model, on the task's metrics
-(:mod:`fedshift.tasks`: accuracy, or foreground Dice and mean Dice incl. background). Model
+(:mod:`fedshift.core.tasks`: accuracy, or foreground Dice and mean Dice incl. background). Model
 selection picks the round with the best mean *validation* primary metric (never test).
 
-Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.engine.seeding`),
+Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.core.seeding`),
 so a run resumed from a checkpoint ends with exactly the numbers of an uninterrupted one.
 """
 
@@ -25,21 +25,21 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from fedshift.config import RunConfig, dump_config
+from fedshift.core.config import RunConfig, dump_config
+from fedshift.core.context import ClientContext
+from fedshift.core.errors import FedshiftError, TrainingError
+from fedshift.core.payload import Ledger, Payload
+from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_state
 from fedshift.data import load_dataset
 from fedshift.data.base import Federation
 from fedshift.data.partition import apply_partition
-from fedshift.engine.context import ClientContext
-from fedshift.engine.executor import SequentialExecutor
-from fedshift.engine.experiment import (
+from fedshift.eval.summary import summarize
+from fedshift.runtime.executor import SequentialExecutor
+from fedshift.runtime.experiment import (
     build_experiment,
     init_client_state,
     score_client,
 )
-from fedshift.engine.payload import Ledger, Payload
-from fedshift.engine.seeding import generator, rng_state, seed_global, set_rng_state
-from fedshift.errors import FedshiftError, TrainingError
-from fedshift.eval.summary import summarize
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -350,7 +350,8 @@ def load_finished(run_dir: str | Path, federation: Federation | None = None) -> 
     """A finished (or checkpointed) run rebuilt from its ``config.yaml`` and ``checkpoint.pt``:
     the federation, the model, the algorithm and every client's state as at the last
     checkpoint, ready to evaluate (pictures, cross-site matrices, features)."""
-    from fedshift.config import load_yaml, resolve
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_yaml
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
@@ -371,7 +372,8 @@ def resume_experiment(
     stop_after: int | None = None,
 ) -> RunResult:
     """Continue a killed run from its last checkpoint, with its saved config."""
-    from fedshift.config import load_yaml, resolve
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_yaml
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"

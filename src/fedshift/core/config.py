@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 
 
 @dataclass
@@ -211,23 +211,6 @@ def build_dataclass(cls: type, data: dict, prefix: str = "", skip: tuple = ()) -
     return obj
 
 
-def component_params(section: str, data: dict) -> tuple[str, Any]:
-    """Validate a ``{name: ..., **params}`` section against the component's registry entry."""
-    from fedshift.catalog import registry_for
-
-    if not isinstance(data, dict) or "name" not in data:
-        raise ConfigError(f"config section '{section}' needs a 'name' key, got {data!r}")
-    reg = registry_for(section)
-    entry = reg.entry(str(data["name"]), key=f"{section}.name")
-    params_cls = entry.params
-    rest = {k: v for k, v in data.items() if k != "name"}
-    if params_cls is None:
-        if rest:
-            raise unknown_key_error(f"{section}.{next(iter(rest))}", ["name"])
-        return entry.name, None
-    return entry.name, build_dataclass(params_cls, rest, section)
-
-
 # ----------------------------------------------------------------------------- loading
 def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
@@ -283,86 +266,7 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def resolve(raw: dict, source: str = "config") -> RunConfig:
-    """Validate a raw nested dict into a :class:`RunConfig` (component sections resolved)."""
-    raw = dict(raw)
-    defaults = RunConfig()
-    for section in COMPONENT_SECTIONS:
-        given = raw.get(section)
-        if isinstance(given, dict) and "name" not in given:
-            raw[section] = {"name": getattr(defaults, section)["name"], **given}
-    try:
-        cfg = build_dataclass(RunConfig, raw)
-        objs = {}
-        for section in COMPONENT_SECTIONS:
-            name, params = component_params(section, getattr(cfg, section))
-            objs[section] = params
-            resolved = {"name": name}
-            if params is not None:
-                resolved.update(dataclasses.asdict(params))
-            setattr(cfg, section, resolved)
-        _check_ranges(cfg)
-        from fedshift.catalog import registry_for
-
-        algo_cls = registry_for("algorithm").get(cfg.algorithm["name"])
-        algo_cls.check(objs["algorithm"], cfg.train)
-        implied = [
-            a
-            for a in algo_cls.implied_augments(objs["algorithm"])
-            if a not in {x if isinstance(x, str) else x.get("name") for x in cfg.augment}
-        ]
-        cfg.augment = _resolve_augments([*implied, *cfg.augment], cfg.algorithm["name"])
-        _check_task(cfg, algo_cls)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
-    return cfg
-
-
-def _resolve_augments(items: list, algorithm: str) -> list[dict]:
-    """Each ``augment`` entry (a name or ``{name: ..., **params}``) validated and completed."""
-    out, params_objs = [], []
-    for i, item in enumerate(items):
-        section = {"name": item} if isinstance(item, str) else item
-        if not isinstance(section, dict):
-            raise ConfigError(f"config key 'augment[{i}]': expected a name or a mapping")
-        name, params = component_params("augment", section)
-        resolved = {"name": name}
-        if params is not None:
-            resolved.update(dataclasses.asdict(params))
-        out.append(resolved)
-        params_objs.append(params)
-    names = [a["name"] for a in out]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise ConfigError(f"config key 'augment': {sorted(dup)} listed more than once")
-    from fedshift.catalog import registry_for
-
-    reg = registry_for("augment")
-    for name, params in zip(names, params_objs, strict=True):
-        reg.get(name).check(params, algorithm, [n for n in names if n != name])
-    return out
-
-
-def _check_task(cfg: RunConfig, algo_cls: Any) -> None:
-    """The algorithm, augments, loss and partition must fit the dataset's task."""
-    from fedshift.catalog import registry_for
-    from fedshift.data import dataset_task
-    from fedshift.tasks import check_task
-
-    dataset = cfg.dataset["name"]
-    augments = registry_for("augment")
-    check_task(
-        dataset_task(dataset),
-        dataset,
-        cfg.algorithm["name"],
-        algo_cls.tasks,
-        {a["name"]: augments.get(a["name"]).tasks for a in cfg.augment},
-        cfg.train.loss,
-        cfg.partition["name"],
-    )
-
-
-def _check_ranges(cfg: RunConfig) -> None:
+def check_ranges(cfg: RunConfig) -> None:
     t = cfg.train
     positive = {
         "train.rounds": t.rounds,

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedshift.config import InputConfig, TrainConfig
-from fedshift.data.base import ClientData, Split
-from fedshift.models.base import FedModel
-from fedshift.tasks import Classification, Task
+from fedshift.core.tasks import Classification, Task
+
+if TYPE_CHECKING:  # types only: core imports nothing above it
+    from fedshift.core.config import InputConfig, TrainConfig
+    from fedshift.data.base import ClientData, Split
+    from fedshift.models.base import FedModel
 
 
 class Normalize:

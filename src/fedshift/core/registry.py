@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -1,0 +1,174 @@
+"""The package layers: ``core`` imports nothing above it, and no import cycle between packages.
+
+Imports are read from the source (every ``import`` statement, module-level or inside a
+function, except those under ``if TYPE_CHECKING:``), so a function-local import that only
+hides a cycle fails here just like a module-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import fedshift
+
+SRC = Path(fedshift.__file__).parent
+
+#: each top-level package (or module) of fedshift and its layer: a package may import only
+#: packages of a lower layer (or its own). ``fedshift`` itself is the root ``__init__``.
+LAYERS = {
+    "fedshift": 0,
+    "core": 0,
+    "data": 1,
+    "models": 1,
+    "algorithms": 2,
+    "augment": 3,
+    "catalog": 4,
+    "eval": 5,
+    "runtime": 6,
+    "flower": 7,
+    "bench": 8,
+    "protocols": 9,
+    "cli": 10,
+    "__main__": 11,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(imported fedshift module, line) of every import in ``path`` outside TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "fedshift":  # from fedshift import x: x is the package
+                out += [(f"fedshift.{a.name}", node.lineno) for a in node.names]
+            elif node.module.startswith("fedshift."):
+                out.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("fedshift")]
+    return out
+
+
+def _edges() -> dict[tuple[str, str], list[str]]:
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in sorted(SRC.rglob("*.py")):
+        src = _package(_module_name(path))
+        for target, line in _imports(path):
+            dst = _package(target)
+            if src != dst:
+                edges[(src, dst)].append(f"{path.relative_to(SRC.parent)}:{line}")
+    return edges
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(_module_name(p)) for p in SRC.rglob("*.py")}
+    missing = sorted(packages - set(LAYERS))
+    assert not missing, f"add {missing} to LAYERS here and to docs/ARCHITECTURE.md"
+
+
+def test_packages_import_only_lower_layers():
+    wrong = [
+        f"{a} (layer {LAYERS[a]}) imports {b} (layer {LAYERS[b]}) at {', '.join(where)}"
+        for (a, b), where in sorted(_edges().items())
+        if LAYERS.get(b, 99) > LAYERS.get(a, -1)
+    ]
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycle_between_packages():
+    """No strongly connected set of more than one package (Tarjan's algorithm)."""
+    edges = _edges()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    text = "; ".join(
+        ", ".join(f"{a} -> {b} ({edges[(a, b)][0]})" for a in c for b in c if (a, b) in edges)
+        for c in cycles
+    )
+    assert not cycles, f"import cycles between packages: {text}"
+
+
+def test_core_sources_import_only_core():
+    bad = [
+        f"{path.relative_to(SRC.parent)}:{line} imports {target}"
+        for path in sorted((SRC / "core").rglob("*.py"))
+        for target, line in _imports(path)
+        if not target.startswith("fedshift.core")
+    ]
+    assert not bad, "fedshift.core must import nothing above it:\n" + "\n".join(bad)
+
+
+def test_importing_core_loads_nothing_above_it():
+    """Import every module of core in a fresh interpreter; none of the upper packages may
+    appear in ``sys.modules`` (a check at run time, beside the source walk above)."""
+    modules = sorted(_module_name(p) for p in (SRC / "core").rglob("*.py"))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "above = [p for p in ('algorithms', 'augment', 'runtime', 'flower', 'eval', 'data',"
+        " 'models', 'catalog', 'cli', 'protocols', 'bench')]\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[1:2] and m.split('.')[1] in above"
+        " and m.startswith('fedshift.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]", f"importing fedshift.core loaded {out}"
+
+
+def test_the_layer_check_catches_a_violation(tmp_path):
+    """The walker sees a function-local import (the kind that used to hide cycles)."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from fedshift.runtime.loop import RoundLoop\n")
+    assert _imports(f) == [("fedshift.runtime.loop", 2)]
+    g = tmp_path / "n.py"
+    g.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import fedshift.cli\n")
+    assert _imports(g) == []
