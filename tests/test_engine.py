@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import metric_rows
 
 from fedshift.core.errors import TrainingError
 from fedshift.data.toy import ToyParams, load_toy
@@ -161,14 +162,16 @@ def test_local_training_steps(make_cfg, tmp_path):
     assert all(m["steps"] == 8 for m in metrics.values())
 
 
-def test_resume_without_checkpoint_is_a_clear_error(make_cfg, tmp_path):
-    from fedshift.core.errors import FedshiftError
-
-    cfg = make_cfg("algorithm.name=fedavg", "checkpoint.every=0", rounds=3)
+def test_resume_without_checkpoint_starts_again_with_the_same_numbers(make_cfg, tmp_path):
+    """A run killed before its first checkpoint has nothing to continue from: --resume starts
+    it again from its saved config and ends with the uninterrupted run's numbers."""
+    cfg = make_cfg("algorithm.name=fedavg", "checkpoint.every=0", "checkpoint.minutes=0", rounds=3)
+    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
     with pytest.raises(RunInterrupted):
         run_experiment(cfg, run_dir=tmp_path / "k", progress=False, stop_after=1)
-    with pytest.raises(FedshiftError, match="checkpoint"):
-        resume_experiment(tmp_path / "k", progress=False)
+    assert not (tmp_path / "k/checkpoint.pt").exists()
+    again = resume_experiment(tmp_path / "k", progress=False)
+    assert metric_rows(again.run_dir) == metric_rows(full.run_dir)
 
 
 def test_checkpoint_holds_all_state(make_cfg, tmp_path):

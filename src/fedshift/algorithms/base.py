@@ -185,6 +185,10 @@ class Algorithm:
     #: (``federation.weighting=auto`` resolves to it): ``samples`` = n_k / n (FedAvg, McMahan
     #: et al. 2017, Alg. 1), ``uniform`` = 1 / |S|. Subclasses set their paper's choice.
     paper_weighting: ClassVar[Weighting] = "samples"
+    #: True when a round's local work depends on the total ``train.rounds`` (a ramp-up
+    #: schedule over the run, FRAug): such a run cannot be extended to more rounds and equal
+    #: a longer run from the start, so ``--resume ... train.rounds=N`` refuses it
+    depends_on_rounds: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -332,6 +332,7 @@ class FRAug(Algorithm):
     tasks = ("classification",)  # its objective needs one label per image
     # Algorithm 1's server update averages the client parameters with equal weights
     paper_weighting = "uniform"
+    depends_on_rounds = True  # the ramp-up of lambda_syn / lambda_c runs over train.rounds
     Params = FRAugParams
 
     @classmethod

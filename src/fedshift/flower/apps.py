@@ -18,6 +18,8 @@ nodes          SuperNodes to wait for before round 1
 node-wait      seconds to wait for them
 round-timeout  seconds to wait for one exchange's replies
 min-clients    replies a round needs when SuperNodes are lost (0: every sampled client)
+resume         a run directory on the SuperLink machine to continue from its checkpoint
+               ("": a new run); the SuperNodes need their state-dir snapshots
 ============== ======================================================================
 """
 
@@ -33,7 +35,8 @@ from fedshift.catalog import resolve
 from fedshift.core.errors import ConfigError
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
-from fedshift.runtime.simulation import new_run_dir
+from fedshift.runtime.results import new_run_dir
+from fedshift.runtime.simulation import saved_config
 
 #: the run config an app declares, with its defaults (Flower refuses undeclared keys)
 RUN_CONFIG_DEFAULTS: dict[str, object] = {
@@ -43,6 +46,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "node-wait": 120.0,
     "round-timeout": 3600.0,
     "min-clients": 0,
+    "resume": "",
 }
 
 
@@ -71,10 +75,16 @@ def main(grid: Grid, context: Context) -> None:
             "run config 'fedshift-config' is empty: write the app with `fedshift flower app` "
             "or submit with `fedshift flower submit`, which put the experiment config there"
         )
-    cfg = resolve(yaml.safe_load(text), source="run config 'fedshift-config'")
-    run_dir = new_run_dir(cfg, str(rc.get("out") or "runs"))
+    resume = str(rc.get("resume") or "")
+    if resume:  # continue a stopped run with the config it was started with
+        run_dir = Path(resume)
+        cfg = saved_config(run_dir)
+    else:
+        cfg = resolve(yaml.safe_load(text), source="run config 'fedshift-config'")
+        run_dir = new_run_dir(cfg, str(rc.get("out") or "runs"))
     print(f"fedshift: run directory {Path(run_dir).resolve()}", flush=True)
-    result = FlowerServer(cfg, run_dir, options_from_run_config(rc), progress=False).run(grid)
+    server = FlowerServer(cfg, run_dir, options_from_run_config(rc), progress=False)
+    result = server.run(grid, resume=bool(resume))
     s = result.summary
     print(
         f"fedshift: done. {s['metric_label']} test mean {100 * s['test_mean']:.2f} at round "

@@ -43,9 +43,7 @@ from flwr.clientapp import ClientApp
 import fedshift
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, set_dotted
-from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
-from fedshift.core.seeding import generator, seed_global
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
 from fedshift.flower.wire import (
@@ -55,13 +53,8 @@ from fedshift.flower.wire import (
     records_to_payload,
     unpack,
 )
-from fedshift.runtime.experiment import (
-    Experiment,
-    build_experiment,
-    init_client_state,
-    score_client,
-)
-from fedshift.runtime.simulation import check_reply
+from fedshift.runtime.client import check_reply, evaluate_client, train_client
+from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 
 log = logging.getLogger("fedshift.flower")
 
@@ -191,32 +184,76 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
 
 
 # ---------------------------------------------------------------------------- client state
-def _state_path(rt: NodeRuntime, context: Context) -> Path | None:
-    if rt.settings.state_dir is None:
+def snapshot_dir(rt: NodeRuntime, context: Context, run: ConfigRecord) -> Path | None:
+    """Where this client keeps its per-round state snapshots: the node's ``state-dir``, else
+    the folder a simulation's server names (inside its run directory), per run key."""
+    base = rt.settings.state_dir
+    if base is None and "snapshot_dir" in run:
+        base = Path(str(run["snapshot_dir"]))
+    if base is None:
         return None
-    return rt.settings.state_dir / f"run{context.run_id}-{rt.cid}.pt"
+    key = str(run["run_key"]) if "run_key" in run else f"flower-run{context.run_id}"
+    return base / key / rt.cid
 
 
-def load_state(rt: NodeRuntime, context: Context) -> dict:
-    """The client's state: from the node's context, else its disk, else ``init_client``."""
+def _snapshots(folder: Path) -> dict[int, Path]:
+    """``{round: file}`` of the snapshots in ``folder`` (round -1: the initial state)."""
+    out = {}
+    for f in folder.glob("r*.pt") if folder.is_dir() else []:
+        try:
+            out[int(f.stem[1:])] = f
+        except ValueError:
+            continue
+    return out
+
+
+def load_state(rt: NodeRuntime, context: Context, run: ConfigRecord) -> dict:
+    """The client's state: from the node's context, else its newest snapshot (not past the
+    round a resumed run restarts from), else ``init_client``."""
     if STATE in context.state.array_records:
         return unpack(context.state.array_records[STATE], rt.exp.device)  # type: ignore[return-value]
-    path = _state_path(rt, context)
-    if path is not None and path.is_file():
-        return torch.load(path, map_location=rt.exp.device, weights_only=True)
+    folder = snapshot_dir(rt, context, run)
+    resume = int(run["resume_from"]) if "resume_from" in run else None
+    if folder is not None:
+        snaps = {r: f for r, f in _snapshots(folder).items() if resume is None or r <= resume}
+        if snaps:
+            return torch.load(snaps[max(snaps)], map_location=rt.exp.device, weights_only=True)
+    if resume is not None and bool(run.get("resume_state", False)):
+        where = folder or "(none: set --node-config state-dir=...)"
+        raise ConfigError(
+            f"client {rt.cid!r}: the run resumes from round {resume}, but this node has no "
+            f"snapshot of the client's state up to that round in {where}; a Flower run "
+            "resumes only when its SuperNodes keep their state on disk (node-config state-dir)"
+        )
     # init_client reads the model: give it the initial weights, whatever ran before
     rt.exp.model.load_state_dict(rt.initial)
-    return init_client_state(rt.exp, rt.cfg.seed, rt.cid, rt.data)
+    state = init_client_state(rt.exp, rt.cfg.seed, rt.cid, rt.data)
+    _write_snapshot(folder, -1, state)
+    return state
 
 
-def save_state(rt: NodeRuntime, context: Context, state: dict) -> None:
+def _write_snapshot(folder: Path | None, rnd: int, state: dict) -> None:
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".r{rnd}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, folder / f"r{rnd}.pt")
+
+
+def save_state(rt: NodeRuntime, context: Context, run: ConfigRecord, state: dict) -> None:
+    """Keep the state in the node's context and, with a snapshot folder, on disk as the
+    snapshot of this message's round; snapshots older than the server's last checkpoint go
+    (the newest of them stays: a resume may go back to it)."""
     context.state[STATE] = pack(state)
-    path = _state_path(rt, context)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+    folder = snapshot_dir(rt, context, run)
+    if folder is None:
+        return
+    _write_snapshot(folder, int(run["round"]), state)
+    done = int(run.get("checkpointed", -1))
+    old = sorted(r for r in _snapshots(folder) if r <= done)
+    for r in old[:-1]:
+        _snapshots(folder)[r].unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------- handlers
@@ -253,18 +290,20 @@ def hello(msg: Message, context: Context) -> Message:
 
 
 def setup_reply(msg: Message, context: Context) -> Message:
-    rt = runtime(_run_record(msg), context)
-    state = load_state(rt, context)
+    run = _run_record(msg)
+    rt = runtime(run, context)
+    state = load_state(rt, context, run)
     up = rt.exp.algo.setup_reply(rt.cid, state)
-    save_state(rt, context, state)
+    save_state(rt, context, run, state)
     return Message(payload_to_records(up), reply_to=msg)
 
 
 def setup_receive(msg: Message, context: Context) -> Message:
-    rt = runtime(_run_record(msg), context)
-    state = load_state(rt, context)
+    run = _run_record(msg)
+    rt = runtime(run, context)
+    state = load_state(rt, context, run)
     rt.exp.algo.setup_receive(records_to_payload(msg.content, rt.exp.device), state)
-    save_state(rt, context, state)
+    save_state(rt, context, run, state)
     return Message(RecordDict(), reply_to=msg)
 
 
@@ -275,24 +314,11 @@ def train(msg: Message, context: Context) -> Message:
     if not rt.trains:
         raise ConfigError(f"client {rt.cid!r} is held out (federation.holdout); it never trains")
     t0 = time.perf_counter()
-    state = load_state(rt, context)
+    state = load_state(rt, context, run)
     down = records_to_payload(msg.content, exp.device)
-    seed_global(cfg.seed, "client", rnd, rt.cid)
-    ctx = ClientContext(
-        cid=rt.cid,
-        round=rnd,
-        data=rt.data,
-        model=exp.model,
-        train=cfg.train,
-        pipeline=exp.pipeline,
-        generator=generator(cfg.seed, "batches", rnd, rt.cid),
-        device=exp.device,
-        state=state,
-        task=exp.task,
-    )
-    up = exp.algo.local_update(ctx, down, state)
+    up = train_client(exp, cfg.seed, rt.cid, rt.data, rnd, down, state)
     check_reply(rnd, rt.cid, up)
-    save_state(rt, context, state)
+    save_state(rt, context, run, state)
     sent = up.nbytes()
     log.info(
         "client %s round %d: loss %.4f in %.1fs; sends %s",
@@ -309,18 +335,14 @@ def evaluate(msg: Message, context: Context) -> Message:
     run = _run_record(msg)
     rt = runtime(run, context)
     exp, bs = rt.exp, rt.cfg.eval.batch_size
-    state = load_state(rt, context)
-    out = RecordDict()
+    state = load_state(rt, context, run)
     arrays = msg.content.array_records
+    g = record_to_tensors(arrays[GLOBAL], exp.device) if GLOBAL in arrays else None
+    view = unpack(arrays[VIEW], exp.device) if VIEW in arrays else None
     # a held-out client's evaluation records (augments' eval_broadcast); the state is not saved
-    exp.algo.eval_receive(records_to_payload(msg.content, exp.device), state)
-    if GLOBAL in arrays:
-        exp.model.load_state_dict(record_to_tensors(arrays[GLOBAL], exp.device))
-        out["global"] = MetricRecord(score_client(exp, rt.data, state, bs))
-    if VIEW in arrays:
-        view = unpack(arrays[VIEW], exp.device)
-        exp.model.load_state_dict(exp.algo.personal_weights(view, state))  # type: ignore[arg-type]
-        out["personal"] = MetricRecord(score_client(exp, rt.data, state, bs))
+    extra = records_to_payload(msg.content, exp.device)
+    scores = evaluate_client(exp, rt.data, state, bs, g, view, extra)  # type: ignore[arg-type]
+    out = RecordDict({kind: MetricRecord(v) for kind, v in scores.items()})
     return Message(out, reply_to=msg)  # evaluation leaves the client state as it was
 
 

@@ -22,7 +22,7 @@ from fedshift.core.errors import FedshiftError
 from fedshift.data import load_dataset
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
-from fedshift.runtime.simulation import RunResult, new_run_dir
+from fedshift.runtime.results import RunResult, new_run_dir
 
 ENGINES = ("ray", "in-process")
 
@@ -31,15 +31,22 @@ def build_server_app(
     cfg: RunConfig,
     run_dir: Path,
     options: FlowerOptions,
-    results: list[RunResult],
+    results: list,
     progress: bool = True,
+    resume: bool = False,
+    stop_after: int | None = None,
 ) -> ServerApp:
-    """A ServerApp running ``cfg`` (its result is appended to ``results``)."""
+    """A ServerApp running ``cfg`` (its result, or the exception that ended it, is appended
+    to ``results``)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        results.append(FlowerServer(cfg, run_dir, options, progress).run(grid))
+        try:
+            server = FlowerServer(cfg, run_dir, options, progress)
+            results.append(server.run(grid, resume=resume, stop_after=stop_after))
+        except Exception as e:  # handed to the caller: Flower's runner would only log it
+            results.append(e)
 
     return app
 
@@ -57,8 +64,15 @@ def simulate(
     options: FlowerOptions | None = None,
     cpus_per_client: float = 1.0,
     progress: bool = True,
+    resume: bool = False,
+    stop_after: int | None = None,
 ) -> RunResult:
-    """Run ``cfg`` on Flower's simulation engine; returns the run directory and summary."""
+    """Run ``cfg`` on Flower's simulation engine; returns the run directory and summary.
+
+    The virtual SuperNodes keep per-round state snapshots under ``<run_dir>/flower-state``,
+    so a simulation that was stopped continues with ``resume=True`` (from its checkpoint,
+    each client from its snapshot) and ends with the numbers of an uninterrupted one.
+    ``stop_after``: stop after that round (tests)."""
     if engine not in ENGINES:
         raise FedshiftError(f"--engine must be one of {ENGINES}, got {engine!r}")
     run_dir = run_dir or new_run_dir(cfg, out)
@@ -66,13 +80,14 @@ def simulate(
     options = options or FlowerOptions()
     options.nodes = options.nodes or nodes
     options.mode = f"simulation ({engine})"
-    results: list[RunResult] = []
+    options.snapshot_dir = options.snapshot_dir or Path(run_dir).resolve() / "flower-state"
+    results: list = []
     if engine == "in-process":
         from fedshift.flower.inprocess import InProcessGrid
 
         grid = InProcessGrid(build_client_app(), nodes)
-        results.append(FlowerServer(cfg, run_dir, options, progress).run(grid))
-        return results[0]
+        server = FlowerServer(cfg, run_dir, options, progress)
+        return server.run(grid, resume=resume, stop_after=stop_after)
 
     from flwr.simulation import run_simulation
 
@@ -92,10 +107,12 @@ def simulate(
         "client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
         "init_args": {"logging_level": logging.ERROR, "log_to_driver": True},
     }
-    server_app = build_server_app(cfg, run_dir, options, results, progress)
+    server_app = build_server_app(cfg, run_dir, options, results, progress, resume, stop_after)
     # one torch thread per CPU Ray reserves for a ClientApp
     client_app = build_client_app(threads=max(1, int(cpus_per_client)))
     run_simulation(server_app, client_app, nodes, backend_config=backend)
+    if results and isinstance(results[0], BaseException):
+        raise results[0]
     if not results:
         raise FedshiftError(
             "the Flower simulation ended without a result; its log above says why (a "

@@ -22,7 +22,7 @@ from fedshift.algorithms import ALGORITHMS, Algorithm
 from fedshift.augment import build_augments
 from fedshift.augment.base import Augment
 from fedshift.augment.compose import Composition
-from fedshift.core.config import RunConfig
+from fedshift.core.config import RunConfig, TrainConfig
 from fedshift.core.context import InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
 from fedshift.core.seeding import seed_global
@@ -50,6 +50,10 @@ class Experiment:
     #: the model kinds evaluated, primary first: ``personal`` and/or ``global``
     kinds: list[str]
     device: torch.device
+    #: the run's seed (every random stream derives from it) and local-training settings
+    seed: int = 0
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    eval_batch_size: int = 256
 
 
 def resolve_device(name: str) -> torch.device:
@@ -130,6 +134,9 @@ def build_experiment(
         train_clients=train_clients,
         kinds=kinds,
         device=device,
+        seed=cfg.seed,
+        train=cfg.train,
+        eval_batch_size=cfg.eval.batch_size,
     )
 
 

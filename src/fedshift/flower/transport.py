@@ -1,0 +1,342 @@
+"""Flower's ``Grid`` as a transport of the round loop: every client behind a SuperNode.
+
+:class:`GridTransport` is what :class:`~fedshift.runtime.loop.RoundLoop` talks to on Flower
+(the loop itself, with sampling, aggregation, ledger, evaluation, checkpoints and resume, is
+the same as a native run's):
+
+1. ``connect``: wait for the SuperNodes, ask each who it is (``query.hello``) and describe the
+   federation from their answers (clients in federation order, task, classes, image size).
+   The server holds no data;
+2. the setup exchange (``train.setup_reply`` / ``train.setup_receive``), each round's
+   ``train`` messages and the ``evaluate`` messages (the global weights and each client's
+   server view go down, scores come back);
+3. client state never leaves the nodes. Each node keeps it in its Flower context and, with a
+   snapshot folder (node-config ``state-dir``, or the run directory in a simulation), a
+   snapshot after every round it worked in. Every message tells the nodes the run's key, the
+   last round the server checkpointed (older snapshots can go) and, after a resume, the round
+   to restart from: a resumed Flower run continues exactly like a native one.
+
+Lost SuperNodes. A sampled client whose node has gone, or whose reply does not come within
+``round_timeout`` seconds, is *lost* for that exchange; the loop completes the round without
+it when at least ``min_clients`` replied (default: all, so numbers never change silently).
+A client that replies with an error (its code raised) always stops the run, with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+
+import fedshift
+from fedshift.core.config import RunConfig
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Payload
+from fedshift.data.base import ClientData, Federation, Split
+from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
+from fedshift.flower.wire import pack, payload_to_records, records_to_payload, tensors_to_record
+from fedshift.runtime.experiment import Experiment
+from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
+
+log = logging.getLogger("fedshift.flower")
+
+#: error codes meaning "the node or its reply is gone", not "the client's code failed"
+LOST = (
+    ErrorCode.NODE_UNAVAILABLE,
+    ErrorCode.MESSAGE_UNAVAILABLE,
+    ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+    ErrorCode.CLIENT_APP_CRASHED,
+)
+
+
+@dataclass
+class FlowerOptions:
+    """How the ServerApp treats the federation (not part of the experiment's config, so a
+    run's config digest is the same natively and on Flower)."""
+
+    #: SuperNodes to wait for before round 1 (None: as many as the federation has clients,
+    #: known only where the server can count them: simulation)
+    nodes: int | None = None
+    #: seconds to wait for them
+    node_wait: float = 120.0
+    #: seconds to wait for the replies of one exchange; a node silent that long is lost
+    round_timeout: float = 3600.0
+    #: replies a round needs to complete; None: every sampled client
+    min_clients: int | None = None
+    #: how the run was started, for the summary: simulation / deployment / in-process
+    mode: str = "deployment"
+    #: where nodes without a ``state-dir`` of their own keep per-round state snapshots
+    #: (simulations: inside the run directory, so a killed simulation can resume)
+    snapshot_dir: Path | None = None
+
+    def check(self) -> None:
+        if self.min_clients is not None and self.min_clients < 1:
+            raise ConfigError(f"min-clients must be at least 1, got {self.min_clients}")
+        if self.round_timeout <= 0 or self.node_wait <= 0:
+            raise ConfigError("round-timeout and node-wait must be positive (seconds)")
+
+
+@dataclass
+class ClientInfo:
+    name: str
+    node: int
+    index: int
+    trains: bool
+    info: dict = field(default_factory=dict)
+
+
+class GridTransport:
+    """The round loop's clients behind a Flower ``Grid`` (module docstring)."""
+
+    name = "flower"
+
+    def __init__(self, grid: Grid, options: FlowerOptions) -> None:
+        options.check()
+        self.grid = grid
+        self.options = options
+        self.clients: dict[str, ClientInfo] = {}
+        self.lost: dict[str, int] = {}  # client -> round it was first lost in
+        self.eval_bytes = 0
+        self.num_clients: int | None = None
+        self.config_text = ""
+        self.run: RunIdentity | None = None
+
+    # ------------------------------------------------------------------ messaging
+    def run_record(self, rnd: int, cid: str, cfg: RunConfig | None = None) -> ConfigRecord:
+        if cfg is not None:
+            self.config_text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+        rec: dict = {"config": self.config_text, "round": rnd, "client": cid}
+        if self.num_clients is not None:
+            rec["num_clients"] = self.num_clients
+        if self.run is not None:
+            rec["run_key"] = self.run.key
+            rec["checkpointed"] = self.run.checkpointed
+            if self.run.resume_from is not None:
+                rec["resume_from"] = self.run.resume_from
+                rec["resume_state"] = cid in self.run.worked
+        if self.options.snapshot_dir is not None:
+            rec["snapshot_dir"] = str(self.options.snapshot_dir)
+        return ConfigRecord(rec)
+
+    def exchange(
+        self, kind: str, rnd: int, contents: dict[str, RecordDict]
+    ) -> tuple[dict[str, Message], list[str]]:
+        """Send ``contents[cid]`` to each client's node as a ``kind`` message; return the
+        replies by client and the clients lost (node gone, crashed, or silent past the
+        timeout). A client whose code raised stops the run with its reason."""
+        alive = set(self.grid.get_node_ids())
+        messages, lost = [], []
+        for cid, content in contents.items():
+            node = self.clients[cid].node
+            if node not in alive:
+                lost.append(cid)
+                continue
+            content[RUN] = self.run_record(rnd, cid)
+            messages.append(
+                Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
+            )
+        replies = list(self.grid.send_and_receive(messages, timeout=self.options.round_timeout))
+        by_cid = _match_replies(messages, replies, {c.node: n for n, c in self.clients.items()})
+        out: dict[str, Message] = {}
+        for cid in contents:
+            if cid in lost:
+                continue
+            node = self.clients[cid].node
+            reply = by_cid.get(cid)
+            if reply is None:
+                lost.append(cid)
+            elif reply.has_error():
+                if reply.error.code in LOST:
+                    lost.append(cid)
+                    continue
+                raise FedshiftError(
+                    f"round {rnd}: client {cid!r} (SuperNode {node}) failed in {kind!r}: "
+                    f"{reply.error.reason}"
+                )
+            else:
+                out[cid] = reply
+        for cid in lost:
+            self.lost.setdefault(cid, rnd)
+        return out, lost
+
+    def wait_for_nodes(self) -> list[int]:
+        want = self.options.nodes or 1
+        t0 = time.monotonic()
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= want:
+                return nodes
+            if time.monotonic() - t0 > self.options.node_wait:
+                raise FedshiftError(
+                    f"only {len(nodes)} of {want} SuperNodes connected after "
+                    f"{self.options.node_wait:g} s; start the missing SuperNodes (or lower "
+                    "--nodes / run-config nodes)"
+                )
+            time.sleep(0.5)
+
+    def connect(self, cfg: RunConfig) -> Federation:
+        """Ask every node who it is; the clients in federation order (node-reported index,
+        then name) and a data-less federation with the shared task, classes and shape."""
+        nodes = self.wait_for_nodes()
+        msgs = [
+            Message(
+                RecordDict({RUN: self.run_record(0, "", cfg)}),
+                dst_node_id=n,
+                message_type="query.hello",
+                group_id="hello",
+            )
+            for n in nodes
+        ]
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.options.round_timeout))
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+        infos: list[ClientInfo] = []
+        for r in replies:
+            node = node_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
+            if r.has_error():
+                raise FedshiftError(
+                    f"SuperNode {node} could not start its client: {r.error.reason}"
+                )
+            info = dict(r.content.config_records[HELLO])
+            if info.get("fedshift") != fedshift.__version__:
+                raise FedshiftError(
+                    f"SuperNode {node} (client {info['client']!r}) runs fedshift "
+                    f"{info.get('fedshift')} but the ServerApp runs {fedshift.__version__}; "
+                    "install the same version everywhere"
+                )
+            infos.append(
+                ClientInfo(info["client"], node, int(info["index"]), bool(info["trains"]), info)
+            )
+        if len(infos) < len(nodes):
+            missing = sorted(set(nodes) - {i.node for i in infos})
+            raise FedshiftError(f"SuperNode(s) {missing} did not answer the hello message")
+        names = [i.name for i in infos]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise FedshiftError(
+                f"several SuperNodes claim client(s) {dup}: give each SuperNode its own "
+                "--node-config client=..."
+            )
+        first = infos[0].info
+        for i in infos[1:]:
+            for k in ("dataset", "task", "classes", "input_shape"):
+                if _plain(i.info[k]) != _plain(first[k]):
+                    raise FedshiftError(
+                        f"SuperNodes disagree on the data: client {i.name!r} has {k}="
+                        f"{i.info[k]!r} but {infos[0].name!r} has {first[k]!r}"
+                    )
+        infos.sort(key=lambda i: (i.index, i.name))
+        self.clients = {i.name: i for i in infos}
+        c, h, w = (int(s) for s in first["input_shape"])
+
+        def empty() -> Split:
+            return Split(torch.zeros(0, c, h, w), torch.zeros(0, dtype=torch.long))
+
+        clients = [ClientData(i.name, empty(), empty(), empty()) for i in infos]
+        info = {"dh": first["dh"]} if "dh" in first else {}
+        return Federation(
+            str(first["dataset"]), clients, list(first["classes"]), (c, h, w), info,
+            str(first["task"]),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ transport
+    def attach(self, exp: Experiment, run: RunIdentity) -> None:
+        self.exp = exp
+        self.run = run
+        self.num_clients = len(exp.train_clients)
+
+    def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]:
+        replies, lost = self.exchange("train.setup_reply", 0, {c: RecordDict() for c in cids})
+        return {c: records_to_payload(r.content, self.exp.device) for c, r in replies.items()}, lost
+
+    def setup_receive(self, downs: dict[str, Payload]) -> list[str]:
+        contents = {cid: payload_to_records(d) for cid, d in downs.items()}
+        return self.exchange("train.setup_receive", 0, contents)[1]
+
+    def train(
+        self, rnd: int, cids: list[str], down: Callable[[str], Payload]
+    ) -> tuple[dict[str, Payload], list[str]]:
+        contents = {cid: payload_to_records(down(cid)) for cid in cids}
+        replies, lost = self.exchange("train", rnd, contents)
+        dev = self.exp.device
+        return {cid: records_to_payload(r.content, dev) for cid, r in replies.items()}, lost
+
+    def evaluate(
+        self, rnd: int, cids: list[str], request: EvalRequest
+    ) -> tuple[dict[str, Scores], list[str]]:
+        g = request.global_weights
+        global_rec = None if g is None else tensors_to_record(g)  # serialised once for all
+        contents = {}
+        for cid in cids:
+            content = RecordDict()
+            if global_rec is not None:
+                content[GLOBAL] = global_rec
+            if cid in request.views:
+                content[VIEW] = pack(request.views[cid])
+            if cid in request.extra:
+                for name, tensors in request.extra[cid].records.items():
+                    content[name] = tensors_to_record(tensors)
+            self.eval_bytes += sum(rec.count_bytes() for rec in content.array_records.values())
+            contents[cid] = content
+        replies, lost = self.exchange("evaluate", rnd, contents)
+        scores = {
+            cid: {kind: dict(rec) for kind, rec in r.content.metric_records.items()}
+            for cid, r in replies.items()
+        }
+        return scores, lost
+
+    def state_dict(self) -> dict | None:
+        return None  # client state stays on the nodes (their snapshots)
+
+    def load_state_dict(self, state: dict | None) -> None:
+        pass
+
+    def begin_round(self, cids: list[str]) -> None:
+        pass  # a node snapshots each round's state; a resume names the round to go back to
+
+    def rollback(self) -> None:
+        pass
+
+    def info(self) -> dict:
+        return {
+            "engine": "flower",
+            "mode": self.options.mode,
+            "flwr": _flwr_version(),
+            "nodes": {cid: c.node for cid, c in self.clients.items()},
+            "lost": self.lost,
+            "min_clients": self.options.min_clients,
+            "eval_bytes": self.eval_bytes,
+        }
+
+
+def _flwr_version() -> str:
+    from importlib.metadata import version
+
+    return version("flwr")
+
+
+def _match_replies(
+    sent: list[Message], replies: list[Message], client_of: dict[int, str]
+) -> dict[str, Message]:
+    """Replies by client. A reply names the message it answers (``reply_to_message_id``);
+    the SuperLink's own "node unavailable" error comes from the SuperLink, not from the
+    node, so the source node id alone cannot tell whose it is."""
+    by_id = {m.metadata.message_id: client_of[m.metadata.dst_node_id] for m in sent}
+    out = {}
+    for r in replies:
+        cid = by_id.get(r.metadata.reply_to_message_id) or client_of.get(r.metadata.src_node_id)
+        if cid is not None:
+            out[cid] = r
+    return out
+
+
+def _plain(value: object) -> object:
+    """Record values compare as plain Python (a ConfigRecord may hand back lists or tuples)."""
+    return list(value) if isinstance(value, list | tuple) else value

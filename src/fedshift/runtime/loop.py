@@ -1,0 +1,499 @@
+"""The round loop: one implementation for every transport.
+
+:class:`RoundLoop` is one run. It builds the experiment from the federation its transport
+connects to, then (after the setup exchange, round 0, when an augment needs one) every round:
+samples clients, hands the transport each sampled client's broadcast payload, checks the
+replies for non-finite values, lets the algorithm aggregate, and every ``eval.every`` rounds
+(and at the last round) evaluates every client with the global and/or personal model. Every
+payload passes the :class:`~fedshift.core.payload.Ledger`. Model selection picks the round
+with the best mean *validation* primary metric (never test).
+
+Runs survive interruption:
+
+* a checkpoint (all server state, the client state the transport holds, the ledger, the
+  metric rows) is written atomically every ``checkpoint.every`` rounds or
+  ``checkpoint.minutes`` minutes, whichever comes first, and at the last round;
+* SIGINT (Ctrl-C) and SIGTERM save one at once: the round in progress is rolled back to its
+  start (server state, the ledger and the sampled clients' state) and the state of the last
+  whole round is written, then :class:`RunSignal` propagates (the CLI exits 130 / 143);
+* ``selected.pt`` keeps the state at the best scheduled evaluation round (the model selection
+  of every scheduled round; the last round is in ``checkpoint.pt``), so protocols evaluate the
+  selected model by default.
+
+Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so
+a resumed, or extended, run ends with exactly the numbers of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from fedshift.core.config import RunConfig, dump_config
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Ledger, Payload
+from fedshift.core.seeding import generator, rng_state, set_rng_state
+from fedshift.eval.summary import select_round
+from fedshift.runtime.client import check_reply
+from fedshift.runtime.experiment import build_experiment
+from fedshift.runtime.results import RunResult, finish_run, write_metrics
+from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
+
+log = logging.getLogger("fedshift.runtime")
+
+CHECKPOINT = "checkpoint.pt"
+SELECTED = "selected.pt"
+
+
+class RunInterrupted(FedshiftError):
+    """Raised by ``stop_after`` to emulate a run killed after a given round (tests, demos)."""
+
+
+class RunSignal(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
+    """SIGINT or SIGTERM arrived; the run saved its last whole round before this propagated.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``) so that no ``except Exception`` on the
+    way swallows it."""
+
+    def __init__(self, signum: int, run_dir: Path, saved_round: int | None) -> None:
+        self.signum = signum
+        self.run_dir = run_dir
+        self.saved_round = saved_round
+        name = signal.Signals(signum).name
+        where = (
+            f"state of round {saved_round} saved in {run_dir / CHECKPOINT}"
+            if saved_round is not None
+            else "nothing to save yet (stopped during set-up)"
+        )
+        super().__init__(f"{name}: {where}; continue with: fedshift run --resume {run_dir}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@dataclass
+class LoopOptions:
+    """How the loop treats its clients (not part of the experiment config, so a run's
+    config digest is the same whatever the transport)."""
+
+    #: replies a round needs when clients are lost (None: every sampled client)
+    min_clients: int | None = None
+    #: print one line per round (the Flower ServerApp's log, where there is no progress bar)
+    round_log: bool = False
+    #: appended to the progress label, e.g. " (flower)"
+    label_suffix: str = ""
+
+
+def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
+    """The clients of round ``rnd``: ``max(1, round(fraction * N))`` of ``ids`` drawn from
+    the run's ``sample`` stream of that round, kept in ``ids`` order."""
+    m = max(1, round(fraction * len(ids)))
+    if m >= len(ids):
+        return list(ids)
+    perm = torch.randperm(len(ids), generator=generator(seed, "sample", rnd))
+    return [ids[i] for i in sorted(perm[:m].tolist())]
+
+
+class RoundLoop:
+    """One run over a :class:`~fedshift.runtime.transport.Transport` (module docstring)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path,
+        transport: Transport,
+        progress: bool = True,
+        options: LoopOptions | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.transport = transport
+        self.progress = progress
+        self.options = options or LoopOptions()
+        self.fed = transport.connect(cfg)
+        exp = build_experiment(cfg, self.fed)
+        self.exp = exp
+        self.device = exp.device
+        self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
+        self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
+        self.pipeline, self.kinds = exp.pipeline, exp.kinds
+        self.server = self.algo.init_server(self.model)
+        self.algo.register_clients(list(self.train_clients))
+        self.identity = RunIdentity(key=uuid.uuid4().hex)
+        transport.attach(exp, self.identity)
+        self.ledger = Ledger()
+        self.records: list[dict] = []
+        self.last_round = 0
+        self.wall_before = 0.0
+        self.selected_round: int | None = None  # best scheduled evaluation so far
+        self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
+        self._saving = False
+        self._stopping = False
+        self._pending: int | None = None
+        self._last_save = time.monotonic()
+
+    # ------------------------------------------------------------------ one round
+    def sample(self, rnd: int) -> list[str]:
+        return sample_clients(
+            list(self.train_clients), self.cfg.federation.sample_fraction, self.cfg.seed, rnd
+        )
+
+    def _down(self, rnd: int):
+        def down(cid: str) -> Payload:
+            payload = self.algo.broadcast(self.server, rnd, cid)
+            if self.algo.communicates:
+                self.ledger.record(rnd, cid, "down", payload)
+            return payload
+
+        return down
+
+    def _receive(self, rnd: int, cid: str, up: Payload) -> None:
+        check_reply(rnd, cid, up)
+        if self.algo.communicates:
+            self.ledger.record(rnd, cid, "up", up)
+
+    def client_round(self, rnd: int, cid: str) -> Payload:
+        """One client's work of round ``rnd`` (broadcast, local update, checks), without
+        aggregation: what tests and benchmarks drive step by step."""
+        replies, lost = self.transport.train(rnd, [cid], self._down(rnd))
+        if cid not in replies:
+            raise FedshiftError(f"round {rnd}: client {cid!r} was lost")
+        self._receive(rnd, cid, replies[cid])
+        return replies[cid]
+
+    def run_round(self, rnd: int) -> dict[str, dict]:
+        """Round ``rnd``: sample, train, check, aggregate; returns the replies' metrics."""
+        sampled = self.sample(rnd)
+        replies, lost = self.transport.train(rnd, sampled, self._down(rnd))
+        self.need(rnd, "aggregation", sampled, len(replies), lost)
+        ups = []
+        for cid in sampled:
+            if cid in replies:
+                self._receive(rnd, cid, replies[cid])
+                ups.append((cid, replies[cid]))
+        self.algo.aggregate(self.server, rnd, ups)
+        return {cid: up.metrics for cid, up in ups}
+
+    def need(self, rnd: int, what: str, asked: list[str], got: int, lost: list[str]) -> None:
+        """Stop unless enough of ``asked`` replied (``min_clients``; all if unset)."""
+        if not lost:
+            return
+        need = len(asked) if self.options.min_clients is None else self.options.min_clients
+        if got >= min(need, len(asked)):
+            log.warning(
+                "round %d: %s without lost client(s) %s (%d of %d replied, min-clients %d)",
+                rnd, what, lost, got, len(asked), need,
+            )  # fmt: skip
+            return
+        raise FedshiftError(
+            f"round {rnd}: {what} needs {need} of the {len(asked)} sampled clients but only "
+            f"{got} replied; lost (gone, crashed or silent past the timeout): {', '.join(lost)}. "
+            "Restart those clients and resume the run "
+            "(`--resume`), or let rounds complete with fewer clients (`--min-clients`)."
+        )
+
+    def setup_exchange(self) -> None:
+        """Round 0: every client sends its augments' setup records (FedRDN's statistics) and
+        receives what the server shares back. Recorded in the ledger as round 0."""
+        algo, trains = self.algo, list(self.train_clients)
+        ups, lost = self.transport.setup_reply(trains)
+        if lost:
+            raise FedshiftError(
+                f"setup exchange: client(s) {lost} did not reply; every client must send its "
+                "setup statistics before round 1. Restart those clients and the run."
+            )
+        for cid in trains:
+            self.ledger.record(0, cid, "up", ups[cid])
+        algo.setup_aggregate(self.server, [(cid, ups[cid]) for cid in trains])
+        downs = {}
+        for cid in [*trains, *self.holdout]:
+            downs[cid] = algo.setup_broadcast(self.server, cid)
+            self.ledger.record(0, cid, "down", downs[cid])
+        lost = self.transport.setup_receive(downs)
+        if lost:
+            raise FedshiftError(f"setup exchange: client(s) {lost} did not take the statistics")
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_round(self, rnd: int, train_metrics: dict[str, dict]) -> list[dict]:
+        algo, clients = self.algo, self.fed.client_names
+        request = EvalRequest(algo.global_weights(self.server))
+        if algo.has_personal_model:
+            request.views = {cid: algo.server_view(self.server, cid) for cid in clients}
+        for cid in self.holdout:  # a client that never trains gets what it needs to evaluate
+            request.extra[cid] = algo.eval_broadcast(self.server, cid)
+        scores, lost = self.transport.evaluate(rnd, clients, request)
+        if not scores:
+            raise FedshiftError(f"round {rnd}: no client replied to the evaluation")
+        rows: list[dict] = []
+        for cid in clients:
+            row: dict = {"round": rnd, "client": cid}
+            if cid in self.holdout:
+                row["holdout"] = True
+            if cid in train_metrics:
+                row["train_loss"] = train_metrics[cid].get("train_loss")
+            if cid in scores:
+                row.update(scores[cid])
+            else:
+                row["lost"] = True
+            rows.append(row)
+        return rows
+
+    def val_mean(self, rows: list[dict]) -> float:
+        """Mean validation primary metric of the primary model over the scored training
+        clients (held-out and lost clients excluded, as in model selection)."""
+        kind, metric = self.kinds[0], self.task.primary.name
+        scored = [r[kind][f"val_{metric}"] for r in rows if kind in r and not r.get("holdout")]
+        return sum(scored) / max(len(scored), 1)
+
+    def weights_for(self, client: str, kind: str | None = None) -> dict[str, torch.Tensor]:
+        """The state dict of ``client``'s model of ``kind`` (``personal`` / ``global``;
+        default: the kind the run's tables evaluate), from the state as loaded."""
+        kind = kind or self.kinds[0]
+        if kind not in self.kinds:
+            raise FedshiftError(f"this run has no {kind} model (it has {self.kinds})")
+        if kind == "global":
+            return self.algo.global_weights(self.server)  # type: ignore[return-value]
+        state = (self.transport.state_dict() or {})[client]
+        return self.algo.personal_weights(self.server, state)  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "round": self.last_round,
+            "server": self.server,
+            "clients": self.transport.state_dict(),
+            "ledger": self.ledger.state_dict(),
+            "records": self.records,
+            "rng": rng_state(),
+            "wall_s": self.wall_before,
+            "config": self.cfg.to_dict(),
+            "run_key": self.identity.key,
+            "selected_round": self.selected_round,
+        }
+
+    def _atomic_save(self, obj: dict, name: str) -> None:
+        self._saving = True
+        try:
+            tmp = self.run_dir / (name + ".tmp")
+            torch.save(obj, tmp)
+            os.replace(tmp, self.run_dir / name)
+        finally:
+            self._saving = False
+        if self._pending is not None:  # a signal arrived while writing: act on it now
+            signum, self._pending = self._pending, None
+            self._on_signal(signum, None)
+
+    def save_checkpoint(self) -> None:
+        self._atomic_save(self.state_dict(), CHECKPOINT)
+        self.identity.checkpointed = self.last_round
+        self._last_save = time.monotonic()
+
+    def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
+        path = self.run_dir / name
+        if not path.is_file():
+            raise FedshiftError(
+                f"{path} does not exist: the run stopped before its first checkpoint; "
+                "start it again instead"
+            )
+        ck = torch.load(path, map_location=self.device, weights_only=False)
+        self.last_round = int(ck["round"])
+        self.server = ck["server"]
+        self.transport.load_state_dict(ck["clients"])
+        if "ledger" in ck:  # selected.pt holds the state only
+            self.ledger.load_state_dict(ck["ledger"])
+            self.records = ck["records"]
+            self.wall_before = float(ck["wall_s"])
+            set_rng_state(ck["rng"])
+            self.selected_round = ck.get("selected_round")
+            self.identity.key = ck.get("run_key") or self.identity.key
+            self.identity.resume_from = self.last_round
+            self.identity.checkpointed = self.last_round
+            self.identity.worked = self._worked_until(self.last_round)
+        return ck
+
+    def _worked_until(self, rnd: int) -> set[str]:
+        """The clients whose state changed in rounds 0..``rnd`` (set-up, or sampled)."""
+        worked = set(self.fed.client_names) if self._setup_done() else set()
+        for r in range(1, rnd + 1):
+            worked.update(self.sample(r))
+        return worked
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._stopping:  # already saving the state to stop: let that finish
+            return
+        if self._saving:  # never cut a checkpoint in half: act once it is written
+            self._pending = signum
+            return
+        raise _Caught(signum)
+
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGINT / SIGTERM raise :class:`_Caught` in the loop (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # ------------------------------------------------------------------ the loop
+    def run(
+        self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
+    ) -> RunResult:
+        """Run to ``train.rounds``. ``resume``: continue from ``checkpoint.pt`` (a run with
+        no checkpoint, killed during its set-up, starts again); ``rounds``: with ``resume``,
+        extend a run to that many rounds (it ends as a run of ``rounds`` from the start);
+        ``stop_after``: stop with :class:`RunInterrupted` after that round (tests)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resumed = resume and (self.run_dir / CHECKPOINT).is_file()
+        if resumed:
+            self.load_checkpoint()
+        if rounds is not None:
+            self._extend(rounds, resumed)
+        if not resumed:
+            dump_config(self.cfg, self.run_dir / "config.yaml")
+        started = time.perf_counter()
+        try:
+            with self._signals():
+                if not resumed and self.algo.needs_setup:
+                    self.setup_exchange()
+                write_metrics(self.run_dir, self.records)
+                self._rounds(stop_after)
+        except _Caught as caught:
+            saved = self._save_interrupted(started)
+            raise RunSignal(caught.signum, self.run_dir, saved) from None
+        self.wall_before += time.perf_counter() - self._t0
+        label = f"{self.cfg.algorithm['name']} s{self.cfg.seed}{self.options.label_suffix}"
+        info = self.transport.info()
+        return RunResult(self.run_dir, finish_run(self, label, {"runtime": info} if info else None))
+
+    def _extend(self, rounds: int, resumed: bool) -> None:
+        if rounds < self.last_round:
+            raise ConfigError(
+                f"train.rounds={rounds}: the run in {self.run_dir} already trained "
+                f"{self.last_round} rounds; a run can be extended, not shortened"
+            )
+        algo = getattr(self.algo, "algo", self.algo)
+        if rounds != self.cfg.train.rounds and getattr(algo, "depends_on_rounds", False):
+            raise ConfigError(
+                f"train.rounds={rounds}: {self.cfg.algorithm['name']}'s local work depends on "
+                f"the run's total rounds ({self.cfg.train.rounds}: a ramp-up schedule), so the "
+                "extended run would not equal a run of that many rounds from the start; "
+                "start a new run instead"
+            )
+        self.cfg = dataclasses.replace(
+            self.cfg, train=dataclasses.replace(self.cfg.train, rounds=rounds)
+        )
+        every = self.cfg.eval.every
+        # the old last round was evaluated because it was last: a run of ``rounds`` from the
+        # start does not evaluate it, so neither may its extension select it
+        self.records = [r for r in self.records if r["round"] % every == 0 or r["round"] == rounds]
+        dump_config(self.cfg, self.run_dir / "config.yaml")
+
+    def _rounds(self, stop_after: int | None) -> None:
+        cfg = self.cfg
+        rounds, every = cfg.train.rounds, cfg.eval.every
+        label = f"{cfg.algorithm['name']} s{cfg.seed}{self.options.label_suffix}"
+        bar = tqdm(
+            range(self.last_round + 1, rounds + 1),
+            desc=label,
+            initial=self.last_round,
+            total=rounds,
+            disable=not self.progress,
+            leave=False,
+            dynamic_ncols=True,
+        )
+        self._t0 = time.perf_counter()
+        for rnd in bar:
+            self._undo = (copy.deepcopy(self.server), len(self.ledger.rows))
+            self.transport.begin_round(self.sample(rnd))
+            train_metrics = self.run_round(rnd)
+            line = self._round_line(rnd, rounds, train_metrics)
+            rows = None
+            if rnd % every == 0 or rnd == rounds:
+                rows = self.evaluate_round(rnd, train_metrics)
+                val = self.val_mean(rows)
+                line += f", val {self.task.primary.name} {val:.4f} ({self.kinds[0]})"
+                bar.set_postfix_str(f"val {self.task.primary.name} {val:.3f}")
+            self._commit(rnd, rows)
+            if self.options.round_log and not self.progress:
+                print(f"fedshift: {line}", flush=True)
+            if self._checkpoint_due(rnd):
+                self.wall_before += time.perf_counter() - self._t0
+                self._t0 = time.perf_counter()
+                self.save_checkpoint()
+            if stop_after is not None and rnd >= stop_after and rnd < rounds:
+                bar.close()
+                raise RunInterrupted(f"stopped after round {rnd} (stop_after)")
+        bar.close()
+
+    def _round_line(self, rnd: int, rounds: int, train_metrics: dict[str, dict]) -> str:
+        loss = [m["train_loss"] for m in train_metrics.values() if "train_loss" in m]
+        line = f"round {rnd}/{rounds}: {len(train_metrics)} replies"
+        return line + (f", train loss {sum(loss) / len(loss):.4f}" if loss else "")
+
+    def _commit(self, rnd: int, rows: list[dict] | None) -> None:
+        """Round ``rnd`` is whole: keep its rows, track the selected round, drop the undo."""
+        self._undo = None
+        self.transport.begin_round([])  # nothing to undo any more
+        self.last_round = rnd
+        if rows is None:
+            return
+        self.records.extend(rows)
+        write_metrics(self.run_dir, rows, append=True)
+        if rnd % self.cfg.eval.every == 0:
+            scheduled = [r for r in self.records if r["round"] % self.cfg.eval.every == 0]
+            best = select_round(scheduled, self.kinds[0], self.task.primary.name)["best"]
+            if best["round"] == rnd:
+                self.selected_round = rnd
+                state = {"round": rnd, "server": self.server}
+                state["clients"] = self.transport.state_dict()
+                self._atomic_save(state, SELECTED)
+
+    def _checkpoint_due(self, rnd: int) -> bool:
+        ck = self.cfg.checkpoint
+        if rnd == self.cfg.train.rounds or (ck.every and rnd % ck.every == 0):
+            return True
+        return bool(ck.minutes) and time.monotonic() - self._last_save >= 60 * ck.minutes
+
+    def _save_interrupted(self, started: float) -> int | None:
+        """After a signal: undo the round in progress and save the last whole round."""
+        self._stopping = True
+        if self._undo is not None:
+            server, rows = self._undo
+            self.server = server
+            del self.ledger.rows[rows:]
+            self.transport.rollback()
+            self._undo = None
+        if self.last_round == 0 and not self._setup_done():
+            return None
+        self.wall_before += time.perf_counter() - getattr(self, "_t0", started)
+        self._t0 = time.perf_counter()
+        self.save_checkpoint()
+        return self.last_round
+
+    def _setup_done(self) -> bool:
+        return not self.algo.needs_setup or any(r[0] == 0 for r in self.ledger.rows)
+
+
+class _Caught(BaseException):  # noqa: N818
+    def __init__(self, signum: int) -> None:
+        self.signum = signum

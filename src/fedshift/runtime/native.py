@@ -1,0 +1,106 @@
+"""The in-process transport: every client in this process, one after another.
+
+Client state (local BN tensors, optimiser state, SCAFFOLD's ``c_i``, augments' statistics)
+lives here in plain dicts, so the round loop checkpoints it with the server state and a
+resumed run continues exactly where the killed one stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+from fedshift.core.config import RunConfig
+from fedshift.core.payload import Payload
+from fedshift.data import load_dataset
+from fedshift.data.base import Federation
+from fedshift.data.partition import apply_partition
+from fedshift.runtime.client import evaluate_client, train_client
+from fedshift.runtime.executor import SequentialExecutor
+from fedshift.runtime.experiment import Experiment, init_client_state
+from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
+
+
+class InProcessTransport:
+    """Clients in this process (see the module docstring). ``federation``: a pre-loaded
+    dataset (tests, benchmarks); the config's partition and data fraction still apply."""
+
+    name = "native"
+
+    def __init__(self, federation: Federation | None = None, executor=None) -> None:
+        self.preloaded = federation
+        self.executor = executor or SequentialExecutor()
+        self.states: dict[str, dict] = {}
+        self._undo: dict[str, dict] | None = None
+
+    def connect(self, cfg: RunConfig) -> Federation:
+        if self.preloaded is None:
+            fed = load_dataset(cfg.dataset, cfg.partition)
+        else:
+            fed = apply_partition(self.preloaded, cfg.partition)
+        self.fed = fed.with_train_fraction(cfg.federation.data_fraction)
+        return self.fed
+
+    def attach(self, exp: Experiment, run: RunIdentity) -> None:
+        self.exp = exp
+        self.states = {
+            cid: init_client_state(exp, exp.seed, cid, data)
+            for cid, data in exp.train_clients.items()
+        }
+        for cid in exp.holdout:  # never trains; its augments' local state (own statistics)
+            self.states[cid] = init_client_state(exp, exp.seed, cid, self.fed.client(cid))
+
+    # ------------------------------------------------------------------ messages
+    def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]:
+        return {cid: self.exp.algo.setup_reply(cid, self.states[cid]) for cid in cids}, []
+
+    def setup_receive(self, downs: dict[str, Payload]) -> list[str]:
+        for cid, down in downs.items():
+            self.exp.algo.setup_receive(down, self.states[cid])
+        return []
+
+    def train(
+        self, rnd: int, cids: list[str], down: Callable[[str], Payload]
+    ) -> tuple[dict[str, Payload], list[str]]:
+        exp = self.exp
+
+        def one(cid: str) -> tuple[str, Payload]:
+            data = exp.train_clients[cid]
+            return cid, train_client(exp, exp.seed, cid, data, rnd, down(cid), self.states[cid])
+
+        return dict(self.executor.map(one, cids)), []
+
+    def evaluate(
+        self, rnd: int, cids: list[str], request: EvalRequest
+    ) -> tuple[dict[str, Scores], list[str]]:
+        bs = self.exp.eval_batch_size
+        return {
+            cid: evaluate_client(
+                self.exp,
+                self.fed.client(cid),
+                self.states.get(cid),
+                bs,
+                request.global_weights,
+                request.views.get(cid),
+                request.extra.get(cid),
+            )
+            for cid in cids
+        }, []
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return self.states
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self.states = state or {}
+
+    def begin_round(self, cids: list[str]) -> None:
+        self._undo = {cid: copy.deepcopy(self.states[cid]) for cid in cids}
+
+    def rollback(self) -> None:
+        if self._undo is not None:
+            self.states.update(self._undo)
+            self._undo = None
+
+    def info(self) -> dict | None:
+        return None

@@ -1,0 +1,71 @@
+"""A run's files: its directory name, ``metrics.jsonl``, and at the end ``summary.json``,
+``ledger.json`` and ``convergence.png``. Result files are replaced atomically (written to a
+temporary file, then renamed), so a reader never sees half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedshift.core.config import RunConfig
+from fedshift.eval.plots import plot_convergence
+from fedshift.eval.summary import summarize
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict
+
+
+def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
+    """``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, with ``-2``, ``-3``... if taken."""
+    root = Path(out or cfg.out) / cfg.name
+    base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
+    path, i = root / base, 1
+    while path.exists():
+        i += 1
+        path = root / f"{base}-{i}"
+    return path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``path`` written through a temporary file and ``os.replace`` (never half-written)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:
+    """``metrics.jsonl``: one line per evaluated (round, client). Appending adds whole lines;
+    a rewrite (on resume, from the checkpoint's rows) replaces the file atomically."""
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    path = Path(run_dir) / "metrics.jsonl"
+    if append:
+        with open(path, "a") as f:
+            f.write(text)
+    else:
+        write_text_atomic(path, text)
+
+
+def finish_run(run, label: str, extra: dict | None = None) -> dict:
+    """Write ``summary.json`` (+ ``extra`` keys), ``ledger.json`` and ``convergence.png`` of
+    a finished run (a :class:`~fedshift.runtime.loop.RoundLoop`)."""
+    summary = summarize(run)
+    summary.update(extra or {})
+    run_dir = Path(run.run_dir)
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    ledger = run.ledger
+    data = {
+        "by_record": ledger.by_record(),
+        "by_round": {str(k): v for k, v in ledger.by_round().items()},
+        "total": {"up": ledger.total("up"), "down": ledger.total("down")},
+    }
+    write_text_atomic(run_dir / "ledger.json", json.dumps(data, indent=2) + "\n")
+    metric = run.task.primary
+    plot_convergence(
+        run.records, run.kinds, run_dir / "convergence.png", label, metric.name, metric.label
+    )
+    return summary

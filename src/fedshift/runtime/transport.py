@@ -1,0 +1,108 @@
+"""How the round loop reaches its clients: the :class:`Transport` interface.
+
+The loop (:mod:`fedshift.runtime.loop`) owns everything that is the same for every way of
+running a federation: the server state, client sampling, the setup exchange, aggregation, the
+ledger, reply checks, evaluation rows, model selection, checkpoints and resume, progress and
+the summary. A transport only delivers messages and brings back replies:
+
+============================  ===============================================================
+``connect(cfg)``              the federation the server builds the experiment from (natively
+                              the loaded data; on Flower a data-less description the
+                              SuperNodes report)
+``attach(exp, run)``          the experiment is built: prepare the clients (natively: their
+                              initial state; on Flower: nothing, nodes build their own)
+``setup_reply(cids)``         round 0, up: each client's setup records (FedRDN's statistics)
+``setup_receive(downs)``      round 0, down: the server's setup records
+``train(rnd, cids, down)``    one round of local work; ``down(cid)`` is the broadcast payload
+                              (recorded in the ledger when it is asked for); returns the
+                              replies and the clients lost on the way
+``evaluate(rnd, request)``    every client scores its val/test splits; returns the scores and
+                              the clients lost
+``state_dict()`` / ``load_state_dict(s)``  client state the server may checkpoint (natively all
+                              of it; on Flower none: it stays on the nodes, which keep
+                              per-round snapshots instead)
+``begin_round(cids)`` / ``rollback()``  make the round's client work undoable, so a run
+                              interrupted mid-round saves the state of the last whole round
+``info()``                    what the summary records about the transport (``runtime``)
+============================  ===============================================================
+
+Two implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
+process, one after another) and :class:`fedshift.flower.transport.GridTransport` (clients
+behind Flower SuperNodes, in simulation or deployed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fedshift.core.payload import Payload, Tensors
+
+if TYPE_CHECKING:
+    from fedshift.core.config import RunConfig
+    from fedshift.data.base import Federation
+    from fedshift.runtime.experiment import Experiment
+
+#: scores of one client: ``{"global": {...}, "personal": {...}}``
+Scores = dict[str, dict[str, float]]
+
+
+@dataclass
+class RunIdentity:
+    """What every client of a run is told about the run it serves."""
+
+    #: a random id fixed when the run starts and kept across resumes: where nodes keep their
+    #: per-round state snapshots
+    key: str
+    #: the round a resumed run restarts from (its checkpoint); ``None`` for a fresh start
+    resume_from: int | None = None
+    #: the last round the server checkpointed: snapshots older than it can go
+    checkpointed: int = 0
+    #: after a resume: the clients whose state changed up to ``resume_from`` (set-up or a
+    #: round they trained in); each must restore it, the others start from their initial state
+    worked: set[str] = field(default_factory=set)
+
+
+@dataclass
+class EvalRequest:
+    """What the server sends for one evaluation: the global weights once (``None`` when the
+    run has no global model), each client's server view for its personal model, and the
+    records a held-out client needs first (``extra``)."""
+
+    global_weights: Tensors | None
+    views: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Payload] = field(default_factory=dict)
+
+
+class Transport(Protocol):
+    """The message layer under :class:`~fedshift.runtime.loop.RoundLoop` (see the module
+    docstring for each call)."""
+
+    name: str
+
+    def connect(self, cfg: RunConfig) -> Federation: ...
+
+    def attach(self, exp: Experiment, run: RunIdentity) -> None: ...
+
+    def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]: ...
+
+    def setup_receive(self, downs: dict[str, Payload]) -> list[str]: ...
+
+    def train(
+        self, rnd: int, cids: list[str], down: Callable[[str], Payload]
+    ) -> tuple[dict[str, Payload], list[str]]: ...
+
+    def evaluate(
+        self, rnd: int, cids: list[str], request: EvalRequest
+    ) -> tuple[dict[str, Scores], list[str]]: ...
+
+    def state_dict(self) -> dict | None: ...
+
+    def load_state_dict(self, state: dict | None) -> None: ...
+
+    def begin_round(self, cids: list[str]) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def info(self) -> dict | None: ...

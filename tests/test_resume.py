@@ -1,0 +1,249 @@
+"""Runs that survive: signals, extension to more rounds, the selected round's state, and
+Flower runs that resume (their clients' state restored from the nodes' snapshots)."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import metric_rows, toy_cfg
+
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.runtime.simulation import (
+    SELECTED,
+    RunInterrupted,
+    load_finished,
+    resume_experiment,
+    run_experiment,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
+#: what must not differ between an interrupted-and-resumed run and an uninterrupted one
+RESULT_KEYS = (
+    "best_round",
+    "val_mean",
+    "test_mean",
+    "test_per_client",
+    "val_per_client",
+    "final_test_mean",
+    "models",
+    "metrics",
+    "bytes_up",
+    "bytes_down",
+    "bytes_by_record",
+    "bytes_setup",
+    "rounds",
+)
+
+
+def results(summary: dict) -> dict:
+    return {k: summary.get(k) for k in RESULT_KEYS}
+
+
+def ledger(run_dir: Path) -> dict:
+    return json.loads((run_dir / "ledger.json").read_text())
+
+
+# ---------------------------------------------------------------------------- signals
+RUNNER = textwrap.dedent(
+    """
+    import sys, torch, yaml
+    torch.set_num_threads(1)
+    from fedshift.catalog import resolve
+    from fedshift.runtime.loop import RunSignal
+    from fedshift.runtime.simulation import run_experiment
+    cfg = resolve(yaml.safe_load(open(sys.argv[1])))
+    print("started", flush=True)
+    try:
+        run_experiment(cfg, run_dir=sys.argv[2], progress=False)
+    except RunSignal as s:
+        print(s, flush=True)
+        sys.exit(s.exit_code)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_at_a_random_moment_saves_and_resumes_to_the_same_summary(tmp_path, signum):
+    """A run killed by Ctrl-C or SIGTERM at a random moment saves the last whole round (the
+    round in progress is rolled back) and, resumed, ends with the uninterrupted numbers."""
+    over = ("algorithm.name=scaffold", "augment=[fedrdn]", "federation.sample_fraction=0.67",
+            "train.optimizer_state=persist", "train.momentum=0.5", "checkpoint.every=0",
+            "checkpoint.minutes=0")  # fmt: skip  (no periodic checkpoint: only the signal's)
+    cfg = toy_cfg(*over, rounds=8)
+    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(path), str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    # a seeded random moment inside the training rounds (the run takes a few seconds)
+    time.sleep(random.Random(int(signum)).uniform(0.5, 1.5))
+    proc.send_signal(signum)
+    out = proc.stdout.read()
+    code = proc.wait(timeout=120)
+    if code == 0:
+        pytest.skip(f"the run finished before the signal arrived: {out}")
+    assert code == 128 + int(signum), out
+    assert signal.Signals(signum).name in out and "--resume" in out
+    ck = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 <= ck["round"] < 8
+    # the saved ledger holds whole rounds only: the interrupted round was rolled back
+    assert {r[0] for r in ck["ledger"]["rows"]} == set(range(ck["round"] + 1))
+    resumed = resume_experiment(run_dir, progress=False)
+    assert results(resumed.summary) == results(full.summary)
+    assert metric_rows(run_dir) == metric_rows(full.run_dir)
+    assert ledger(run_dir) == ledger(full.run_dir)
+
+
+def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
+    """A signal that arrives while the checkpoint is written acts once it is complete: the
+    file on disk is whole and the run stops right after."""
+    from fedshift.runtime import loop as loop_mod
+    from fedshift.runtime.loop import RunSignal
+    from fedshift.runtime.simulation import Simulation
+
+    cfg = toy_cfg("algorithm.name=fedavg", "checkpoint.every=1", rounds=4)
+    sim = Simulation(cfg, tmp_path / "s", progress=False)
+    real_save = loop_mod.torch.save
+    sent = []
+
+    def save_then_signal(obj, path):
+        real_save(obj, path)
+        if obj.get("round") == 2 and "ledger" in obj and not sent:
+            sent.append(1)
+            sim._on_signal(signal.SIGTERM, None)  # arrives mid-write
+
+    monkeypatch.setattr(loop_mod.torch, "save", save_then_signal)
+    with pytest.raises(RunSignal) as info:
+        sim.run()
+    assert info.value.saved_round == 2 and info.value.exit_code == 143
+    assert torch.load(tmp_path / "s/checkpoint.pt", weights_only=False)["round"] == 2
+
+
+# ---------------------------------------------------------------------------- extension
+@pytest.mark.parametrize(
+    "over",
+    [("algorithm.name=fedbn",), ("algorithm.name=fedavg", "augment=[fedrdn]", "eval.every=3")],
+    ids=["fedbn", "fedrdn-every3"],
+)
+def test_extending_a_finished_run_equals_the_longer_run(tmp_path, over):
+    """A finished 4-round run extended to 8 rounds ends exactly as an 8-round run: same
+    rows (the 4-round run's extra last-round evaluation is dropped when 4 is not a scheduled
+    evaluation round), same selection, same ledger."""
+    short = run_experiment(toy_cfg(*over, rounds=4), run_dir=tmp_path / "ext", progress=False)
+    assert short.summary["rounds"] == 4
+    long = run_experiment(toy_cfg(*over, rounds=8), run_dir=tmp_path / "long", progress=False)
+    extended = resume_experiment(tmp_path / "ext", progress=False, rounds=8)
+    assert results(extended.summary) == results(long.summary)
+    assert metric_rows(tmp_path / "ext") == metric_rows(tmp_path / "long")
+    assert ledger(tmp_path / "ext") == ledger(tmp_path / "long")
+    saved = yaml.safe_load((tmp_path / "ext/config.yaml").read_text())
+    assert saved["train"]["rounds"] == 8
+
+
+def test_extension_refuses_what_it_cannot_do(tmp_path):
+    run_experiment(toy_cfg("algorithm.name=fedavg", rounds=3), run_dir=tmp_path / "a",
+                   progress=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="extended, not shortened"):
+        resume_experiment(tmp_path / "a", progress=False, rounds=2)
+    # FRAug's ramp-up runs over train.rounds: a longer run is a different run
+    run_experiment(toy_cfg("algorithm.name=fraug", rounds=2), run_dir=tmp_path / "f",
+                   progress=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="ramp-up"):
+        resume_experiment(tmp_path / "f", progress=False, rounds=4)
+
+
+# ---------------------------------------------------------------------------- selected state
+def test_the_selected_round_is_saved_and_loaded_by_default(tmp_path):
+    """``selected.pt`` holds the state of the round model selection picked; load_finished
+    rebuilds that model by default, and the last one on request."""
+    cfg = toy_cfg("algorithm.name=fedbn", "eval.every=1", rounds=6)
+    res = run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
+    best = res.summary["best_round"]
+    selected = load_finished(res.run_dir)
+    last = load_finished(res.run_dir, weights="last")
+    assert last.last_round == 6 and selected.last_round == best
+    if best != 6:
+        assert torch.load(res.run_dir / SELECTED, weights_only=False)["round"] == best
+    # the selected model scores what the summary reports at the selected round
+    from fedshift.runtime.client import evaluate_client
+
+    for cid in res.summary["clients"]:
+        s = evaluate_client(selected.exp, selected.fed.client(cid), selected.states[cid], 500,
+                            view=selected.algo.server_view(selected.server, cid))  # fmt: skip
+        assert s["personal"]["test_acc"] == pytest.approx(res.summary["test_per_client"][cid])
+    with pytest.raises(ConfigError, match="weights must be one of"):
+        load_finished(res.run_dir, weights="best")
+
+
+def test_an_unfinished_run_has_no_selected_model_yet(tmp_path):
+    cfg = toy_cfg("algorithm.name=fedavg", "checkpoint.every=1", rounds=4)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "u", progress=False, stop_after=2)
+    with pytest.raises(FedshiftError, match="has not finished"):
+        load_finished(tmp_path / "u")
+    assert load_finished(tmp_path / "u", weights="last").last_round == 2
+
+
+# ---------------------------------------------------------------------------- Flower
+FLOWER = [
+    ("algorithm.name=fedbn", "federation.sample_fraction=0.67"),
+    ("algorithm.name=fedavg", "augment=[fedrdn]"),
+    ("algorithm.name=scaffold",),
+]
+
+
+@pytest.mark.parametrize("over", FLOWER, ids=lambda o: " ".join(o))
+def test_flower_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(tmp_path, over):
+    """The ServerApp stops after round 2 (its checkpoint is from round 2; the nodes' contexts
+    are gone with the simulation); the resumed simulation restores each client from its
+    snapshot and ends with the metrics and ledger of an uninterrupted native run."""
+    from fedshift.flower.simulate import simulate
+
+    cfg = toy_cfg(*over, "checkpoint.every=2", rounds=4)
+    native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
+    with pytest.raises(RunInterrupted):
+        simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False, stop_after=2)
+    assert torch.load(tmp_path / "f/checkpoint.pt", weights_only=False)["round"] == 2
+    resumed = simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False,
+                       resume=True)  # fmt: skip
+    assert metric_rows(resumed.run_dir) == metric_rows(native.run_dir)
+    assert ledger(resumed.run_dir) == ledger(native.run_dir)
+    assert results(resumed.summary) == results(native.summary)
+
+
+def test_flower_resume_without_snapshots_fails_loudly(tmp_path):
+    """A node that kept no state snapshot cannot resume a client that trained: it says so
+    instead of silently restarting the client from its initial state."""
+    from fedshift.flower.inprocess import InProcessGrid
+    from fedshift.flower.node import build_client_app
+    from fedshift.flower.server import FlowerOptions, FlowerServer
+
+    cfg = toy_cfg("algorithm.name=fedbn", "checkpoint.every=1", rounds=3)
+    opts = FlowerOptions(nodes=3)  # no snapshot_dir and no node state-dir
+    with pytest.raises(RunInterrupted):
+        FlowerServer(cfg, tmp_path / "r", opts, progress=False).run(
+            InProcessGrid(build_client_app(), 3), stop_after=1
+        )
+    with pytest.raises(FedshiftError, match="no snapshot of the client's state"):
+        FlowerServer(cfg, tmp_path / "r", opts, progress=False).run(
+            InProcessGrid(build_client_app(), 3), resume=True
+        )
