@@ -3,7 +3,7 @@
     python benchmarks/seg_figure.py RUN_DIR [RUN_DIR ...] --out figure.png [--channel 1]
 
 Give one run directory per method (same dataset and seed); each is rebuilt from its config and
-final checkpoint. See :func:`fedshift.eval.segviz.site_predictions_figure`.
+final checkpoint. See :func:`fedshift.protocols.segviz.site_predictions_figure`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedshift.eval.segviz import site_predictions_figure
+from fedshift.protocols.segviz import site_predictions_figure
 
 
 def main() -> int:

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from fedshift.core.errors import ConfigError
-from fedshift.head_finetune import finetune_head, head_finetune, head_table
 from fedshift.protocols import load_run
+from fedshift.protocols.head_finetune import finetune_head, head_finetune, head_table
 
 
 def write_config(path: Path, **extra) -> Path:

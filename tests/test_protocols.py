@@ -14,10 +14,10 @@ import torch.nn.functional as F
 import yaml
 
 from fedshift.catalog import resolve
+from fedshift.cli.protocol import add_parser
 from fedshift.core.config import dump_config, load_config
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.protocols import (
-    add_parser,
     cross_site,
     features_of,
     local_models,

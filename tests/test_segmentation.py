@@ -240,7 +240,7 @@ def test_tables_caption_the_metric(tmp_path):
 
 
 def test_site_figure_predicts_with_each_clients_evaluated_model(tmp_path):
-    from fedshift.eval.segviz import foreground_dice, predict, site_predictions_figure
+    from fedshift.protocols.segviz import foreground_dice, predict, site_predictions_figure
 
     runs = []
     for algo in ("fedavg", "fedbn"):
@@ -250,7 +250,7 @@ def test_site_figure_predicts_with_each_clients_evaluated_model(tmp_path):
     assert out.is_file() and out.stat().st_size > 10_000
     # FedBN predicts each client with its own model (shared weights + its BN layers): the
     # prediction is the run's per-client evaluation model's
-    from fedshift.eval.segviz import _load
+    from fedshift.protocols.segviz import _load
 
     sim = _load(runs[1])
     x = sim.fed.clients[0].test.x[:2]

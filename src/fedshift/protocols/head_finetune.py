@@ -38,6 +38,17 @@ import torch
 import torch.nn.functional as F
 
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.eval.stats import paired_ttest
+from fedshift.eval.tables import grid
+from fedshift.protocols.common import (
+    ProtocolResult,
+    _expand,
+    _out_dir,
+    _pm,
+    _run_cells,
+    _save,
+    load_run,
+)
 
 
 def _optimizer(params: list[torch.nn.Parameter], train: Any) -> torch.optim.Optimizer:
@@ -102,7 +113,6 @@ def finetune_run(run_dir: str | Path, epochs: int) -> dict[str, Any]:
     """Step 2 on one finished run: ``{client: {before, after, train, train_full}}``."""
     from fedshift.data import load_dataset
     from fedshift.data.partition import apply_partition
-    from fedshift.protocols import load_run
     from fedshift.runtime.experiment import score_client
 
     sim = load_run(run_dir)
@@ -141,12 +151,11 @@ def head_finetune(
     out: str | Path | None = None,
     runs_out: str | None = None,
     progress: bool = True,
-):
+) -> ProtocolResult:
     """Run the config's cells (step 1), finetune each client's head on all its training data
     (step 2) and tabulate test scores w/o and w. finetuning per client, mean ± std over the
-    cells (seeds). Returns a :class:`fedshift.protocols.ProtocolResult`."""
+    cells (seeds). Returns a :class:`fedshift.protocols.common.ProtocolResult`."""
     from fedshift.core.config import load_config
-    from fedshift.protocols import ProtocolResult, _expand, _out_dir, _run_cells, _save
 
     if epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {epochs}")
@@ -174,10 +183,6 @@ def head_finetune(
 def head_table(per_run: dict[str, dict[str, Any]], epochs: int) -> tuple[str, dict]:
     """Rows w/o finetune, w. finetune, gain; columns = clients and their average; each cell
     mean ± std over the runs, plus a paired t-test of the per-run averages."""
-    from fedshift.eval.stats import paired_ttest
-    from fedshift.eval.tables import grid
-    from fedshift.protocols import _pm
-
     runs = list(per_run.values())
     clients = list(runs[0])
     header = ["", *clients, "Avg"]

@@ -7,6 +7,8 @@ fedshift flower local [-c CONFIG] [key=value ...]      SuperLink + SuperNodes he
 fedshift flower app DIR [-c CONFIG] [key=value ...]    write the Flower App `flwr run` takes
 fedshift flower submit [-c CONFIG] [key=value ...] --superlink HOST:PORT --root-cert CA
                                                         submit a run to a SuperLink
+
+The handlers import :mod:`fedshift.flower` (and so ``flwr``) only when they run.
 """
 
 from __future__ import annotations

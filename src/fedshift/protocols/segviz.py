@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
+from fedshift.runtime.simulation import load_finished  # noqa: E402
 
 #: label colours: background black, then red, cyan, yellow, magenta, green...
 PALETTE = (
@@ -33,8 +34,6 @@ PALETTE = (
 
 
 def _load(run_dir: Path, federation=None):
-    from fedshift.runtime.simulation import load_finished
-
     sim = load_finished(run_dir, federation)
     if sim.task.name != "segmentation":
         raise FedshiftError(f"{run_dir}: a {sim.task.name} run; pictures are for segmentation")

@@ -1,18 +1,10 @@
-"""The ``fedshift`` command line.
-
-fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
-fedshift run --resume RUN_DIR                            continue a killed run
-fedshift bench SUITE.yaml [key=value ...] [--workers N]  a suite: cached cells, parallel runs
-fedshift list                                            algorithms, datasets, models
-fedshift data build|show|fetch ...                       offline benchmarks
-fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
-"""
+"""``fedshift run``, ``bench``, ``list`` and ``report``: running configs and suites, listing
+the components, reporting finished runs. Handlers import the engine when they run."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -117,83 +109,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dataset_params(name: str, overrides: list[str]):
-    from fedshift.core.config import build_dataclass, parse_override
-    from fedshift.data import DATASETS
-
-    entry = DATASETS.entry(name)
-    raw = dict(parse_override(o) for o in overrides)
-    raw = {k.removeprefix("dataset."): v for k, v in raw.items()}
-    return entry, build_dataclass(entry.params, raw, "dataset")
-
-
-def _cmd_data(args: argparse.Namespace) -> int:
-    from fedshift.data import digits, fashion
-
-    if args.action == "fetch":
-        cache = Path(args.cache) if args.cache else None
-        if args.name == "opencv":
-            print(f"opencv digits sheet: {digits.fetch_opencv(cache)}")
-        elif args.name == "fashion-mnist":
-            print(f"fashion-mnist files: {fashion.fetch_fashion(cache)}")
-        else:
-            raise FedshiftError(
-                f"nothing to fetch for {args.name!r}; fetchable: fashion-mnist, opencv"
-            )
-        return 0
-    if args.name == "fashion-mnist":
-        if args.action == "build":
-            raise FedshiftError(
-                "fashion-mnist has nothing to build (splits are drawn at load time); "
-                "get its files with 'fedshift data fetch fashion-mnist'"
-            )
-        _, params = _dataset_params(args.name, args.overrides)
-        out = Path(args.out or "fashion_montage.png")
-        print(json.dumps(fashion.show_fashion(params, out), indent=2))
-        print(f"montage: {out}")
-        return 0
-    if args.name != "digits":
-        return _show_other(args)
-    entry, params = _dataset_params(args.name, args.overrides)
-    if args.action == "build":
-        path = digits.build_digits(params, progress=True, force=args.force)
-        print(f"built digits pools in {path}")
-        return 0
-    out = Path(args.out or "digits_montage.png")
-    counts = digits.show_digits(params, out)
-    print(json.dumps(counts, indent=2))
-    print(f"montage: {out}")
-    return 0
-
-
-def _show_other(args: argparse.Namespace) -> int:
-    """``data show`` for any other dataset: load it (checking a user's folder layout) and print
-    the per-client split counts and what the loader recorded; ``brain-mri`` also saves the
-    scanner preview (the same slice under every site's scanner)."""
-    from fedshift.data import load_dataset
-
-    if args.action == "build":
-        raise FedshiftError(
-            f"'fedshift data build' is for digits; {args.name!r} is built (and cached) when "
-            f"loaded: use 'fedshift data show {args.name}'"
-        )
-    entry, params = _dataset_params(args.name, args.overrides)
-    section = {"name": args.name, **dataclasses.asdict(params)}
-    fed = load_dataset(section)
-    print(json.dumps({"task": fed.task, "classes": fed.classes, "counts": fed.counts()}, indent=2))
-    if args.name == "brain-mri":
-        from fedshift.data.brain_mri import scanner_preview
-
-        out = Path(args.out or "brain_mri_scanners.png")
-        scanner_preview(params, out)
-        print(f"scanner preview: {out}")
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``run``, ``bench``, ``list`` and ``report`` to the main parser's subcommands."""
     run = sub.add_parser("run", help="run an experiment config (and its sweep grid)")
     run.add_argument("-c", "--config", help="YAML config file")
     run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
@@ -227,55 +144,3 @@ def build_parser() -> argparse.ArgumentParser:
         "--screenshot", action="store_true", help="also render report.png in headless Chromium"
     )
     rep.set_defaults(fn=_cmd_report)
-
-    from fedshift.protocols import add_parser as add_protocol_parser
-
-    add_protocol_parser(sub)
-
-    from fedshift.flower.cli import add_parser as add_flower_parser
-
-    add_flower_parser(sub)
-
-    data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
-    data.add_argument("action", choices=["build", "show", "fetch"])
-    data.add_argument(
-        "name",
-        help="dataset ('show': any dataset, e.g. digits, brain-mri, prostate) or what to fetch "
-        "(opencv, fashion-mnist)",
-    )
-    data.add_argument("overrides", nargs="*", help="dataset keys, e.g. train_size=500")
-    data.add_argument("--force", action="store_true", help="rebuild even if cached")
-    data.add_argument("--out", help="montage PNG path for 'show'")
-    data.add_argument("--cache", help="cache folder for 'fetch' (default: $FEDSHIFT_CACHE)")
-    data.set_defaults(fn=_cmd_data)
-    return p
-
-
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse a command line; ``key=value`` words may also follow the options."""
-    parser = build_parser()
-    # argparse stops filling a subcommand's positional ``overrides`` at the first option, so
-    # ``bench SUITE --quiet key=value`` would be refused; key=value words after options are
-    # overrides too (anything else is still an error).
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if not hasattr(args, "overrides") or any(w.startswith("-") for w in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*(args.overrides or []), *extra]
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    try:
-        return args.fn(args)
-    except FedshiftError as e:
-        print(f"fedshift: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("fedshift: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

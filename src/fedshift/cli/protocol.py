@@ -1,0 +1,202 @@
+"""``fedshift protocol cross-site|loco|sweep|rounds|head-finetune|tsne``: the argument
+parsers and handlers of the evaluation protocols in :mod:`fedshift.protocols`.
+
+Building the parser imports nothing of the protocols (they load torch and matplotlib); each
+handler imports its protocol when it runs. The choice lists below are therefore written out
+here; ``tests/test_cli_speed.py`` checks they equal the protocols' own.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedshift.protocols.common import ProtocolResult
+
+#: ``--pipeline`` of cross-site (:data:`fedshift.protocols.common.PIPELINES`)
+PIPELINES = ("data", "model")
+#: ``--split`` of cross-site and tsne (:data:`fedshift.protocols.common.SPLITS`)
+SPLITS = ("train", "val", "test")
+#: ``--kind`` of cross-site (:data:`fedshift.protocols.common.CROSS_SITE_KINDS`)
+CROSS_SITE_KINDS = ("personal", "global", "local")
+
+
+def _print(res: ProtocolResult) -> int:
+    print(res.text)
+    print()
+    for k, p in res.files.items():
+        print(f"{k}: {p}")
+    return 0
+
+
+def _cmd_cross_site(args: argparse.Namespace) -> int:
+    from fedshift.protocols import cross_site
+
+    return _print(
+        cross_site(args.run_dir, args.pipeline, args.split, args.kind, args.out, not args.quiet)
+    )
+
+
+def _cmd_loco(args: argparse.Namespace) -> int:
+    from fedshift.protocols import loco
+
+    return _print(
+        loco(
+            args.config,
+            args.overrides,
+            args.workers,
+            args.threads,
+            args.out,
+            args.runs,
+            not args.quiet,
+        )
+    )
+
+
+def _cmd_head_finetune(args: argparse.Namespace) -> int:
+    from fedshift.protocols import head_finetune
+
+    return _print(
+        head_finetune(
+            args.config,
+            args.overrides,
+            args.epochs,
+            args.workers,
+            args.threads,
+            args.out,
+            args.runs,
+            not args.quiet,
+        )
+    )
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from fedshift.protocols import sweep
+
+    return _print(
+        sweep(
+            args.config,
+            args.key,
+            args.values,
+            args.overrides,
+            args.workers,
+            args.threads,
+            args.out,
+            args.runs,
+            not args.quiet,
+        )
+    )
+
+
+def _cmd_rounds(args: argparse.Namespace) -> int:
+    from fedshift.protocols import rounds_to_threshold
+
+    return _print(
+        rounds_to_threshold(
+            args.runs, args.thresholds, args.split, args.by, args.out, not args.quiet
+        )
+    )
+
+
+def _cmd_tsne(args: argparse.Namespace) -> int:
+    from fedshift.protocols import tsne
+
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
+    return _print(
+        tsne(
+            args.runs,
+            args.per_client,
+            args.out,
+            args.perplexity,
+            args.seed,
+            args.split,
+            labels,
+            not args.quiet,
+        )
+    )
+
+
+def _suite_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", help="YAML run config (may have its own sweep grid)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.rounds=100")
+    p.add_argument("--workers", type=int, help="parallel processes (default: cores // 2)")
+    p.add_argument("--threads", type=int, help="torch threads per worker")
+    p.add_argument("--runs", help="root folder for the cells' run directories (config 'out')")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``fedshift protocol {cross-site,loco,sweep,rounds,head-finetune,tsne}`` to the
+    ``sub``-commands of the main parser; each sets ``fn`` to a handler returning the exit code."""
+    p = sub.add_parser(
+        "protocol",
+        help="the papers' evaluation protocols "
+        "(cross-site, loco, sweep, rounds, head-finetune, tsne)",
+    )
+    ps = p.add_subparsers(dest="protocol", required=True)
+
+    def common(q: argparse.ArgumentParser, name: str) -> None:
+        q.add_argument(
+            "--out", default=f"protocol-{name}", help=f"output folder (default: ./protocol-{name})"
+        )
+        q.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    cs = ps.add_parser("cross-site", help="client i's model on client j's data (FedRDN Tab. 3)")
+    cs.add_argument("run_dir", help="a finished run directory")
+    cs.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        default="data",
+        help="whose input pipeline state the data goes through (default: data)",
+    )
+    cs.add_argument("--split", choices=SPLITS, default="test")
+    cs.add_argument(
+        "--kind",
+        choices=CROSS_SITE_KINDS,
+        help="model kind (default: the evaluated one); local = each client's local model "
+        "after one more round of its own training (FedRDN Table 3)",
+    )
+    common(cs, "cross-site")
+    cs.set_defaults(fn=_cmd_cross_site)
+
+    lo = ps.add_parser("loco", help="leave-one-client-out generalisation (FedFA Tab. 4)")
+    _suite_args(lo)
+    common(lo, "loco")
+    lo.set_defaults(fn=_cmd_loco)
+
+    sw = ps.add_parser("sweep", help="one config key swept, mean ± std over seeds")
+    _suite_args(sw)
+    sw.add_argument("--key", required=True, help="dotted config key, e.g. train.local_epochs")
+    sw.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,5,10")
+    common(sw, "sweep")
+    sw.set_defaults(fn=_cmd_sweep)
+
+    ro = ps.add_parser("rounds", help="rounds to reach thresholds by #clients (DisTrans Tab. 5)")
+    ro.add_argument("runs", nargs="+", help="run directories or folders holding them")
+    ro.add_argument("--thresholds", required=True, help="fractions in (0, 1], e.g. 0.6,0.7,0.8")
+    ro.add_argument("--split", choices=["val", "test"], default="test")
+    ro.add_argument(
+        "--by",
+        default="partition.clients",
+        help="config key of the row's setting (default: partition.clients)",
+    )
+    common(ro, "rounds")
+    ro.set_defaults(fn=_cmd_rounds)
+
+    hf = ps.add_parser(
+        "head-finetune", help="train on a data fraction, retrain only the head (FRAug Tab. 1)"
+    )
+    _suite_args(hf)
+    hf.add_argument("--epochs", type=int, default=10, help="head epochs (default 10)")
+    common(hf, "head-finetune")
+    hf.set_defaults(fn=_cmd_head_finetune)
+
+    ts = ps.add_parser("tsne", help="t-SNE of test features by client (FedRDN Fig. 3)")
+    ts.add_argument("runs", nargs="+", help="finished run directories, one panel each")
+    ts.add_argument("--per-client", type=int, default=150, help="images per client (150)")
+    ts.add_argument("--perplexity", type=float, default=30.0)
+    ts.add_argument("--seed", type=int, default=0, help="subsampling and t-SNE seed (0)")
+    ts.add_argument("--split", choices=SPLITS, default="test")
+    ts.add_argument("--labels", help="comma-separated panel titles (default: run labels)")
+    common(ts, "tsne")
+    ts.set_defaults(fn=_cmd_tsne)

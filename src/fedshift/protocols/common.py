@@ -1,0 +1,201 @@
+"""What the protocols share: :class:`ProtocolResult`, the number formats of their tables,
+the output folder and its ``<name>.md`` / ``<name>.json`` files, run labels, loading a
+finished run (:func:`load_run`) and running a config's grid as a cached bench suite.
+
+Every protocol writes a Markdown table (``<name>.md``), the numbers behind it
+(``<name>.json``) and, where it draws one, a figure (``<name>.png``) into its output folder
+(default ``./protocol-<name>``). Runs are rebuilt with
+:func:`fedshift.runtime.simulation.load_finished` (final-round checkpoint) or read from their
+``metrics.jsonl`` / ``summary.json``; suites run through :func:`fedshift.bench.run_suite`, so
+cells are cached by config digest and never run twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedshift.core.config import lookup
+from fedshift.core.errors import FedshiftError
+from fedshift.eval.stats import mean_std
+from fedshift.eval.tables import flow_label
+
+#: ``cross-site --pipeline``: whose input-pipeline state the data goes through
+PIPELINES = ("data", "model")
+#: the splits a protocol can evaluate on
+SPLITS = ("train", "val", "test")
+#: the model kinds a run evaluates
+KINDS = ("personal", "global")
+#: ``cross-site --kind``: the evaluated kinds plus ``local`` (FedRDN's Table 3)
+CROSS_SITE_KINDS = (*KINDS, "local")
+DASH = "—"
+_MISSING = object()
+
+
+@dataclass
+class ProtocolResult:
+    """What a protocol produced: the printed text (caption, table, notes), the numbers and
+    the files written (``md``, ``json``, ``png``, ``suite``)."""
+
+    name: str
+    text: str
+    data: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def _pct(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return DASH
+    return f"{100 * x:.2f}"
+
+
+def _pm(values: list[float]) -> str:
+    if not values:
+        return DASH
+    m, sd = mean_std(values)
+    return f"{_pct(m)} ± {_pct(sd)}"
+
+
+def _jsonable(x: Any) -> Any:
+    """NaN -> null, paths -> strings, tuples -> lists, recursively (strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def _out_dir(out: str | Path | None, name: str) -> Path:
+    path = Path(out) if out is not None else Path(f"protocol-{name}")
+    if path.exists() and not path.is_dir():
+        raise FedshiftError(f"--out {path} exists and is not a folder; choose another path")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _save(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, Path]:
+    md, js = out / f"{name}.md", out / f"{name}.json"
+    md.write_text(f"# {title}\n\n{text}\n")
+    js.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+    return {"md": md, "json": js}
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ",".join(_short(x) for x in v) + "]"
+    if isinstance(v, dict):
+        rest = ",".join(f"{k}={_short(x)}" for k, x in v.items() if k != "name")
+        return f"{v.get('name', '?')}({rest})" if rest else str(v.get("name", v))
+    return str(v)
+
+
+def _lookup_missing(tree: dict, dotted: str) -> Any:
+    return lookup(tree, dotted, _MISSING)
+
+
+def _run_meta(sim) -> dict[str, Any]:
+    """The summary-like fields :func:`flow_label` reads, from a rebuilt run."""
+    return {
+        "algorithm": sim.cfg.algorithm["name"],
+        "algorithm_config": sim.cfg.algorithm,
+        "augment": sim.cfg.augment,
+        "implied": list(sim.implied),
+    }
+
+
+def run_label(meta: dict) -> str:
+    """``fedavg``, ``fedavg +fedrdn``... (the algorithm and its flow when not ``base``)."""
+    flow = flow_label(meta)
+    return meta["algorithm"] + ("" if flow == "base" else f" {flow}")
+
+
+def load_run(run_dir: str | Path):
+    """A finished run rebuilt from its config and final checkpoint (``load_finished``), after
+    checking the folder holds a finished run (``config.yaml``, ``checkpoint.pt`` and the
+    ``summary.json`` written at the end)."""
+    from fedshift.runtime.simulation import CHECKPOINT, load_finished
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FedshiftError(f"{path} does not exist or is not a folder; give a run directory")
+    missing = [f for f in ("config.yaml", CHECKPOINT, "summary.json") if not (path / f).is_file()]
+    if missing:
+        hint = (
+            "the run did not finish; continue it with 'fedshift run --resume " + str(path) + "'"
+            if missing == ["summary.json"]
+            else "give the folder of one run (it holds config.yaml, checkpoint.pt, summary.json)"
+        )
+        raise FedshiftError(
+            f"{path} is not a finished fedshift run (no {', '.join(missing)}): {hint}"
+        )
+    return load_finished(path)
+
+
+def _setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
+    """The config's own sweep keys that the (algorithm, flow) label does not already say and
+    that seeds do not average over: they become a ``setting`` column."""
+    skip = set(exclude)
+    return [
+        k
+        for k in (raw.get("sweep") or {})
+        if k != "seed"
+        and k not in skip
+        and not k.startswith("algorithm")
+        and not k.startswith("augment")
+    ]
+
+
+def _row_key(s: dict) -> tuple[str, str, str]:
+    return (s["algorithm"], flow_label(s), s.get("_setting", ""))
+
+
+def _row_order(key: tuple[str, str, str]) -> tuple:
+    algo, flow, setting = key
+    return (algo, flow != "base", flow, setting)
+
+
+# ============================================================================ suites
+def _expand(raw: dict, source: str) -> list:
+    from fedshift.catalog import resolve
+    from fedshift.core.config import expand_sweep
+
+    return [resolve(one, source) for one in expand_sweep(raw, source)]
+
+
+def _run_cells(
+    raw: dict,
+    suite_path: Path,
+    runs_out: str | None,
+    workers: int | None,
+    threads: int | None,
+    progress: bool,
+) -> list[dict]:
+    """Write the expanded suite, run it through bench (cached cells) and return the summaries,
+    each with ``_cfg`` = its cell's resolved config dict."""
+    from fedshift.bench import plan, run_suite
+
+    suite_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cells = plan(suite_path, None, runs_out)
+    summaries = run_suite(
+        suite_path, None, out=runs_out, workers=workers, progress=progress, threads=threads
+    )
+    for c, s in zip(cells, summaries, strict=True):
+        if Path(s["run_dir"]) != c.run_dir:  # run_suite keeps plan order; never mix them up
+            raise FedshiftError(f"suite cell {c.run_dir} returned the summary of {s['run_dir']}")
+        s["_cfg"] = c.cfg.to_dict()
+    return summaries
+
+
+def _with_settings(summaries: list[dict], keys: list[str]) -> None:
+    for s in summaries:
+        s["_setting"] = " ".join(f"{k}={_short(_lookup_missing(s['_cfg'], k))}" for k in keys)

@@ -1,0 +1,214 @@
+"""Leave-one-client-out federated domain generalisation, FedFA's Table 4
+(``fedshift protocol loco -c CONFIG``).
+
+The config's own grid times ``federation.holdout`` = each client; the held-out target never
+trains, the model is selected on the source clients' validation score and the target's test
+score at that round is reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.eval.stats import mean_std
+from fedshift.eval.tables import grid
+from fedshift.protocols.common import (
+    ProtocolResult,
+    _expand,
+    _out_dir,
+    _pct,
+    _pm,
+    _row_key,
+    _row_order,
+    _run_cells,
+    _save,
+    _setting_keys,
+    _with_settings,
+)
+
+
+def loco(
+    config: str | Path | None,
+    overrides: list[str] | None = None,
+    workers: int | None = None,
+    threads: int | None = None,
+    out: str | Path | None = None,
+    runs_out: str | None = None,
+    progress: bool = True,
+) -> ProtocolResult:
+    """Leave-one-client-out federated domain generalisation (FedFA's Table 4).
+
+    The config (with its own ``sweep``, e.g. algorithm x seed) gets one more sweep key,
+    ``federation.holdout`` = ``[c]`` for each client ``c`` of its dataset; the suite is
+    written to ``<out>/loco-suite.yaml`` and run by :func:`fedshift.bench.run_suite` (cells
+    cached by config digest). A held-out client never trains; model selection uses the source
+    clients' validation score only, and the target's test score at the selected round is its
+    ``target_test_mean``. Table: one row per (algorithm, flow[, setting]), one column per
+    target (mean over seeds) and the average over targets, mean ± std over seeds."""
+    from fedshift.core.config import load_config
+
+    source = str(config) if config else "defaults"
+    raw = load_config(config, overrides)
+    fed_section = raw.get("federation")
+    if isinstance(fed_section, dict) and fed_section.get("holdout"):
+        raise ConfigError(
+            f"{source}: config key 'federation.holdout' is set; loco holds out each client "
+            "in turn itself, so remove it"
+        )
+    if "federation.holdout" in (raw.get("sweep") or {}):
+        raise ConfigError(
+            f"{source}: the sweep already varies 'federation.holdout'; loco adds that key "
+            "itself, so remove it from the sweep"
+        )
+    cfgs = _expand(raw, source)
+    clients = _loco_clients(cfgs, source)
+    grid_raw = copy.deepcopy(raw)
+    grid_raw.setdefault("sweep", {})["federation.holdout"] = [[c] for c in clients]
+    outp = _out_dir(out, "loco")
+    summaries = _run_cells(grid_raw, outp / "loco-suite.yaml", runs_out, workers, threads, progress)
+    _with_settings(summaries, _setting_keys(raw))
+    text, data = loco_table(summaries, clients)
+    data["suite"] = str(outp / "loco-suite.yaml")
+    files = _save(outp, "loco", "Leave-one-client-out generalisation", text, data)
+    files["suite"] = outp / "loco-suite.yaml"
+    return ProtocolResult("loco", text, data, files)
+
+
+def _loco_clients(cfgs: list, source: str) -> list[str]:
+    """The dataset's clients (the same in every cell of the config's grid), after checking that
+    every distinct cell has one global model to test a held-out client with."""
+    from fedshift.data import load_dataset
+    from fedshift.data.partition import apply_partition
+    from fedshift.runtime.simulation import Simulation
+
+    feds: dict[str, Any] = {}
+    clients: list[str] | None = None
+    checked: set[str] = set()
+    for cfg in cfgs:
+        key = json.dumps([cfg.dataset, cfg.partition], sort_keys=True, default=str)
+        if key not in feds:
+            feds[key] = load_dataset(cfg.dataset)  # before partition: Simulation applies it
+            names = apply_partition(feds[key], cfg.partition).client_names
+            if clients is not None and names != clients:
+                raise ConfigError(
+                    f"{source}: the grid's cells have different clients ({clients} vs {names}); "
+                    "leave-one-client-out needs one set of clients: run each dataset apart"
+                )
+            clients = names
+        assert clients is not None
+        if len(clients) < 2:
+            raise ConfigError(
+                f"{source}: dataset {cfg.dataset['name']!r} has {len(clients)} client; "
+                "leave-one-client-out needs at least 2"
+            )
+        d = cfg.to_dict()
+        for k in ("seed", "name", "out", "sweep"):
+            d.pop(k, None)
+        sig = json.dumps(d, sort_keys=True, default=str)
+        if sig in checked:
+            continue
+        checked.add(sig)
+        fed_cfg = dataclasses.replace(cfg.federation, holdout=[clients[0]])
+        probe = dataclasses.replace(cfg, federation=fed_cfg)
+        try:  # builds the model and algorithm only; nothing runs, nothing is written
+            Simulation(probe, Path("."), federation=feds[key], progress=False)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: loco: {e}") from None
+    assert clients is not None
+    return clients
+
+
+def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
+    """The leave-one-client-out table and its numbers from the cells' summaries (each holding
+    out one client: ``summary["holdout"] == [target]``)."""
+    if not summaries:
+        raise FedshiftError("loco: no cells")
+    groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for s in summaries:
+        hold = s.get("holdout") or []
+        if len(hold) != 1 or s.get("target_test_mean") is None:
+            raise FedshiftError(
+                f"{s.get('run_dir')}: not a leave-one-client-out cell (holdout {hold})"
+            )
+        groups[_row_key(s)][hold[0]][s["seed"]] = s
+    first = summaries[0]
+    metric, label = first.get("metric", "acc"), first.get("metric_label", "accuracy")
+    others = list(first.get("metrics", {}))
+    with_setting = any(k[2] for k in groups)
+    header = ["algorithm", "flow", *(["setting"] if with_setting else []), "seeds"]
+    header += [*clients, "avg ± std"]
+    rows, out_rows = [], []
+    for key in sorted(groups, key=_row_order):
+        algo, flow, setting = key
+        by_target = groups[key]
+        seeds = sorted({seed for t in by_target.values() for seed in t})
+        targets: dict[str, Any] = {}
+        cells = []
+        for c in clients:
+            per_seed = {seed: s["target_test_mean"] for seed, s in by_target.get(c, {}).items()}
+            extra = {
+                m: {
+                    seed: s["metrics"][m]["test_per_client"][c]
+                    for seed, s in by_target.get(c, {}).items()
+                }
+                for m in others
+            }
+            source_mean = {seed: s["test_mean"] for seed, s in by_target.get(c, {}).items()}
+            mean = statistics.fmean(per_seed.values()) if per_seed else math.nan
+            targets[c] = {
+                "per_seed": per_seed,
+                "mean": mean,
+                "metrics": extra,
+                "source_test_mean_per_seed": source_mean,
+                "run_dirs": {seed: s["run_dir"] for seed, s in by_target.get(c, {}).items()},
+                "best_round": {seed: s["best_round"] for seed, s in by_target.get(c, {}).items()},
+            }
+            cells.append(_pct(mean))
+        complete = [seed for seed in seeds if all(seed in by_target.get(c, {}) for c in clients)]
+        avg = {
+            seed: statistics.fmean(by_target[c][seed]["target_test_mean"] for c in clients)
+            for seed in complete
+        }
+        m, sd = mean_std(list(avg.values()))
+        row = [algo, flow, *([setting] if with_setting else []), str(len(seeds)), *cells]
+        row.append(_pm(list(avg.values())))
+        rows.append(row)
+        out_rows.append(
+            {
+                "algorithm": algo,
+                "flow": flow,
+                "setting": setting,
+                "seeds": seeds,
+                "targets": targets,
+                "average": {"per_seed": avg, "mean": m, "std": sd},
+            }
+        )
+    rule = (
+        f"round with the best mean validation {label} over the source clients (earliest on "
+        "ties; the held-out target never trains and takes no part in selection); the "
+        f"target's test {label} at that round"
+    )
+    caption = f"Leave-one-client-out: test {label} (%) of each held-out target client"
+    note = (
+        f"Column = the client held out (target), mean over seeds; avg ± std = mean over targets "
+        f"per seed, then mean ± sample std over the seeds with every target. Model selection: "
+        f"{rule}."
+    )
+    text = f"{caption}:\n\n{grid(header, rows)}\n\n_{note}_"
+    data = {
+        "protocol": "loco",
+        "metric": metric,
+        "metric_label": label,
+        "clients": clients,
+        "model_selection": rule,
+        "rows": out_rows,
+    }
+    return text, data

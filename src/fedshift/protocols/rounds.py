@@ -1,0 +1,205 @@
+"""Rounds to reach accuracy thresholds as the number of clients grows, DisTrans's Table 5
+(``fedshift protocol rounds RUN_ROOT... --thresholds``): the first evaluated round at which
+the mean score over clients reaches each threshold, read from the runs' ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from fedshift.core.errors import FedshiftError
+from fedshift.eval.tables import flow_label, grid
+from fedshift.protocols.common import (
+    _MISSING,
+    DASH,
+    ProtocolResult,
+    _lookup_missing,
+    _out_dir,
+    _save,
+)
+
+
+def parse_thresholds(text: str | Iterable[float]) -> list[float]:
+    """``"0.6,0.7,0.8"`` -> ``[0.6, 0.7, 0.8]``: fractions in (0, 1], each once."""
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    out = []
+    for t in items:
+        try:
+            v = float(t)
+        except (TypeError, ValueError):
+            raise FedshiftError(
+                f"--thresholds: {t!r} is not a number; give fractions such as 0.6,0.7,0.8"
+            ) from None
+        if not 0 < v <= 1 or math.isnan(v):
+            raise FedshiftError(
+                f"--thresholds: {t} is outside (0, 1]; thresholds are fractions of the metric "
+                "(0.8 = 80 %)"
+            )
+        if v in out:
+            raise FedshiftError(f"--thresholds: {t} is listed twice")
+        out.append(v)
+    if not out:
+        raise FedshiftError("--thresholds: give at least one threshold, e.g. 0.6,0.7,0.8")
+    return out
+
+
+def _find_runs(roots: Iterable[str | Path]) -> list[Path]:
+    found: list[Path] = []
+    roots = list(roots)
+    if not roots:
+        raise FedshiftError("rounds: give at least one run directory or folder of runs")
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            raise FedshiftError(f"{root} does not exist")
+        found += sorted(p.parent for p in root.rglob("summary.json"))
+    if not found:
+        raise FedshiftError(f"no finished runs (summary.json) below {', '.join(map(str, roots))}")
+    return list(dict.fromkeys(found))
+
+
+def first_round_reaching(curve: dict[int, float], threshold: float) -> int | None:
+    """The first evaluated round whose value reaches ``threshold`` (None if none does)."""
+    for rnd in sorted(curve):
+        if curve[rnd] >= threshold:
+            return rnd
+    return None
+
+
+def mean_curve(rows: list[dict], kind: str, key: str) -> dict[int, float]:
+    """Round -> mean over the (non-held-out) clients of ``row[kind][key]``."""
+    by_round: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if kind in r and not r.get("holdout"):
+            by_round[int(r["round"])].append(r[kind][key])
+    return {rnd: statistics.fmean(v) for rnd, v in sorted(by_round.items())}
+
+
+def rounds_to_threshold(
+    roots: Iterable[str | Path],
+    thresholds: str | Iterable[float],
+    split: str = "test",
+    by: str = "partition.clients",
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> ProtocolResult:
+    """Rounds needed to reach accuracy thresholds (DisTrans's Table 5).
+
+    For every finished run below ``roots`` (a folder with ``summary.json``, ``config.yaml``
+    and ``metrics.jsonl``): the mean over clients (held-out clients excluded) of the ``split``
+    primary metric of the evaluated model kind at each evaluated round, and the first round
+    at which it reaches each threshold. Rows: (algorithm, flow, value of ``by`` in the run's
+    ``config.yaml``; for the default ``partition.clients`` a dataset's own clients are
+    counted when the partition has no such key); cells: mean over the seeds that reached the
+    threshold, with how many of the seeds did (``—`` if none)."""
+    from fedshift.core.config import load_yaml
+
+    if split not in ("val", "test"):
+        raise FedshiftError(f"--split {split!r}: choose val or test")
+    ths = parse_thresholds(thresholds)
+    runs = _find_runs(roots)
+    per_run = []
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for d in tqdm(runs, desc="rounds", disable=not progress, leave=False):
+        for f in ("config.yaml", "metrics.jsonl"):
+            if not (d / f).is_file():
+                raise FedshiftError(f"{d} has a summary.json but no {f}: not a fedshift run")
+        s = json.loads((d / "summary.json").read_text())
+        cfg = load_yaml(d / "config.yaml")
+        value = _lookup_missing(cfg, by)
+        if value is _MISSING:
+            if by != "partition.clients":
+                raise FedshiftError(
+                    f"{d}/config.yaml has no key '{by}'; choose an existing --by key "
+                    "(e.g. partition.clients, train.local_epochs)"
+                )
+            value = len(s["clients"])  # the dataset's own clients (partition none)
+        rows = []
+        with open(d / "metrics.jsonl") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise FedshiftError(f"{d}/metrics.jsonl line {n}: not JSON ({e})") from None
+        kind, metric = s["evaluated_model"], s.get("metric", "acc")
+        try:
+            curve = mean_curve(rows, kind, f"{split}_{metric}")
+        except KeyError as e:
+            raise FedshiftError(f"{d}/metrics.jsonl: a {kind} row lacks {e}") from None
+        if not curve:
+            raise FedshiftError(f"{d}/metrics.jsonl has no evaluated rounds of the {kind} model")
+        reached = {t: first_round_reaching(curve, t) for t in ths}
+        rec = {
+            "run_dir": str(d),
+            "algorithm": s["algorithm"],
+            "flow": flow_label(s),
+            "by": value,
+            "seed": s["seed"],
+            "kind": kind,
+            "metric": metric,
+            "curve": curve,
+            "first_round": reached,
+        }
+        per_run.append(rec)
+        groups[(s["algorithm"], rec["flow"], json.dumps(value, default=str))].append(rec)
+    first = per_run[0]
+    label = _metric_label(runs[0], first["metric"])
+
+    def order(k: tuple) -> tuple:
+        v = json.loads(k[2])
+        num = isinstance(v, int | float) and not isinstance(v, bool)
+        return (k[0], k[1] != "base", k[1], not num, v if num else 0, str(v))
+
+    header = ["algorithm", "flow", by, "seeds", *(f"≥ {100 * t:g}%" for t in ths)]
+    rows_out, table = [], []
+    for k in sorted(groups, key=order):
+        recs = groups[k]
+        cells, cols = [], {}
+        for t in ths:
+            got = [r["first_round"][t] for r in recs if r["first_round"][t] is not None]
+            m = statistics.fmean(got) if got else None
+            cols[str(t)] = {"mean": m, "reached": len(got), "of": len(recs), "rounds": got}
+            txt = DASH if m is None else (f"{m:.0f}" if float(m).is_integer() else f"{m:.1f}")
+            cells.append(f"{txt} ({len(got)}/{len(recs)})")
+        table.append([k[0], k[1], str(json.loads(k[2])), str(len(recs)), *cells])
+        rows_out.append(
+            {
+                "algorithm": k[0],
+                "flow": k[1],
+                "by": json.loads(k[2]),
+                "seeds": sorted(r["seed"] for r in recs),
+                "thresholds": cols,
+            }
+        )
+    caption = f"Rounds to reach a mean {split} {label} (over clients) by {by}"
+    note = (
+        f"First evaluated round whose mean {split} {label} over clients (the evaluated model; "
+        "held-out clients excluded) reaches the threshold; mean over the seeds that reached it "
+        f"(reached/seeds); {DASH}: no seed reached it within its rounds."
+    )
+    text = f"{caption}:\n\n{grid(header, table)}\n\n_{note}_"
+    data = {
+        "protocol": "rounds",
+        "split": split,
+        "by": by,
+        "thresholds": ths,
+        "metric": first["metric"],
+        "rows": rows_out,
+        "runs": per_run,
+    }
+    outp = _out_dir(out, "rounds")
+    files = _save(outp, "rounds", "Rounds to reach a threshold", text, data)
+    return ProtocolResult("rounds", text, data, files)
+
+
+def _metric_label(run_dir: Path, metric: str) -> str:
+    s = json.loads((run_dir / "summary.json").read_text())
+    return s.get("metric_labels", {}).get(metric, "accuracy" if metric == "acc" else metric)
