@@ -70,19 +70,26 @@ def seg_run(tmp_path_factory) -> Path:
     return run_experiment(cfg, run_dir=root / "fedbn_seg", progress=False).run_dir
 
 
-def last_round_rows(run_dir: Path) -> dict[str, dict]:
+def round_rows(run_dir: Path, which: str = "selected") -> dict[str, dict]:
+    """The metric rows of the run's selected round (summary's best_round) or last round."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    last = max(r["round"] for r in rows)
-    return {r["client"]: r for r in rows if r["round"] == last}
+    if which == "last":
+        rnd = max(r["round"] for r in rows)
+    else:
+        rnd = json.loads((run_dir / "summary.json").read_text())["best_round"]
+    return {r["client"]: r for r in rows if r["round"] == rnd}
 
 
 # ============================================================================ cross-site
+@pytest.mark.parametrize("which", ["selected", "last"])
 @pytest.mark.parametrize("name, kind", [("local", "personal"), ("fedbn_seg", "personal")])
-def test_cross_site_diagonal_is_the_runs_own_last_round_score(request, tmp_path, name, kind):
+def test_cross_site_diagonal_is_the_runs_own_score(request, tmp_path, name, kind, which):
+    """The diagonal is each client's own score at the round the weights come from: the
+    selected round (default; what the run's tables report) or the last round."""
     run = request.getfixturevalue("seg_run") if name == "fedbn_seg" else None
     run = run or request.getfixturevalue("runs")[name]
-    res = cross_site(run, out=tmp_path / "cs", progress=False)
-    rows = last_round_rows(run)
+    res = cross_site(run, out=tmp_path / "cs", progress=False, weights=which)
+    rows = round_rows(run, which)
     clients = res.data["clients"]
     assert res.data["kind"] == kind and len(clients) == 3
     metrics = ("dice", "dice_all", "loss") if name == "fedbn_seg" else ("acc", "loss")
@@ -125,7 +132,7 @@ def test_cross_site_fedrdn_pipeline_data_vs_model(runs, tmp_path):
     data = cross_site(runs["fedrdn"], pipeline="data", out=tmp_path / "d", progress=False)
     model = cross_site(runs["fedrdn"], pipeline="model", out=tmp_path / "m", progress=False)
     dl, ml = data.data["matrices"]["loss"], model.data["matrices"]["loss"]
-    rows = last_round_rows(runs["fedrdn"])
+    rows = round_rows(runs["fedrdn"])
     for i, c in enumerate(data.data["clients"]):
         # one global model: with each site's own statistics every row is the same
         assert dl[i] == dl[0]

@@ -59,9 +59,8 @@ def config_digest(cfg: RunConfig) -> str:
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, list):
-        names = [x if isinstance(x, str) else (x or {}).get("name", "?") for x in v]
-        return "+".join(names) if names else "-"
+    if isinstance(v, list):  # an augment list: each with its parameters, e.g. ffa(p=0.1)
+        return "+".join(_fmt(x) for x in v) if v else "-"
     if isinstance(v, dict):
         rest = ",".join(f"{k}={x}" for k, x in v.items() if k != "name")
         return f"{v.get('name', '?')}({rest})" if rest else str(v.get("name", v))

@@ -34,7 +34,15 @@ def _cmd_cross_site(args: argparse.Namespace) -> int:
     from fedshift.protocols import cross_site
 
     return _print(
-        cross_site(args.run_dir, args.pipeline, args.split, args.kind, args.out, not args.quiet)
+        cross_site(
+            args.run_dir,
+            args.pipeline,
+            args.split,
+            args.kind,
+            args.out,
+            not args.quiet,
+            args.weights,
+        )
     )
 
 
@@ -113,7 +121,18 @@ def _cmd_tsne(args: argparse.Namespace) -> int:
             args.split,
             labels,
             not args.quiet,
+            args.weights,
         )
+    )
+
+
+def _weights_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weights",
+        choices=("selected", "last"),
+        default="selected",
+        help="which state of each run: the round model selection picked on validation "
+        "(selected.pt; default) or the last round",
     )
 
 
@@ -156,6 +175,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="model kind (default: the evaluated one); local = each client's local model "
         "after one more round of its own training (FedRDN Table 3)",
     )
+    _weights_arg(cs)
     common(cs, "cross-site")
     cs.set_defaults(fn=_cmd_cross_site)
 
@@ -188,6 +208,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     _suite_args(hf)
     hf.add_argument("--epochs", type=int, default=10, help="head epochs (default 10)")
+    _weights_arg(hf)
     common(hf, "head-finetune")
     hf.set_defaults(fn=_cmd_head_finetune)
 
@@ -198,5 +219,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ts.add_argument("--seed", type=int, default=0, help="subsampling and t-SNE seed (0)")
     ts.add_argument("--split", choices=SPLITS, default="test")
     ts.add_argument("--labels", help="comma-separated panel titles (default: run labels)")
+    _weights_arg(ts)
     common(ts, "tsne")
     ts.set_defaults(fn=_cmd_tsne)

@@ -5,7 +5,8 @@ finished run (:func:`load_run`) and running a config's grid as a cached bench su
 Every protocol writes a Markdown table (``<name>.md``), the numbers behind it
 (``<name>.json``) and, where it draws one, a figure (``<name>.png``) into its output folder
 (default ``./protocol-<name>``). Runs are rebuilt with
-:func:`fedshift.runtime.simulation.load_finished` (final-round checkpoint) or read from their
+:func:`fedshift.runtime.simulation.load_finished` (by default at the round model selection
+picked, ``selected.pt``; ``weights="last"``: the final round) or read from their
 ``metrics.jsonl`` / ``summary.json``; suites run through :func:`fedshift.bench.run_suite`, so
 cells are cached by config digest and never run twice.
 """
@@ -119,10 +120,11 @@ def run_label(meta: dict) -> str:
     return meta["algorithm"] + ("" if flow == "base" else f" {flow}")
 
 
-def load_run(run_dir: str | Path):
-    """A finished run rebuilt from its config and final checkpoint (``load_finished``), after
-    checking the folder holds a finished run (``config.yaml``, ``checkpoint.pt`` and the
-    ``summary.json`` written at the end)."""
+def load_run(run_dir: str | Path, weights: str = "selected"):
+    """A finished run rebuilt from its config and saved state (``load_finished``) at the
+    round ``weights`` names: ``selected`` (the round model selection picked on validation,
+    whose scores the run's tables report; default) or ``last``. Checks first that the folder
+    holds a finished run (``config.yaml``, ``checkpoint.pt`` and the final ``summary.json``)."""
     from fedshift.runtime.simulation import CHECKPOINT, load_finished
 
     path = Path(run_dir)
@@ -138,7 +140,7 @@ def load_run(run_dir: str | Path):
         raise FedshiftError(
             f"{path} is not a finished fedshift run (no {', '.join(missing)}): {hint}"
         )
-    return load_finished(path)
+    return load_finished(path, weights=weights)
 
 
 def _setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:

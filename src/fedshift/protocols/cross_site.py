@@ -46,18 +46,23 @@ def cross_site(
     kind: str | None = None,
     out: str | Path | None = None,
     progress: bool = True,
+    weights: str = "selected",
 ) -> ProtocolResult:
     """The cross-site matrix (FedRDN's Table 3): ``M[i][j]`` = every metric of the task for
     client *i*'s model on client *j*'s ``split``. ``kind``: ``personal`` / ``global`` = the
-    run's final-round weights of that kind (default: the kind the run evaluates; a ``local``
+    run's weights of that kind (default: the kind the run evaluates; a ``local``
     run's personal model is a model trained on client *i* alone); ``local`` = client *i*'s
     local model, as in FedRDN's Table 3 ("generalization performance of local model",
     Sec. 4.4): the model client *i* obtains by one more round of local training (the run's
     ``train.local_epochs``, optimiser and augments, e.g. FedRDN's Eq. 7 draw) starting from
-    what the server broadcasts after the final round, i.e. the w_k that client would upload
+    what the server broadcasts after that round T, i.e. the w_k that client would upload
     in round T + 1. It is recomputed deterministically (seeded by the run's seed, round T + 1
     and the client); the run's stored state is left as it was. The run's checkpoint
     keeps only the aggregated model, not the local models the last round produced.
+
+    ``weights``: the run's state at the round model selection picked on validation
+    (``selected``, default: the model whose scores the run's tables report) or at its last
+    round (``last``).
 
     ``pipeline="data"``: *j*'s images through *j*'s own input-pipeline state (FedRDN's test
     time, Eq. 8: a site normalises its data with its own statistics); ``"model"``: through
@@ -68,7 +73,7 @@ def cross_site(
         raise FedshiftError(f"--pipeline {pipeline!r}: choose one of {', '.join(PIPELINES)}")
     if split not in SPLITS:
         raise FedshiftError(f"--split {split!r}: choose one of {', '.join(SPLITS)}")
-    sim = load_run(run_dir)
+    sim = load_run(run_dir, weights)
     kind = kind or sim.kinds[0]
     if kind == "local":
         if not sim.train_clients or any(c not in sim.train_clients for c in sim.fed.client_names):

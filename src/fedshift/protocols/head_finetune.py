@@ -15,7 +15,7 @@ Mapping to fedshift:
   (the per-class subsample of :meth:`fedshift.data.base.Federation.with_train_fraction`); the
   config may carry a ``sweep`` (e.g. ``seed: [0, 1, 2]``); cells run through
   :func:`fedshift.bench.run_suite` and are cached;
-* step 2, per finished run and client: the run's final model of its evaluated kind
+* step 2, per finished run and client: the run's model of its evaluated kind at the selected round
   (``weights_for``), the extractor (``model.features``) in eval mode on the client's full
   training split through the run's input pipeline without augmentation (``pipeline.eval``),
   the embeddings computed once; the head (``model.classifier``) continues from its trained
@@ -109,13 +109,14 @@ def finetune_head(
     return losses
 
 
-def finetune_run(run_dir: str | Path, epochs: int) -> dict[str, Any]:
-    """Step 2 on one finished run: ``{client: {before, after, train, train_full}}``."""
+def finetune_run(run_dir: str | Path, epochs: int, weights: str = "selected") -> dict[str, Any]:
+    """Step 2 on one finished run (its model at the selected round, or ``weights="last"``):
+    ``{client: {before, after, train, train_full}}``."""
     from fedshift.data import load_dataset
     from fedshift.data.partition import apply_partition
     from fedshift.runtime.experiment import score_client
 
-    sim = load_run(run_dir)
+    sim = load_run(run_dir, weights)
     cfg = sim.cfg
     if sim.exp.task.name != "classification":
         raise ConfigError(f"{run_dir}: head-finetune needs a classification run")
@@ -151,6 +152,7 @@ def head_finetune(
     out: str | Path | None = None,
     runs_out: str | None = None,
     progress: bool = True,
+    weights: str = "selected",
 ) -> ProtocolResult:
     """Run the config's cells (step 1), finetune each client's head on all its training data
     (step 2) and tabulate test scores w/o and w. finetuning per client, mean ± std over the
@@ -172,7 +174,7 @@ def head_finetune(
     summaries = _run_cells(
         copy.deepcopy(raw), outp / "head-finetune-suite.yaml", runs_out, workers, threads, progress
     )
-    per_run = {s["run_dir"]: finetune_run(s["run_dir"], epochs) for s in summaries}
+    per_run = {s["run_dir"]: finetune_run(s["run_dir"], epochs, weights) for s in summaries}
     text, data = head_table(per_run, epochs)
     data["suite"] = str(outp / "head-finetune-suite.yaml")
     files = _save(outp, "head-finetune", "Prediction-head finetuning (FRAug Table 1)", text, data)

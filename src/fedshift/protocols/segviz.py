@@ -1,8 +1,9 @@
 """Segmentation pictures: for each site, the image, its ground truth and every method's
 prediction side by side (one PNG), from finished run directories.
 
-Each run is rebuilt from its ``config.yaml`` and ``checkpoint.pt`` (the final round's state:
-the server's weights and every client's own tensors), and each client is predicted with the
+Each run is rebuilt from its ``config.yaml`` and saved state (by default the round model
+selection picked, ``selected.pt``; ``weights="last"``: the final round: the server's weights
+and every client's own tensors), and each client is predicted with the
 model the run's tables evaluate (its personalised model where the algorithm keeps local
 tensors, FedBN; the global model otherwise), through the client's own input pipeline (FedRDN's
 statistics, HarmoFL's amplitude normalisation). Each panel is titled with the method and its
@@ -33,8 +34,8 @@ PALETTE = (
 )
 
 
-def _load(run_dir: Path, federation=None):
-    sim = load_finished(run_dir, federation)
+def _load(run_dir: Path, federation=None, weights: str = "selected"):
+    sim = load_finished(run_dir, federation, weights)
     if sim.task.name != "segmentation":
         raise FedshiftError(f"{run_dir}: a {sim.task.name} run; pictures are for segmentation")
     return sim
@@ -77,6 +78,7 @@ def site_predictions_figure(
     index: int | None = None,
     channel: int | None = None,
     labels: list[str] | None = None,
+    weights: str = "selected",
 ) -> Path:
     """Write the per-site picture to ``out`` (PNG). ``index``: which image of each site's
     ``split`` (default: the one with the most foreground pixels, so the structures show);
@@ -90,7 +92,7 @@ def site_predictions_figure(
     sims = []
     fed = None
     for d in run_dirs:
-        sim = _load(Path(d), fed)
+        sim = _load(Path(d), fed, weights)
         fed = fed or sim.fed
         sims.append(sim)
     if labels is None:
@@ -140,7 +142,7 @@ def site_predictions_figure(
         for k, name in enumerate(fed.classes[: len(PALETTE)])
     )
     fig.suptitle(
-        f"{fed.name}: one {split} image per site; final-round models; colours {legend}",
+        f"{fed.name}: one {split} image per site; {weights} models; colours {legend}",
         fontsize=9,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))

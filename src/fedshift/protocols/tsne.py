@@ -64,6 +64,7 @@ def tsne(
     split: str = "test",
     labels: list[str] | None = None,
     progress: bool = True,
+    weights: str = "selected",
 ) -> ProtocolResult:
     """t-SNE (van der Maaten & Hinton, 2008; scikit-learn's ``TSNE``, PCA initialisation,
     ``random_state=seed``) of every client's ``split`` features, coloured by client, one panel
@@ -89,7 +90,7 @@ def tsne(
         raise FedshiftError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
     panels = []
     for r, d in enumerate(tqdm(run_dirs, desc="t-SNE", disable=not progress, leave=False)):
-        sim = load_run(d)
+        sim = load_run(d, weights)
         feats, who = [], []
         for ci, c in enumerate(sim.fed.clients):
             data = c.split(split)
