@@ -247,3 +247,35 @@ def test_flower_resume_without_snapshots_fails_loudly(tmp_path):
         FlowerServer(cfg, tmp_path / "r", opts, progress=False).run(
             InProcessGrid(build_client_app(), 3), resume=True
         )
+
+
+# ---------------------------------------------------------------------------- command line
+def test_cli_resume_extends_and_refuses_other_overrides(tmp_path, capsys):
+    from fedshift.cli import main
+
+    over = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t",
+            "algorithm.name=fedavg", f"out={tmp_path}"]  # fmt: skip
+    assert main(["run", *over, "train.rounds=2", "--quiet"]) == 0
+    run_dir = tmp_path / "t" / "fedavg-toyshift-seed0"
+    assert main(["run", "--resume", str(run_dir), "train.lr=0.5"]) == 2
+    assert "only override it takes is train.rounds=N" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run_dir), "train.rounds=4", "--quiet"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 4
+    longer = run_experiment(toy_cfg("algorithm.name=fedavg", "name=t", rounds=4),
+                            run_dir=tmp_path / "long", progress=False)  # fmt: skip
+    assert results(summary) == results(longer.summary)
+
+
+def test_flower_ray_simulation_resumes_to_the_uninterrupted_numbers(tmp_path):
+    """The same on Flower's Ray simulation engine: stopped after round 2, resumed (a fresh
+    Ray simulation, fresh node contexts), equal to the native run."""
+    from fedshift.flower.simulate import simulate
+
+    cfg = toy_cfg("algorithm.name=fedbn", "checkpoint.every=2", rounds=3)
+    native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
+    with pytest.raises(RunInterrupted):
+        simulate(cfg, run_dir=tmp_path / "f", engine="ray", progress=False, stop_after=2)
+    resumed = simulate(cfg, run_dir=tmp_path / "f", engine="ray", progress=False, resume=True)
+    assert metric_rows(resumed.run_dir) == metric_rows(native.run_dir)
+    assert ledger(resumed.run_dir) == ledger(native.run_dir)

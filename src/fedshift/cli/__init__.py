@@ -1,7 +1,7 @@
 """The ``fedshift`` command line.
 
 fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
-fedshift run --resume RUN_DIR                            continue a killed run
+fedshift run --resume RUN_DIR [train.rounds=N]          continue (or extend) a run
 fedshift bench SUITE.yaml [key=value ...] [--workers N]  a suite: cached cells, parallel runs
 fedshift list                                            algorithms, datasets, models
 fedshift report RUN_DIR... [--out DIR]                   Markdown + HTML + CSV report of runs
@@ -65,3 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedshift: interrupted", file=sys.stderr)
         return 130
+    except BaseException as e:  # a run stopped by SIGINT / SIGTERM after saving its state
+        code = getattr(e, "exit_code", None)
+        if code is None:
+            raise
+        print(f"fedshift: stopped by {e}", file=sys.stderr)
+        return int(code)

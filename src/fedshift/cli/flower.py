@@ -48,14 +48,23 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from fedshift.eval.tables import print_tables
     from fedshift.flower.simulate import simulate
 
-    cfg = _config(args)
+    if args.resume:  # the run's saved config; nothing else may change
+        from fedshift.runtime.simulation import saved_config
+
+        if args.config or args.overrides:
+            raise FedshiftError("--resume takes the run's saved config; drop -c and key=value")
+        cfg, run_dir = saved_config(args.resume), Path(args.resume)
+    else:
+        cfg, run_dir = _config(args), None
     result = simulate(
         cfg,
         out=args.out,
+        run_dir=run_dir,
         engine=args.engine,
         options=_options(args),
         cpus_per_client=args.cpus_per_client,
         progress=not args.quiet,
+        resume=bool(args.resume),
     )
     print_tables([result.summary])
     rt = result.summary["runtime"]
@@ -168,6 +177,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--cpus-per-client", type=float, default=1.0, help="Ray CPUs reserved per ClientApp"
     )
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped simulation from its checkpoint (clients from their snapshots)",
+    )
     sim.set_defaults(fn=_cmd_simulate)
 
     certs = fsub.add_parser("certs", help="self-signed CA + SuperLink TLS certificate")

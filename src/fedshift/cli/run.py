@@ -18,9 +18,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedshift.runtime.simulation import resume_experiment, run_experiment
 
     if args.resume:
-        if args.config or args.overrides:
-            raise FedshiftError("--resume takes the run's saved config; drop -c and key=value")
-        result = resume_experiment(args.resume, progress=not args.quiet)
+        rounds = _resume_rounds(args)
+        result = resume_experiment(args.resume, progress=not args.quiet, rounds=rounds)
         print_tables([result.summary])
         print(f"\nrun directory: {result.run_dir}")
         return 0
@@ -43,6 +42,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for s in summaries:
         print(f"  {s['run_dir']}")
     return 0
+
+
+def _resume_rounds(args: argparse.Namespace) -> int | None:
+    """``--resume RUN`` keeps the run's saved config; the one override it takes is
+    ``train.rounds=N``, which extends the run (finished or not) to N rounds."""
+    from fedshift.core.config import parse_override
+
+    if args.config:
+        raise FedshiftError("--resume takes the run's saved config (its config.yaml); drop -c")
+    rounds = None
+    for item in args.overrides:
+        key, value = parse_override(item)
+        if key != "train.rounds" or not isinstance(value, int) or isinstance(value, bool):
+            raise FedshiftError(
+                f"--resume keeps the run's config; the only override it takes is "
+                f"train.rounds=N (to extend the run), got {item!r}"
+            )
+        rounds = value
+    return rounds
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -115,7 +133,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("-c", "--config", help="YAML config file")
     run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
     run.add_argument("--out", help="root folder for run directories (config key 'out')")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped run from its checkpoint; with train.rounds=N, extend a run "
+        "(finished or not) to N rounds",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
 
