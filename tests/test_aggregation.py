@@ -14,7 +14,7 @@ from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator
-from fedshift.data.toy import ToyParams, load_toy
+from fedshift.data.domains.toy import ToyParams, load_toy
 from fedshift.models import build_model
 from fedshift.models.digits import SmallCNN
 from fedshift.runtime.simulation import run_experiment

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from fedshift.core.errors import ConfigError, MissingSourceError
-from fedshift.data import brain_mri as bm
 from fedshift.data import load_dataset
-from fedshift.data.brain_mri import (
+from fedshift.data.medical import brain_mri as bm
+from fedshift.data.medical.brain_mri import (
     SCANNERS,
     BrainMRIParams,
     Scanner,
@@ -464,6 +464,6 @@ def test_missing_files_raise_missing_source_error(tmp_path, phantom, monkeypatch
     (partial / src.name).write_bytes(src.read_bytes())
     with pytest.raises(MissingSourceError, match=bm.TEMPLATE_FILES["gm"]):
         load_brain_mri(params(phantom, nifti_dir=str(partial)))
-    monkeypatch.setattr(bm.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(MissingSourceError, match="pip install nilearn"):
         load_brain_mri(params(phantom, nifti_dir=None))

@@ -13,22 +13,21 @@ import torch
 from PIL import Image
 
 from fedshift.core.errors import DataError, MissingSourceError
-from fedshift.data import debian
-from fedshift.data import digit_sources as ds
 from fedshift.data.base import SPLITS, Federation
+from fedshift.data.common import debian
+from fedshift.data.common.cache import cache_dir
+from fedshift.data.common.sampling import class_quota, split_indices
 from fedshift.data.digits import (
     CLASSES,
     DOMAINS,
     DigitsParams,
     build_digits,
-    class_quota,
-    default_cache_dir,
     fetch_opencv,
     load_digits,
     pool_dir,
     show_digits,
-    split_indices,
 )
+from fedshift.data.digits import sources as ds
 
 LOCAL = ["mnist", "mnistm", "optdigits", "synth"]  # domains that need no download
 GRAY = ("mnist", "optdigits", "opencv")
@@ -402,9 +401,9 @@ def test_default_params_and_cache_dir(monkeypatch, tmp_path):
     assert p.domains == list(DOMAINS) and DOMAINS[-1] == "opencv"
     assert (p.train_size, p.val_size, p.test_size, p.synth_pool) == (750, 250, 500, 5000)
     monkeypatch.setenv("FEDSHIFT_CACHE", str(tmp_path))
-    assert default_cache_dir() == tmp_path
+    assert cache_dir() == tmp_path
     monkeypatch.delenv("FEDSHIFT_CACHE")
-    assert default_cache_dir() == Path.home() / ".cache" / "fedshift"
+    assert cache_dir() == Path.home() / ".cache" / "fedshift"
 
 
 def test_show_digits_writes_montage(params, fed, tmp_path):

@@ -17,7 +17,7 @@ from PIL import Image
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data import DATASETS, load_dataset
-from fedshift.data.distrans_folders import (
+from fedshift.data.domains.distrans_folders import (
     CHMNIST_CLASSES,
     CHMNIST_FOLDER,
     CHMNISTParams,

@@ -9,7 +9,7 @@ import torch
 from conftest import metric_rows
 
 from fedshift.core.errors import TrainingError
-from fedshift.data.toy import ToyParams, load_toy
+from fedshift.data.domains.toy import ToyParams, load_toy
 from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,

@@ -14,9 +14,10 @@ import torch
 
 from fedshift.cli import main
 from fedshift.core.errors import DataError, MissingSourceError
-from fedshift.data import debian, load_dataset
-from fedshift.data import fashion as fm
-from fedshift.data.fashion import FashionParams, load_fashion, locate_fashion
+from fedshift.data import load_dataset
+from fedshift.data.common import debian
+from fedshift.data.domains import fashion as fm
+from fedshift.data.domains.fashion import FashionParams, load_fashion, locate_fashion
 
 TRAIN_PER_CLASS, TEST_PER_CLASS = 6, 3
 

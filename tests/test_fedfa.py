@@ -603,7 +603,7 @@ def test_fedrobust_full_map_rejects_large_inputs(make_cfg, tmp_path):
 def test_fedfa_prostate_split_table13_and_mini_set(tmp_path):
     from test_medical_loaders import params, slice_ids, write_prostate
 
-    from fedshift.data.prostate import fedfa_cuts, load_prostate
+    from fedshift.data.medical.prostate import fedfa_cuts, load_prostate
 
     # Table 13 (train) and Table 2 (mini train) from the slice counts of HarmoFL's index files;
     # (n, Table 13 train, Table 2 train). FedFA's tables list 384 slices as BMC and 411 as RUNMC.
@@ -641,8 +641,8 @@ def test_fedfa_prostate_split_table13_and_mini_set(tmp_path):
 def test_fedfa_domainnet_split_table12(tmp_path):
     from test_real_loaders import DOMAINNET_SIZES, entries, make_path_pickles
 
-    from fedshift.data import fedbn_pickles as fp
-    from fedshift.data.fedbn_pickles import DomainNetParams, load_domainnet, split_bounds
+    from fedshift.data.domains import fedbn_pickles as fp
+    from fedshift.data.domains.fedbn_pickles import DomainNetParams, load_domainnet, split_bounds
 
     # Table 12 from the released train pickles (clipart 2,103 ... real 4,864 entries)
     sizes = {

@@ -19,7 +19,7 @@ from fedshift.augment.fedrdn import (
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Split
-from fedshift.data.fedbn_pickles import DomainNetParams, OfficeParams, split_bounds
+from fedshift.data.domains.fedbn_pickles import DomainNetParams, OfficeParams, split_bounds
 from fedshift.runtime.simulation import run_experiment
 
 
@@ -238,7 +238,7 @@ def test_office_loader_fedrdn_split_on_pickle_fixture(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from fedshift.data.fedbn_pickles import OFFICE_CLASSES, load_office
+    from fedshift.data.domains.fedbn_pickles import OFFICE_CLASSES, load_office
 
     sizes = {"amazon": (15, 4), "caltech": (20, 5), "dslr": (5, 2), "webcam": (10, 3)}
     folder = tmp_path / "office_caltech_10"

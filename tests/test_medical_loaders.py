@@ -16,12 +16,14 @@ from PIL import Image
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data import DATASETS, load_dataset
-from fedshift.data import camelyon as cam
-from fedshift.data import medical_io as mio
-from fedshift.data import prostate as pro
-from fedshift.data.camelyon import CamelyonParams, load_camelyon
-from fedshift.data.nuclei import NucleiParams, load_nuclei
-from fedshift.data.prostate import ProstateParams, load_prostate
+from fedshift.data.common.images import read_image, resize_images, resize_labels
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.medical import camelyon as cam
+from fedshift.data.medical import prostate as pro
+from fedshift.data.medical.camelyon import CamelyonParams, load_camelyon
+from fedshift.data.medical.nifti import read_nifti
+from fedshift.data.medical.nuclei import NucleiParams, load_nuclei
+from fedshift.data.medical.prostate import ProstateParams, load_prostate
 
 # a scanner-like affine: flipped x/y (RAS <- LPS storage), 0.625 mm in-plane, 3.6 mm slices
 AFFINE = np.array([[-0.625, 0, 0, 120.0], [0, -0.625, 0, -80.0], [0, 0, 3.6, 30.0], [0, 0, 0, 1.0]])
@@ -109,12 +111,12 @@ def slice_ids(split) -> list[tuple[int, int]]:
 def test_read_nifti_returns_simpleitk_order_and_keeps_int16(tmp_path):
     vol = ramp(nx=4, ny=3, nz=2)
     save_nii(tmp_path / "v.nii.gz", vol)
-    arr = mio.read_nifti(tmp_path / "v.nii.gz")
+    arr = read_nifti(tmp_path / "v.nii.gz")
     assert arr.shape == (2, 3, 4) and arr.dtype == np.int16
     assert arr[1, 2, 3] == 3 + 16 * 2 + 256 * 1  # [z, y, x]
     with pytest.raises(DataError, match="not a readable NIfTI"):
         (tmp_path / "bad.nii.gz").write_bytes(b"nope")
-        mio.read_nifti(tmp_path / "bad.nii.gz")
+        read_nifti(tmp_path / "bad.nii.gz")
 
 
 def test_read_nifti_matches_simpleitk_when_installed(tmp_path):
@@ -128,29 +130,29 @@ def test_read_nifti_matches_simpleitk_when_installed(tmp_path):
     img.header.set_data_dtype(np.int16)
     nib.save(img, str(tmp_path / "r.nii.gz"))
     ref = sitk.GetArrayFromImage(sitk.ReadImage(str(tmp_path / "r.nii.gz")))
-    got = mio.read_nifti(tmp_path / "r.nii.gz")
+    got = read_nifti(tmp_path / "r.nii.gz")
     assert got.dtype == ref.dtype and np.array_equal(got, ref)
 
 
 def test_resize_helpers_hand_values():
     x = torch.tensor([[[[0.0, 1.0], [0.0, 1.0]]]])
-    out = mio.resize_images(x, 4)
+    out = resize_images(x, 4)
     # align_corners=False: output column centres at input coordinates -0.25, 0.25, 0.75, 1.25
     assert torch.allclose(out[0, 0, 0], torch.tensor([0.0, 0.25, 0.75, 1.0]))
     y = torch.tensor([[[0, 1], [2, 3]]])
-    lab = mio.resize_labels(y, 4)
+    lab = resize_labels(y, 4)
     assert lab.dtype == torch.int64
     assert lab[0].tolist() == [[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 3, 3], [2, 2, 3, 3]]
-    assert mio.resize_images(x, 2) is x  # same size: untouched
+    assert resize_images(x, 2) is x  # same size: untouched
 
 
 def test_stratified_subsample_hand_quota():
     labels = np.array([0] * 6 + [1] * 3)
-    idx = mio.stratified_subsample(labels, 4, np.random.default_rng(0))
+    idx = stratified_subsample(labels, 4, np.random.default_rng(0))
     # quotas 4*6/9 = 2.67 -> 3 (largest remainder), 4*3/9 = 1.33 -> 1
     assert np.bincount(labels[idx]).tolist() == [3, 1]
     assert list(idx) == sorted(set(idx.tolist()))
-    assert mio.stratified_subsample(labels, None, np.random.default_rng(0)).tolist() == list(
+    assert stratified_subsample(labels, None, np.random.default_rng(0)).tolist() == list(
         range(9)
     )
 
@@ -159,16 +161,16 @@ def test_read_image_modes(tmp_path):
     rgba = np.zeros((4, 5, 4), dtype=np.uint8)
     rgba[..., 0], rgba[..., 1], rgba[..., 2], rgba[..., 3] = 10, 20, 30, 0
     Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
-    a = mio.read_image(tmp_path / "a.png")
+    a = read_image(tmp_path / "a.png")
     assert a.shape == (3, 4, 5) and a.dtype == np.float32
     assert np.allclose(a[:, 0, 0], np.array([10, 20, 30]) / 255)  # alpha dropped, not composited
     g16 = np.array([[0, 32768], [65535, 1000]], dtype=np.uint16)
     Image.fromarray(g16).save(tmp_path / "g.png")
-    g = mio.read_image(tmp_path / "g.png")
+    g = read_image(tmp_path / "g.png")
     assert g.shape == (3, 2, 2) and np.allclose(g[2], g16 / 65535.0)
     with pytest.raises(DataError, match="cannot read"):
         (tmp_path / "x.png").write_bytes(b"garbage")
-        mio.read_image(tmp_path / "x.png")
+        read_image(tmp_path / "x.png")
 
 
 # --------------------------------------------------------------------------------------------

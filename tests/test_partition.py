@@ -12,6 +12,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import ClientData, Federation, Split
+from fedshift.data.domains.toy import ToyParams, load_toy
 from fedshift.data.partition import (
     apply_partition,
     deal,
@@ -19,7 +20,6 @@ from fedshift.data.partition import (
     degree_of_heterogeneity,
     tv_heterogeneity,
 )
-from fedshift.data.toy import ToyParams, load_toy
 from fedshift.runtime.simulation import run_experiment
 
 # ------------------------------------------------------------------------------ helpers

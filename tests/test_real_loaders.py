@@ -20,10 +20,11 @@ from PIL import Image
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data import DATASETS, load_dataset
-from fedshift.data import fedbn_pickles as fp
-from fedshift.data import image_folders as imf
-from fedshift.data.cifar import CifarParams, load_cifar10, load_cifar100
-from fedshift.data.fedbn_pickles import (
+from fedshift.data.common.images import resize_uint8
+from fedshift.data.common.pickles import read_array_pickle
+from fedshift.data.domains import fedbn_pickles as fp
+from fedshift.data.domains.cifar import CifarParams, load_cifar10, load_cifar100
+from fedshift.data.domains.fedbn_pickles import (
     Digits5Params,
     DomainNetParams,
     OfficeParams,
@@ -31,7 +32,12 @@ from fedshift.data.fedbn_pickles import (
     load_domainnet,
     load_office,
 )
-from fedshift.data.image_folders import OfficeHomeParams, PACSParams, load_officehome, load_pacs
+from fedshift.data.domains.image_folders import (
+    OfficeHomeParams,
+    PACSParams,
+    load_officehome,
+    load_pacs,
+)
 
 
 def dump(path: Path, obj: object, protocol: int = pickle.HIGHEST_PROTOCOL) -> None:
@@ -699,7 +705,7 @@ def test_read_array_pickle_accepts_numpy_protocols(tmp_path: Path) -> None:
     for protocol in (2, 4, 5):
         path = tmp_path / f"p{protocol}.pkl"
         dump(path, arrays, protocol)
-        got = fp.read_array_pickle(path, "arrays")
+        got = read_array_pickle(path, "arrays")
         assert np.array_equal(got[0], arrays[0]) and list(got[1]) == ["a", "bc"]
 
 
@@ -707,7 +713,7 @@ def test_resize_uint8_matches_pillow_on_gradients() -> None:
     """Antialiased bilinear + 8-bit rounding agrees with Pillow's bilinear resize within 1."""
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, size=(32, 32), dtype=np.uint8)
-    ours = imf.resize_uint8(img[None, None], 28)[0, 0].astype(int)
+    ours = resize_uint8(img[None, None], 28)[0, 0].astype(int)
     pil = np.asarray(Image.fromarray(img).resize((28, 28), Image.BILINEAR)).astype(int)
     assert np.abs(ours - pil).max() <= 1
 

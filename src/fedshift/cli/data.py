@@ -21,7 +21,8 @@ def _dataset_params(name: str, overrides: list[str]):
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from fedshift.data import digits, fashion
+    from fedshift.data import digits
+    from fedshift.data.domains import fashion
 
     if args.action == "fetch":
         cache = Path(args.cache) if args.cache else None
@@ -75,7 +76,7 @@ def _show_other(args: argparse.Namespace) -> int:
     fed = load_dataset(section)
     print(json.dumps({"task": fed.task, "classes": fed.classes, "counts": fed.counts()}, indent=2))
     if args.name == "brain-mri":
-        from fedshift.data.brain_mri import scanner_preview
+        from fedshift.data.medical.brain_mri import scanner_preview
 
         out = Path(args.out or "brain_mri_scanners.png")
         scanner_preview(params, out)

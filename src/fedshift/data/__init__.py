@@ -1,4 +1,13 @@
-"""Datasets: name -> loader returning a :class:`~fedshift.data.base.Federation`."""
+"""Datasets: name -> loader returning a :class:`~fedshift.data.base.Federation`.
+
+The loaders live in subpackages: :mod:`~fedshift.data.digits` (the offline digits
+benchmark), :mod:`~fedshift.data.medical` (brain-mri, prostate, camelyon17, nuclei) and
+:mod:`~fedshift.data.domains` (FedBN's pickles, PACS/OfficeHome, CIFAR, DisTrans's folders,
+Fashion-MNIST, the synthetic toys); what they share is in :mod:`~fedshift.data.common`.
+:mod:`~fedshift.data.base` holds the federation types and :mod:`~fedshift.data.partition`
+the label-skew partitions. This module keeps the registry :data:`DATASETS`,
+:func:`load_dataset` and :func:`dataset_task`.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +15,16 @@ from collections.abc import Callable
 
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.data.brain_mri import BrainMRIParams, load_brain_mri
-from fedshift.data.camelyon import CamelyonParams, load_camelyon
-from fedshift.data.cifar import CifarParams, load_cifar10, load_cifar100
 from fedshift.data.digits import DigitsParams, load_digits
-from fedshift.data.distrans_folders import CHMNISTParams, CUBParams, load_chmnist, load_cub200
-from fedshift.data.fashion import FashionParams, load_fashion
-from fedshift.data.fedbn_pickles import (
+from fedshift.data.domains.cifar import CifarParams, load_cifar10, load_cifar100
+from fedshift.data.domains.distrans_folders import (
+    CHMNISTParams,
+    CUBParams,
+    load_chmnist,
+    load_cub200,
+)
+from fedshift.data.domains.fashion import FashionParams, load_fashion
+from fedshift.data.domains.fedbn_pickles import (
     Digits5Params,
     DomainNetParams,
     OfficeParams,
@@ -20,10 +32,17 @@ from fedshift.data.fedbn_pickles import (
     load_domainnet,
     load_office,
 )
-from fedshift.data.image_folders import OfficeHomeParams, PACSParams, load_officehome, load_pacs
-from fedshift.data.nuclei import NucleiParams, load_nuclei
-from fedshift.data.prostate import ProstateParams, load_prostate
-from fedshift.data.toy import ToyParams, ToySegParams, load_toy, load_toyseg
+from fedshift.data.domains.image_folders import (
+    OfficeHomeParams,
+    PACSParams,
+    load_officehome,
+    load_pacs,
+)
+from fedshift.data.domains.toy import ToyParams, ToySegParams, load_toy, load_toyseg
+from fedshift.data.medical.brain_mri import BrainMRIParams, load_brain_mri
+from fedshift.data.medical.camelyon import CamelyonParams, load_camelyon
+from fedshift.data.medical.nuclei import NucleiParams, load_nuclei
+from fedshift.data.medical.prostate import ProstateParams, load_prostate
 
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset")
 DATASETS.add(

@@ -30,7 +30,6 @@ distributional heterogeneity, Eq. 3-4, of the clients' *training* labels,
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +39,7 @@ import torch
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
+from fedshift.data.common.seeding import seeded_rng
 
 PartitionFn = Callable[[Federation, object], Federation]
 PARTITIONS: Registry[PartitionFn] = Registry("partition")
@@ -129,11 +129,6 @@ def label_counts(fed: Federation, split: str = "train") -> list[list[int]]:
 # --------------------------------------------------------------------------------------------
 # the shared "pool, then deal index lists per split" mechanism
 # --------------------------------------------------------------------------------------------
-
-
-def _rng(seed: int, tag: str) -> np.random.Generator:
-    """The generator of one partition step, fixed by the partition seed and ``tag``."""
-    return np.random.default_rng([seed, zlib.crc32(tag.encode("utf-8"))])
 
 
 def deal_counts(shares: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
@@ -240,7 +235,8 @@ def _deal_all(
 ) -> dict[str, list[np.ndarray]]:
     """Apply one share matrix to every split (the same class proportions everywhere)."""
     return {
-        s: deal(pool.split(s).y.numpy(), shares, _rng(seed, f"{name}/deal/{s}")) for s in SPLITS
+        s: deal(pool.split(s).y.numpy(), shares, seeded_rng(seed, f"{name}/deal/{s}"))
+        for s in SPLITS
     }
 
 
@@ -381,7 +377,7 @@ def classes(fed: Federation, params: ClassesParams) -> Federation:
         )
     pool = _pool(fed)
     _check_labels(pool, c, "classes")
-    rng = _rng(params.seed, "classes/assign")
+    rng = seeded_rng(params.seed, "classes/assign")
     held = assign_classes(params.clients, c, u, rng)
     shares = rng.uniform(params.low, params.high, size=held.shape) * held
     index = _deal_all(pool, shares, params.seed, "classes")
@@ -403,7 +399,7 @@ def dirichlet(fed: Federation, params: DirichletParams) -> Federation:
     pool = _pool(fed)
     _check_labels(pool, c, "dirichlet")
     n = {s: np.bincount(pool.split(s).y.numpy(), minlength=c)[:c] for s in SPLITS}
-    rng = _rng(params.seed, "dirichlet/shares")
+    rng = seeded_rng(params.seed, "dirichlet/shares")
     draws = 0
     while True:
         draws += 1
@@ -447,7 +443,7 @@ def one_class(fed: Federation, params: OneClassParams) -> Federation:
     shares[np.arange(k), cls] = 1.0
     index = _deal_all(pool, shares, params.seed, "one-class")
     y_test = pool.test.y.numpy()
-    rng = _rng(params.seed, "one-class/negatives")
+    rng = seeded_rng(params.seed, "one-class/negatives")
     tests = []
     for i in range(k):
         pos = index["test"][i]

@@ -45,13 +45,12 @@ import torch
 
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
-from fedshift.data.medical_io import (
+from fedshift.data.common.checks import check_size, require_root
+from fedshift.data.common.images import (
     IMAGE_EXTENSIONS,
     LABEL_EXTENSIONS,
-    check_size,
     read_image,
     read_mask,
-    require_root,
     resize_images,
     resize_labels,
 )

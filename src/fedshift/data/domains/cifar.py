@@ -36,9 +36,10 @@ import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.data.fedbn_pickles import read_array_pickle
-from fedshift.data.image_folders import check_cap, check_root_key, check_seed
-from fedshift.data.medical_io import require_root, seeded_rng, stratified_subsample
+from fedshift.data.common.checks import check_cap, check_root_key, check_seed, require_root
+from fedshift.data.common.pickles import read_array_pickle
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
 
 __all__ = ["CIFAR_SPECS", "CifarParams", "load_cifar10", "load_cifar100", "read_cifar_batch"]
 

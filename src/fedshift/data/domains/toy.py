@@ -18,6 +18,8 @@ from fedshift.data.base import ClientData, Federation, Split
 
 @dataclass
 class ToyParams:
+    """The ``dataset.*`` keys of ``toyshift``."""
+
     clients: int = 3
     classes: int = 10
     train_size: int = 60
@@ -27,6 +29,7 @@ class ToyParams:
 
 
 def load_toy(p: ToyParams) -> Federation:
+    """The ``toyshift`` federation (module docstring), generated from ``p.seed``."""
     for key in ("clients", "classes", "train_size", "val_size", "test_size"):
         if getattr(p, key) < 1:
             raise DataError(f"config key 'dataset.{key}' must be >= 1")

@@ -92,11 +92,8 @@ resizing and splitting run at load time from the cached volumes. ``cache=False``
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -106,18 +103,12 @@ import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.data.digit_sources import default_cache_dir
-from fedshift.data.medical_io import (
-    atomic_save_npz,
-    check_fractions,
-    check_size,
-    cut_points,
-    read_nifti,
-    require_root,
-    resize_images,
-    resize_labels,
-    seeded_rng,
-)
+from fedshift.data.common import cache
+from fedshift.data.common.checks import check_fractions, check_size, require_root
+from fedshift.data.common.images import resize_images, resize_labels
+from fedshift.data.common.sampling import cut_points
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.medical.nifti import read_nifti
 
 NAME = "prostate"
 SITES: tuple[str, ...] = ("BIDMC", "HK", "I2CVB", "BMC", "RUNMC", "UCL")
@@ -375,20 +366,18 @@ def _cache_meta(folder: Path, cases: list[Case], quantize: bool) -> dict:
     }
 
 
-def _digest(meta: dict) -> str:
-    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()[:24]
-
-
 def _read_cache(path: Path, n_cases: int) -> SiteVolumes | None:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            names = [str(s) for s in z["cases"]]
-            if len(names) != n_cases:
-                return None
-            images = [z[f"image_{k}"] for k in range(n_cases)]
-            masks = [z[f"mask_{k}"] for k in range(n_cases)]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
-        return None  # unreadable: rebuilt from the NIfTI files (same result)
+    """The cached volumes, or ``None`` if the file is unreadable or holds another number of
+    cases (then they are rebuilt from the NIfTI files: same result)."""
+    z = cache.load_npz(path)
+    if z is None or "cases" not in z:
+        return None
+    names = [str(s) for s in z["cases"]]
+    keys = [f"{kind}_{k}" for kind in ("image", "mask") for k in range(n_cases)]
+    if len(names) != n_cases or not all(k in z for k in keys):
+        return None
+    images = [z[f"image_{k}"] for k in range(n_cases)]
+    masks = [z[f"mask_{k}"] for k in range(n_cases)]
     return SiteVolumes(names, images, masks)
 
 
@@ -400,22 +389,19 @@ def load_site_volumes(
     if cache_root is None:
         return read_site(cases, quantize), {"path": None, "hit": False}
     meta = _cache_meta(folder, cases, quantize)
-    target = cache_root / NAME / _digest(meta)
+    target = cache_root / NAME / cache.json_digest(meta, 24)
     path = target / "volumes.npz"
     if path.is_file():
         cached = _read_cache(path, len(cases))
         if cached is not None and cached.cases == [c.name for c in cases]:
             return cached, {"path": str(target), "hit": True}
     vols = read_site(cases, quantize)
-    target.mkdir(parents=True, exist_ok=True)
-    tmp = target / f".meta.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, target / "meta.json")
+    cache.atomic_write_text(target / "meta.json", json.dumps(meta, indent=1) + "\n")
     arrays: dict[str, np.ndarray] = {"cases": np.array(vols.cases, dtype=str)}
     for k, (image, mask) in enumerate(zip(vols.images, vols.masks, strict=True)):
         arrays[f"image_{k}"] = image
         arrays[f"mask_{k}"] = mask
-    atomic_save_npz(path, arrays)
+    cache.save_npz(path, arrays)
     return vols, {"path": str(target), "hit": False}
 
 
@@ -536,10 +522,7 @@ def load_prostate(params: ProstateParams) -> Federation:
     params.validate()
     root = require_root(params.root, NAME, TREE)
     folders = {site: site_folder(root, site) for site in params.sites}
-    cache_root = None
-    if params.cache:
-        cache_root = Path(params.cache_dir).expanduser() if params.cache_dir else None
-        cache_root = cache_root or default_cache_dir()
+    cache_root = cache.cache_dir(params.cache_dir) if params.cache else None
     per_site = {}
     cache_info = {}
     for site, folder in folders.items():

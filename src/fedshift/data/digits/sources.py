@@ -5,20 +5,20 @@ sheet, inside a Debian package fetched on request). Each ``build_*`` function re
 :class:`Pool`: all images its recipe yields as ``uint8`` arrays ``(N, 3, 28, 28)`` with
 ``int64`` labels, plus a JSON-able description of the source files it read.
 
-Determinism: all randomness comes from :func:`domain_rng`, a numpy ``Generator`` seeded by the
-data seed and a stable (CRC32) hash of a tag, never from a global RNG; file lists are sorted.
+Determinism: all randomness comes from
+:func:`~fedshift.data.common.seeding.seeded_rng`, a numpy ``Generator`` seeded by the data
+seed and a stable (CRC32) hash of a tag naming the recipe step, never from a global RNG; file
+lists are sorted.
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import importlib.metadata
 import importlib.util
 import math
 import os
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +27,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from fedshift.core.errors import DataError, MissingSourceError
-from fedshift.data import debian
+from fedshift.data.common import cache, debian
+from fedshift.data.common.seeding import seeded_rng
 
 NUM_CLASSES = 10
 SIDE = 28
@@ -44,27 +45,6 @@ class Pool:
     x: np.ndarray  # uint8 (N, 3, 28, 28)
     y: np.ndarray  # int64 (N,)
     sources: list[dict] = field(default_factory=list)
-
-
-def default_cache_dir() -> Path:
-    """``$FEDSHIFT_CACHE`` if set, else ``~/.cache/fedshift``."""
-    env = os.environ.get("FEDSHIFT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedshift"
-
-
-def stable_hash(tag: str) -> int:
-    """A hash of ``tag`` that is the same in every process (unlike :func:`hash`)."""
-    return zlib.crc32(tag.encode("utf-8"))
-
-
-def domain_rng(seed: int, tag: str) -> np.random.Generator:
-    """The random generator of one recipe step, fixed by the data seed and ``tag``."""
-    return np.random.default_rng([seed, stable_hash(tag)])
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def package_dir(package: str, install: str) -> Path:
@@ -95,7 +75,7 @@ def source_entry(package: str, root: Path, path: Path, version: str | None = Non
         "package": package,
         "version": version if version is not None else package_version(package),
         "path": path.relative_to(root).as_posix(),
-        "sha256": sha256_file(path),
+        "sha256": cache.sha256_file(path),
     }
 
 
@@ -151,7 +131,7 @@ def mnist_halves(seed: int, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     The first half feeds the ``mnist`` domain, the second the ``mnistm`` domain.
     """
-    rng = domain_rng(seed, "mnist-halves")
+    rng = seeded_rng(seed, "mnist-halves")
     first, second = [], []
     for c in range(NUM_CLASSES):
         idx = rng.permutation(np.flatnonzero(y == c))
@@ -255,7 +235,7 @@ def build_mnistm(seed: int) -> Pool:
     x, y = load_mnist_source()
     _, idx = mnist_halves(seed, y)
     photos, photo_sources = load_photos()
-    blended = blend_mnistm(x[idx], photos, domain_rng(seed, "mnistm"))
+    blended = blend_mnistm(x[idx], photos, seeded_rng(seed, "mnistm"))
     return Pool(blended, y[idx].copy(), [mnist_source_entry(), *photo_sources])
 
 
@@ -537,7 +517,7 @@ def render_synth(n: int, fonts: tuple[Path, ...], rng: np.random.Generator) -> P
 def build_synth(seed: int, pool_size: int) -> Pool:
     """The ``synth`` domain: ``pool_size`` rendered digits from glyph-checked fonts."""
     fonts = usable_fonts()
-    pool = render_synth(pool_size, fonts, domain_rng(seed, "synth"))
+    pool = render_synth(pool_size, fonts, seeded_rng(seed, "synth"))
     root = package_dir("matplotlib", MATPLOTLIB_INSTALL)
     version = package_version("matplotlib")
     pool.sources = [source_entry("matplotlib", root, p, version) for p in fonts]
@@ -609,7 +589,7 @@ def build_opencv(seed: int, cache_dir: Path) -> Pool:
         "package": "opencv-doc (Debian)",
         "version": "unknown",  # the sha256 identifies the sheet
         "path": OPENCV_MEMBER.removeprefix("./"),
-        "sha256": sha256_file(path),
+        "sha256": cache.sha256_file(path),
     }
     return Pool(gray_to_rgb(x), y, [source])
 
@@ -632,8 +612,7 @@ def fetch_opencv(cache_dir: Path | None = None) -> Path:
     checks it, moves it into the cache and deletes the ``.deb``. A sheet already in the cache
     is returned as is.
     """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    dest = opencv_cache_png(cache)
+    dest = opencv_cache_png(cache.cache_dir(cache_dir))
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -669,6 +648,5 @@ __all__ = [
     "build_optdigits",
     "build_synth",
     "check_font",
-    "default_cache_dir",
     "fetch_opencv",
 ]

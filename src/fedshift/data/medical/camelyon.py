@@ -59,16 +59,11 @@ import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.data.fedbn_pickles import read_array_pickle
-from fedshift.data.medical_io import (
-    check_fractions,
-    check_size,
-    read_image,
-    require_root,
-    resize_images,
-    seeded_rng,
-    stratified_subsample,
-)
+from fedshift.data.common.checks import check_fractions, check_size, require_root
+from fedshift.data.common.images import read_image, resize_images
+from fedshift.data.common.pickles import read_array_pickle
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
 
 NAME = "camelyon17"
 HOSPITALS: tuple[str, ...] = tuple(f"hospital{k}" for k in range(1, 6))

@@ -29,13 +29,13 @@ an error rather than a silently smaller dataset.
 There is no official test split. The released DisTrans code (hyhmia/DisTrans@7836e02,
 ``CHMNIST.py``) cuts 80 % / 20 % with ``sklearn.train_test_split(train_size=0.8,
 random_state=1)`` and has no validation set; fedshift draws, with seeded class-stratified
-sampling (largest-remainder class quotas, :func:`~fedshift.data.medical_io.
-stratified_subsample`): ``test_size`` (default 1,000 = 20 % of 5,000, 125 per class) from all
-tiles, then ``val_size`` (default 500, 62-63 per class) from the other 4,000, then
-``train_size`` from the rest (``None``, the default: all 3,500). Images are resized to
-``image_size`` (default 64: the paper states CH-MNIST's tiles as "(64x64)" and Table 7 counts
-offsets for "64x64 RGB images"; the released code applies ``Resize((64, 64))`` to the
-150x150 tiles).
+sampling (largest-remainder class quotas,
+:func:`~fedshift.data.common.sampling.stratified_subsample`): ``test_size`` (default 1,000 =
+20 % of 5,000, 125 per class) from all tiles, then ``val_size`` (default 500, 62-63 per
+class) from the other 4,000, then ``train_size`` from the rest (``None``, the default: all
+3,500). Images are resized to ``image_size`` (default 64: the paper states CH-MNIST's tiles
+as "(64x64)" and Table 7 counts offsets for "64x64 RGB images"; the released code applies
+``Resize((64, 64))`` to the 150x150 tiles).
 
 ``cub200``: Wah et al., "The Caltech-UCSD Birds-200-2011 Dataset", CNS-TR-2011-001::
 
@@ -57,11 +57,11 @@ the 5,794 test images (``test_size``, ``None``: all). Images are resized to ``im
 is ``Resize((128, 128))``), whole image, no bounding-box crop.
 
 Both: Pillow ``convert("RGB")`` (gray images copied to three channels), antialiased bilinear
-resize in torch, rounded to 8 bits (:func:`~fedshift.data.image_folders.read_images`), float32
+resize in torch, rounded to 8 bits (:func:`~fedshift.data.domains.image_files.read_images`), float32
 ``[0, 1]`` ``(N, 3, S, S)``; no ImageNet normalisation (the released code normalises with
 ImageNet statistics for its pretrained backbones) and no augmentation baked in. Decoded images
 are cached (``cache=True``) as uint8 in ``<cache>/<name>/<digest>.npz`` (see
-:mod:`fedshift.data.image_folders`). Memory as float32: CH-MNIST at 64 is 246 MB; CUB at 128
+:mod:`fedshift.data.domains.image_files`). Memory as float32: CH-MNIST at 64 is 246 MB; CUB at 128
 is 2.3 GB (at 64: 580 MB).
 
 Errors: ``dataset.root`` unset or missing, a class folder, an index file or the ``images``
@@ -80,20 +80,25 @@ import numpy as np
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import Federation
-from fedshift.data.image_folders import (
-    IMAGE_SUFFIXES,
-    ClientSource,
-    SplitSource,
-    cache_root,
+from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,
     check_flag,
     check_root_key,
     check_seed,
+    check_size,
+    require_root,
+)
+from fedshift.data.common.images import IMAGE_SUFFIXES
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.domains.image_files import (
+    ClientSource,
+    SplitSource,
+    cache_root,
     federation_info,
     materialize_client,
 )
-from fedshift.data.medical_io import check_size, require_root, seeded_rng, stratified_subsample
 
 __all__ = [
     "CHMNIST_CLASSES",

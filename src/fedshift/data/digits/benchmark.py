@@ -17,9 +17,7 @@ pools at load time, stratified per class, seeded by the data seed and the domain
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +25,12 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
-from fedshift.data import digit_sources as ds
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
-from fedshift.data.digit_sources import default_cache_dir, fetch_opencv
+from fedshift.data.common import cache
+from fedshift.data.common.sampling import class_quota, split_indices
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.digits import sources as ds
+from fedshift.data.digits.sources import fetch_opencv
 
 DOMAINS: tuple[str, ...] = ("mnist", "mnistm", "optdigits", "synth", "opencv")
 CLASSES = [str(d) for d in range(10)]
@@ -44,7 +45,6 @@ __all__ = [
     "DOMAINS",
     "DigitsParams",
     "build_digits",
-    "default_cache_dir",
     "fetch_opencv",
     "load_digits",
     "show_digits",
@@ -61,7 +61,7 @@ class DigitsParams:
     test_size: int = 500
     seed: int = 0  # data seed: MNIST halves, MNIST-M crops, synth renders and the splits
     synth_pool: int = DEFAULT_SYNTH_POOL
-    cache_dir: str | None = None  # None -> default_cache_dir()
+    cache_dir: str | None = None  # None -> $FEDSHIFT_CACHE or ~/.cache/fedshift
 
     def sizes(self) -> dict[str, int]:
         """Requested examples per client for each split."""
@@ -69,7 +69,7 @@ class DigitsParams:
 
     def cache_root(self) -> Path:
         """The cache folder these params use."""
-        return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+        return cache.cache_dir(self.cache_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,14 +95,6 @@ def _validate_domains(domains: object) -> None:
     dupes = sorted({d for d in domains if list(domains).count(d) > 1})
     if dupes:
         raise DataError(f"dataset.domains lists {dupes} more than once; name each domain once")
-
-
-def class_quota(total: int, num_classes: int = len(CLASSES)) -> np.ndarray:
-    """Split ``total`` over the classes as evenly as possible; the first classes get the rest."""
-    base, rest = divmod(total, num_classes)
-    quota = np.full(num_classes, base, dtype=np.int64)
-    quota[:rest] += 1
-    return quota
 
 
 def domain_class_counts(domain: str, params: DigitsParams) -> np.ndarray:
@@ -187,21 +179,9 @@ def _read_manifest(folder: Path, params: DigitsParams, force: bool = False) -> d
     return manifest
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _write_manifest(folder: Path, manifest: dict) -> None:
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    _write_atomic(folder / "manifest.json", text.encode("utf-8"))
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
+    cache.atomic_write_text(folder / "manifest.json", text)
 
 
 def _save_pool(folder: Path, domain: str, pool: ds.Pool) -> dict:
@@ -211,8 +191,8 @@ def _save_pool(folder: Path, domain: str, pool: ds.Pool) -> dict:
     entry: dict = {"count": int(len(pool.y)), "files": {}, "sources": pool.sources}
     arrays = (pool.x, pool.y.astype(np.int64))
     for name, array in zip(_pool_files(domain), arrays, strict=True):
-        data = _npy_bytes(array)
-        _write_atomic(folder / name, data)
+        data = cache.npy_bytes(array)
+        cache.atomic_write(folder / name, data)
         entry["files"][name] = hashlib.sha256(data).hexdigest()
     return entry
 
@@ -269,7 +249,10 @@ def _load_verified(folder: Path, manifest: dict, domain: str) -> tuple[np.ndarra
                 f"{folder / name} does not match the sha256 in {folder / 'manifest.json'} "
                 f"(corrupted or edited); rebuild it with `{REBUILD_CMD}`"
             )
-        arrays.append(np.load(io.BytesIO(data), allow_pickle=False))
+        try:
+            arrays.append(cache.load_npy_bytes(data))
+        except ValueError as exc:
+            raise DataError(f"{folder / name}: {exc}; rebuild it with `{REBUILD_CMD}`") from exc
     x, y = arrays
     if x.dtype != np.uint8 or x.shape[1:] != INPUT_SHAPE or y.shape != (len(x),):
         raise DataError(f"{folder}: {domain} pool has shape {x.shape}; `{REBUILD_CMD}`")
@@ -281,26 +264,6 @@ def _load_verified(folder: Path, manifest: dict, domain: str) -> tuple[np.ndarra
 # --------------------------------------------------------------------------------------------
 
 
-def split_indices(y: np.ndarray, sizes: dict[str, int], rng: np.random.Generator):
-    """Disjoint, class-stratified index sets ``{split: indices}``.
-
-    Per class, one permutation is cut into test, then val, then train, so the test set does
-    not change when only ``train_size`` does. Each split is then shuffled.
-    """
-    quotas = {s: class_quota(sizes[s]) for s in SPLITS}
-    parts: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
-    for c in range(len(CLASSES)):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        start = 0
-        for split in ("test", "val", "train"):
-            stop = start + int(quotas[split][c])
-            if stop > len(idx):
-                raise DataError(f"class {c} has {len(idx)} images, the splits need {stop}")
-            parts[split].append(idx[start:stop])
-            start = stop
-    return {s: rng.permutation(np.concatenate(parts[s])) for s in ("test", "val", "train")}
-
-
 def _to_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray) -> Split:
     images = torch.from_numpy(x[idx]).to(torch.float32).div_(255.0)
     return Split(images, torch.from_numpy(y[idx].astype(np.int64)))
@@ -308,8 +271,7 @@ def _to_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray) -> Split:
 
 def _make_client(folder: Path, manifest: dict, domain: str, params: DigitsParams) -> ClientData:
     x, y = _load_verified(folder, manifest, domain)
-    rng = np.random.default_rng([params.seed, ds.stable_hash(domain), ds.stable_hash("split")])
-    idx = split_indices(y, params.sizes(), rng)
+    idx = split_indices(y, params.sizes(), seeded_rng(params.seed, domain, "split"))
     return ClientData(domain, *(_to_split(x, y, idx[s]) for s in SPLITS))
 
 

@@ -5,7 +5,8 @@ The layouts, splits and image handling follow FedBN's released code (Li et al., 
 med-air/FedBN @2fa38ad: ``utils/data_utils.py``, ``federated/fed_{digits,office,
 domainnet}.py``); ``split="fedfa"`` gives FedFA's splits (tfzhou/FedFA @57e9582,
 ``pyfed/dataset/dataset.py``) for Office and DomainNet. Every pickle is read by
-:func:`read_array_pickle`, which builds numpy arrays and plain containers only.
+:func:`~fedshift.data.common.pickles.read_array_pickle`, which builds numpy arrays and plain
+containers only.
 
 ``digits5``::
 
@@ -55,12 +56,12 @@ domainnet}.py``); ``split="fedfa"`` gives FedFA's splits (tfzhou/FedFA @57e9582,
   (exactly Table 6's 459/538/75/141 train, 307/360/50/95 val on the released pickles).
   ``max_per_split`` (None = all) then caps each split by a seeded class-stratified subsample.
 
-  Images as FedBN opens them (:func:`~fedshift.data.image_folders.read_image_fedbn`: 3-band
+  Images as FedBN opens them (:func:`~fedshift.data.common.images.read_image_fedbn`: 3-band
   images kept, anything else made gray and copied to 3 channels), resized to ``size``
   (default 256, FedBN's ``Resize([256, 256])``), float ``[0, 1]`` (FedBN uses no mean/std
   normalisation for these; set ``input.mean=0 input.std=1`` to match). FedBN's train-time
   random horizontal flip and rotation (+-30 deg) are *not* baked in: add an augment.
-  Decoded, resized images are cached per client (see :mod:`fedshift.data.image_folders`).
+  Decoded, resized images are cached per client (see :mod:`fedshift.data.domains.image_files`).
 
 Sizes of the released data: DomainNet's train pickles hold 2,103 (clipart) .. 4,864 (real)
 entries, so FedBN's rule gives 105 train and 105 val images per domain and 526-1,217 test.
@@ -69,8 +70,6 @@ At 256x256 float32 an image is 786 kB: all of DomainNet's test pickles (4,573) t
 
 from __future__ import annotations
 
-import importlib
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -80,23 +79,29 @@ import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
-from fedshift.data.image_folders import (
-    ClientSource,
-    SplitSource,
-    cache_root,
-    cap_split,
+from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,
     check_domains,
     check_flag,
     check_root_key,
     check_seed,
+    check_size,
+    require_file,
+    require_root,
+)
+from fedshift.data.common.images import resize_uint8, to_float
+from fedshift.data.common.pickles import read_array_pickle
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.domains.image_files import (
+    ClientSource,
+    SplitSource,
+    cache_root,
+    cap_split,
     federation_info,
     materialize_client,
-    resize_uint8,
-    to_float,
 )
-from fedshift.data.medical_io import check_size, require_root, seeded_rng, stratified_subsample
 
 __all__ = [
     "DIGITS5_CLASSES",
@@ -112,68 +117,18 @@ __all__ = [
     "load_digits5",
     "load_domainnet",
     "load_office",
-    "read_array_pickle",
     "split_bounds",
 ]
 
 # --------------------------------------------------------------------------------------------
-# restricted pickles
+# pickles
 # --------------------------------------------------------------------------------------------
-
-_ALLOWED_GLOBALS = {
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
-}
-
-
-class _ArraysOnly(pickle.Unpickler):
-    """Builds numpy arrays, numpy scalars and plain containers; refuses every other global."""
-
-    def find_class(self, module: str, name: str):  # noqa: D401 - pickle API
-        if (module, name) not in _ALLOWED_GLOBALS:
-            raise pickle.UnpicklingError(f"refusing to build {module}.{name}")
-        if module.startswith("numpy.core.") and int(np.__version__.split(".")[0]) >= 2:
-            module = "numpy._core." + module[len("numpy.core.") :]  # numpy 2 renamed it
-        return getattr(importlib.import_module(module), name)
-
-
-def read_array_pickle(path: Path, expected: str, encoding: str = "bytes") -> object:
-    """Unpickle ``path`` allowing only numpy arrays and plain containers.
-
-    ``expected`` describes the content for the error message. Python-2 pickles (CIFAR's) are
-    read with ``encoding`` (``"bytes"``: their str keys stay bytes, as CIFAR documents).
-    Raises :class:`DataError` naming the file for anything unreadable.
-    """
-    try:
-        with open(path, "rb") as fh:
-            return _ArraysOnly(fh, encoding=encoding).load()
-    except Exception as exc:  # a damaged pickle can raise almost anything
-        raise DataError(
-            f"{path}: not a pickle of numpy arrays fedshift can read ({type(exc).__name__}: "
-            f"{exc}); it should hold {expected}"
-        ) from exc
 
 
 def _pair(obj: object, path: Path, expected: str) -> tuple[object, object]:
     if not isinstance(obj, tuple | list) or len(obj) != 2:
         raise DataError(f"{path} holds a {type(obj).__name__}, expected a tuple {expected}")
     return obj[0], obj[1]
-
-
-def _require_file(path: Path, dataset: str, tree: str) -> Path:
-    if not path.is_file():
-        raise MissingSourceError(
-            f"{path} is missing; {dataset} needs it (fix dataset.root or restore the file). "
-            f"Expected layout:\n{tree.rstrip()}"
-        )
-    return path
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +236,7 @@ def _digits_client(folder: Path, domain: str, params: Digits5Params) -> tuple[Cl
     files = [folder / "partitions" / f"train_part{k}.pkl" for k in range(parts)]
     test_file = folder / "test.pkl"
     for f in [*files, test_file]:
-        _require_file(f, "digits5", DIGITS5_TREE)
+        require_file(f, "digits5", DIGITS5_TREE)
     xs, ys = [], []
     for f in files:
         x, y = _read_digits(f)
@@ -614,7 +569,7 @@ def load_pickled_federation(params: PickleParams, progress: bool = True) -> Fede
     for d in domains:
         lists[d] = {}
         for which in ("train", "test"):
-            path = _require_file(folder / f"{d}_{which}.pkl", spec.name, spec.tree)
+            path = require_file(folder / f"{d}_{which}.pkl", spec.name, spec.tree)
             lists[d][which] = (path, *_read_paths(path, spec))
     min_len = min(len(lists[d]["train"][2]) for d in domains)
     store = cache_root(params.cache, params.cache_dir)

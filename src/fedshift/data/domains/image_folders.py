@@ -1,9 +1,8 @@
 """``pacs`` and ``officehome``: a folder per domain and per class, read from the user's disk.
 
-Also the helpers every image-file loader of fedshift's real benchmarks shares (``pacs``,
-``officehome`` here; ``office-caltech10`` and ``domainnet`` in
-:mod:`fedshift.data.fedbn_pickles`): parameter checks, per-split caps, reading and resizing
-image files into memory, and the on-disk cache of the decoded, resized images.
+What every image-file loader shares (which files make up each split, reading and resizing
+them, the cache of decoded images) is in :mod:`fedshift.data.domains.image_files`; the
+parameter checks are in :mod:`fedshift.data.common.checks`.
 
 Layout (nothing is downloaded; ``dataset.root`` is the folder you keep)::
 
@@ -26,7 +25,7 @@ skipped and counted in ``info["skipped_files"]``); a class folder without images
 Splits: neither FedFA's nor FedRDN's released code ships a PACS or OfficeHome loader, and no
 split is stated there, so fedshift splits each domain itself: per class, a seeded permutation
 (``seeded_rng(seed, "<name>/<domain>/split")``) is cut at ``int(f0 n)`` and
-``int((f0 + f1) n)`` (:func:`~fedshift.data.medical_io.cut_points`), ``dataset.fractions``
+``int((f0 + f1) n)`` (:func:`~fedshift.data.common.sampling.cut_points`), ``dataset.fractions``
 = [train, val, test] = [0.64, 0.16, 0.2] by default (HarmoFL's 64/16/20 convention). With
 ``max_per_split`` set, each split of each domain is then a seeded class-stratified subsample
 of at most that many images (``None`` = all).
@@ -47,61 +46,47 @@ new selection is read again (old entries are not deleted).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
-import torch
 
-from fedshift.core.errors import ConfigError, DataError, MissingSourceError
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
-from fedshift.data.digit_sources import default_cache_dir
-from fedshift.data.medical_io import (
-    IMAGE_EXTENSIONS,
-    atomic_save_npz,
+from fedshift.core.errors import DataError, MissingSourceError
+from fedshift.data.base import SPLITS, Federation
+from fedshift.data.common.checks import (
+    check_cache_dir,
+    check_cap,
+    check_domains,
+    check_flag,
     check_fractions,
+    check_root_key,
+    check_seed,
     check_size,
-    cut_points,
-    read_image,
     require_root,
-    resize_images,
-    seeded_rng,
-    stratified_subsample,
+)
+from fedshift.data.common.images import IMAGE_SUFFIXES
+from fedshift.data.common.sampling import cut_points
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.domains.image_files import (
+    ClientSource,
+    SplitSource,
+    cache_root,
+    cap_split,
+    federation_info,
+    materialize_client,
 )
 
 __all__ = [
-    "IMAGE_SUFFIXES",
     "OFFICEHOME_DOMAINS",
     "PACS_DOMAINS",
-    "ClientSource",
     "OfficeHomeParams",
     "PACSParams",
-    "SplitSource",
-    "cap_split",
-    "check_domains",
     "list_domain",
     "load_officehome",
     "load_pacs",
-    "materialize_client",
-    "read_image_fedbn",
-    "read_images",
-    "resize_uint8",
 ]
 
-#: image files listed in class folders (suffix compared in lower case)
-IMAGE_SUFFIXES = (*IMAGE_EXTENSIONS, ".bmp")
-#: bumped when what is cached (or how it is computed) changes
-CACHE_VERSION = 1
-#: progress bar from this many image files on
-PROGRESS_FROM = 300
-#: images resized per torch call when a whole array is resized
-CHUNK = 2048
 DEFAULT_FRACTIONS = [0.64, 0.16, 0.2]
 
 #: client name -> accepted folder names, in federation order
@@ -127,263 +112,6 @@ OFFICEHOME_TREE = """\
   Art/ Clipart/ Product/ Real World/   ("Real_World" also accepted)
     Alarm_Clock/ Backpack/ ... (65 class folders, the same in every domain)
       00001.jpg ..."""
-
-
-# --------------------------------------------------------------------------------------------
-# parameter checks shared by the real-benchmark loaders
-# --------------------------------------------------------------------------------------------
-
-
-def check_domains(value: object, valid: Sequence[str], key: str = "dataset.domains") -> list[str]:
-    """A non-empty list of distinct names from ``valid``, else :class:`ConfigError`."""
-    if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise ConfigError(f"config key '{key}' must be a list of names from {list(valid)}")
-    if not value:
-        raise ConfigError(f"config key '{key}' is empty; choose one or more of {list(valid)}")
-    unknown = [d for d in value if d not in valid]
-    if unknown:
-        raise ConfigError(f"config key '{key}': unknown domain(s) {unknown}; valid: {list(valid)}")
-    dupes = sorted({d for d in value if list(value).count(d) > 1})
-    if dupes:
-        raise ConfigError(f"config key '{key}' lists {dupes} more than once")
-    return list(value)
-
-
-def check_seed(value: object, key: str = "dataset.seed") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"config key '{key}' must be an integer >= 0, got {value!r}")
-    return value
-
-
-def check_cap(value: object, key: str) -> int | None:
-    """``None`` (no cap) or an integer >= 1."""
-    return None if value is None else check_size(value, key)
-
-
-def check_flag(value: object, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"config key '{key}' must be true or false, got {value!r}")
-    return value
-
-
-def check_root_key(value: object, key: str = "dataset.root") -> None:
-    if value is not None and not isinstance(value, str | os.PathLike):
-        raise ConfigError(f"config key '{key}' must be a folder path, got {value!r}")
-
-
-def check_cache_dir(value: object, key: str = "dataset.cache_dir") -> None:
-    if value is not None and not isinstance(value, str | os.PathLike):
-        raise ConfigError(f"config key '{key}' must be a folder path or null, got {value!r}")
-
-
-def cache_root(cache: bool, cache_dir: str | None) -> Path | None:
-    """Where cached images go (``None``: caching off)."""
-    if not cache:
-        return None
-    return Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-
-
-# --------------------------------------------------------------------------------------------
-# sources: which files make up each split of a client
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SplitSource:
-    """The image files of one split, their labels and where each is listed (for errors)."""
-
-    paths: list[Path]
-    labels: np.ndarray  # int64
-    origins: list[str] | None = None  # e.g. "<pkl>, entry 12"; None: the file itself
-
-    def take(self, idx: np.ndarray) -> SplitSource:
-        origins = None if self.origins is None else [self.origins[int(i)] for i in idx]
-        return SplitSource([self.paths[int(i)] for i in idx], self.labels[idx].copy(), origins)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-
-@dataclass
-class ClientSource:
-    name: str
-    splits: dict[str, SplitSource] = field(default_factory=dict)
-
-
-def cap_split(src: SplitSource, cap: int | None, seed: int, tag: str) -> SplitSource:
-    """A seeded class-stratified subsample of at most ``cap`` entries (``None``: all)."""
-    if cap is None or cap >= len(src):
-        return src
-    return src.take(stratified_subsample(src.labels, cap, seeded_rng(seed, tag)))
-
-
-# --------------------------------------------------------------------------------------------
-# reading and resizing
-# --------------------------------------------------------------------------------------------
-
-
-def _to_uint8(x: torch.Tensor) -> torch.Tensor:
-    return x.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
-
-
-def resize_uint8(x: np.ndarray, size: int) -> np.ndarray:
-    """uint8 images ``(N, C, H, W)`` resized to ``size x size`` (antialiased bilinear, see
-    :func:`~fedshift.data.medical_io.resize_images`) and rounded back to uint8, in chunks."""
-    if tuple(x.shape[-2:]) == (size, size):
-        return x
-    out = np.empty((x.shape[0], x.shape[1], size, size), dtype=np.uint8)
-    for start in range(0, x.shape[0], CHUNK):
-        chunk = torch.from_numpy(x[start : start + CHUNK]).float().div_(255.0)
-        out[start : start + CHUNK] = _to_uint8(resize_images(chunk, size)).numpy()
-    return out
-
-
-def to_float(x: np.ndarray) -> torch.Tensor:
-    """uint8 ``(N, C, H, W)`` -> float32 in ``[0, 1]``."""
-    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
-
-
-def read_image_fedbn(path: str | os.PathLike) -> np.ndarray:
-    """An image as FedBN's ``OfficeDataset``/``DomainNetDataset`` open it: float32
-    ``(3, H, W)`` in ``[0, 1]``.
-
-    An image with 3 bands (RGB) is kept; any other band count (L, P, LA, RGBA, CMYK...) goes
-    through ``convert("L")`` and is copied to three channels, the released code's
-    ``if len(image.split()) != 3: Grayscale(num_output_channels=3)`` (so an RGBA or palette
-    image becomes gray, as there). Raises :class:`DataError` naming the file.
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    try:
-        with Image.open(path) as img:
-            img.load()
-            if len(img.getbands()) == 3:
-                rgb = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
-                return np.ascontiguousarray(rgb.transpose(2, 0, 1))
-            gray = np.asarray(img.convert("L"), dtype=np.float32) / 255.0
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise DataError(f"{path}: Pillow cannot read this image ({exc}); replace the file") from exc
-    return np.ascontiguousarray(np.broadcast_to(gray, (3, *gray.shape)))
-
-
-READERS = {"rgb": read_image, "fedbn": read_image_fedbn}
-
-
-def _check_exist(src: SplitSource, fix: str) -> None:
-    for i, path in enumerate(src.paths):
-        if not path.is_file():
-            where = f" (listed in {src.origins[i]})" if src.origins is not None else ""
-            raise DataError(f"{path} is missing{where}; {fix}")
-
-
-def read_images(paths: Sequence[Path], size: int, mode: str, bar=None) -> np.ndarray:
-    """Read and resize image files: uint8 ``(N, 3, size, size)``."""
-    reader = READERS[mode]
-    out = np.empty((len(paths), 3, size, size), dtype=np.uint8)
-    for j, path in enumerate(paths):
-        img = torch.from_numpy(reader(path))[None]
-        out[j] = _to_uint8(resize_images(img, size))[0].numpy()
-        if bar is not None:
-            bar.update(1)
-    return out
-
-
-def _cache_key(dataset: str, client: ClientSource, size: int, mode: str) -> tuple[str, dict]:
-    files = {}
-    for split, src in client.splits.items():
-        rows = []
-        for path in src.paths:
-            st = path.stat()
-            rows.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
-        files[split] = rows
-    meta = {
-        "version": CACHE_VERSION,
-        "dataset": dataset,
-        "client": client.name,
-        "size": size,
-        "reader": mode,
-        "files": files,
-    }
-    digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()[:24]
-    return digest, meta
-
-
-def _read_cached(path: Path, client: ClientSource, size: int) -> dict[str, np.ndarray] | None:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {s: z[s] for s in client.splits}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
-        return None  # unreadable: read the images again (same result)
-    for split, src in client.splits.items():
-        if arrays[split].shape != (len(src), 3, size, size) or arrays[split].dtype != np.uint8:
-            return None
-    return arrays
-
-
-def materialize_client(
-    dataset: str,
-    client: ClientSource,
-    size: int,
-    mode: str,
-    cache_dir: Path | None,
-    fix: str,
-    progress: bool = True,
-) -> tuple[ClientData, dict]:
-    """Read a client's image files (or its cache entry) into a :class:`ClientData`.
-
-    ``mode`` is ``"rgb"`` (Pillow ``convert("RGB")``) or ``"fedbn"``
-    (:func:`read_image_fedbn`). Every file is checked to exist first (``fix`` ends the error).
-    Returns the client and ``{"path", "hit"}`` of its cache entry.
-    """
-    from tqdm import tqdm
-
-    for src in client.splits.values():
-        _check_exist(src, fix)
-    arrays = None
-    info: dict = {"path": None, "hit": False}
-    target = None
-    if cache_dir is not None:
-        digest, _ = _cache_key(dataset, client, size, mode)
-        target = cache_dir / dataset / f"{digest}.npz"
-        info["path"] = str(target)
-        if target.is_file():
-            arrays = _read_cached(target, client, size)
-            info["hit"] = arrays is not None
-    if arrays is None:
-        total = sum(len(s) for s in client.splits.values())
-        with tqdm(
-            total=total,
-            desc=f"reading {dataset}/{client.name}",
-            unit="img",
-            disable=not progress or total < PROGRESS_FROM,
-        ) as bar:
-            arrays = {
-                split: read_images(src.paths, size, mode, bar)
-                for split, src in client.splits.items()
-            }
-        if target is not None:
-            atomic_save_npz(target, arrays)
-    splits = {
-        s: Split(to_float(arrays[s]), torch.from_numpy(client.splits[s].labels.astype(np.int64)))
-        for s in SPLITS
-    }
-    return ClientData(client.name, splits["train"], splits["val"], splits["test"]), info
-
-
-def federation_info(fed: Federation, size: int) -> dict:
-    """Counts, per-class counts and the float32 memory the federation's images take."""
-    n = sum(sum(c.values()) for c in fed.counts().values())
-    return {
-        "counts": fed.counts(),
-        "label_counts": {
-            c.name: {
-                s: torch.bincount(c.split(s).y, minlength=fed.num_classes).tolist() for s in SPLITS
-            }
-            for c in fed.clients
-        },
-        "memory_mb": round(n * 3 * size * size * 4 / 2**20, 1),
-    }
 
 
 # --------------------------------------------------------------------------------------------

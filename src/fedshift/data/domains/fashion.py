@@ -34,9 +34,10 @@ import torch
 
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
-from fedshift.data.debian import apt_download, extract_deb_members
-from fedshift.data.digit_sources import default_cache_dir
-from fedshift.data.digits import class_quota, split_indices
+from fedshift.data.common import cache
+from fedshift.data.common.debian import apt_download, extract_deb_members
+from fedshift.data.common.sampling import class_quota, split_indices
+from fedshift.data.common.seeding import seeded_rng
 
 NAME = "fashion-mnist"
 CLASSES = [
@@ -99,7 +100,7 @@ class FashionParams:
 
 def cache_folder(cache_dir: Path | None = None) -> Path:
     """``<cache>/fashion-mnist`` (``$FEDSHIFT_CACHE`` or ``~/.cache/fedshift`` by default)."""
-    return Path(cache_dir if cache_dir is not None else default_cache_dir()) / NAME
+    return cache.cache_dir(cache_dir) / NAME
 
 
 def _complete(folder: Path) -> bool:
@@ -210,10 +211,6 @@ def _check_capacity(y: np.ndarray, sizes: dict[str, int], source: str) -> None:
         )
 
 
-def _rng(seed: int, tag: str) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(f"{NAME}/{tag}".encode())])
-
-
 def _to_split(x: np.ndarray, y: np.ndarray, idx: np.ndarray) -> Split:
     """Gray uint8 images to float ``[0, 1]``, the channel copied to three."""
     gray = torch.from_numpy(x[idx]).to(torch.float32).div_(255.0)
@@ -229,10 +226,10 @@ def load_fashion(params: FashionParams) -> Federation:
     pool_sizes = {"train": params.train_size, "val": params.val_size}
     _check_capacity(y_tr, pool_sizes, "training (60k)")
     _check_capacity(y_te, {"test": params.test_size}, "test (10k)")
-    idx_tr = split_indices(y_tr, {**pool_sizes, "test": 0}, _rng(params.seed, "train-val"))
-    idx_te = split_indices(
-        y_te, {"train": 0, "val": 0, "test": params.test_size}, _rng(params.seed, "test")
-    )
+    rng_tr = seeded_rng(params.seed, f"{NAME}/train-val")
+    idx_tr = split_indices(y_tr, {**pool_sizes, "test": 0}, rng_tr)
+    rng_te = seeded_rng(params.seed, f"{NAME}/test")
+    idx_te = split_indices(y_te, {"train": 0, "val": 0, "test": params.test_size}, rng_te)
     client = ClientData(
         NAME,
         _to_split(x_tr, y_tr, idx_tr["train"]),

@@ -1,0 +1,202 @@
+"""Reading image and label files (Pillow) and resizing images in torch.
+
+* :func:`read_image`: PNG / JPEG / TIFF / BMP as float32 ``(3, H, W)`` in ``[0, 1]``
+  (Pillow ``convert("RGB")``; gray, 16-bit and float images handled, see its docstring);
+* :func:`read_image_fedbn`: an image as FedBN's Office / DomainNet datasets open it;
+* :func:`read_mask`: a label image's raw values ``(H, W)``;
+* :func:`resize_images` / :func:`resize_labels`: batch resizing in plain torch (bilinear with
+  antialiasing for images, like Pillow's bilinear resize; nearest for label maps);
+* :func:`resize_uint8`, :func:`to_uint8`, :func:`to_float`: 8-bit arrays in and out (what the
+  image caches hold).
+
+Every reader raises :class:`~fedshift.core.errors.DataError` naming the file it cannot read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedshift.core.errors import DataError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "IMAGE_SUFFIXES",
+    "LABEL_EXTENSIONS",
+    "read_image",
+    "read_image_fedbn",
+    "read_mask",
+    "resize_images",
+    "resize_labels",
+    "resize_uint8",
+    "to_float",
+    "to_uint8",
+]
+
+#: image files the 2-D readers accept (suffix compared in lower case)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+#: label files must be lossless
+LABEL_EXTENSIONS = (".png", ".tif", ".tiff")
+#: image files listed in class folders (suffix compared in lower case)
+IMAGE_SUFFIXES = (*IMAGE_EXTENSIONS, ".bmp")
+#: images resized per torch call when a whole array is resized
+CHUNK = 2048
+
+
+# --------------------------------------------------------------------------------------------
+# readers
+# --------------------------------------------------------------------------------------------
+
+
+def _open(path: Path):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(path)
+        img.load()
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        raise DataError(
+            f"{path}: Pillow cannot read this image ({exc}); convert it to PNG"
+        ) from exc
+    return img
+
+
+def _scaled_gray(path: Path, img) -> np.ndarray:
+    """A single-channel image as float64 in [0, 1]: 8-bit / 255, 16-bit / 65535, float kept."""
+    if img.mode in ("1", "L", "P"):
+        return np.asarray(img.convert("L"), dtype=np.float64) / 255.0
+    arr = np.asarray(img)
+    if img.mode.startswith("I"):  # I;16* (16-bit) or I (32-bit ints, how 16-bit PNGs may open)
+        if arr.size and (arr.min() < 0 or arr.max() > 65535):
+            raise DataError(
+                f"{path}: integer image with values outside 0-65535 ({arr.min()}..{arr.max()});"
+                " save it as 8- or 16-bit"
+            )
+        return arr.astype(np.float64) / 65535.0
+    if img.mode == "F":
+        if arr.size and (np.nanmin(arr) < 0 or np.nanmax(arr) > 1 or np.isnan(arr).any()):
+            raise DataError(
+                f"{path}: float image with values outside [0, 1]; scale it to [0, 1] or save it"
+                " as 8-bit"
+            )
+        return arr.astype(np.float64)
+    raise DataError(f"{path}: unsupported image mode {img.mode!r}; save it as 8-bit gray or RGB")
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """An image as float32 ``(3, H, W)`` in ``[0, 1]``.
+
+    RGB(A) and palette images -> RGB (alpha dropped, as Pillow's ``convert("RGB")`` does);
+    8-bit values / 255 (``ToTensor``'s scaling). Gray images (8-bit, 16-bit / 65535, or float
+    already in [0, 1]) are copied to three channels. Raises :class:`DataError` naming the file.
+    """
+    path = Path(path)
+    img = _open(path)
+    if img.mode in ("RGB", "RGBA", "RGBX", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV"):
+        rgb = np.asarray(img.convert("RGB"))
+        out = rgb.astype(np.float32).transpose(2, 0, 1) / 255.0
+        return np.ascontiguousarray(out)
+    if img.mode in ("LA", "La"):
+        img = img.getchannel("L")
+    gray = _scaled_gray(path, img).astype(np.float32)
+    return np.ascontiguousarray(np.broadcast_to(gray, (3, *gray.shape)))
+
+
+def read_mask(path: str | os.PathLike) -> np.ndarray:
+    """A label image as an ``(H, W)`` array of its raw values (no binarisation).
+
+    Single-channel modes (1, L, P = palette indices, I;16, I, F) give their values; for RGB(A)
+    masks a pixel's value is its largest colour channel (alpha ignored), so a pixel is
+    non-zero exactly when any colour channel is.
+    """
+    path = Path(path)
+    img = _open(path)
+    if img.mode in ("RGB", "RGBA", "RGBX"):
+        return np.asarray(img.convert("RGB")).max(axis=2)
+    if img.mode in ("LA", "La"):
+        img = img.getchannel("L")
+    if img.mode in ("1", "L", "P") or img.mode.startswith("I") or img.mode == "F":
+        arr = np.asarray(img)
+        return arr.astype(np.uint8) if arr.dtype == bool else arr
+    raise DataError(f"{path}: unsupported label image mode {img.mode!r}; save it as 8-bit gray")
+
+
+def read_image_fedbn(path: str | os.PathLike) -> np.ndarray:
+    """An image as FedBN's ``OfficeDataset``/``DomainNetDataset`` open it: float32
+    ``(3, H, W)`` in ``[0, 1]``.
+
+    An image with 3 bands (RGB) is kept; any other band count (L, P, LA, RGBA, CMYK...) goes
+    through ``convert("L")`` and is copied to three channels, the released code's
+    ``if len(image.split()) != 3: Grayscale(num_output_channels=3)`` (so an RGBA or palette
+    image becomes gray, as there). Raises :class:`DataError` naming the file.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            img.load()
+            if len(img.getbands()) == 3:
+                rgb = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
+                return np.ascontiguousarray(rgb.transpose(2, 0, 1))
+            gray = np.asarray(img.convert("L"), dtype=np.float32) / 255.0
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        raise DataError(f"{path}: Pillow cannot read this image ({exc}); replace the file") from exc
+    return np.ascontiguousarray(np.broadcast_to(gray, (3, *gray.shape)))
+
+
+# --------------------------------------------------------------------------------------------
+# resizing
+# --------------------------------------------------------------------------------------------
+
+
+def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize float images ``(N, C, H, W)`` to ``size x size``: bilinear, ``align_corners``
+    False, antialiased when shrinking (as Pillow's bilinear resize, which torchvision's
+    ``Resize`` uses on PIL images). Values are clamped to [0, 1]. Same size: returned as is."""
+    if tuple(x.shape[-2:]) == (size, size):
+        return x
+    out = F.interpolate(
+        x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    )
+    return out.clamp_(0.0, 1.0)
+
+
+def resize_labels(y: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize integer label maps ``(N, H, W)`` to ``size x size`` by nearest neighbour on
+    pixel centres (torch's ``nearest-exact``, Pillow's NEAREST), so no new classes appear."""
+    if tuple(y.shape[-2:]) == (size, size):
+        return y
+    out = F.interpolate(y[:, None].float(), size=(size, size), mode="nearest-exact")
+    return out[:, 0].round().to(y.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# 8-bit arrays
+# --------------------------------------------------------------------------------------------
+
+
+def to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """Float images in ``[0, 1]`` to uint8, rounded (as Pillow returns a resized 8-bit image)."""
+    return x.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def resize_uint8(x: np.ndarray, size: int) -> np.ndarray:
+    """uint8 images ``(N, C, H, W)`` resized to ``size x size`` (antialiased bilinear, see
+    :func:`resize_images`) and rounded back to uint8, in chunks."""
+    if tuple(x.shape[-2:]) == (size, size):
+        return x
+    out = np.empty((x.shape[0], x.shape[1], size, size), dtype=np.uint8)
+    for start in range(0, x.shape[0], CHUNK):
+        chunk = torch.from_numpy(x[start : start + CHUNK]).float().div_(255.0)
+        out[start : start + CHUNK] = to_uint8(resize_images(chunk, size)).numpy()
+    return out
+
+
+def to_float(x: np.ndarray) -> torch.Tensor:
+    """uint8 ``(N, C, H, W)`` -> float32 in ``[0, 1]``."""
+    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
