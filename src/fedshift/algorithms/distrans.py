@@ -115,6 +115,7 @@ from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
 from fedshift.data.base import Federation
+from fedshift.data.partition import degree_of_heterogeneity
 from fedshift.models.base import FedModel
 
 #: the offset's key in the wrapper's state dict (and in the ``offset`` payload record)
@@ -493,8 +494,6 @@ class DisTrans(Algorithm):
             if LABEL_RECORD in p.records:
                 server["label_dist"][cid] = p[LABEL_RECORD]["counts"].detach().cpu().clone()
         if self.params.aggregation == "auto" and server["label_dist"]:
-            from fedshift.data.partition import degree_of_heterogeneity
-
             ids = sorted(server["label_dist"])
             server["dh"] = degree_of_heterogeneity(
                 torch.stack([server["label_dist"][c] for c in ids])

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedshift.algorithms import ALGORITHMS
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
@@ -39,8 +40,6 @@ Records = dict[str, Tensors]
 def require_federation(augment: str, algorithm: str, needs: str, hint: str = "") -> None:
     """Config-time check for augments that exchange something through the server: the
     algorithm must communicate (``local`` and ``central`` train without a federation)."""
-    from fedshift.algorithms import ALGORITHMS
-
     if not ALGORITHMS.get(algorithm).communicates:
         raise ConfigError(
             f"augment '{augment}' {needs}, which algorithm '{algorithm}' does not have "

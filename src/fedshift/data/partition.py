@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
@@ -480,8 +481,6 @@ def apply_partition(fed: Federation, section: dict) -> Federation:
     Returns a new federation (the input's ``info`` is not changed) whose ``info`` has
     ``dh``, ``label_counts`` and ``partition``.
     """
-    from fedshift.core.config import build_dataclass, unknown_key_error
-
     entry = PARTITIONS.entry(section["name"], key="partition.name")
     rest = {k: v for k, v in section.items() if k != "name"}
     if entry.params is None:

@@ -43,6 +43,7 @@ from fedshift.eval.tables import (  # noqa: E402
     flow_label,
     flows_rows,
     metric_caption,
+    partition_label,
     scores,
 )
 
@@ -194,8 +195,6 @@ def _html_table(header: list[str], rows: list[list[str]], best_col: int | None =
 def _datasets(runs: list[dict]) -> dict[str, list[dict]]:
     """Runs grouped by dataset and, under label skew, by partition (with its DH): rows of one
     table must share their clients."""
-    from fedshift.eval.tables import partition_label
-
     groups: dict[str, list[dict]] = defaultdict(list)
     for s in runs:
         part = s.get("partition") or {"name": "none"}

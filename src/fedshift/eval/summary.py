@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from fedshift.core.tasks import TASKS
+
 SELECTION_RULE = (
     "round with the best mean validation accuracy over clients (earliest on ties); "
     "test accuracy reported at that round"
@@ -73,8 +75,6 @@ def build_summary(
     wall_s: float,
     task: str = "classification",
 ) -> dict[str, Any]:
-    from fedshift.core.tasks import TASKS
-
     metrics = TASKS[task].metrics
     names = tuple(m.name for m in metrics if m.name != "loss")
     primary_metric = metrics[0]

@@ -9,6 +9,9 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from fedshift.catalog import registry_for
+from fedshift.eval.stats import mean_std, paired_ttest
+
 
 def _fmt(x: float) -> str:
     return f"{100 * x:.2f}"
@@ -95,8 +98,6 @@ def _changed(section: dict, kind: str) -> str:
     """``k=v`` for the keys of a resolved component section that differ from its defaults."""
     import dataclasses
 
-    from fedshift.catalog import registry_for
-
     entry = registry_for(kind).entry(section["name"])
     if entry.params is None:
         return ""
@@ -158,8 +159,6 @@ def flows_rows(
     base flow (with its direction) and the paired t-test p-value against it (pairs matched by
     seed); with ``reference`` (``ALGO`` or ``ALGO/FLOW``) also the paired t-test p-value
     against that row (FedRDN's appendix B)."""
-    from fedshift.eval.stats import mean_std, paired_ttest
-
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for s in summaries:
         groups[(s["algorithm"], flow_label(s))].append(s)
@@ -268,8 +267,6 @@ def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
     """DisTrans's Table 1/4 shape: one row per (algorithm, flow), one column per partition
     (with its DH), cells = test accuracy mean ± std over seeds and, in brackets, the paired
     t-test p-value against the ``reference`` algorithm's base flow on the same partition."""
-    from fedshift.eval.stats import mean_std, paired_ttest
-
     groups: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
     dhs: dict[str, float] = {}
     for s in summaries:
