@@ -30,6 +30,30 @@ def make_cfg():
     return toy_cfg
 
 
+#: the summary keys that must not differ between two runs that should be the same run
+#: (resumed vs uninterrupted, extended vs longer, Flower vs native)
+RESULT_KEYS = (
+    "best_round",
+    "val_mean",
+    "test_mean",
+    "test_per_client",
+    "val_per_client",
+    "final_test_mean",
+    "models",
+    "metrics",
+    "bytes_up",
+    "bytes_down",
+    "bytes_by_record",
+    "bytes_setup",
+    "rounds",
+)
+
+
+def results_of(summary: dict) -> dict:
+    """The parts of a summary that are results (no wall time, no run directory)."""
+    return {k: summary.get(k) for k in RESULT_KEYS}
+
+
 def metric_rows(run_dir: Path) -> list[dict]:
     """A run's ``metrics.jsonl`` rows."""
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

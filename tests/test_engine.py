@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import metric_rows
+from conftest import metric_rows, results_of
 
 from fedshift.core.errors import TrainingError
 from fedshift.data.domains.toy import ToyParams, load_toy
@@ -17,36 +17,19 @@ from fedshift.runtime.simulation import (
     run_experiment,
 )
 
-METRIC_KEYS = (
-    "best_round",
-    "val_mean",
-    "test_mean",
-    "test_per_client",
-    "val_per_client",
-    "final_test_mean",
-    "models",
-    "bytes_up",
-    "bytes_down",
-    "bytes_by_record",
-)
-
-
-def metrics_of(summary):
-    return {k: summary[k] for k in METRIC_KEYS}
-
 
 def test_same_seed_same_numbers_and_other_seed_differs(make_cfg, tmp_path):
     cfg = make_cfg("algorithm.name=fedavg", "train.momentum=0.9")
     a = run_experiment(cfg, run_dir=tmp_path / "a", progress=False)
     b = run_experiment(cfg, run_dir=tmp_path / "b", progress=False)
-    assert metrics_of(a.summary) == metrics_of(b.summary)
+    assert results_of(a.summary) == results_of(b.summary)
     assert (tmp_path / "a/metrics.jsonl").read_text() == (tmp_path / "b/metrics.jsonl").read_text()
     c = run_experiment(
         make_cfg("algorithm.name=fedavg", "train.momentum=0.9", "seed=1"),
         run_dir=tmp_path / "c",
         progress=False,
     )
-    assert metrics_of(c.summary) != metrics_of(a.summary)
+    assert results_of(c.summary) != results_of(a.summary)
 
 
 @pytest.mark.parametrize("algo", ["fedbn", "scaffold", "fedadam"])
@@ -64,7 +47,7 @@ def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, algo):
         run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=5)
     # the checkpoint is from round 4: round 5 is redone after the "kill"
     resumed = resume_experiment(tmp_path / "killed", progress=False)
-    assert metrics_of(resumed.summary) == metrics_of(full.summary)
+    assert results_of(resumed.summary) == results_of(full.summary)
     assert (tmp_path / "full/metrics.jsonl").read_text() == (
         tmp_path / "killed/metrics.jsonl"
     ).read_text()

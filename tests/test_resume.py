@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import metric_rows, toy_cfg
+from conftest import metric_rows, results_of, toy_cfg
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.runtime.simulation import (
@@ -27,27 +27,6 @@ from fedshift.runtime.simulation import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
-
-#: what must not differ between an interrupted-and-resumed run and an uninterrupted one
-RESULT_KEYS = (
-    "best_round",
-    "val_mean",
-    "test_mean",
-    "test_per_client",
-    "val_per_client",
-    "final_test_mean",
-    "models",
-    "metrics",
-    "bytes_up",
-    "bytes_down",
-    "bytes_by_record",
-    "bytes_setup",
-    "rounds",
-)
-
-
-def results(summary: dict) -> dict:
-    return {k: summary.get(k) for k in RESULT_KEYS}
 
 
 def ledger(run_dir: Path) -> dict:
@@ -77,9 +56,15 @@ RUNNER = textwrap.dedent(
 def test_signal_at_a_random_moment_saves_and_resumes_to_the_same_summary(tmp_path, signum):
     """A run killed by Ctrl-C or SIGTERM at a random moment saves the last whole round (the
     round in progress is rolled back) and, resumed, ends with the uninterrupted numbers."""
-    over = ("algorithm.name=scaffold", "augment=[fedrdn]", "federation.sample_fraction=0.67",
-            "train.optimizer_state=persist", "train.momentum=0.5", "checkpoint.every=0",
-            "checkpoint.minutes=0")  # fmt: skip  (no periodic checkpoint: only the signal's)
+    over = (
+        "algorithm.name=scaffold",
+        "augment=[fedrdn]",
+        "federation.sample_fraction=0.67",
+        "train.optimizer_state=persist",
+        "train.momentum=0.5",
+        "checkpoint.every=0",
+        "checkpoint.minutes=0",
+    )  # fmt: skip  (no periodic checkpoint: only the signal's)
     cfg = toy_cfg(*over, rounds=8)
     full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
     path = tmp_path / "cfg.yaml"
@@ -108,7 +93,7 @@ def test_signal_at_a_random_moment_saves_and_resumes_to_the_same_summary(tmp_pat
     # the saved ledger holds whole rounds only: the interrupted round was rolled back
     assert {r[0] for r in ck["ledger"]["rows"]} == set(range(ck["round"] + 1))
     resumed = resume_experiment(run_dir, progress=False)
-    assert results(resumed.summary) == results(full.summary)
+    assert results_of(resumed.summary) == results_of(full.summary)
     assert metric_rows(run_dir) == metric_rows(full.run_dir)
     assert ledger(run_dir) == ledger(full.run_dir)
 
@@ -152,7 +137,7 @@ def test_extending_a_finished_run_equals_the_longer_run(tmp_path, over):
     assert short.summary["rounds"] == 4
     long = run_experiment(toy_cfg(*over, rounds=8), run_dir=tmp_path / "long", progress=False)
     extended = resume_experiment(tmp_path / "ext", progress=False, rounds=8)
-    assert results(extended.summary) == results(long.summary)
+    assert results_of(extended.summary) == results_of(long.summary)
     assert metric_rows(tmp_path / "ext") == metric_rows(tmp_path / "long")
     assert ledger(tmp_path / "ext") == ledger(tmp_path / "long")
     saved = yaml.safe_load((tmp_path / "ext/config.yaml").read_text())
@@ -227,7 +212,7 @@ def test_flower_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(tm
                        resume=True)  # fmt: skip
     assert metric_rows(resumed.run_dir) == metric_rows(native.run_dir)
     assert ledger(resumed.run_dir) == ledger(native.run_dir)
-    assert results(resumed.summary) == results(native.summary)
+    assert results_of(resumed.summary) == results_of(native.summary)
 
 
 def test_flower_resume_without_snapshots_fails_loudly(tmp_path):
@@ -264,7 +249,7 @@ def test_cli_resume_extends_and_refuses_other_overrides(tmp_path, capsys):
     assert summary["rounds"] == 4
     longer = run_experiment(toy_cfg("algorithm.name=fedavg", "name=t", rounds=4),
                             run_dir=tmp_path / "long", progress=False)  # fmt: skip
-    assert results(summary) == results(longer.summary)
+    assert results_of(summary) == results_of(longer.summary)
 
 
 def test_flower_ray_simulation_resumes_to_the_uninterrupted_numbers(tmp_path):
