@@ -290,6 +290,26 @@ def test_loco_table_by_hand_with_a_setting_column():
         loco_table([{**cells[0], "holdout": []}], ["a", "b"])
 
 
+def test_loco_table_paired_t_test_against_fedavg():
+    """Each row's per-seed average over targets is tested against FedAvg's, paired by seed."""
+    from scipy.stats import ttest_rel
+
+    vals = {"fedavg": [(0.5, 0.7), (0.4, 0.6), (0.6, 0.6)], "fedfa": [(0.6, 0.7), (0.5, 0.8),
+            (0.6, 0.7)]}  # fmt: skip
+    cells = [
+        _cell(algo, t, seed, v[k], "")
+        for algo, per_seed in vals.items()
+        for seed, v in enumerate(per_seed)
+        for k, t in enumerate(("a", "b"))
+    ]
+    text, data = loco_table(cells, ["a", "b"])
+    fedavg, fedfa = data["rows"]
+    avg = {a: [sum(v) / 2 for v in per_seed] for a, per_seed in vals.items()}
+    want = ttest_rel(avg["fedfa"], avg["fedavg"]).pvalue
+    assert fedfa["p_vs_reference"] == pytest.approx(want) and fedavg["p_vs_reference"] is None
+    assert data["reference"] == "fedavg" and "p vs fedavg" in text and f"{want:.3f}" in text
+
+
 def test_loco_errors_before_anything_runs(tmp_path):
     runs_out = tmp_path / "r"
     kw = dict(workers=1, threads=1, out=tmp_path / "lo", runs_out=str(runs_out), progress=False)

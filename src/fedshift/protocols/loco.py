@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.eval.stats import mean_std
+from fedshift.eval.stats import mean_std, paired_ttest
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
     ProtocolResult,
@@ -191,6 +191,21 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
                 "average": {"per_seed": avg, "mean": m, "std": sd},
             }
         )
+    # paired t-test (over seeds) of each row's average against FedAvg's (else the first row)
+    ref = next(
+        (i for i, r in enumerate(out_rows) if (r["algorithm"], r["flow"]) == ("fedavg", "base")),
+        0,
+    )
+    ref_name = out_rows[ref]["algorithm"] + (
+        "" if out_rows[ref]["flow"] == "base" else f" {out_rows[ref]['flow']}"
+    )
+    if len(out_rows) > 1:
+        header.append(f"p vs {ref_name}")
+        for i, (row, out) in enumerate(zip(rows, out_rows, strict=True)):
+            base = out_rows[ref]["average"]["per_seed"]
+            pv = None if i == ref else paired_ttest(out["average"]["per_seed"], base)
+            out["p_vs_reference"] = pv
+            row.append("" if pv is None else f"{pv:.3f}")
     rule = (
         f"round with the best mean validation {label} over the source clients (earliest on "
         "ties; the held-out target never trains and takes no part in selection); the "
@@ -199,8 +214,8 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
     caption = f"Leave-one-client-out: test {label} (%) of each held-out target client"
     note = (
         f"Column = the client held out (target), mean over seeds; avg ± std = mean over targets "
-        f"per seed, then mean ± sample std over the seeds with every target. Model selection: "
-        f"{rule}."
+        f"per seed, then mean ± sample std over the seeds with every target; p: paired t-test "
+        f"of that average over seeds. Model selection: {rule}."
     )
     text = f"{caption}:\n\n{grid(header, rows)}\n\n_{note}_"
     data = {
@@ -209,6 +224,7 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
         "metric_label": label,
         "clients": clients,
         "model_selection": rule,
+        "reference": ref_name,
         "rows": out_rows,
     }
     return text, data
