@@ -9,6 +9,7 @@ from conftest import toy_cfg
 from fedshift.algorithms import ALGORITHMS
 from fedshift.algorithms.base import bn_keys, resolve_weighting, weighted_average
 from fedshift.algorithms.fednova import a_norm
+from fedshift.algorithms.fedprox import ANCHOR
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
@@ -70,7 +71,7 @@ def test_fedbn_never_averages_a_bn_tensor():
     assert not set(down["weights"]) & set(algo.local_keys)
     assert set(down["weights"]) | set(algo.local_keys) == set(before)
     # the personal model uses the client's own BN tensors
-    state = algo.init_client("a", model)
+    state = algo.init_client("a", None, model)
     state["local"] = {k: v + 7 for k, v in state["local"].items()}
     pw = algo.personal_weights(server, state)
     for k in algo.local_keys:
@@ -84,7 +85,7 @@ def test_fedbn_full_round_keeps_bn_on_clients():
     algo, _ = make_algo("fedbn", model=model, train=TrainConfig(lr=0.1, batch_size=8))
     server = algo.init_server(model)
     init_bn = {k: server["weights"][k].clone() for k in algo.local_keys}
-    states = {c.name: algo.init_client(c.name, model) for c in fed.clients}
+    states = {c.name: algo.init_client(c.name, c, model) for c in fed.clients}
     replies = []
     for c in fed.clients:
         ctx = ClientContext(
@@ -195,7 +196,7 @@ def test_fednova_equals_fedavg_for_equal_steps():
         server = algo.init_server(model)
         replies = []
         for c in fed.clients:
-            st = algo.init_client(c.name, model)
+            st = algo.init_client(c.name, c, model)
             replies.append(
                 (
                     c.name,
@@ -218,7 +219,7 @@ def test_scaffold_correction_and_option_two():
         model = SmallCNN(width=4)
         algo, _ = make_algo(name, model=model, train=train, num_clients=4)
         server = algo.init_server(model)
-        state = algo.init_client(client.name, model)
+        state = algo.init_client(client.name, client, model)
         if name == "scaffold":
             server["control"] = {k: torch.full_like(v, 0.5) for k, v in server["control"].items()}
             state["control"] = {k: torch.full_like(v, 0.2) for k, v in state["control"].items()}
@@ -268,13 +269,14 @@ def test_fedprox_penalty_by_hand():
     fed = load_toy(ToyParams(clients=1, train_size=16))
     model = SmallCNN(width=4)
     algo, _ = make_algo("fedprox", model=model, mu=0.2)
-    algo._anchor = {
+    ctx = _ctx(fed.clients[0], model, algo.train)
+    ctx.scratch[ANCHOR] = {
         k: p.detach().clone() - 1.0
         for k, p in model.named_parameters()
         if k in algo.shared_param_keys
     }
     n = sum(p.numel() for k, p in model.named_parameters() if k in algo.shared_param_keys)
-    pen = algo.penalty(_ctx(fed.clients[0], model, algo.train))
+    pen = algo.penalty(ctx)
     assert pen.item() == pytest.approx(0.5 * 0.2 * n, rel=1e-5)
 
 

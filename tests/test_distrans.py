@@ -168,7 +168,7 @@ def test_offset_is_client_local_and_used_in_personal_weights():
     assert "backbone.stages.s1.bn.running_mean" in algo.local_keys
     assert not algo.has_global_model and algo.has_personal_model
     server = algo.init_server(model)
-    sa, sb = algo.init_client("c0", model), algo.init_client("c1", model)
+    sa, sb = algo.init_client("c0", None, model), algo.init_client("c1", None, model)
     pa, pb = algo.personal_weights(server, sa), algo.personal_weights(server, sb)
     assert not torch.equal(pa[OFFSET], pb[OFFSET])  # each client its own offset
     assert torch.equal(pa[OFFSET], algo.client_offset(sa))
@@ -180,13 +180,13 @@ def test_offset_is_client_local_and_used_in_personal_weights():
 def test_offset_init_uniform_then_run_normalisation_and_deterministic():
     fed = tiny_fed()
     algo, model = make_algo(fed, train=TrainConfig(local_steps=0))
-    state = algo.init_client("c0", model)
+    state = algo.init_client("c0", None, model)
     u = state["local"][OFFSET].clone()
     assert u.shape == SHAPE and u.min() >= 0 and u.max() <= 1
     assert torch.allclose(algo.client_offset(state), (u - 0.5) / 0.5)  # before any training
     algo2, model2 = make_algo(fed, train=TrainConfig(local_steps=0))
-    assert torch.equal(algo2.init_client("c0", model2)["local"][OFFSET], u)
-    assert not torch.equal(algo2.init_client("c1", model2)["local"][OFFSET], u)
+    assert torch.equal(algo2.init_client("c0", None, model2)["local"][OFFSET], u)
+    assert not torch.equal(algo2.init_client("c1", None, model2)["local"][OFFSET], u)
     # the first local update maps it with the run's normalisation (here mean 0.2, std 0.4)
     server = algo.init_server(model)
     ctx = make_ctx(algo, model, fed.clients[0], state, mean=0.2, std=0.4)
@@ -221,7 +221,7 @@ def test_local_step_matches_hand_written_update(update):
     train = TrainConfig(lr=lr, batch_size=64, local_steps=1)
     algo, model = make_algo(fed, train=train, alpha=a, offset_lr=lr_t, update=update)
     server = algo.init_server(model)
-    state = algo.init_client("c0", model)
+    state = algo.init_client("c0", None, model)
     t0 = (state["local"][OFFSET] - 0.5) / 0.5
     ref = copy.deepcopy(model)
     ctx = make_ctx(algo, model, fed.clients[0], state, seed=7)
@@ -247,7 +247,7 @@ def test_alternate_and_simultaneous_differ_and_bn_stats_counted_once():
     for update in ("alternate", "simultaneous"):
         algo, model = make_algo(fed, bn=True, train=train, offset_lr=0.5, update=update)
         server = algo.init_server(model)
-        state = algo.init_client("c0", model)
+        state = algo.init_client("c0", None, model)
         ctx = make_ctx(algo, model, fed.clients[0], state)
         algo.local_update(ctx, algo.broadcast(server, 1, "c0"), state)
         bn = model.backbone.stages.s1.bn
@@ -296,7 +296,7 @@ def test_avg_aggregation_by_hand_and_clients_continue_from_it(weighting):
     for cid in ("c0", "c1"):
         assert torch.allclose(algo.broadcast(server, 2, cid)["offset"][OFFSET], want)
     # the client continues from the average (no local steps: its upload is the average)
-    state = algo.init_client("c1", model)
+    state = algo.init_client("c1", None, model)
     ctx = make_ctx(algo, model, fed.clients[1], state)
     up = algo.local_update(ctx, algo.broadcast(server, 2, "c1"), state)
     assert torch.allclose(up["offset"][OFFSET], want) and torch.allclose(
@@ -304,7 +304,7 @@ def test_avg_aggregation_by_hand_and_clients_continue_from_it(weighting):
     )
     assert torch.allclose(algo.personal_weights(server, state)[OFFSET], want)
     # a client evaluated before it receives the average is evaluated with it too
-    fresh = algo.init_client("c0", model)
+    fresh = algo.init_client("c0", None, model)
     assert torch.allclose(algo.personal_weights(server, fresh)[OFFSET], want)
 
 

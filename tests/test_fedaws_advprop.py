@@ -378,7 +378,7 @@ def _pfedhn(**kw) -> tuple[PFedHN, Tiny]:
 def test_hypernetwork_outputs_the_target_parameter_shapes():
     algo, model = _pfedhn()
     server = algo.init_server(model)
-    algo.init_client("a", model)
+    algo.init_client("a", None, model)
     theta = algo.broadcast(server, 1, "a")["weights"]
     assert list(theta) == [k for k, _ in model.named_parameters()]
     for k, p in model.named_parameters():
@@ -417,7 +417,7 @@ def test_server_update_is_the_vector_jacobian_product():
     algo, model = _pfedhn(server_momentum=0.0, server_weight_decay=0.0, server_lr=lr, embed_lr=elr)
     server = algo.init_server(model)
     for c in ("a", "b"):
-        algo.init_client(c, model)
+        algo.init_client(c, None, model)
     theta = algo.broadcast(server, 1, "b")["weights"]
     g = torch.Generator().manual_seed(3)
     delta = {k: torch.randn(v.shape, generator=g) for k, v in theta.items()}  # theta~ - theta
@@ -508,7 +508,7 @@ def test_pfedhn_released_embedding_update_and_clipping():
     )
     server = algo.init_server(model)
     for c in ("a", "b"):
-        algo.init_client(c, model)
+        algo.init_client(c, None, model)
     theta = algo.broadcast(server, 1, "b")["weights"]
     delta = {k: torch.ones_like(v) for k, v in theta.items()}
     row_a = algo.hnet.embeddings.weight[0].detach().clone()
@@ -518,7 +518,7 @@ def test_pfedhn_released_embedding_update_and_clipping():
     clip, lr = 1e-3, 0.01
     algo, model = _pfedhn(server_momentum=0.0, server_weight_decay=0.0, server_clip=clip)
     server = algo.init_server(model)
-    algo.init_client("a", model)
+    algo.init_client("a", None, model)
     before = torch.cat([q.detach().flatten().clone() for q in algo.hnet.parameters()])
     algo.aggregate(server, 1, [("a", Payload({"delta": delta}, num_examples=1))])
     after = torch.cat([q.detach().flatten() for q in algo.hnet.parameters()])
@@ -526,6 +526,6 @@ def test_pfedhn_released_embedding_update_and_clipping():
     assert float((after - before).norm()) >= lr * clip * 0.99  # the raw gradient is larger
     adam, model = _pfedhn(server_optimizer="adam")
     server = adam.init_server(model)
-    adam.init_client("a", model)
+    adam.init_client("a", None, model)
     adam.aggregate(server, 1, [("a", Payload({"delta": delta}, num_examples=1))])
     assert server["hnet_opt"]["state"]

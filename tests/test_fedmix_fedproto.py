@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms.fedproto import (
+    GLOBAL_PROTOS,
     FedProto,
     FedProtoParams,
     aggregate_prototypes,
@@ -250,10 +251,10 @@ def test_local_objective_adds_the_regulariser():
     y = torch.tensor([0, 1])
     protos = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
     ctx = ClientContext("c", 1, None, model, TrainConfig(), None, g(0), torch.device("cpu"))
-    algo._global = (protos, torch.tensor([True, True]))
+    ctx.scratch[GLOBAL_PROTOS] = (protos, torch.tensor([True, True]))
     ce = F.cross_entropy(model(x), y)
     assert torch.isclose(algo.loss(ctx, x, y), ce + 0.5 * 9.0)
-    algo._global = None  # round 1: no prototypes yet
+    ctx.scratch[GLOBAL_PROTOS] = None  # round 1: no prototypes yet
     assert torch.isclose(algo.loss(ctx, x, y), ce)
 
 

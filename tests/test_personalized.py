@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms.moon import _Features, contrastive_loss
+from fedshift.algorithms.moon import contrastive_loss
 from fedshift.algorithms.pfedme import PFedMe, PFedMeParams, blend, inner_step, outer_step
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline
@@ -94,13 +94,11 @@ def test_moon_keeps_previous_local_model_and_frozen_features_use_eval_mode(make_
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.rand(5, 3, 28, 28)
-    algo._embed = _Features(model)
     data, cpu = sim.train_clients["client0"], torch.device("cpu")
     ctx = ClientContext(
         "client0", 2, data, model, sim.cfg.train, sim.pipeline, torch.Generator(), cpu
     )
     got = algo.frozen_features(ctx, prev, x)
-    algo._embed = None
     ref = type(model)(num_classes=10)
     ref.load_state_dict(prev)
     ref.eval()
@@ -195,7 +193,7 @@ def test_pfedme_local_update_one_step_matches_hand_computation():
     algo = PFedMe(params, train, FederationConfig(), model, 1)
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     ctx, split = _tiny_ctx(model, train)
-    state = algo.init_client("c", model)
+    state = algo.init_client("c", None, model)
     up = algo.local_update(ctx, Payload({"weights": w0}), state)
 
     def grad(t: dict) -> dict:  # gradient of the batch loss at weights t

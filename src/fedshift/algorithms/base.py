@@ -1,20 +1,25 @@
-"""The algorithm contract and the mechanisms every algorithm shares.
+"""The algorithm base class and the mechanisms every algorithm shares.
 
-An algorithm is what a server does with messages and what a client does with its data:
+An algorithm is what a server does with messages and what a client does with its data
+(the contract, :class:`fedshift.core.contract.AlgorithmSpec`):
 
 * server side: ``init_server`` (server state), ``broadcast`` (server -> client payload) and
   ``aggregate`` (client payloads -> new server state);
-* client side: ``init_client`` (client state, kept between rounds and never sent) and
-  ``local_update`` (down payload + state + data -> up payload);
+* client side: ``init_client`` (client state from its data and the initial model, kept
+  between rounds and never sent) and ``local_update`` (down payload + state + data -> up
+  payload, built by ``reply``);
 * evaluation: ``global_weights`` / ``personal_weights`` (the state dicts to evaluate).
 
 Algorithms never see the round loop, the sampler, the ledger or where client state lives;
-the engine (or the Flower adapter) owns those. State is plain dicts of tensors and numbers so
-that it checkpoints with ``torch.save``.
+the runtime (or the Flower adapter) owns those. State is plain dicts of tensors and numbers so
+that it checkpoints with ``torch.save``. The algorithm object holds configuration only:
+what one client's round computes and its hooks read is passed explicitly (the down payload,
+the client state, ``ctx.scratch``), so several clients' rounds may share one object.
 
 Shared mechanisms live here once: the BN policy (which state-dict keys stay on the client),
-weighted averaging of named tensors, and the local mini-batch loop with its hooks
-(``penalty`` for FedProx-like objectives, ``before_step`` for gradient corrections).
+weighted averaging of named tensors, the standard up payload (``reply``) and the local
+mini-batch loop with its hooks (``loss``, ``penalty`` for FedProx-like objectives,
+``before_step`` for gradient corrections).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.contract import Reply, State
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
@@ -37,8 +43,6 @@ BNPolicy = Literal["global", "local", "stats-local"]
 BN_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 Weighting = Literal["samples", "uniform"]
-State = dict[str, Any]
-Reply = tuple[str, Payload]
 
 
 @dataclass
@@ -261,6 +265,7 @@ class Algorithm:
         return {"weights": clone(model.state_dict())}
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        """The down payload: the shared tensors of the server model (record ``weights``)."""
         return Payload({"weights": subset(server["weights"], self.shared_keys)})
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
@@ -281,11 +286,39 @@ class Algorithm:
         return weighted_average([(self.reply_weight(p), p[record]) for _, p in replies])
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, model: FedModel) -> State:
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        """Client ``cid``'s initial state: its copy of the local tensors (``local_keys``) of
+        ``model`` at its initial weights. ``data`` is the client's data (unused here;
+        the same signature as the augments' ``init_client``)."""
         return {"local": clone(subset(model.state_dict(), self.local_keys))}
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         raise NotImplementedError
+
+    def shared_weights(self, ctx: ClientContext) -> Tensors:
+        """A detached copy of the working model's shared tensors (``shared_keys``)."""
+        return clone(subset(ctx.model.state_dict(), self.shared_keys))
+
+    def reply(
+        self,
+        ctx: ClientContext,
+        state: State,
+        steps: int,
+        loss: float,
+        records: dict[str, Tensors] | None = None,
+    ) -> Payload:
+        """The up payload at the end of ``local_update`` (the client's counterpart of
+        ``broadcast``): ``records`` (default: the trained shared tensors as record
+        ``weights``, nothing when the algorithm shares no tensor), the number of training
+        examples behind them and the metrics ``train_loss`` (mean loss of the round's
+        ``steps`` local steps) and ``steps``. Algorithms that send more or other records pass
+        them (``{"weights": self.shared_weights(ctx), "generator": ...}``) or extend the
+        returned payload."""
+        if records is None:
+            records = {"weights": self.shared_weights(ctx)} if self.shared_keys else {}
+        return Payload(
+            records, num_examples=ctx.num_train, metrics={"train_loss": loss, "steps": steps}
+        )
 
     def load_client_model(self, ctx: ClientContext, shared: Tensors, state: State) -> None:
         """Working model <- the received shared tensors + the client's own local tensors."""
@@ -309,16 +342,21 @@ class Algorithm:
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Local objective on one batch: the task's loss (cross-entropy, or the segmentation
-        loss ``train.loss``) plus ``penalty`` (0 by default)."""
+        loss ``train.loss``) plus ``penalty`` (0 by default). Values the round's objective
+        needs beyond the batch (a frozen model, prototypes) are in ``ctx.scratch``, put
+        there by ``local_update``."""
         loss = ctx.task.loss(ctx.model(x), y)
         extra = self.penalty(ctx)
         return loss if extra is None else loss + extra
 
     def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
+        """An extra term of the local objective (None: none); reads the round's values, e.g.
+        FedProx's anchor, from ``ctx.scratch``."""
         return None
 
     def before_step(self, ctx: ClientContext) -> None:
-        """Called after ``backward`` and before ``optimizer.step`` (gradient corrections)."""
+        """Called after ``backward`` and before ``optimizer.step`` (gradient corrections;
+        the round's values, e.g. SCAFFOLD's correction, are in ``ctx.scratch``)."""
 
     def local_train(self, ctx: ClientContext, state: State) -> tuple[int, float]:
         """Run the round's local mini-batch steps; returns (steps taken, mean loss)."""

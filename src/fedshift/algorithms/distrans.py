@@ -67,8 +67,9 @@ Offset initialisation: the released ``random_initial`` draws an image from U[0, 
 normalises it with the dataset statistics, i.e. a random image in the model's input space.
 fedshift draws U[0, 1] from a per-client stream derived from the run's seeded RNG and
 normalises it with the run's ``input.mean/std`` the first time the client trains (the
-algorithm sees the normalisation only through the client context); before that, and when an
-augment normalises the inputs itself (FedRDN), 0.5 / 0.5 is used. (The released
+algorithm sees the normalisation only through that round's client context); before that
+(a client evaluated before it first trains), and when an augment normalises the inputs
+itself (FedRDN), 0.5 / 0.5 is used. (The released
 ``hyperMACFed.py`` instead starts every client from the untrained aggregator's output; that
 is not reproduced.)
 
@@ -114,7 +115,7 @@ from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
-from fedshift.data.base import Federation
+from fedshift.data.base import ClientData, Federation
 from fedshift.data.partition import degree_of_heterogeneity
 from fedshift.models.base import FedModel
 
@@ -403,7 +404,8 @@ class DisTrans(Algorithm):
             raise TypeError("distrans trains a DisTransModel: build it with DisTrans.wrap_model")
         self.input_shape = model.input_shape
         self.num_classes = model.classifier.out_features
-        self._norm: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: the server's working copy of the NN aggregator, created on first use; its weights
+        #: are loaded from the server state every time (it carries nothing between calls)
         self._aggregator: OffsetAggregator | None = None
 
     # -- config / model --------------------------------------------------------------------
@@ -559,10 +561,10 @@ class DisTrans(Algorithm):
         server["offset_nn"] = {c: out[i].clone() for i, c in enumerate(ids)}
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, model: FedModel) -> State:
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         """The client's offset starts as a U[0, 1] image from its own stream; it is mapped to
         the model's input space (the run's normalisation) when the client first trains."""
-        state = super().init_client(cid, model)
+        state = super().init_client(cid, data, model)
         g = torch.Generator().manual_seed(derive_seed(model.offset_seed, "distrans/offset", cid))
         ref = state["local"][OFFSET]
         state["local"][OFFSET] = torch.rand(self.input_shape, generator=g).to(ref.device)
@@ -571,27 +573,27 @@ class DisTrans(Algorithm):
         state["label_dist_sent"] = False
         return state
 
-    def _normalise(self, u: torch.Tensor) -> torch.Tensor:
-        if self._norm is None:
+    @staticmethod
+    def _normalise(u: torch.Tensor, ctx: ClientContext | None = None) -> torch.Tensor:
+        """A raw offset in [0, 1] mapped to the model's input space with the normalisation of
+        ``ctx``'s input pipeline; 0.5 / 0.5 without a context (a client that has not trained
+        yet) or when the pipeline does not normalise (an augment normalises itself)."""
+        norm = None if ctx is None else ctx.pipeline.normalize
+        if norm is None or not hasattr(norm, "mean"):
             mean, std = DEFAULT_NORM
             return (u - mean) / std
-        mean, std = self._norm
-        return (u - mean.to(u.device)) / std.to(u.device)
+        m, s = norm.mean.detach().reshape(-1, 1, 1), norm.std.detach().reshape(-1, 1, 1)
+        return (u - m.to(u.device)) / s.to(u.device)
 
-    def _remember_norm(self, ctx: ClientContext) -> None:
-        norm = ctx.pipeline.normalize
-        if norm is not None and hasattr(norm, "mean"):
-            self._norm = (norm.mean.detach().reshape(-1, 1, 1), norm.std.detach().reshape(-1, 1, 1))
-
-    def client_offset(self, state: State) -> torch.Tensor:
-        """The client's current offset in the model's input space."""
+    def client_offset(self, state: State, ctx: ClientContext | None = None) -> torch.Tensor:
+        """The client's current offset in the model's input space (a raw offset, before the
+        client's first training, is normalised as :meth:`_normalise` says)."""
         t = state["local"][OFFSET]
-        return self._normalise(t) if state.get("offset_raw") else t
+        return self._normalise(t, ctx) if state.get("offset_raw") else t
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        self._remember_norm(ctx)
         if state.get("offset_raw"):
-            state["local"][OFFSET] = self.client_offset(state)
+            state["local"][OFFSET] = self.client_offset(state, ctx)
             state["offset_raw"] = False
         self.load_client_model(ctx, down["weights"], state)
         if OFFSET_RECORD in down.records:  # continue from the server's aggregate
@@ -599,11 +601,7 @@ class DisTrans(Algorithm):
                 ctx.model.offset.copy_(down[OFFSET_RECORD][OFFSET])
         steps, loss = self.local_train(ctx, state)
         self.keep_local(ctx, state)
-        up = Payload(
-            {"weights": clone(subset(ctx.model.state_dict(), self.shared_keys))},
-            num_examples=ctx.num_train,
-            metrics={"train_loss": loss, "steps": steps},
-        )
+        up = self.reply(ctx, state, steps, loss)
         if down.config.get("upload_offset"):
             up.records[OFFSET_RECORD] = {OFFSET: ctx.model.offset.detach().clone()}
         if self.wants_label_dist() and not state["label_dist_sent"]:

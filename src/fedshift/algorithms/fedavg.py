@@ -11,7 +11,7 @@ client (see :func:`fedshift.algorithms.base.bn_keys`); FedBN is that with ``loca
 
 from __future__ import annotations
 
-from fedshift.algorithms.base import Algorithm, Reply, State, clone, subset
+from fedshift.algorithms.base import Algorithm, Reply, State
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
 
@@ -26,11 +26,7 @@ class FedAvg(Algorithm):
         self.load_client_model(ctx, down["weights"], state)
         steps, loss = self.local_train(ctx, state)
         self.keep_local(ctx, state)
-        return Payload(
-            {"weights": clone(subset(ctx.model.state_dict(), self.shared_keys))},
-            num_examples=ctx.num_train,
-            metrics={"train_loss": loss, "steps": steps},
-        )
+        return self.reply(ctx, state, steps, loss)
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         server["weights"].update(self.average_record(replies, "weights"))

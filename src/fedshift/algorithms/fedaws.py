@@ -278,18 +278,15 @@ class FedAwS(FedAvg):
         self.keep_local(ctx, state)
         trained = ctx.model.state_dict()[self.w_key]
         counts = torch.bincount(ctx.data.train.y.long().cpu(), minlength=template.shape[0])
-        return Payload(
-            {
-                "weights": clone(subset(ctx.model.state_dict(), self.encoder_keys)),
-                RECORD: {
-                    "weight": trained[classes.to(trained.device)].detach().clone(),
-                    "classes": classes,
-                    "counts": counts[classes],
-                },
+        records = {
+            "weights": clone(subset(ctx.model.state_dict(), self.encoder_keys)),
+            RECORD: {
+                "weight": trained[classes.to(trained.device)].detach().clone(),
+                "classes": classes,
+                "counts": counts[classes],
             },
-            num_examples=ctx.num_train,
-            metrics={"train_loss": loss, "steps": steps},
-        )
+        }
+        return self.reply(ctx, state, steps, loss, records)
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The positive-only client loss on the own class embedding (mean over the batch)."""

@@ -54,6 +54,13 @@ from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
+#: ``ctx.scratch`` keys of one local update: the received global prototypes and their mask
+#: (None in round 1), and with ``prototypes=released`` the number of classes and the running
+#: per-class (sums, counts) of the embeddings seen while training (None before the first step)
+GLOBAL_PROTOS = "fedproto/global"
+COLLECT = "fedproto/collect"
+SEEN = "fedproto/seen"
+
 
 @dataclass
 class FedProtoParams(FLParams):
@@ -133,13 +140,6 @@ class FedProto(Algorithm):
                 "algorithm.share_weights=true to average weights with that BN policy"
             )
 
-    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(params, *args, **kwargs)
-        self._global: tuple[torch.Tensor, torch.Tensor] | None = None
-        # released prototypes: (num_classes, running (sums, counts)) while training
-        self._collect: int | None = None
-        self._seen: tuple[torch.Tensor, torch.Tensor] | None = None
-
     def compute_local_keys(self, model: FedModel) -> list[str]:
         if self.params.share_weights:
             return bn_keys(model, self.params.bn_policy)
@@ -181,21 +181,25 @@ class FedProto(Algorithm):
         shared = down["weights"] if self.params.share_weights else {}
         self.load_client_model(ctx, shared, state)
         gp = down.records.get("global_protos")
-        self._global = (
+        ctx.scratch[GLOBAL_PROTOS] = (
             None if gp is None else (gp["protos"].to(ctx.device), gp["mask"].to(ctx.device))
         )
         num_classes = self._num_classes(ctx)
-        self._collect = num_classes if self.params.prototypes == "released" else None
+        collect = self.params.prototypes == "released"
+        ctx.scratch[COLLECT] = num_classes if collect else None
+        ctx.scratch[SEEN] = None
         try:
             steps, loss = self.local_train(ctx, state)
-            if self._collect is not None:
-                if self._seen is None:
+            if collect:
+                seen = ctx.scratch[SEEN]
+                if seen is None:
                     raise TrainingError(f"fedproto: client {ctx.cid!r} took no training step")
-                sums, counts = self._seen
+                sums, counts = seen
             else:
                 sums, counts = self.local_class_sums(ctx, num_classes)
         finally:
-            self._global, self._collect, self._seen = None, None, None
+            for key in (GLOBAL_PROTOS, COLLECT, SEEN):
+                ctx.scratch.pop(key, None)
         self.keep_local(ctx, state)
         records: dict[str, Tensors] = {
             "prototypes": {
@@ -204,10 +208,8 @@ class FedProto(Algorithm):
             }
         }
         if self.params.share_weights:
-            records["weights"] = clone(subset(ctx.model.state_dict(), self.shared_keys))
-        return Payload(
-            records, num_examples=ctx.num_train, metrics={"train_loss": loss, "steps": steps}
-        )
+            records["weights"] = self.shared_weights(ctx)
+        return self.reply(ctx, state, steps, loss, records)
 
     @staticmethod
     def _num_classes(ctx: ClientContext) -> int:
@@ -237,20 +239,26 @@ class FedProto(Algorithm):
         return sums, counts
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy + lam * prototype regulariser (+ ``penalty``)."""
+        """Cross-entropy + lam * prototype regulariser (+ ``penalty``), with the round's
+        global prototypes from ``ctx.scratch`` (none: no regulariser); with
+        ``prototypes=released`` the batch's embeddings are added to the round's running
+        per-class sums there."""
         if y.ndim != 1:
             raise TrainingError(
                 "fedproto needs integer labels, but an augment produced soft labels"
             )
         z = ctx.model.features(x)
         loss = F.cross_entropy(ctx.model.head(z), y)
-        if self._collect is not None:
-            sums, counts = class_sums(z, y, self._collect)
-            if self._seen is not None:
-                sums, counts = sums + self._seen[0], counts + self._seen[1]
-            self._seen = (sums, counts)
-        if self._global is not None and self.params.lam:
-            protos, mask = self._global
+        collect = ctx.scratch.get(COLLECT)
+        if collect is not None:
+            sums, counts = class_sums(z, y, collect)
+            seen = ctx.scratch.get(SEEN)
+            if seen is not None:
+                sums, counts = sums + seen[0], counts + seen[1]
+            ctx.scratch[SEEN] = (sums, counts)
+        glob = ctx.scratch.get(GLOBAL_PROTOS)
+        if glob is not None and self.params.lam:
+            protos, mask = glob
             loss = loss + self.params.lam * prototype_regulariser(
                 z, y, protos, mask, self.params.reg
             )

@@ -12,6 +12,9 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
 
+#: ``ctx.scratch`` key of the round's anchor w_t (the received shared trainable tensors)
+ANCHOR = "fedprox/anchor"
+
 
 @dataclass
 class FedProxParams(FLParams):
@@ -32,19 +35,21 @@ class FedProx(FedAvg):
     Params = FedProxParams
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        self._anchor = {
+        ctx.scratch[ANCHOR] = {
             k: down["weights"][k].detach().to(ctx.device) for k in self.shared_param_keys
         }
         try:
             return super().local_update(ctx, down, state)
         finally:
-            del self._anchor
+            del ctx.scratch[ANCHOR]
 
     def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
+        """mu/2 ||w - w_t||^2 over the shared trainable tensors (w_t: ``ctx.scratch``'s
+        anchor), or mu/2 ||w - w_t|| with ``form=sqrt``."""
         if self.params.mu == 0:
             return None
         params = dict(ctx.model.named_parameters())
-        sq = sum(((params[k] - w0) ** 2).sum() for k, w0 in self._anchor.items())
+        sq = sum(((params[k] - w0) ** 2).sum() for k, w0 in ctx.scratch[ANCHOR].items())
         if self.params.form == "sqrt":
             sq = sq.sqrt()
         return 0.5 * self.params.mu * sq

@@ -55,6 +55,9 @@ from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 
 AFFINE = "affine"
+#: ``ctx.scratch`` key of the round's working (Lambda_i, delta_i) (None until the first batch
+#: of a client that has none yet)
+ADV = "fedrobust/adv"
 
 
 @dataclass
@@ -128,35 +131,40 @@ class FedRobust(FedAvg):
         return {"lambda": lam, "delta": torch.zeros(shape)}
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        self._adv: dict[str, torch.Tensor] | None = None
+        adv = None
         if AFFINE in state:
-            self._adv = {
+            adv = {
                 k: v.to(ctx.device).clone().requires_grad_(True) for k, v in state[AFFINE].items()
             }
+        ctx.scratch[ADV] = adv
         try:
             reply = super().local_update(ctx, down, state)
-            if self._adv is not None:
-                state[AFFINE] = {k: v.detach().cpu().clone() for k, v in self._adv.items()}
+            adv = ctx.scratch[ADV]
+            if adv is not None:
+                state[AFFINE] = {k: v.detach().cpu().clone() for k, v in adv.items()}
         finally:
-            del self._adv
+            del ctx.scratch[ADV]
         return reply
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The task loss at the perturbed inputs Lambda_i x + delta_i (the inner objective
         without its penalty, which does not depend on the model weights). The client's
-        (Lambda_i, delta_i) start at (I, 0) on its first batch, shaped by that batch."""
-        if not hasattr(self, "_adv"):
+        (Lambda_i, delta_i) (the round's, in ``ctx.scratch``) start at (I, 0) on its first
+        batch, shaped by that batch."""
+        if ADV not in ctx.scratch:
             raise RuntimeError("FedRobust.loss is only defined inside local_update")
-        if self._adv is None:
+        adv = ctx.scratch[ADV]
+        if adv is None:
             init = self._init_affine(tuple(x.shape[1:]))
-            self._adv = {k: v.to(x.device, x.dtype).requires_grad_(True) for k, v in init.items()}
-        adv = self._adv
+            adv = {k: v.to(x.device, x.dtype).requires_grad_(True) for k, v in init.items()}
+            ctx.scratch[ADV] = adv
         return super().loss(ctx, apply_affine(x, adv["lambda"], adv["delta"]), y)
 
     def before_step(self, ctx: ClientContext) -> None:
         """The ascent step on (Lambda_i, delta_i): gradient of the loss minus the penalty's
         gradient 2 lam (Lambda - I), 2 lam delta; then the optional projection."""
-        lam, delta = self._adv["lambda"], self._adv["delta"]
+        adv = ctx.scratch[ADV]
+        lam, delta = adv["lambda"], adv["delta"]
         p = self.params
         with torch.no_grad():
             eye = torch.eye(lam.shape[0], device=lam.device, dtype=lam.dtype)

@@ -80,6 +80,7 @@ Eq. 3, ``"both"`` (default) both; ``ramp_up=false`` removes the ramp-up.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
+from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 Embeddings = Literal["both", "agnostic", "u_hat", "u_hat_c"]
@@ -270,6 +272,20 @@ def module_bn_keys(module: nn.Module, policy: BNPolicy) -> list[str]:
 
 # ----------------------------------------------------------------------------- algorithm
 @dataclass
+class WorkingNets:
+    """The generator and RTNet one local update trains: the client's own copies of the
+    algorithm's templates, loaded from the down payload and the client state (``rtnet`` is
+    None with ``embeddings=agnostic``)."""
+
+    generator: Generator
+    rtnet: RTNet | None
+
+
+#: ``ctx.scratch`` key of the round's :class:`WorkingNets`
+NETS = "fraug/nets"
+
+
+@dataclass
 class FRAugParams(FLParams):
     # "paper" (default): Eq. 1-6 as printed; "released": HaokunChen245/FRAug @816e8be
     # (see the module docstring for every difference that switches with it)
@@ -394,6 +410,9 @@ class FRAug(Algorithm):
         self.generator = Generator(
             self.noise_dim, self.num_classes, self.dim, p.generator_hidden or self.dim
         )
+        #: ``generator`` and ``rtnet`` are templates (architecture and initial weights):
+        #: each local update trains its own copies (:class:`WorkingNets`), so the algorithm
+        #: object never changes during a round
         self.generator_local_keys = module_bn_keys(self.generator, p.generator_bn)
         local = set(self.generator_local_keys)
         self.generator_shared_keys = [k for k in self.generator.state_dict() if k not in local]
@@ -422,8 +441,8 @@ class FRAug(Algorithm):
         server["generator"].update(self.average_record(replies, "generator"))
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, model: FedModel) -> State:
-        state = super().init_client(cid, model)
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = super().init_client(cid, data, model)
         state["generator_local"] = clone(
             subset(self.generator.state_dict(), self.generator_local_keys)
         )
@@ -433,26 +452,38 @@ class FRAug(Algorithm):
         state["label_offset"] = 0
         return state
 
+    def working_nets(self, ctx: ClientContext, down: Payload, state: State) -> WorkingNets:
+        """The round's generator (received shared tensors + the client's local BN tensors)
+        and RTNet (the client's own), as fresh copies of the templates on the device."""
+        gen = copy.deepcopy(self.generator).to(ctx.device)
+        gen.load_state_dict({**down["generator"], **state["generator_local"]}, strict=True)
+        rt = None
+        if self.rtnet is not None:
+            rt = copy.deepcopy(self.rtnet).to(ctx.device)
+            rt.load_state_dict(state["rtnet"], strict=True)
+        return WorkingNets(gen, rt)
+
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         self.load_client_model(ctx, down["weights"], state)
-        gen = self.generator.to(ctx.device)
-        gen.load_state_dict({**down["generator"], **state["generator_local"]}, strict=True)
-        if self.rtnet is not None:
-            self.rtnet.to(ctx.device).load_state_dict(state["rtnet"], strict=True)
-        steps, loss = self.local_train(ctx, state)
+        nets = ctx.scratch[NETS] = self.working_nets(ctx, down, state)
+        try:
+            steps, loss = self.local_train(ctx, state)
+        finally:
+            del ctx.scratch[NETS]
         self.keep_local(ctx, state)
-        gen_sd = gen.state_dict()
+        gen_sd = nets.generator.state_dict()
         state["generator_local"] = clone(subset(gen_sd, self.generator_local_keys))
-        if self.rtnet is not None:
-            state["rtnet"] = clone(self.rtnet.state_dict())
-        return Payload(
-            {
-                "weights": clone(subset(ctx.model.state_dict(), self.shared_keys)),
-                "generator": clone(subset(gen_sd, self.generator_shared_keys)),
-            },
-            num_examples=ctx.num_train,
-            metrics={"train_loss": loss, "steps": steps},
-        )
+        if nets.rtnet is not None:
+            state["rtnet"] = clone(nets.rtnet.state_dict())
+        records = {
+            "weights": self.shared_weights(ctx),
+            "generator": clone(subset(gen_sd, self.generator_shared_keys)),
+        }
+        return self.reply(ctx, state, steps, loss, records)
+
+    def _nets(self, nets: WorkingNets | None) -> WorkingNets:
+        """``nets``, or the templates when a loss is evaluated outside a local update."""
+        return nets if nets is not None else WorkingNets(self.generator, self.rtnet)
 
     # -- pieces of one local step ----------------------------------------------------------
     def noise(self, n: int, device: torch.device) -> torch.Tensor:
@@ -469,12 +500,15 @@ class FRAug(Algorithm):
         y_c: torch.Tensor,
         protos: torch.Tensor,
         mix: float | None = None,
+        nets: WorkingNets | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(embeddings, labels) of the branches in use, built without gradient from the
         detached real embeddings ``u`` (labels ``y``) and the prototypes of classes ``y_c``:
         Eq. 2 ``u_hat = u + m(g(z, y), y)``, Eq. 3 ``u_hat_c = u_bar_c + m(g(z', c), c)``;
-        ``agnostic``: ``g(z, y)`` and ``g(z', c)``. ``mix`` = r interpolates with the base."""
-        mode, gen, rt = self.params.embeddings, self.generator, self.rtnet
+        ``agnostic``: ``g(z, y)`` and ``g(z', c)``. ``mix`` = r interpolates with the base.
+        ``nets``: the round's generator and RTNet (default: the templates)."""
+        nets = self._nets(nets)
+        mode, gen, rt = self.params.embeddings, nets.generator, nets.rtnet
         u = u.detach()
         out = []
         branches = []
@@ -498,12 +532,13 @@ class FRAug(Algorithm):
         y_c: torch.Tensor,
         protos: torch.Tensor,
         mix: float | None = None,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 1's ``L_syn``: mean over branches of CE(h(synthetic), labels). Its gradient
         reaches the prediction head only."""
         parts = [
             F.cross_entropy(model.head(e), lab)
-            for e, lab in self.synthetic_embeddings(u, y, y_c, protos, mix)
+            for e, lab in self.synthetic_embeddings(u, y, y_c, protos, mix, nets)
         ]
         return torch.stack(parts).mean()
 
@@ -513,11 +548,16 @@ class FRAug(Algorithm):
         return mmd(a, b, kernel=self.params.mmd_kernel)
 
     def generator_loss(
-        self, model: FedModel, y_c: torch.Tensor, ref: torch.Tensor | None, protos: torch.Tensor
+        self,
+        model: FedModel,
+        y_c: torch.Tensor,
+        ref: torch.Tensor | None,
+        protos: torch.Tensor,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 5: ``CE(h(g(z, c)), c) - alpha * D``; D = MMD(g(z, c), U) against the real batch
         ``ref`` or (``generator_distance="mse"``) MSE(g(z, c), u_bar_c)."""
-        g = self.generator(self.noise(y_c.shape[0], y_c.device), y_c)
+        g = self._nets(nets).generator(self.noise(y_c.shape[0], y_c.device), y_c)
         loss = F.cross_entropy(model.head(g), y_c)
         if self.params.alpha:
             if self.params.generator_distance == "mse":
@@ -535,11 +575,13 @@ class FRAug(Algorithm):
         y_c: torch.Tensor,
         ref: torch.Tensor | None,
         protos: torch.Tensor,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 6: ``-H(h(u_hat)) + beta * D(u_hat, U)`` for Eq. 2's embeddings (U: the real
         batch) and ``-H(h(u_hat_c)) + beta * D(u_hat_c, u_bar_c)`` for Eq. 3's, averaged over
         the branches in use. The generator is fixed (its output is detached)."""
-        assert self.rtnet is not None
+        gen, rt = self._nets(nets).generator, self._nets(nets).rtnet
+        assert rt is not None
         mode = self.params.embeddings
         branches = []
         if mode in ("both", "u_hat"):
@@ -550,8 +592,8 @@ class FRAug(Algorithm):
         parts = []
         for base, labels in branches:
             with torch.no_grad():
-                g = self.generator(self.noise(labels.shape[0], labels.device), labels)
-            emb = self.rtnet(base, g, labels)
+                g = gen(self.noise(labels.shape[0], labels.device), labels)
+            emb = rt(base, g, labels)
             loss = -entropy(model.head(emb))
             if self.params.beta:
                 dist = self._distance(self.params.rtnet_distance, emb, base)
@@ -559,9 +601,9 @@ class FRAug(Algorithm):
             parts.append(loss)
         return torch.stack(parts).mean()
 
-    def _optimizers(self, ctx: ClientContext, state: State):
+    def _optimizers(self, ctx: ClientContext, state: State, nets: WorkingNets):
         """The model's, the generator's and (if any) the RTNet's optimizers of this round."""
-        p, gen, rt = self.params, self.generator, self.rtnet
+        p, gen, rt = self.params, nets.generator, nets.rtnet
         opt = self.make_optimizer(ctx, state)
         opt_g = self._aux_optimizer(gen, p.lr_generator, state, "optimizer_generator")
         opt_r = None
@@ -618,11 +660,16 @@ class FRAug(Algorithm):
         return torch.arange(self.num_classes, device=device).repeat_interleave(k)
 
     def paper_embeddings(
-        self, base: torch.Tensor, labels: torch.Tensor, lam: float
+        self,
+        base: torch.Tensor,
+        labels: torch.Tensor,
+        lam: float,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 3: ``base + lambda_syn * m(g(z, labels))``; ``agnostic``: ``g(z, labels)``."""
-        g = self.generator(self.noise(labels.shape[0], labels.device), labels)
-        return g if self.rtnet is None else self.rtnet(base, g, labels, scale=lam)
+        nets = self._nets(nets)
+        g = nets.generator(self.noise(labels.shape[0], labels.device), labels)
+        return g if nets.rtnet is None else nets.rtnet(base, g, labels, scale=lam)
 
     def per_class_sum(self, values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``sum_c mean_{i: labels_i = c} values_i`` (the sums over c of Eq. 2 and 6)."""
@@ -641,7 +688,13 @@ class FRAug(Algorithm):
         ).sum()
 
     def paper_losses_model(
-        self, model: FedModel, u: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, lam: float
+        self,
+        model: FedModel,
+        u: torch.Tensor,
+        y: torch.Tensor,
+        protos: torch.Tensor,
+        lam: float,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 1 ``L_cls = L_real + L_syn`` with Eq. 2 ``L_syn = CE(h(u_hat), y) +
         sum_c CE(h(u_hat_c), c)``; the synthetic embeddings carry no gradient (head only)."""
@@ -649,10 +702,10 @@ class FRAug(Algorithm):
         loss = F.cross_entropy(model.head(u), y)
         with torch.no_grad():
             if mode in ("both", "u_hat", "agnostic"):
-                e = self.paper_embeddings(u.detach(), y, lam)
+                e = self.paper_embeddings(u.detach(), y, lam, nets)
             yc = self.class_labels(y.shape[0], y.device)
             if mode in ("both", "u_hat_c", "agnostic"):
-                ec = self.paper_embeddings(protos[yc], yc, lam)
+                ec = self.paper_embeddings(protos[yc], yc, lam, nets)
         if mode in ("both", "u_hat", "agnostic"):
             loss = loss + F.cross_entropy(model.head(e), y)
         if mode in ("both", "u_hat_c", "agnostic"):
@@ -661,11 +714,16 @@ class FRAug(Algorithm):
         return loss
 
     def paper_generator_loss(
-        self, model: FedModel, u: torch.Tensor, y: torch.Tensor, lam: float
+        self,
+        model: FedModel,
+        u: torch.Tensor,
+        y: torch.Tensor,
+        lam: float,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 5: ``CE(h(u_hat), y) - alpha * MMD(u_hat, u)`` with ``u_hat`` of Eq. 3 built
         through the fixed RTNet from the batch's real embeddings ``u`` and labels ``y``."""
-        e = self.paper_embeddings(u, y, lam)
+        e = self.paper_embeddings(u, y, lam, nets)
         loss = F.cross_entropy(model.head(e), y)
         if self.params.alpha:
             loss = loss - self.params.alpha * mmd(e, u, kernel=self.params.mmd_kernel)
@@ -678,24 +736,26 @@ class FRAug(Algorithm):
         y: torch.Tensor,
         protos: torch.Tensor,
         lam: float,
+        nets: WorkingNets | None = None,
     ) -> torch.Tensor:
         """Eq. 6: ``-(H(h(u_hat)) + sum_c H(h(u_hat_c))) + beta (MMD(u_hat, u) +
         sum_c MMD(u_hat_c, u_bar_c))``, generator fixed."""
-        assert self.rtnet is not None
+        gen, rt = self._nets(nets).generator, self._nets(nets).rtnet
+        assert rt is not None
         mode, beta = self.params.embeddings, self.params.beta
         loss = torch.zeros((), device=u.device)
         if mode in ("both", "u_hat"):
             with torch.no_grad():
-                g = self.generator(self.noise(y.shape[0], y.device), y)
-            e = self.rtnet(u, g, y, scale=lam)
+                g = gen(self.noise(y.shape[0], y.device), y)
+            e = rt(u, g, y, scale=lam)
             loss = loss - entropy(model.head(e))
             if beta:
                 loss = loss + beta * self._distance(self.params.rtnet_distance, e, u)
         if mode in ("both", "u_hat_c"):
             yc = self.class_labels(y.shape[0], y.device)
             with torch.no_grad():
-                g = self.generator(self.noise(yc.shape[0], yc.device), yc)
-            ec = self.rtnet(protos[yc], g, yc, scale=lam)
+                g = gen(self.noise(yc.shape[0], yc.device), yc)
+            ec = rt(protos[yc], g, yc, scale=lam)
             logits = model.head(ec)
             ent = -(F.softmax(logits, 1) * F.log_softmax(logits, 1)).sum(1)
             loss = loss - self.per_class_sum(ent, yc)
@@ -706,8 +766,9 @@ class FRAug(Algorithm):
     def _local_train_paper(self, ctx: ClientContext, state: State) -> tuple[int, float]:
         """Algorithm 1, lines 19-20, per mini-batch: model step on Eq. 1 (generator and RTNet
         fixed), then generator step on Eq. 5 and RTNet step on Eq. 6 (model fixed)."""
-        p, model, gen, rt = self.params, ctx.model, self.generator, self.rtnet
-        opt, opt_g, opt_r = self._optimizers(ctx, state)
+        nets: WorkingNets = ctx.scratch[NETS]
+        p, model, gen, rt = self.params, ctx.model, nets.generator, nets.rtnet
+        opt, opt_g, opt_r = self._optimizers(ctx, state, nets)
         lam, lam_c = self.paper_schedule(ctx.round)
         protos = state["prototypes"].to(ctx.device)
         total = torch.zeros((), device=ctx.device)
@@ -724,7 +785,7 @@ class FRAug(Algorithm):
             opt.zero_grad(set_to_none=True)
             u = model.features(x)
             protos = update_prototypes(protos, u, y, lam_c)  # Eq. 4
-            loss = self.paper_losses_model(model, u, y, protos, lam)
+            loss = self.paper_losses_model(model, u, y, protos, lam, nets)
             loss.backward()
             opt.step()
             total += loss.detach()
@@ -736,11 +797,11 @@ class FRAug(Algorithm):
             else:
                 ref = u.detach()
             gen.train()
-            self._step(opt_g, gen, self.paper_generator_loss(model, ref, y, lam))
+            self._step(opt_g, gen, self.paper_generator_loss(model, ref, y, lam, nets))
             if rt is not None and opt_r is not None:
                 gen.eval()
                 rt.train()
-                self._step(opt_r, rt, self.paper_rtnet_loss(model, ref, y, protos, lam))
+                self._step(opt_r, rt, self.paper_rtnet_loss(model, ref, y, protos, lam, nets))
         model.train()
         state["prototypes"] = protos
         self._keep_optimizers(state, opt, opt_g, opt_r)
@@ -749,8 +810,9 @@ class FRAug(Algorithm):
     # --------------------------------------------------------------- released variant
     def _local_train_released(self, ctx: ClientContext, state: State) -> tuple[int, float]:
         """The released code's local steps (``users/user_FRAug.py``)."""
-        p, model, gen, rt = self.params, ctx.model, self.generator, self.rtnet
-        opt, opt_g, opt_r = self._optimizers(ctx, state)
+        nets: WorkingNets = ctx.scratch[NETS]
+        p, model, gen, rt = self.params, ctx.model, nets.generator, nets.rtnet
+        opt, opt_g, opt_r = self._optimizers(ctx, state, nets)
         w = synthetic_weight(ctx.round, self.train.rounds, p.lambda_syn, p.ramp_gamma, p.ramp_up)
         mix = ramp_factor(ctx.round, self.train.rounds, p.ramp_gamma) if p.interpolate else None
         needs_ref = (p.alpha and p.generator_distance == "mmd") or (
@@ -777,7 +839,7 @@ class FRAug(Algorithm):
             protos = update_prototypes(protos, u, y, p.prototype_momentum)  # Eq. 4
             loss = F.cross_entropy(model.head(u), y)
             if w > 0:
-                syn = self.synthetic_loss(model, u, y, y_c, protos, mix)
+                syn = self.synthetic_loss(model, u, y, y_c, protos, mix, nets)
                 loss = (1 - w) * loss + w * syn
             loss.backward()
             opt.step()
@@ -793,11 +855,11 @@ class FRAug(Algorithm):
                 else:
                     ref = u.detach()
             gen.train()
-            self._step(opt_g, gen, self.generator_loss(model, y_c, ref, protos))
+            self._step(opt_g, gen, self.generator_loss(model, y_c, ref, protos, nets))
             if rt is not None and opt_r is not None:
                 gen.eval()
                 rt.train()
-                self._step(opt_r, rt, self.rtnet_loss(model, y, y_c, ref, protos))
+                self._step(opt_r, rt, self.rtnet_loss(model, y, y_c, ref, protos, nets))
         model.train()
         state["prototypes"] = protos
         state["label_offset"] = offset

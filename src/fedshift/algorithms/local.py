@@ -27,7 +27,7 @@ class LocalOnly(Algorithm):
         self.load_client_model(ctx, {}, state)
         steps, loss = self.local_train(ctx, state)
         self.keep_local(ctx, state)
-        return Payload(num_examples=ctx.num_train, metrics={"train_loss": loss, "steps": steps})
+        return self.reply(ctx, state, steps, loss)  # no shared tensor: no record
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         """Nothing to aggregate."""

@@ -63,8 +63,13 @@ from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import Federation
+from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
+
+#: ``ctx.scratch`` keys of the round's frozen models: the received global model (with the
+#: client's local tensors) and the client's previous local model (None in its first round)
+GLOBAL = "moon/global"
+PREVIOUS = "moon/previous"
 
 
 @dataclass
@@ -168,27 +173,21 @@ class MOON(FedAvg):
             )
         return ProjectedModel(model, params.projection_dim, federation.num_classes)
 
-    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(params, *args, **kwargs)
-        self._glob: Tensors | None = None
-        self._prev: Tensors | None = None
-        self._embed: _Features | None = None
-
-    def init_client(self, cid: str, model: FedModel) -> State:
-        state = super().init_client(cid, model)
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = super().init_client(cid, data, model)
         state["prev"] = None  # the client's whole model after its last local update
         return state
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         dev = ctx.device
-        self._glob = {k: v.to(dev) for k, v in {**down["weights"], **state["local"]}.items()}
+        glob = {k: v.to(dev) for k, v in {**down["weights"], **state["local"]}.items()}
         prev = state.get("prev")
-        self._prev = None if prev is None else {k: v.to(dev) for k, v in prev.items()}
-        self._embed = _Features(ctx.model)
+        ctx.scratch[GLOBAL] = glob
+        ctx.scratch[PREVIOUS] = None if prev is None else {k: v.to(dev) for k, v in prev.items()}
         try:
             up = super().local_update(ctx, down, state)
         finally:
-            self._glob, self._prev, self._embed = None, None, None
+            del ctx.scratch[GLOBAL], ctx.scratch[PREVIOUS]
         state["prev"] = clone(ctx.model.state_dict())
         return up
 
@@ -197,23 +196,25 @@ class MOON(FedAvg):
         self, ctx: ClientContext, tensors: Tensors, x: torch.Tensor
     ) -> torch.Tensor:
         """Representation of ``x`` under the frozen weights ``tensors``, in evaluation mode."""
-        assert self._embed is not None
         model = ctx.model
         was_training = model.training
         model.eval()
         try:
             return torch.func.functional_call(
-                self._embed, {f"model.{k}": v for k, v in tensors.items()}, (x,)
+                _Features(model), {f"model.{k}": v for k, v in tensors.items()}, (x,)
             )
         finally:
             model.train(was_training)
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Task loss (CE) + mu * l_con (Eq. 3) (+ ``penalty``)."""
-        if self._glob is None:  # not inside local_update (e.g. a subclass evaluating a loss)
+        """Task loss (CE) + mu * l_con (Eq. 3) (+ ``penalty``); the frozen global and
+        previous models are the round's (``ctx.scratch``)."""
+        glob = ctx.scratch.get(GLOBAL)
+        if glob is None:  # not inside local_update (e.g. a subclass evaluating a loss)
             return super().loss(ctx, x, y)
-        z_glob = self.frozen_features(ctx, self._glob, x)
-        z_prev = None if self._prev is None else self.frozen_features(ctx, self._prev, x)
+        prev = ctx.scratch[PREVIOUS]
+        z_glob = self.frozen_features(ctx, glob, x)
+        z_prev = None if prev is None else self.frozen_features(ctx, prev, x)
         z = ctx.model.features(x)
         loss = ctx.task.loss(ctx.model.head(z), y)
         z, z_glob = z.flatten(1), z_glob.flatten(1)  # per-pixel maps -> one vector per image

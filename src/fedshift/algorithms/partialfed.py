@@ -69,7 +69,12 @@ from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
+from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
+
+#: ``ctx.scratch`` key of PartialFed-Adaptive's gate update armed for the round's first step
+#: (the round's soft gates and the per-layer differences w_global - w_prev)
+PENDING_GATES = "partialfed/pending"
 
 
 @dataclass
@@ -166,14 +171,13 @@ class PartialFed(FedAvg):
         )
         #: Adaptive: the gated layers (module path -> its shared keys)
         self.units: dict[str, list[str]] = layer_units(model, self.shared_keys)
-        self._pending: dict[str, Any] | None = None
 
     @property
     def has_personal_model(self) -> bool:
         return True
 
-    def init_client(self, cid: str, model: FedModel) -> State:
-        state = super().init_client(cid, model)
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = super().init_client(cid, data, model)
         state["model"] = None  # the client's whole model after its last local update
         if self.params.strategy == "adaptive":
             state["alpha"] = torch.zeros(len(self.units), dtype=torch.float64)
@@ -196,7 +200,7 @@ class PartialFed(FedAvg):
         try:
             up = super().local_update(ctx, down, state)
         finally:
-            self._pending = None
+            ctx.scratch.pop(PENDING_GATES, None)
         state["model"] = clone(ctx.model.state_dict())
         return up
 
@@ -222,14 +226,14 @@ class PartialFed(FedAvg):
                 }
             )
         state["gates"] = hard.clone()
-        self._pending = {"state": state, "soft": soft, "diffs": diffs}
+        ctx.scratch[PENDING_GATES] = {"state": state, "soft": soft, "diffs": diffs}
         return start
 
     def before_step(self, ctx: ClientContext) -> None:
         """Adaptive: on the round's first step the gradient is taken at the initialised
         weights; the straight-through gate update uses it once (see the module docstring)."""
         super().before_step(ctx)
-        pending, self._pending = self._pending, None
+        pending = ctx.scratch.pop(PENDING_GATES, None)
         if pending is None:
             return
         grads = {n: p.grad for n, p in ctx.model.named_parameters() if p.grad is not None}

@@ -38,6 +38,7 @@ from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
+from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 
@@ -69,8 +70,8 @@ class FedAvgFT(FedAvg):
     def has_personal_model(self) -> bool:
         return True
 
-    def init_client(self, cid: str, model: FedModel) -> State:
-        state = super().init_client(cid, model)
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = super().init_client(cid, data, model)
         state["personal"] = None  # FT(received global model), full state dict
         return state
 

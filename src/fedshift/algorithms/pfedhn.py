@@ -82,6 +82,7 @@ from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
+from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 
@@ -327,9 +328,9 @@ class PFedHN(Algorithm):
                 raise FedshiftError(f"pfedhn: more clients than embedding rows ({cid!r})")
             self._rows[cid] = len(self._rows)
 
-    def init_client(self, cid: str, model: FedModel) -> State:
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         self._register(cid)
-        state = super().init_client(cid, model)
+        state = super().init_client(cid, data, model)
         state["cid"] = cid
         return state
 
@@ -344,11 +345,7 @@ class PFedHN(Algorithm):
         self.keep_local(ctx, state)
         trained = ctx.model.state_dict()
         delta = {k: (trained[k] - theta[k].to(trained[k])).detach().clone() for k in theta}
-        return Payload(
-            {"delta": delta},
-            num_examples=ctx.num_train,
-            metrics={"train_loss": loss, "steps": steps},
-        )
+        return self.reply(ctx, state, steps, loss, {"delta": delta})  # delta, not weights
 
     # -- evaluation ------------------------------------------------------------------------
     def global_weights(self, server: State) -> Tensors | None:

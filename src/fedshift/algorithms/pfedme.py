@@ -56,6 +56,7 @@ from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
+from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 
@@ -150,8 +151,8 @@ class PFedMe(Algorithm):
             weights[k] = avg[k]
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, model: FedModel) -> State:
-        state = super().init_client(cid, model)
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = super().init_client(cid, data, model)
         state["personal"] = None  # theta_i (full state dict) after the client's last round
         return state
 
@@ -183,11 +184,7 @@ class PFedMe(Algorithm):
             state["personal"] = personal
         else:
             state["personal"] = clone(model.state_dict())
-        return Payload(
-            {"weights": clone(subset(model.state_dict(), self.shared_keys))},
-            num_examples=ctx.num_train,
-            metrics={"train_loss": float(total) / max(steps, 1), "steps": steps},
-        )
+        return self.reply(ctx, state, steps, float(total) / max(steps, 1))
 
     # -- evaluation ------------------------------------------------------------------------
     def personal_weights(self, server: State, state: State) -> Tensors | None:

@@ -25,7 +25,11 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
+from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
+
+#: ``ctx.scratch`` key of the round's gradient correction c - c_i (per shared parameter)
+CORRECTION = "scaffold/correction"
 
 
 @dataclass
@@ -52,8 +56,8 @@ class Scaffold(FedAvg):
         server["control"] = self._zeros(server["weights"])
         return server
 
-    def init_client(self, cid: str, model: FedModel) -> State:
-        state = super().init_client(cid, model)
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        state = super().init_client(cid, data, model)
         state["control"] = self._zeros(model.state_dict())
         return state
 
@@ -66,11 +70,13 @@ class Scaffold(FedAvg):
         x = down["weights"]
         c = down["control"]
         c_i = state["control"]
-        self._correction = {k: (c[k] - c_i[k]).to(ctx.device) for k in self.shared_param_keys}
+        ctx.scratch[CORRECTION] = {
+            k: (c[k] - c_i[k]).to(ctx.device) for k in self.shared_param_keys
+        }
         try:
             up = super().local_update(ctx, down, state)
         finally:
-            del self._correction
+            del ctx.scratch[CORRECTION]
         steps = int(up.metrics["steps"])
         y = up["weights"]
         scale = 1.0 / (steps * self.train.lr)
@@ -90,8 +96,10 @@ class Scaffold(FedAvg):
         )
 
     def before_step(self, ctx: ClientContext) -> None:
+        """Alg. 1, line 10: the gradient g_i(y) becomes g_i(y) - c_i + c."""
+        correction = ctx.scratch[CORRECTION]
         for name, p in ctx.model.named_parameters():
-            corr = self._correction.get(name)
+            corr = correction.get(name)
             if corr is not None and p.grad is not None:
                 p.grad.add_(corr)
 

@@ -28,12 +28,12 @@ from typing import Any, ClassVar
 import torch
 
 from fedshift.algorithms import ALGORITHMS
+from fedshift.core.contract import State
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
-State = dict[str, Any]
 Records = dict[str, Tensors]
 
 

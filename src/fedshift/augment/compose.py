@@ -1,7 +1,9 @@
 """An algorithm and its augments presented to a runtime (the simulator, Flower) as one.
 
-:class:`Composition` has the algorithm interface (``init_server``, ``broadcast``,
-``local_update``, ``aggregate``, ...) plus the setup exchange. It merges each augment's
+:class:`Composition` is what every runtime drives: it implements
+:class:`fedshift.core.contract.FederatedAlgorithm` (the algorithm interface, ``init_server``,
+``broadcast``, ``local_update``, ``aggregate``, ..., plus the setup exchange and the
+evaluation of held-out clients). It merges each augment's
 records into the algorithm's payloads (a record name used twice is an error, never a silent
 overwrite). The data path (raw batch -> augments -> normalisation) is
 :class:`fedshift.core.context.InputPipeline`.
@@ -9,9 +11,10 @@ overwrite). The data path (raw batch -> augments -> normalisation) is
 
 from __future__ import annotations
 
-from fedshift.algorithms.base import Algorithm, State
+from fedshift.algorithms.base import Algorithm
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
+from fedshift.core.contract import Reply, State
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -25,7 +28,8 @@ def _merge(into: dict[str, Tensors], extra: Records, who: str) -> None:
 
 
 class Composition:
-    """``algorithm x [augments]`` behind the algorithm interface."""
+    """``algorithm x [augments]`` behind the runtime's interface
+    (:class:`fedshift.core.contract.FederatedAlgorithm`)."""
 
     def __init__(self, algo: Algorithm, augments: list[Augment]) -> None:
         self.algo = algo
@@ -68,7 +72,7 @@ class Composition:
         return server
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = self.algo.init_client(cid, model)
+        state = self.algo.init_client(cid, data, model)
         for a in self.augments:
             state[aug_key(a)] = a.init_client(cid, data, model)
         return state
@@ -80,7 +84,7 @@ class Composition:
             _merge(up.records, a.setup_reply(cid, state[aug_key(a)]), a.name)
         return up
 
-    def setup_aggregate(self, server: State, replies: list[tuple[str, Payload]]) -> None:
+    def setup_aggregate(self, server: State, replies: list[Reply]) -> None:
         for a in self.augments:
             a.setup_aggregate(server[aug_key(a)], [(cid, p.records) for cid, p in replies])
 
@@ -123,7 +127,7 @@ class Composition:
         for a in self.augments:
             a.receive(down, state[aug_key(a)], 0)
 
-    def aggregate(self, server: State, rnd: int, replies: list[tuple[str, Payload]]) -> None:
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         self.algo.aggregate(server, rnd, replies)
         for a in self.augments:
             a.aggregate(server[aug_key(a)], rnd, replies)

@@ -67,6 +67,16 @@ class InputPipeline:
 
 @dataclass
 class ClientContext:
+    """One client's round: built by the runtime for every (round, client) and handed to
+    ``local_update``, which passes it on to the local loop and its hooks (``loss``,
+    ``penalty``, ``before_step``).
+
+    ``scratch`` holds the values an algorithm computes at the start of its local update and
+    its hooks read during the round (FedProx's anchor, SCAFFOLD's gradient correction, MOON's
+    frozen models, ...). They belong to this (client, round) only: never to the algorithm
+    object (which several clients' rounds may share at once), never kept in the client state,
+    checkpointed or sent. Each algorithm uses its own keys (``"<algorithm>/<name>"``)."""
+
     cid: str
     round: int
     data: ClientData
@@ -77,6 +87,8 @@ class ClientContext:
     device: torch.device
     state: dict | None = None  # the client's state (augments read theirs from it)
     task: Task = field(default_factory=Classification)  # the loss (and metrics) of the data
+    #: per-round working values of the algorithm (see the class docstring)
+    scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_train(self) -> int:

@@ -1,0 +1,229 @@
+"""The algorithm contracts, stated as typed protocols.
+
+Two sides meet at an algorithm:
+
+* :class:`FederatedAlgorithm` is what a runtime drives: the native simulator
+  (``fedshift.runtime``) and the Flower server and nodes (``fedshift.flower``) call exactly
+  these members and nothing else. ``fedshift.augment.compose.Composition`` (an algorithm with
+  its augments) is the implementation every runtime receives.
+* :class:`AlgorithmSpec` is what an algorithm author implements.
+  ``fedshift.algorithms.base.Algorithm`` is the base class that satisfies it with defaults
+  (FedAvg-style broadcast and reply, BN policy, the local mini-batch loop and its hooks);
+  a subclass overrides the members its method changes.
+
+Message flow of one round, for every sampled client ``cid``::
+
+    server: down = broadcast(server, rnd, cid)            # server state -> down payload
+    client: up   = local_update(ctx, down, state)          # trains; up = reply(...)
+    server: aggregate(server, rnd, [(cid, up), ...])       # replies -> new server state
+
+Rules both sides rely on:
+
+* State is data. ``server`` (from ``init_server``) and each client's ``state`` (from
+  ``init_client``) are plain dicts of tensors, numbers, strings, ``None`` and nested
+  dicts/lists of those: checkpointed with ``torch.save`` and loaded back with
+  ``weights_only=True``. A client's state never leaves the client; a payload is the only
+  thing that crosses the wire (and the communication ledger).
+* Algorithms are re-entrant. The algorithm object holds configuration (set in ``__init__``)
+  and nothing that changes during a round: ``broadcast`` and ``local_update`` of several
+  clients may interleave on one object (a worker pool). What a client's round computes and
+  its hooks read travels as explicit arguments: the down payload, the client's ``state`` and
+  the round's :class:`~fedshift.core.context.ClientContext` (``ctx.scratch``).
+* ``personal_weights(server_view(server, cid), state) == personal_weights(server, state)``:
+  a runtime whose clients live elsewhere (Flower) evaluates personal models from the view.
+
+This module belongs to ``fedshift.core`` and imports nothing above it; the model and data
+types are named for type checkers only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from fedshift.core.context import ClientContext
+from fedshift.core.payload import Payload, Tensors
+
+if TYPE_CHECKING:  # types only: core imports nothing above it
+    from fedshift.core.config import TrainConfig
+    from fedshift.data.base import ClientData, Federation
+    from fedshift.models.base import FedModel
+
+#: server or client state: plain data (tensors, numbers, strings, None, nested dicts/lists)
+State = dict[str, Any]
+#: one client's answer to a broadcast, as the server receives it: (client id, up payload)
+Reply = tuple[str, Payload]
+
+__all__ = ["AlgorithmSpec", "FederatedAlgorithm", "Reply", "State", "Tensors"]
+
+
+@runtime_checkable
+class FederatedAlgorithm(Protocol):
+    """What a runtime drives: one run's algorithm with its augments.
+
+    Server side: ``init_server``, ``register_clients``, ``setup_aggregate`` /
+    ``setup_broadcast``, ``broadcast``, ``aggregate``, ``eval_broadcast``, ``server_view``.
+    Client side: ``init_client``, ``setup_reply`` / ``setup_receive``, ``local_update``,
+    ``eval_receive``, ``personal_weights`` (from a server view). Evaluation:
+    ``global_weights`` and ``personal_weights``."""
+
+    # -- what the run has ------------------------------------------------------------------
+    @property
+    def communicates(self) -> bool:
+        """False for training without a federation (local-only, centralised): no traffic."""
+        ...
+
+    @property
+    def has_global_model(self) -> bool:
+        """One server model that every client can be evaluated with."""
+        ...
+
+    @property
+    def has_personal_model(self) -> bool:
+        """Each client has a model of its own (``personal_weights``)."""
+        ...
+
+    @property
+    def needs_setup(self) -> bool:
+        """The one-off setup exchange runs before round 1."""
+        ...
+
+    # -- state -------------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        """The server state, from the model at its initial weights."""
+        ...
+
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        """Client ``cid``'s state (kept between rounds, never sent), from its data and the
+        model at its initial weights."""
+        ...
+
+    def register_clients(self, cids: list[str]) -> None:
+        """Server side, once, before any round: the training clients, in order."""
+        ...
+
+    # -- setup exchange (before round 1) -----------------------------------------------------
+    def setup_reply(self, cid: str, state: State) -> Payload:
+        """Client side: what the client sends in the setup exchange."""
+        ...
+
+    def setup_aggregate(self, server: State, replies: list[Reply]) -> None:
+        """Server side: take in every client's setup reply."""
+        ...
+
+    def setup_broadcast(self, server: State, cid: str) -> Payload:
+        """Server side: what client ``cid`` receives in the setup exchange."""
+        ...
+
+    def setup_receive(self, down: Payload, state: State) -> None:
+        """Client side: take in the setup broadcast."""
+        ...
+
+    # -- rounds ------------------------------------------------------------------------------
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        """Server side: the down payload of round ``rnd`` for client ``cid``."""
+        ...
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        """Client side: train on ``ctx`` from ``down``, update ``state``, return the up
+        payload."""
+        ...
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        """Server side: fold round ``rnd``'s replies into ``server`` (in place)."""
+        ...
+
+    # -- evaluation --------------------------------------------------------------------------
+    def eval_broadcast(self, server: State, cid: str) -> Payload:
+        """Server side: what a client that never trains (held out) needs to be evaluated."""
+        ...
+
+    def eval_receive(self, down: Payload, state: State) -> None:
+        """Client side: take in ``eval_broadcast``."""
+        ...
+
+    def global_weights(self, server: State) -> Tensors | None:
+        """The global model's state dict (None without a global model)."""
+        ...
+
+    def personal_weights(self, server: State, state: State) -> Tensors | None:
+        """The client's own model's state dict (None without personal models); ``server``
+        may be the full server state or ``server_view(server, cid)``."""
+        ...
+
+    def server_view(self, server: State, cid: str) -> State:
+        """The part of the server state that ``personal_weights`` reads for ``cid``."""
+        ...
+
+
+@runtime_checkable
+class AlgorithmSpec(Protocol):
+    """What an algorithm author implements (``fedshift.algorithms.base.Algorithm`` gives
+    every member a default; see the module docstring for the rules).
+
+    Config time (class level): ``check`` rejects nonsensical combinations,
+    ``implied_augments`` names the augments a preset consists of, ``wrap_model`` builds the
+    trained model around the backbone, ``training_data`` picks the clients that train.
+    Run time: the server and client halves of a round and the evaluated weights; ``reply``
+    builds the up payload at the end of ``local_update`` as ``broadcast`` builds the down
+    payload."""
+
+    #: registry name (``algorithm.name``)
+    name: ClassVar[str]
+    #: dataclass of the algorithm's config keys (``algorithm.*``), None for none
+    Params: ClassVar[type | None]
+    #: False for algorithms with no client-server traffic (local-only, centralised)
+    communicates: ClassVar[bool]
+    #: dataset tasks the local objective works on (``classification``, ``segmentation``)
+    tasks: ClassVar[tuple[str, ...]]
+    #: the paper's aggregation weighting (``federation.weighting=auto``)
+    paper_weighting: ClassVar[str]
+
+    # -- config time -------------------------------------------------------------------------
+    @classmethod
+    def check(cls, params: Any, train: TrainConfig) -> None: ...
+
+    @classmethod
+    def implied_augments(cls, params: Any) -> list[str]: ...
+
+    @classmethod
+    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel: ...
+
+    @classmethod
+    def training_data(cls, federation: Federation) -> list[ClientData]: ...
+
+    # -- what the run has --------------------------------------------------------------------
+    @property
+    def has_global_model(self) -> bool: ...
+
+    @property
+    def has_personal_model(self) -> bool: ...
+
+    # -- server ------------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State: ...
+
+    def register_clients(self, cids: list[str]) -> None: ...
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload: ...
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None: ...
+
+    # -- client ------------------------------------------------------------------------------
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State: ...
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload: ...
+
+    def reply(
+        self,
+        ctx: ClientContext,
+        state: State,
+        steps: int,
+        loss: float,
+        records: dict[str, Tensors] | None = None,
+    ) -> Payload: ...
+
+    # -- evaluation --------------------------------------------------------------------------
+    def global_weights(self, server: State) -> Tensors | None: ...
+
+    def personal_weights(self, server: State, state: State) -> Tensors | None: ...
+
+    def server_view(self, server: State, cid: str) -> State: ...
