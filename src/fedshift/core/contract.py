@@ -177,6 +177,9 @@ class AlgorithmSpec(Protocol):
     tasks: ClassVar[tuple[str, ...]]
     #: the paper's aggregation weighting (``federation.weighting=auto``)
     paper_weighting: ClassVar[str]
+    #: True when a round's local work depends on ``train.rounds`` (a ramp-up over the run):
+    #: such a run refuses to be extended to more rounds (``fedshift run --resume``)
+    depends_on_rounds: ClassVar[bool]
 
     # -- config time -------------------------------------------------------------------------
     @classmethod
