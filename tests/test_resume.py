@@ -130,18 +130,18 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
     ids=["fedbn", "fedrdn-every3"],
 )
 def test_extending_a_finished_run_equals_the_longer_run(tmp_path, over):
-    """A finished 4-round run extended to 8 rounds ends exactly as an 8-round run: same
-    rows (the 4-round run's extra last-round evaluation is dropped when 4 is not a scheduled
-    evaluation round), same selection, same ledger."""
-    short = run_experiment(toy_cfg(*over, rounds=4), run_dir=tmp_path / "ext", progress=False)
-    assert short.summary["rounds"] == 4
-    long = run_experiment(toy_cfg(*over, rounds=8), run_dir=tmp_path / "long", progress=False)
-    extended = resume_experiment(tmp_path / "ext", progress=False, rounds=8)
+    """A finished 10-round run extended to 20 rounds ends exactly as a 20-round run: same
+    rows (the 10-round run's extra last-round evaluation is dropped when 10 is not a
+    scheduled evaluation round), same selection, same ledger."""
+    short = run_experiment(toy_cfg(*over, rounds=10), run_dir=tmp_path / "ext", progress=False)
+    assert short.summary["rounds"] == 10
+    long = run_experiment(toy_cfg(*over, rounds=20), run_dir=tmp_path / "long", progress=False)
+    extended = resume_experiment(tmp_path / "ext", progress=False, rounds=20)
     assert results_of(extended.summary) == results_of(long.summary)
     assert metric_rows(tmp_path / "ext") == metric_rows(tmp_path / "long")
     assert ledger(tmp_path / "ext") == ledger(tmp_path / "long")
     saved = yaml.safe_load((tmp_path / "ext/config.yaml").read_text())
-    assert saved["train"]["rounds"] == 8
+    assert saved["train"]["rounds"] == 20
 
 
 def test_extension_refuses_what_it_cannot_do(tmp_path):
