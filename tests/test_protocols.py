@@ -641,3 +641,28 @@ def test_main_reports_protocol_errors(tmp_path, capsys):
 
     assert main(["protocol", "rounds", str(tmp_path), "--thresholds", "0"]) == 2
     assert "outside (0, 1]" in capsys.readouterr().err
+
+
+def test_sweep_over_an_algorithm_key_is_one_row():
+    """Sweeping ``algorithm.rho`` puts each value in a column of the same row; the swept key
+    is not part of the row's flow label (HarmoFL's Fig. 5c sweep)."""
+    from fedshift.protocols.sweep import sweep_table
+
+    def cell(rho, seed, acc):
+        return {
+            "algorithm": "harmofl",
+            "algorithm_config": {"name": "harmofl", "rho": rho, "perturbation": True,
+                                 "amplitude_norm": True},  # fmt: skip
+            "augment": [],
+            "implied": [],
+            "seed": seed,
+            "test_mean": acc,
+            "run_dir": f"r{rho}-{seed}",
+            "metrics": {},
+            "_value": str(rho),
+        }
+
+    cells = [cell(r, s, 0.5 + r / 10 + s / 100) for r in (1.0, 0.05) for s in (0, 1)]
+    text, data = sweep_table(cells, "algorithm.rho", ["1.0", "0.05"])
+    assert len(data["rows"]) == 1 and data["rows"][0]["flow"] == "base"
+    assert data["rows"][0]["points"]["1.0"]["mean"] == pytest.approx(0.605)
