@@ -150,14 +150,19 @@ def cross_site(
             else "the model client's state."
         )
         + (
-            " Final-round weights (checkpoint), not the round model selection picked."
+            f" Weights of round {sim.last_round} ("
+            + ("the round model selection picked" if weights == "selected" else "the last round")
+            + ")."
             if kind != "local"
-            else " Local models: one round of each client's local training from the final "
-            "round's broadcast (FedRDN Table 3)."
+            else f" Local models: one round of each client's local training from round "
+            f"{sim.last_round}'s broadcast ("
+            + ("the round model selection picked" if weights == "selected" else "the last round")
+            + "; FedRDN Table 3)."
         )
     )
     text = f"{caption}:\n\n{grid(header, rows)}\n\n_{note}_"
     data = {
+        "weights": weights,
         "protocol": "cross-site",
         "run_dir": str(run_dir),
         **meta,
