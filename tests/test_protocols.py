@@ -666,3 +666,22 @@ def test_sweep_over_an_algorithm_key_is_one_row():
     text, data = sweep_table(cells, "algorithm.rho", ["1.0", "0.05"])
     assert len(data["rows"]) == 1 and data["rows"][0]["flow"] == "base"
     assert data["rows"][0]["points"]["1.0"]["mean"] == pytest.approx(0.605)
+
+
+def test_sweep_tests_each_flow_against_its_base_flow():
+    from scipy.stats import ttest_rel
+
+    from fedshift.protocols.sweep import sweep_table
+
+    def cell(augment, seed, acc):
+        return {"algorithm": "fedavg", "algorithm_config": {"name": "fedavg"}, "implied": [],
+                "augment": augment, "seed": seed, "test_mean": acc, "run_dir": f"{seed}",
+                "metrics": {}, "_value": "1"}  # fmt: skip
+
+    base, rdn = [0.70, 0.74, 0.71], [0.75, 0.80, 0.74]
+    cells = [cell([], s, a) for s, a in enumerate(base)]
+    cells += [cell([{"name": "fedrdn"}], s, a) for s, a in enumerate(rdn)]
+    text, data = sweep_table(cells, "train.local_epochs", ["1"])
+    want = ttest_rel(rdn, base).pvalue
+    got = [r for r in data["rows"] if r["flow"] != "base"][0]["points"]["1"]["p_vs_base"]
+    assert got == pytest.approx(want) and f"(p={want:.3f})" in text

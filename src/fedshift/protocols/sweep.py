@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from fedshift.core.errors import ConfigError, FedshiftError  # noqa: E402
-from fedshift.eval.stats import mean_std  # noqa: E402
+from fedshift.eval.stats import mean_std, paired_ttest  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import grid  # noqa: E402
 from fedshift.protocols.common import (  # noqa: E402
@@ -172,8 +172,24 @@ def sweep_table(summaries: list[dict], key: str, labels: list[str]) -> tuple[str
         out_rows.append(
             {"algorithm": algo, "flow": flow, "setting": setting, "seeds": seeds, "points": points}
         )
+    # a flow's change against its algorithm's base flow at each value: paired t-test over seeds
+    base = {(r["algorithm"], r["setting"]): r for r in out_rows if r["flow"] == "base"}
+    tested = False
+    for row, r in zip(rows, out_rows, strict=True):
+        ref = base.get((r["algorithm"], r["setting"]))
+        if ref is None or ref is r:
+            continue
+        first_cell = len(row) - len(labels)
+        for i, v in enumerate(labels):
+            pv = paired_ttest(r["points"][v]["per_seed"], ref["points"][v]["per_seed"])
+            r["points"][v]["p_vs_base"] = pv
+            if pv is not None:
+                row[first_cell + i] += f" (p={pv:.3f})"
+                tested = True
     caption = f"Test {label} (%) against {key}, mean ± std over seeds"
     note = f"Model selection: {selection_rule(label)}."
+    if tested:
+        note += " p: paired t-test over seeds against the same algorithm's base flow."
     text = f"{caption}:\n\n{grid(header, rows)}\n\n_{note}_"
     data = {
         "protocol": "sweep",
