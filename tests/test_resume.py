@@ -123,6 +123,30 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
     assert torch.load(tmp_path / "s/checkpoint.pt", weights_only=False)["round"] == 2
 
 
+def test_signal_during_the_setup_exchange_saves_nothing(tmp_path):
+    """Interrupted between sending the setup statistics and receiving the federation's back,
+    a run has no whole state to save: no checkpoint, and --resume starts it again."""
+    from fedshift.runtime.loop import RunSignal
+    from fedshift.runtime.simulation import Simulation
+
+    cfg = toy_cfg("algorithm.name=fedavg", "augment=[fedrdn]", rounds=2)
+    sim = Simulation(cfg, tmp_path / "s", progress=False)
+    receive = sim.transport.setup_receive
+
+    def interrupted(downs):
+        sim._on_signal(signal.SIGINT, None)
+        return receive(downs)
+
+    sim.transport.setup_receive = interrupted
+    with pytest.raises(RunSignal) as info:
+        sim.run()
+    assert info.value.saved_round is None and info.value.exit_code == 130
+    assert not (tmp_path / "s/checkpoint.pt").exists()
+    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
+    again = resume_experiment(tmp_path / "s", progress=False)
+    assert results_of(again.summary) == results_of(full.summary)
+
+
 # ---------------------------------------------------------------------------- extension
 @pytest.mark.parametrize(
     "over",

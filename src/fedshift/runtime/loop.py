@@ -140,6 +140,8 @@ class RoundLoop:
         self.last_round = 0
         self.wall_before = 0.0
         self.selected_round: int | None = None  # best scheduled evaluation so far
+        #: the setup exchange (round 0) has completed, or there is none
+        self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
         self._saving = False
         self._stopping = False
@@ -226,6 +228,7 @@ class RoundLoop:
         lost = self.transport.setup_receive(downs)
         if lost:
             raise FedshiftError(f"setup exchange: client(s) {lost} did not take the statistics")
+        self.setup_complete = True
 
     # ------------------------------------------------------------------ evaluation
     def evaluate_round(self, rnd: int, train_metrics: dict[str, dict]) -> list[dict]:
@@ -320,6 +323,7 @@ class RoundLoop:
             set_rng_state(ck["rng"])
             self.selected_round = ck.get("selected_round")
             self.identity.key = ck.get("run_key") or self.identity.key
+            self.setup_complete = True  # checkpoints are written after the setup exchange
             self.identity.resume_from = self.last_round
             self.identity.checkpointed = self.last_round
             self.identity.worked = self._worked_until(self.last_round)
@@ -327,7 +331,8 @@ class RoundLoop:
 
     def _worked_until(self, rnd: int) -> set[str]:
         """The clients whose state changed in rounds 0..``rnd`` (set-up, or sampled)."""
-        worked = set(self.fed.client_names) if self._setup_done() else set()
+        took_part = self.algo.needs_setup and self.setup_complete  # every client, round 0
+        worked = set(self.fed.client_names) if took_part else set()
         for r in range(1, rnd + 1):
             worked.update(self.sample(r))
         return worked
@@ -491,7 +496,9 @@ class RoundLoop:
         return self.last_round
 
     def _setup_done(self) -> bool:
-        return not self.algo.needs_setup or any(r[0] == 0 for r in self.ledger.rows)
+        """A signal during the setup exchange leaves nothing to save: a half-done exchange
+        (statistics sent but not yet received back) must not be checkpointed."""
+        return self.setup_complete
 
 
 class _Caught(BaseException):  # noqa: N818
