@@ -164,6 +164,13 @@ def _payload(path: Path, data: bytes, fix: str) -> memoryview:
     return payload
 
 
+def _unsafe_reason(error: Exception) -> str:
+    """What torch's weights-only unpickler refused (the middle of its long message)."""
+    parts = [" ".join(p.split()) for p in str(error).split("\n\n") if p.strip()]
+    reason = " ".join(parts[1:-1]) if len(parts) > 2 else " ".join(parts)
+    return reason[:200]
+
+
 def read_checkpoint(
     path: str | Path,
     map_location: str | torch.device | None = None,
@@ -182,12 +189,11 @@ def read_checkpoint(
     try:
         return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        reason = " ".join(str(e).split())[:300]
         raise CheckpointError(
-            f"{path} was refused: it holds objects other than tensors and plain data, which "
-            "a fedshift checkpoint never does, so it was not written by fedshift or was "
-            f"tampered with; nothing in it was run. Do not use this run directory "
-            f"(torch.load(weights_only=True): {reason})"
+            f"{path} was refused: it holds objects other than tensors and plain data "
+            f"({_unsafe_reason(e)}), which a fedshift checkpoint never does, so it was not "
+            "written by fedshift or was tampered with; nothing in it was run. Do not use "
+            "this file or the run directory it came with"
         ) from None
     except Exception as e:  # a payload torch cannot parse despite a matching digest
         raise CheckpointError(

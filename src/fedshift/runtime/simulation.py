@@ -117,6 +117,13 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_GONE = object()
+
+
+def _shown(flat: dict[str, Any], key: str) -> str:
+    return repr(flat[key]) if key in flat else "(not set)"
+
+
 def resume_config(
     run_dir: str | Path, rounds: int | None = None, extend: bool = True
 ) -> tuple[RunConfig, int | None]:
@@ -144,11 +151,10 @@ def resume_config(
     started, trained = ck["config"], int(ck["round"])
     where = f"{run_dir / 'config.yaml'}"
     old, new = _flat(started), _flat(cfg.to_dict())
-    gone = "(not set)"
     changed = [
-        f"{k}: {old.get(k, gone)!r} -> {new.get(k, gone)!r}"
+        f"{k}: {_shown(old, k)} -> {_shown(new, k)}"
         for k in [*old, *(k for k in new if k not in old)]
-        if k not in (*RESUME_FREE, "train.rounds") and old.get(k, gone) != new.get(k, gone)
+        if k not in (*RESUME_FREE, "train.rounds") and old.get(k, _GONE) != new.get(k, _GONE)
     ]
     if changed:
         raise ConfigError(
