@@ -30,6 +30,7 @@ from fedshift.core.context import Normalize
 from fedshift.core.seeding import generator, seed_global
 from fedshift.data import load_dataset
 from fedshift.models import build_model
+from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import run_experiment
 
 
@@ -89,7 +90,7 @@ def fedshift_fedavg(cfg, fed, out: Path) -> tuple[dict, float]:
     t0 = time.perf_counter()
     res = run_experiment(cfg, run_dir=out, federation=fed, progress=False)
     dt = time.perf_counter() - t0
-    w = torch.load(out / "checkpoint.pt", weights_only=False)["server"]["weights"]
+    w = read_checkpoint(out / "checkpoint.pt")["server"]["weights"]
     return {"weights": w, "summary": res.summary}, dt
 
 

@@ -38,6 +38,7 @@ from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.models.digits import SmallCNN
+from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import RunInterrupted, Simulation, resume_experiment
 
 TINY = ("model.name=cnn", "model.width=4")
@@ -463,7 +464,7 @@ def test_pfedhn_end_to_end_payloads_and_embeddings(make_cfg, tmp_path):
     personal = [algo.personal_weights(sim.server, sim.states[c]) for c in sim.states]
     w = "stages.conv1.conv.weight"
     assert not torch.allclose(personal[0][w], personal[1][w])
-    ck = torch.load(tmp_path / "p/checkpoint.pt", weights_only=False)
+    ck = read_checkpoint(tmp_path / "p/checkpoint.pt")
     assert torch.equal(ck["server"]["hnet"]["embeddings.weight"], emb)
 
 
@@ -492,7 +493,7 @@ def test_pfedhn_resume_equals_uninterrupted(make_cfg, tmp_path):
     assert (tmp_path / "full/metrics.jsonl").read_text() == (
         tmp_path / "k/metrics.jsonl"
     ).read_text()
-    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False) for d in ("full", "k"))
+    a, b = (read_checkpoint(tmp_path / d / "checkpoint.pt") for d in ("full", "k"))
     for k, v in a["server"]["hnet"].items():
         assert torch.equal(v, b["server"]["hnet"][k]), k
 

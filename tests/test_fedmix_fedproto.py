@@ -25,6 +25,7 @@ from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
+from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import Simulation, run_experiment
 
 
@@ -204,7 +205,7 @@ def test_fedmix_gradient_term_takes_part_in_training(make_cfg, tmp_path, monkeyp
     def weights(name):
         cfg = make_cfg("model.name=cnn", "augment=[{name: fedmix, lam: 0.3}]", rounds=1)
         run_experiment(cfg, run_dir=tmp_path / name, progress=False)
-        ck = torch.load(tmp_path / name / "checkpoint.pt", weights_only=False)
+        ck = read_checkpoint(tmp_path / name / "checkpoint.pt")
         return ck["server"]["weights"]["classifier.weight"]
 
     a = weights("a")
@@ -313,7 +314,7 @@ def test_fedproto_end_to_end_personal_models(make_cfg, tmp_path):
         "up": {"prototypes": 3 * 2 * (10 * 128 * 4 + 10 * 4)},
         "down": {"global_protos": 3 * (10 * 128 * 4 + 10)},  # round 2 only; mask is bool
     }
-    ck = torch.load(tmp_path / "p/checkpoint.pt", weights_only=False)
+    ck = read_checkpoint(tmp_path / "p/checkpoint.pt")
     w = [ck["clients"][c]["local"]["classifier.weight"] for c in ("client0", "client1")]
     assert not torch.equal(w[0], w[1])  # never averaged
     # lam = 0 is local training exactly; lam = 1 is not

@@ -19,6 +19,7 @@ from fedshift.algorithms.fraug import (
 )
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
+from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
@@ -244,7 +245,7 @@ def test_ablations_run_end_to_end_and_differ(make_cfg, tmp_path):
         res = run_experiment(cfg, run_dir=tmp_path / str(i), progress=False)
         assert res.summary["evaluated_model"] == "personal"
         assert set(res.summary["bytes_by_record"]["up"]) == {"weights", "generator"}
-        ck = torch.load(tmp_path / str(i) / "checkpoint.pt", weights_only=False)
+        ck = read_checkpoint(tmp_path / str(i) / "checkpoint.pt")
         for state in ck["clients"].values():
             # with "agnostic" no RTNet exists, so none is trained
             assert ("rtnet" in state) == (over != ["algorithm.embeddings=agnostic"])
@@ -304,8 +305,8 @@ def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path):
     assert (tmp_path / "full/metrics.jsonl").read_text() == (
         tmp_path / "killed/metrics.jsonl"
     ).read_text()
-    a = torch.load(tmp_path / "full/checkpoint.pt", weights_only=False)["clients"]
-    b = torch.load(tmp_path / "killed/checkpoint.pt", weights_only=False)["clients"]
+    a = read_checkpoint(tmp_path / "full/checkpoint.pt")["clients"]
+    b = read_checkpoint(tmp_path / "killed/checkpoint.pt")["clients"]
     for cid in a:
         assert torch.equal(a[cid]["prototypes"], b[cid]["prototypes"])
         assert a[cid]["label_offset"] == b[cid]["label_offset"]
@@ -378,7 +379,7 @@ def test_paper_and_released_variants_train_differently(make_cfg, tmp_path):
     for v in ("paper", "released"):
         cfg = make_cfg("algorithm.name=fraug", f"algorithm.variant={v}", rounds=1)
         res = run_experiment(cfg, run_dir=tmp_path / v, progress=False)
-        ck = torch.load(tmp_path / v / "checkpoint.pt", weights_only=False)
+        ck = read_checkpoint(tmp_path / v / "checkpoint.pt")
         losses.append(ck["records"][-1]["train_loss"])
         assert res.summary["evaluated_model"] == "personal"
     assert losses[0] != losses[1]
@@ -403,5 +404,5 @@ OLD_RELEASED_LOSSES = [
 def test_released_variant_reproduces_the_old_code_bit_for_bit(make_cfg, tmp_path):
     cfg = make_cfg("algorithm.name=fraug", "algorithm.variant=released", rounds=2)
     run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
-    ck = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
+    ck = read_checkpoint(tmp_path / "r" / "checkpoint.pt")
     assert [r["train_loss"] for r in ck["records"]] == OLD_RELEASED_LOSSES

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from conftest import metric_rows, results_of, toy_cfg
 
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
     SELECTED,
     RunInterrupted,
@@ -92,7 +92,7 @@ def test_signal_at_a_random_moment_saves_and_resumes_to_the_same_summary(tmp_pat
         pytest.skip(f"the run finished before the signal arrived: {out}")
     assert code == 128 + int(signum), out
     assert signal.Signals(signum).name in out and "--resume" in out
-    ck = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ck = read_checkpoint(run_dir / "checkpoint.pt")
     assert 0 <= ck["round"] < 30
     # the saved ledger holds whole rounds only: the interrupted round was rolled back
     assert {r[0] for r in ck["ledger"]["rows"]} == set(range(ck["round"] + 1))
@@ -111,7 +111,7 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
 
     cfg = toy_cfg("algorithm.name=fedavg", "checkpoint.every=1", rounds=4)
     sim = Simulation(cfg, tmp_path / "s", progress=False)
-    real_save = loop_mod.torch.save
+    real_save = loop_mod.write_checkpoint
     sent = []
 
     def save_then_signal(obj, path):
@@ -120,11 +120,11 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
             sent.append(1)
             sim._on_signal(signal.SIGTERM, None)  # arrives mid-write
 
-    monkeypatch.setattr(loop_mod.torch, "save", save_then_signal)
+    monkeypatch.setattr(loop_mod, "write_checkpoint", save_then_signal)
     with pytest.raises(RunSignal) as info:
         sim.run()
     assert info.value.saved_round == 2 and info.value.exit_code == 143
-    assert torch.load(tmp_path / "s/checkpoint.pt", weights_only=False)["round"] == 2
+    assert read_checkpoint(tmp_path / "s/checkpoint.pt")["round"] == 2
 
 
 def test_signal_during_the_setup_exchange_saves_nothing(tmp_path):
@@ -195,7 +195,7 @@ def test_the_selected_round_is_saved_and_loaded_by_default(tmp_path):
     last = load_finished(res.run_dir, weights="last")
     assert last.last_round == 6 and selected.last_round == best
     if best != 6:
-        assert torch.load(res.run_dir / SELECTED, weights_only=False)["round"] == best
+        assert read_checkpoint(res.run_dir / SELECTED)["round"] == best
     # the selected model scores what the summary reports at the selected round
     from fedshift.runtime.client import evaluate_client
 
@@ -235,7 +235,7 @@ def test_flower_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(tm
     native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
     with pytest.raises(RunInterrupted):
         simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False, stop_after=2)
-    assert torch.load(tmp_path / "f/checkpoint.pt", weights_only=False)["round"] == 2
+    assert read_checkpoint(tmp_path / "f/checkpoint.pt")["round"] == 2
     resumed = simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False,
                        resume=True)  # fmt: skip
     assert metric_rows(resumed.run_dir) == metric_rows(native.run_dir)

@@ -35,14 +35,29 @@ def seed_global(seed: int, *parts: object) -> None:
 
 
 def rng_state() -> dict:
+    """The global RNGs' state as tensors and plain numbers only, so a checkpoint holding it
+    loads with ``torch.load(weights_only=True)`` (numpy's own state tuple holds an ndarray,
+    which that refuses); :func:`set_rng_state` restores it exactly."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {"version": int(version), "internal": list(internal), "gauss_next": gauss_next},
     }
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    """Restore the global RNGs from :func:`rng_state` (tensors may come back on any device)."""
+    torch.set_rng_state(state["torch"].cpu())
+    n = state["numpy"]
+    keys = n["keys"].cpu().numpy().astype(np.uint32)
+    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))

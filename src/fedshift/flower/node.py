@@ -11,7 +11,8 @@ Client state (local BN layers, persisted optimizer state, SCAFFOLD's ``c_i``, Di
 offset, FRAug's RTNet, the augments' statistics) is whatever the algorithm's ``init_client``
 returns and ``local_update`` changes. It lives in the node's Flower ``Context.state`` (record
 ``fedshift.state``) and, with ``state-dir`` set, also on the node's disk, written atomically
-after every message; it never leaves the node.
+after every message (checksummed, read with ``weights_only=True``:
+:mod:`fedshift.runtime.checkpoint_io`); it never leaves the node.
 
 Message types (``<category>.<action>``):
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +53,7 @@ from fedshift.flower.wire import (
     records_to_payload,
     unpack,
 )
+from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
 from fedshift.runtime.client import check_reply, evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 
@@ -217,7 +218,8 @@ def load_state(rt: NodeRuntime, context: Context, run: ConfigRecord) -> dict:
     if folder is not None:
         snaps = {r: f for r, f in _snapshots(folder).items() if resume is None or r <= resume}
         if snaps:
-            return torch.load(snaps[max(snaps)], map_location=rt.exp.device, weights_only=True)
+            fix = f"client {rt.cid!r}'s state is lost: start the run again"
+            return read_checkpoint(snaps[max(snaps)], map_location=rt.exp.device, fix=fix)
     if resume is not None and bool(run.get("resume_state", False)):
         where = folder or "(none: set --node-config state-dir=...)"
         raise ConfigError(
@@ -236,9 +238,7 @@ def _write_snapshot(folder: Path | None, rnd: int, state: dict) -> None:
     if folder is None:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".r{rnd}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, folder / f"r{rnd}.pt")
+    write_checkpoint(state, folder / f"r{rnd}.pt")  # atomic, checksummed
 
 
 def save_state(rt: NodeRuntime, context: Context, run: ConfigRecord, state: dict) -> None:

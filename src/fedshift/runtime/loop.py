@@ -20,6 +20,9 @@ Runs survive interruption:
   of every scheduled round; the last round is in ``checkpoint.pt``), so protocols evaluate the
   selected model by default.
 
+State files are written and read by :mod:`fedshift.runtime.checkpoint_io` (checksummed,
+loaded with ``weights_only=True``; a failed write leaves the previous checkpoint intact).
+
 Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so
 a resumed, or extended, run ends with exactly the numbers of an uninterrupted one.
 """
@@ -29,7 +32,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import os
 import signal
 import threading
 import time
@@ -47,15 +49,19 @@ from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
 from fedshift.eval.summary import select_round
+from fedshift.runtime.checkpoint_io import (
+    CHECKPOINT,
+    SELECTED,
+    read_run_state,
+    write_checkpoint,
+    write_failed,
+)
 from fedshift.runtime.client import check_reply
 from fedshift.runtime.experiment import build_experiment
 from fedshift.runtime.results import RunResult, finish_run, write_metrics
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
 
 log = logging.getLogger("fedshift.runtime")
-
-CHECKPOINT = "checkpoint.pt"
-SELECTED = "selected.pt"
 
 
 class RunInterrupted(FedshiftError):
@@ -291,9 +297,9 @@ class RoundLoop:
     def _atomic_save(self, obj: dict, name: str) -> None:
         self._saving = True
         try:
-            tmp = self.run_dir / (name + ".tmp")
-            torch.save(obj, tmp)
-            os.replace(tmp, self.run_dir / name)
+            write_checkpoint(obj, self.run_dir / name)
+        except OSError as e:  # disk full, read-only: the previous file is intact
+            raise write_failed(e, self.run_dir, name, self.identity.checkpointed) from None
         finally:
             self._saving = False
         if self._pending is not None:  # a signal arrived while writing: act on it now
@@ -306,13 +312,7 @@ class RoundLoop:
         self._last_save = time.monotonic()
 
     def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
-        path = self.run_dir / name
-        if not path.is_file():
-            raise FedshiftError(
-                f"{path} does not exist: the run stopped before its first checkpoint; "
-                "start it again instead"
-            )
-        ck = torch.load(path, map_location=self.device, weights_only=False)
+        ck = read_run_state(self.run_dir, name, map_location=self.device)
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])

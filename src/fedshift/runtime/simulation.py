@@ -4,17 +4,25 @@
 :class:`Simulation` is :class:`~fedshift.runtime.loop.RoundLoop` with every client in this
 process (:class:`~fedshift.runtime.native.InProcessTransport`); it exposes the clients'
 state as ``states`` for protocols, figures and tests that look inside a run.
+
+A run directory's ``config.yaml`` is checked against the config its checkpoint was written
+with before a resume (or a protocol) builds anything (:func:`resume_config`): a resumed run
+must end as an uninterrupted run of the config it reports. A run killed before its first
+checkpoint has nothing to compare with: it starts again from ``config.yaml``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.data.base import Federation
+from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.loop import (
     CHECKPOINT,
     SELECTED,
@@ -35,6 +43,7 @@ __all__ = [
     "Simulation",
     "load_finished",
     "new_run_dir",
+    "resume_config",
     "resume_experiment",
     "run_experiment",
     "saved_config",
@@ -42,6 +51,11 @@ __all__ = [
 
 #: what ``load_finished`` can rebuild: the model selected on validation, or the last one
 WEIGHTS = ("selected", "last")
+
+#: config keys that may change between a run's start and its resume: they change neither
+#: its numbers nor which rounds it evaluates (``train.rounds`` is checked on its own: up
+#: to extend, or down to no fewer than the rounds trained)
+RESUME_FREE = ("name", "out", "checkpoint.every", "checkpoint.minutes")
 
 
 class Simulation(RoundLoop):
@@ -81,11 +95,92 @@ def run_experiment(
 
 
 def saved_config(run_dir: str | Path) -> RunConfig:
-    """The resolved config a run directory was started with (``config.yaml``)."""
-    path = Path(run_dir) / "config.yaml"
+    """The resolved config a run directory was started with (``config.yaml``), checked
+    against its checkpoint (:func:`resume_config`; no change of ``train.rounds`` either)."""
+    return resume_config(run_dir, extend=False)[0]
+
+
+def _yaml_config(run_dir: Path) -> RunConfig:
+    path = run_dir / "config.yaml"
     if not path.is_file():
         raise FedshiftError(f"{run_dir} is not a fedshift run directory (no config.yaml)")
     return resolve(load_yaml(path), source=str(path))
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+_GONE = object()
+
+
+def _shown(flat: dict[str, Any], key: str) -> str:
+    return repr(flat[key]) if key in flat else "(not set)"
+
+
+def resume_config(
+    run_dir: str | Path, rounds: int | None = None, extend: bool = True
+) -> tuple[RunConfig, int | None]:
+    """The config to continue ``run_dir`` with and the rounds to extend it to (None: as it
+    was started). ``config.yaml`` (plus ``rounds``, a ``train.rounds=N`` override) is compared
+    with the config the run's ``checkpoint.pt`` was written with, before anything is built:
+
+    * ``name``, ``out``, ``checkpoint.every`` / ``checkpoint.minutes`` may change (they
+      change no number);
+    * ``train.rounds`` may go up, or down to no fewer than the rounds already trained (the
+      run then ends as a run of that many rounds from the start,
+      :meth:`~fedshift.runtime.loop.RoundLoop.run`'s ``rounds``); only with ``extend``;
+    * anything else, ``eval.every`` and ``eval.batch_size`` included (the rounds already
+      evaluated were scored with the old values, so the run would equal no uninterrupted
+      run), is a :class:`ConfigError` listing every changed key, old -> new, and the fix.
+
+    A run with no checkpoint yet (killed during its first rounds) has nothing to compare
+    with: it starts again from ``config.yaml``."""
+    run_dir = Path(run_dir)
+    cfg = _yaml_config(run_dir)
+    target = cfg.train.rounds if rounds is None else rounds
+    if not (run_dir / CHECKPOINT).is_file():
+        return cfg, rounds
+    ck = read_run_state(run_dir, map_location="cpu")
+    started, trained = ck["config"], int(ck["round"])
+    where = f"{run_dir / 'config.yaml'}"
+    old, new = _flat(started), _flat(cfg.to_dict())
+    changed = [
+        f"{k}: {_shown(old, k)} -> {_shown(new, k)}"
+        for k in [*old, *(k for k in new if k not in old)]
+        if k not in (*RESUME_FREE, "train.rounds") and old.get(k, _GONE) != new.get(k, _GONE)
+    ]
+    if changed:
+        raise ConfigError(
+            f"{where} differs from the config the run was started with (its {CHECKPOINT}): "
+            f"{'; '.join(changed)}. A resumed run keeps its config (only train.rounds, name, "
+            "out and checkpoint.* may change): restore those keys in config.yaml, or start a "
+            f"new run with the new config: fedshift run -c {where}"
+        )
+    original = int(started["train"]["rounds"])
+    asked = f"train.rounds={rounds}" if rounds is not None else f"train.rounds: {target} in {where}"
+    restore = f"restore train.rounds: {original} in config.yaml"
+    if target < trained:
+        fix = restore if rounds is None else f"ask for at least {trained} rounds"
+        raise ConfigError(
+            f"{asked}: the run in {run_dir} already trained {trained} rounds, and a run can be "
+            f"extended, not shortened; {fix}, or start a new run"
+        )
+    if target != original and not extend:
+        raise ConfigError(
+            f"{asked}: the run was started with {original} rounds and this command cannot "
+            f"change them; {restore}, or extend the run with: "
+            f"fedshift run --resume {run_dir} train.rounds={target}"
+        )
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, rounds=original))
+    changes = target != original or new["train.rounds"] != original
+    return cfg, (target if changes else None)
 
 
 def resume_experiment(
@@ -95,12 +190,13 @@ def resume_experiment(
     stop_after: int | None = None,
     rounds: int | None = None,
 ) -> RunResult:
-    """Continue a run from its last checkpoint with its saved config; a run killed before
+    """Continue a run from its last checkpoint with its saved config (checked by
+    :func:`resume_config`: an edited ``train.rounds`` extends the run); a run killed before
     its first checkpoint starts again. ``rounds``: extend the run (finished or not) to that
     many rounds; the result equals a run of ``rounds`` from the start."""
-    cfg = saved_config(run_dir)
+    cfg, target = resume_config(run_dir, rounds)
     sim = Simulation(cfg, run_dir, federation, progress)
-    return sim.run(resume=True, stop_after=stop_after, rounds=rounds)
+    return sim.run(resume=True, stop_after=stop_after, rounds=target)
 
 
 def load_finished(

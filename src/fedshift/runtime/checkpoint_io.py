@@ -1,0 +1,217 @@
+"""The one file format of every saved state: ``checkpoint.pt``, ``selected.pt`` and the
+Flower nodes' client snapshots (``r<round>.pt``).
+
+A file is a fixed 52-byte header followed by the payload::
+
+    bytes 0-7    magic b"FSHCKPT\\n"
+    bytes 8-11   format version, unsigned 32-bit little-endian (currently 1)
+    bytes 12-19  payload length in bytes, unsigned 64-bit little-endian
+    bytes 20-51  SHA-256 digest of the payload
+    bytes 52-    payload: the bytes ``torch.save`` writes for the state (a dict of tensors,
+                 numbers, strings, lists, tuples and dicts, nothing else)
+
+:func:`read_checkpoint` checks the header, the length and the digest before anything is
+unpickled, so a truncated, empty or bit-flipped file is a :class:`CheckpointError` naming the
+file, never garbage state. The payload is then read with ``torch.load(weights_only=True)``
+and no extra allow-listed globals: a run directory is data people share, and a pickle that
+names any other callable (an object whose ``__reduce__`` runs a command) is refused, even
+inside a header whose digest is right (anyone can compute a SHA-256). Files without the
+header (written by fedshift before this format, whose RNG state needed
+``weights_only=False``) are refused too: there is no way to load them safely, so the run
+must be repeated.
+
+:func:`write_checkpoint` writes atomically: header and payload go to ``<name>.tmp``, which is
+flushed and fsynced, then renamed over ``<name>`` (the directory is fsynced too, where the
+platform allows). If the write fails (disk full) the ``.tmp`` is removed, the previous file is
+untouched and the ``OSError`` propagates for the caller to explain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedshift.core.errors import FedshiftError
+
+#: a run directory's full state (last round) and the state at its selected round
+CHECKPOINT = "checkpoint.pt"
+SELECTED = "selected.pt"
+
+MAGIC = b"FSHCKPT\n"
+VERSION = 1
+_FIELDS = struct.Struct("<IQ32s")  # version, payload length, sha256
+HEADER_SIZE = len(MAGIC) + _FIELDS.size
+
+__all__ = [
+    "CHECKPOINT",
+    "SELECTED",
+    "HEADER_SIZE",
+    "MAGIC",
+    "VERSION",
+    "CheckpointError",
+    "read_checkpoint",
+    "read_run_state",
+    "write_checkpoint",
+    "write_failed",
+]
+
+
+class CheckpointError(FedshiftError):
+    """A saved state that cannot be used: missing header, truncated, corrupted, unsafe."""
+
+
+def encode(obj: Any) -> bytes:
+    """``obj`` as the bytes of a checkpoint file (header + ``torch.save`` payload)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    payload = buf.getvalue()
+    digest = hashlib.sha256(payload).digest()
+    return MAGIC + _FIELDS.pack(VERSION, len(payload), digest) + payload
+
+
+def write_checkpoint(obj: Any, path: str | Path) -> None:
+    """Write ``obj`` to ``path`` atomically in the checkpoint format (module docstring).
+    On an ``OSError`` (disk full, read-only folder) the ``.tmp`` is removed and ``path``
+    keeps its previous content; the error propagates."""
+    path = Path(path)
+    data = encode(obj)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_failed(error: OSError, run_dir: Path, name: str, saved_round: int) -> CheckpointError:
+    """The error of a run whose write of ``run_dir/name`` failed with ``error``: which
+    round its ``checkpoint.pt`` still holds (``saved_round``, when the file is there) and
+    how to continue."""
+    on_disk = run_dir / CHECKPOINT
+    kept = (
+        f"{on_disk} still holds the state of round {saved_round}"
+        if on_disk.is_file()
+        else "no checkpoint was written yet (a resume starts the run again)"
+    )
+    return CheckpointError(
+        f"could not write {run_dir / name}: {error.strerror or error}; {kept}. Free space (or "
+        f"make the folder writable), then continue with: fedshift run --resume {run_dir}"
+    )
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _payload(path: Path, data: bytes, fix: str) -> memoryview:
+    """The verified payload of the file ``path`` whose bytes are ``data``."""
+    if not data:
+        raise CheckpointError(f"{path} is empty (a write cut short or a truncated copy); {fix}")
+    if not data.startswith(MAGIC):
+        if len(data) < len(MAGIC) and MAGIC.startswith(data):
+            raise CheckpointError(f"{path} is truncated ({len(data)} bytes); {fix}")
+        raise CheckpointError(
+            f"{path} has no fedshift checkpoint header: it was written by an older fedshift "
+            "(before checkpoints were checksummed and free of pickled code) or is not a "
+            "fedshift checkpoint. Loading it would need torch.load(weights_only=False), which "
+            "runs any code the file holds, so fedshift refuses it; " + fix
+        )
+    if len(data) < HEADER_SIZE:
+        raise CheckpointError(f"{path} is truncated ({len(data)} bytes, inside its header); {fix}")
+    version, size, digest = _FIELDS.unpack_from(data, len(MAGIC))
+    if version != VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {version}, this fedshift reads format {VERSION}: "
+            "load it with the fedshift version that wrote it"
+        )
+    payload = memoryview(data)[HEADER_SIZE:]
+    if len(payload) < size:
+        raise CheckpointError(
+            f"{path} is truncated ({len(payload)} of its {size} payload bytes); {fix}"
+        )
+    if len(payload) > size:
+        raise CheckpointError(
+            f"{path} is corrupted ({len(payload) - size} bytes past the payload its header "
+            f"declares); {fix}"
+        )
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(
+            f"{path} is corrupted (its SHA-256 does not match the one in its header: a "
+            f"flipped bit or a damaged copy); {fix}"
+        )
+    return payload
+
+
+def _unsafe_reason(error: Exception) -> str:
+    """What torch's weights-only unpickler refused (the middle of its long message)."""
+    parts = [" ".join(p.split()) for p in str(error).split("\n\n") if p.strip()]
+    reason = " ".join(parts[1:-1]) if len(parts) > 2 else " ".join(parts)
+    return reason[:200]
+
+
+def read_checkpoint(
+    path: str | Path,
+    map_location: str | torch.device | None = None,
+    fix: str = "the saved state cannot be used: run the experiment again",
+) -> Any:
+    """The state saved in ``path`` by :func:`write_checkpoint`, verified (header, length,
+    SHA-256) and unpickled with ``torch.load(weights_only=True)``. Anything wrong is a
+    :class:`CheckpointError` naming the file, ending with ``fix`` (what the caller's user
+    should do)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}; {fix}") from None
+    payload = _payload(path, data, fix)
+    try:
+        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path} was refused: it holds objects other than tensors and plain data "
+            f"({_unsafe_reason(e)}), which a fedshift checkpoint never does, so it was not "
+            "written by fedshift or was tampered with; nothing in it was run. Do not use "
+            "this file or the run directory it came with"
+        ) from None
+    except Exception as e:  # a payload torch cannot parse despite a matching digest
+        raise CheckpointError(
+            f"{path} could not be read ({type(e).__name__}: {e}); {fix}"
+        ) from None
+
+
+def read_run_state(
+    run_dir: str | Path, name: str = CHECKPOINT, map_location: str | torch.device | None = None
+) -> dict:
+    """``checkpoint.pt`` or ``selected.pt`` of a run directory (:func:`read_checkpoint`), with
+    errors that say how to go on."""
+    path = Path(run_dir) / name
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} does not exist: the run stopped before its first checkpoint; "
+            "start it again instead"
+        )
+    again = f"start the run again from its config: fedshift run -c {path.parent / 'config.yaml'}"
+    fix = again if name == CHECKPOINT else f"use its last weights (--weights last) or {again}"
+    return read_checkpoint(path, map_location=map_location, fix=fix)
