@@ -38,14 +38,14 @@ from typing import Any, ClassVar
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import TrainConfig
+from fedshift.core.config import TrainConfig, bounded
 from fedshift.core.errors import ConfigError
 
 
 @dataclass
 class HarmoFLParams(FLParams):
     # alpha of Eq. 6, the perturbation radius (Sec. 4.1: 5e-2; released code: --alpha 0.05)
-    rho: float = 0.05
+    rho: float = bounded(0.05, ge=0)
     # weight perturbation on (Eq. 6-7); false: plain local steps (ablation)
     perturbation: bool = True
     # amplitude normalisation on (implies the ``ampnorm`` augment); false: ablation
