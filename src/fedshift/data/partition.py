@@ -271,7 +271,7 @@ class ClassesParams:
     classes_per_client: int = bounded(2, ge=1)  # u in DisTrans
     # each holder's share of a class ~ U(low, high), then normalised
     low: float = bounded(0.4, gt=0)
-    high: float = 0.6
+    high: float = bounded(0.6, gt=0)
     seed: int = bounded(0, ge=0)
 
     def validate(self, prefix: str = "partition") -> None:
