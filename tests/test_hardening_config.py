@@ -123,7 +123,7 @@ def _numeric(tp: object) -> bool:
 def test_item8_every_numeric_parameter_declares_its_range():
     """One mechanism: each numeric key of the fixed sections and of every algorithm, augment,
     model and partition has field bounds (and its default lies inside them)."""
-    from fedshift.core.config import check_bounds
+    from fedshift.core.bounds import check_bounds
 
     classes = {f"fixed.{c.__name__}": c for c in (TrainConfig, FederationConfig, EvalConfig)}
     classes["fixed.CheckpointConfig"] = CheckpointConfig

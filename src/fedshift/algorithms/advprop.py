@@ -52,7 +52,7 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext, Normalize
 from fedshift.core.errors import ConfigError
 from fedshift.data.base import Federation

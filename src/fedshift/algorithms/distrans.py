@@ -110,7 +110,8 @@ from fedshift.algorithms.base import (
     subset,
     weighted_average,
 )
-from fedshift.core.config import FederationConfig, TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed

@@ -60,7 +60,8 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, Reply, State, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import FederationConfig, TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload

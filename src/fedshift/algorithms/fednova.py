@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from fedshift.algorithms.base import Reply, State, require_sgd, subset
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
-from fedshift.core.config import TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload

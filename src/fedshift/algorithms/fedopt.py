@@ -18,7 +18,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
 

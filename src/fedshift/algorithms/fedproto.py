@@ -48,7 +48,8 @@ from fedshift.algorithms.base import (
     clone,
     subset,
 )
-from fedshift.core.config import TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors

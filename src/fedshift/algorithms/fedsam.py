@@ -13,7 +13,7 @@ from typing import Any
 
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 
 
 @dataclass

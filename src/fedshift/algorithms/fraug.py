@@ -109,7 +109,8 @@ from fedshift.algorithms.fraug_nets import (
     synthetic_weight,
     update_prototypes,
 )
-from fedshift.core.config import FederationConfig, TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload

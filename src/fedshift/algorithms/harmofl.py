@@ -38,7 +38,8 @@ from typing import Any, ClassVar
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
 
 

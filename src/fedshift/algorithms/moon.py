@@ -59,7 +59,7 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, clone
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors

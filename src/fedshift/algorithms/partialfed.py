@@ -65,7 +65,8 @@ import torch
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, bn_keys, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import FederationConfig, TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, build_optimizer, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData

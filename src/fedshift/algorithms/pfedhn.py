@@ -78,7 +78,8 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone
 from fedshift.algorithms.partialfed import resolve_layer_keys
-from fedshift.core.config import FederationConfig, TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors

@@ -52,7 +52,8 @@ import torch
 
 from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone, require_sgd, subset
-from fedshift.core.config import TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors

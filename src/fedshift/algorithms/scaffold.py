@@ -22,7 +22,8 @@ import torch
 
 from fedshift.algorithms.base import FLParams, Reply, State, require_sgd, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import TrainConfig, bounded
+from fedshift.core.bounds import bounded
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData

@@ -75,7 +75,7 @@ import torch
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData

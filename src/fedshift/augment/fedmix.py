@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator as derived_generator

@@ -44,7 +44,7 @@ import torch
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
-from fedshift.core.config import bounds
+from fedshift.core.bounds import bounds
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData

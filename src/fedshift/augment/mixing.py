@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, State
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 

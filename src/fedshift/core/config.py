@@ -7,11 +7,12 @@ Every error names the offending key (and the file it came from) and lists the va
 
 Values: a float key takes any number, or a string Python's ``float()`` reads (YAML 1.1 reads
 ``1e-3`` and ``5e-4`` without a dot as strings); every float must be finite (no nan / inf).
-Numeric fields with a valid range declare it once, as field metadata: ``lr: float =
-bounded(0.01, gt=0)`` (or ``field(..., metadata=bounds(ge=0))`` for lists, checked per
-element); :func:`build_dataclass` checks it for the fixed sections below and for every
-component's parameter dataclass alike, naming the full key (``algorithm.mu``) and the range.
-``name`` becomes a folder under ``out``: it must be a plain folder name.
+Numeric fields with a valid range declare it once, as field metadata
+(:mod:`fedshift.core.bounds`: ``lr: float = bounded(0.01, gt=0)``); :func:`build_dataclass`
+checks it for the fixed sections below and for every component's parameter dataclass alike,
+naming the full key (``algorithm.mu``) and the range; rules across keys stay in
+:func:`check_ranges` and the components' ``validate`` / ``check`` methods. ``name`` becomes a
+folder under ``out``: it must be a plain folder name.
 
 Untrusted input: YAML is read with a loader that refuses a key written twice in one mapping
 (which would silently replace a whole section), and a loaded config may hold at most
@@ -37,94 +38,12 @@ from typing import Any, Literal
 
 import yaml
 
+from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.errors import ConfigError
 from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
 
 #: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
 MAX_SWEEP_CELLS = 10_000
-
-
-# ----------------------------------------------------------------------------- value ranges
-@dataclass(frozen=True)
-class Bounds:
-    """The valid range of a numeric config field: ``ge`` <= v (or ``gt`` < v), v <= ``le``
-    (or v < ``lt``); ``why`` is added to the error message."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    why: str = ""
-
-    def contains(self, v: float) -> bool:
-        return not (
-            (self.ge is not None and v < self.ge)
-            or (self.gt is not None and v <= self.gt)
-            or (self.le is not None and v > self.le)
-            or (self.lt is not None and v >= self.lt)
-        )
-
-    def describe(self) -> str:
-        """``'>= 0'``, ``'> 0'``, ``'<= 1'``, ``'in [0, 1)'``..."""
-        low = (f"{self.ge:g}", "[") if self.ge is not None else None
-        low = (f"{self.gt:g}", "(") if self.gt is not None else low
-        high = (f"{self.le:g}", "]") if self.le is not None else None
-        high = (f"{self.lt:g}", ")") if self.lt is not None else high
-        if low and high:
-            return f"in {low[1]}{low[0]}, {high[0]}{high[1]}"
-        if low:
-            return f"{'>=' if low[1] == '[' else '>'} {low[0]}"
-        if high:
-            return f"{'<=' if high[1] == ']' else '<'} {high[0]}"
-        return "any number"
-
-
-def bounds(
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    why: str = "",
-) -> dict[str, Bounds]:
-    """Field metadata declaring a numeric field's valid range, checked by
-    :func:`build_dataclass` (``None`` values pass; a list is checked per element)."""
-    return {"bounds": Bounds(ge, gt, le, lt, why)}
-
-
-def bounded(
-    default: Any,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    why: str = "",
-) -> Any:
-    """A dataclass field with ``default`` and a valid range: ``mu: float = bounded(0.01,
-    ge=0)``."""
-    return field(default=default, metadata=bounds(ge=ge, gt=gt, le=le, lt=lt, why=why))
-
-
-def check_bounds(obj: Any, prefix: str = "") -> None:
-    """Raise :class:`ConfigError` for a field of dataclass ``obj`` outside its declared
-    :class:`Bounds`, naming the full key and the valid range."""
-    for f in dataclasses.fields(obj):
-        rng = f.metadata.get("bounds")
-        value = getattr(obj, f.name)
-        if rng is None or value is None:
-            continue
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        items = enumerate(value) if isinstance(value, list | tuple) else [(None, value)]
-        for i, v in items:
-            if isinstance(v, bool) or not isinstance(v, int | float) or rng.contains(v):
-                continue
-            where = key if i is None else f"{key}[{i}]"
-            optional = " or null" if f.default is None else ""
-            why = f" ({rng.why})" if rng.why else ""
-            raise ConfigError(
-                f"config key '{where}' must be {rng.describe()}{optional}{why}, got {v!r}"
-            )
 
 
 @dataclass

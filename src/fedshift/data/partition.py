@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedshift.core.config import bounded, build_dataclass, unknown_key_error
+from fedshift.core.bounds import bounded
+from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
 from fedshift.data.base import SPLITS, ClientData, Federation, Split

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.core.registry import Registry
 from fedshift.models.alexnet import AlexNetBN, AlexNetParams

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 

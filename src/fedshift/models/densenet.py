@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.core.config import bounded, bounds
+from fedshift.core.bounds import bounded, bounds
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 from fedshift.models.unet import batch_norm, check_bn

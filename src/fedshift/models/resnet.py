@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 

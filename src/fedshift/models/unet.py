@@ -49,7 +49,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 

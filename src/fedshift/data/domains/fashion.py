@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedshift.core.config import bounded
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.common import cache
