@@ -432,7 +432,7 @@ def test_fedfa_implies_ffa_and_explicit_params_win(make_cfg):
 
 
 def test_config_rejects_nonsense(make_cfg):
-    with pytest.raises(ConfigError, match="augment.p"):
+    with pytest.raises(ConfigError, match="augment.ffa.p"):
         make_cfg("algorithm.name=fedfa", "augment=[{name: ffa, p: 1.5}]")
     with pytest.raises(ConfigError, match="fedfa-c"):
         make_cfg("algorithm.name=local", "augment=[ffa]")

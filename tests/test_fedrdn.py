@@ -192,7 +192,7 @@ def test_nonsense_combinations(make_cfg):
         make_cfg("augment=[fedrdn, norm]")
     with pytest.raises(ConfigError, match="unknown augment 'fedrdnn'"):
         make_cfg("augment=[fedrdnn]")
-    with pytest.raises(ConfigError, match=r"'augment.draw'.*'paper', 'released'"):
+    with pytest.raises(ConfigError, match=r"'augment.fedrdn.draw'.*'paper', 'released'"):
         make_cfg("augment=[{name: fedrdn, draw: batch}]")
     with pytest.raises(ConfigError, match="augment.norm.mean"):
         make_cfg("augment=[{name: norm, mean: [0.5, 0.5], std: [0.5]}]")

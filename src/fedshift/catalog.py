@@ -23,6 +23,7 @@ from fedshift.core.config import (
 from fedshift.core.errors import ConfigError
 from fedshift.core.registry import Registry
 from fedshift.core.tasks import check_task
+from fedshift.core.yamlsafe import short_repr
 from fedshift.data import DATASETS, dataset_task
 from fedshift.data.partition import PARTITIONS
 from fedshift.models import MODELS
@@ -44,19 +45,21 @@ def registry_for(section: str) -> Registry:
         raise ConfigError(f"no registry for config section {section!r}") from None
 
 
-def component_params(section: str, data: dict) -> tuple[str, Any]:
-    """Validate a ``{name: ..., **params}`` section against the component's registry entry."""
+def component_params(section: str, data: dict, prefix: str | None = None) -> tuple[str, Any]:
+    """Validate a ``{name: ..., **params}`` section against the component's registry entry;
+    errors name keys as ``<prefix>.<key>`` (default: the section)."""
     if not isinstance(data, dict) or "name" not in data:
-        raise ConfigError(f"config section '{section}' needs a 'name' key, got {data!r}")
+        raise ConfigError(f"config section '{section}' needs a 'name' key, got {short_repr(data)}")
     reg = registry_for(section)
     entry = reg.entry(str(data["name"]), key=f"{section}.name")
     params_cls = entry.params
     rest = {k: v for k, v in data.items() if k != "name"}
+    prefix = prefix or section
     if params_cls is None:
         if rest:
-            raise unknown_key_error(f"{section}.{next(iter(rest))}", ["name"])
+            raise unknown_key_error(f"{prefix}.{next(iter(rest))}", ["name"])
         return entry.name, None
-    return entry.name, build_dataclass(params_cls, rest, section)
+    return entry.name, build_dataclass(params_cls, rest, prefix)
 
 
 def resolve(raw: dict, source: str = "config") -> RunConfig:
@@ -99,7 +102,10 @@ def _resolve_augments(items: list, algorithm: str) -> list[dict]:
         section = {"name": item} if isinstance(item, str) else item
         if not isinstance(section, dict):
             raise ConfigError(f"config key 'augment[{i}]': expected a name or a mapping")
-        name, params = component_params("augment", section)
+        name = section.get("name") if isinstance(section.get("name"), str) else None
+        # keys named as 'augment.<name>.<key>', the augments' own convention
+        prefix = f"augment.{name}" if name in registry_for("augment") else "augment"
+        name, params = component_params("augment", section, prefix)
         resolved = {"name": name}
         if params is not None:
             resolved.update(dataclasses.asdict(params))

@@ -52,7 +52,7 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import TrainConfig
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext, Normalize
 from fedshift.core.errors import ConfigError
 from fedshift.data.base import Federation
@@ -62,11 +62,11 @@ from fedshift.models.base import FedModel
 @dataclass
 class AdvPropParams(FLParams):
     # L-inf radius of the attack, in pixel levels out of 255 (paper: 1..4)
-    epsilon: float = 1.0
+    epsilon: float = bounded(1.0, gt=0)
     # PGD step size, pixel levels out of 255 (paper: 1)
-    step_size: float = 1.0
+    step_size: float = bounded(1.0, gt=0)
     # PGD iterations (paper: epsilon + 1, or 1 for epsilon = 1)
-    iterations: int = 1
+    iterations: int = bounded(1, ge=1)
     # start PGD from a uniform draw in the epsilon ball instead of the clean image
     random_start: bool = False
 
@@ -222,15 +222,6 @@ class AdvProp(FedAvg):
     name = "advprop"
     tasks = ("classification",)  # its objective needs one label per image
     Params = AdvPropParams
-
-    @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
-        if params.epsilon <= 0 or params.step_size <= 0 or params.iterations < 1:
-            raise ConfigError(
-                "config keys 'algorithm.epsilon', 'algorithm.step_size' must be > 0 and "
-                f"'algorithm.iterations' >= 1 (got {params.epsilon}, {params.step_size}, "
-                f"{params.iterations})"
-            )
 
     @classmethod
     def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:

@@ -110,9 +110,9 @@ from fedshift.algorithms.base import (
     subset,
     weighted_average,
 )
+from fedshift.core.bounds import bounded
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
-from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
 from fedshift.data.base import ClientData, Federation
@@ -133,11 +133,11 @@ Aggregation = Literal["auto", "none", "avg", "nn"]
 @dataclass
 class DisTransParams(FLParams):
     # a of Eq. 1, in [0, 1) (paper: 0.3; released MACFed.py: 0.2)
-    alpha: float = 0.3
+    alpha: float = bounded(0.3, ge=0, lt=1)
     # SGD step size of the offset (paper and released code: 1e-3)
-    offset_lr: float = 1e-3
+    offset_lr: float = bounded(1e-3, gt=0)
     # momentum of the offset's SGD (released: none)
-    offset_momentum: float = 0.0
+    offset_momentum: float = bounded(0.0, ge=0, lt=1)
     # "alternate": offset step then model step per batch (Algorithm 1);
     # "simultaneous": both step on one gradient (the released code)
     update: Literal["alternate", "simultaneous"] = "alternate"
@@ -146,17 +146,17 @@ class DisTransParams(FLParams):
     # offset aggregation: auto (DH rule), none, avg, nn (Table 4)
     aggregation: Aggregation = "auto"
     # auto: aggregate when DH (percent) is below this
-    dh_threshold: float = 50.0
+    dh_threshold: float = bounded(50.0, ge=0, le=100, why="a percentage")
     # auto: which aggregation to use below the threshold
     auto_aggregator: Literal["nn", "avg"] = "nn"
     # nn aggregator: passes over the uploaded offsets per round (released: 1)
-    nn_steps: int = 1
+    nn_steps: int = bounded(1, ge=1)
     # nn aggregator: SGD step size (released: 1e-2)
-    nn_lr: float = 1e-2
+    nn_lr: float = bounded(1e-2, gt=0)
     # nn aggregator: MLP width (released: 100)
-    nn_hidden: int = 100
+    nn_hidden: int = bounded(100, ge=1)
     # nn aggregator: channels of the last transposed conv (released ngf: 64)
-    nn_width: int = 64
+    nn_width: int = bounded(64, ge=1)
     # nn aggregator input: "paper" = class-share embedding e + the client's offset
     # (Sec. 4.4); "released" = the client's own label distribution only (hyperMACFed.py)
     nn_input: Literal["paper", "released"] = "paper"
@@ -409,29 +409,6 @@ class DisTrans(Algorithm):
         self._aggregator: OffsetAggregator | None = None
 
     # -- config / model --------------------------------------------------------------------
-    @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
-        p = params
-        if not 0.0 <= p.alpha < 1.0:
-            raise ConfigError(f"config key 'algorithm.alpha': must be in [0, 1), got {p.alpha}")
-        if p.offset_lr <= 0:
-            raise ConfigError(f"config key 'algorithm.offset_lr': must be > 0, got {p.offset_lr}")
-        if not 0.0 <= p.offset_momentum < 1.0:
-            raise ConfigError(
-                f"config key 'algorithm.offset_momentum': must be in [0, 1), got "
-                f"{p.offset_momentum}"
-            )
-        if not 0.0 <= p.dh_threshold <= 100.0:
-            raise ConfigError(
-                "config key 'algorithm.dh_threshold': a percentage in [0, 100], got "
-                f"{p.dh_threshold}"
-            )
-        for key in ("nn_steps", "nn_hidden", "nn_width"):
-            if getattr(p, key) < 1:
-                raise ConfigError(f"config key 'algorithm.{key}': must be >= 1")
-        if p.nn_lr <= 0:
-            raise ConfigError(f"config key 'algorithm.nn_lr': must be > 0, got {p.nn_lr}")
-
     @classmethod
     def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
         """The double-input-channel model around the configured backbone. Draws the dense

@@ -14,13 +14,14 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
 
 @dataclass
 class FedAvgMParams(FLParams):
-    server_lr: float = 1.0
-    server_momentum: float = 0.9
+    server_lr: float = bounded(1.0, gt=0)
+    server_momentum: float = bounded(0.9, ge=0, lt=1)
 
 
 class FedAvgM(ServerOptAlgorithm):

@@ -60,6 +60,7 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, Reply, State, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
@@ -77,15 +78,15 @@ class FedAwSParams(FLParams):
     # m in (max(0, m - <g(x), w_y>))^2
     positive_margin: float = 0.9
     # nu: the spreadout margin on distances of unit class embeddings (0 < nu <= 2)
-    nu: float = 1.4
+    nu: float = bounded(1.4, gt=0, le=2, why="distances of unit vectors lie in [0, 2]")
     # lambda: multiplier of the spreadout step (Algorithm 1: W - lambda * eta * grad reg_sp)
-    spreadout_weight: float = 10.0
+    spreadout_weight: float = bounded(10.0, ge=0)
     # eta of the server step; null: train.lr (the paper's client learning rate)
-    spreadout_lr: float | None = None
+    spreadout_lr: float | None = bounded(None, gt=0)
     # server gradient steps on reg_sp per round (Algorithm 1: one)
-    spreadout_steps: int = 1
+    spreadout_steps: int = bounded(1, ge=0)
     # null: all pairs; k: only each class's k nearest classes (stochastic negative mining)
-    spreadout_topk: int | None = None
+    spreadout_topk: int | None = bounded(None, ge=1)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -177,21 +178,6 @@ class FedAwS(FedAvg):
     name = "fedaws"
     tasks = ("classification",)  # its objective needs one label per image
     Params = FedAwSParams
-
-    @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
-        if not 0 < params.nu <= 2:
-            raise ConfigError(
-                f"config key 'algorithm.nu' must be in (0, 2] (distances of unit vectors lie "
-                f"in [0, 2]); got {params.nu}"
-            )
-        if params.spreadout_steps < 0 or params.spreadout_weight < 0:
-            raise ConfigError(
-                "config keys 'algorithm.spreadout_steps' and 'algorithm.spreadout_weight' must "
-                "be >= 0"
-            )
-        if params.spreadout_topk is not None and params.spreadout_topk < 1:
-            raise ConfigError("config key 'algorithm.spreadout_topk' must be >= 1 (or null)")
 
     @classmethod
     def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:

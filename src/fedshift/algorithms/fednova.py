@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from fedshift.algorithms.base import Reply, State, require_sgd, subset
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
+from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
@@ -25,7 +26,7 @@ from fedshift.core.payload import Payload
 
 @dataclass
 class FedNovaParams(FedProxParams):
-    mu: float = 0.0  # optional proximal term (FedNova on top of FedProx)
+    mu: float = bounded(0.0, ge=0)  # optional proximal term (FedNova on top of FedProx)
 
 
 def a_norm(tau: int, lr: float, momentum: float = 0.0, mu: float = 0.0) -> float:

@@ -18,15 +18,16 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
 
 @dataclass
 class FedOptParams(FLParams):
-    server_lr: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
+    server_lr: float = bounded(0.01, gt=0)  # eta
+    beta1: float = bounded(0.9, ge=0, lt=1)
+    beta2: float = bounded(0.99, ge=0, lt=1)
+    tau: float = bounded(1e-3, gt=0)  # the adaptivity (v_{-1} = tau^2, the denominator's +tau)
 
 
 class FedAdam(ServerOptAlgorithm):

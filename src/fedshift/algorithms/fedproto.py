@@ -48,6 +48,7 @@ from fedshift.algorithms.base import (
     clone,
     subset,
 )
+from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
@@ -64,7 +65,9 @@ SEEN = "fedproto/seen"
 
 @dataclass
 class FedProtoParams(FLParams):
-    lam: float = 1.0  # weight of the prototype regulariser (the released code's default 1)
+    lam: float = bounded(
+        1.0, ge=0
+    )  # weight of the prototype regulariser (the released code's default 1)
     # "sq_l2": 1/B sum_i ||f(x_i) - C_bar^(y_i)||^2; "mse": the same / embedding dimension
     reg: Literal["sq_l2", "mse"] = "sq_l2"
     # "paper": count-weighted mean per class; "released": unweighted mean over clients
@@ -131,8 +134,6 @@ class FedProto(Algorithm):
 
     @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:
-        if params.lam < 0:
-            raise ConfigError(f"config key 'algorithm.lam' must be >= 0, got {params.lam}")
         if not params.share_weights and params.bn_policy != "global":
             raise ConfigError(
                 "algorithm 'fedproto' keeps every weight on its client (no weights are "

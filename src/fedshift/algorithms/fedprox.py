@@ -9,6 +9,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
 
@@ -18,7 +19,7 @@ ANCHOR = "fedprox/anchor"
 
 @dataclass
 class FedProxParams(FLParams):
-    mu: float = 0.01
+    mu: float = bounded(0.01, ge=0)
     # "paper": mu/2 * ||w - w_t||^2 (Li et al. 2020, Eq. 2; FedBN's digits code);
     # "sqrt": mu/2 * ||w - w_t|| (FedBN's Office/DomainNet code takes a square root).
     form: Literal["paper", "sqrt"] = "paper"

@@ -50,6 +50,7 @@ import torch
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
@@ -63,27 +64,21 @@ ADV = "fedrobust/adv"
 @dataclass
 class FedRobustParams(FLParams):
     #: lam of the penalised minimax objective
-    lam: float = 1.0
+    lam: float = bounded(1.0, ge=0)
     #: step size of the gradient ascent on (Lambda_i, delta_i)
-    adv_lr: float = 0.01
+    adv_lr: float = bounded(0.01, ge=0)
     #: "full": Lambda is d x d over the flattened input; "channel": C x C per pixel
     affine: Literal["full", "channel"] = "full"
     #: largest d = C x H x W accepted by affine=full
-    max_full_dim: int = 8192
+    max_full_dim: int = bounded(8192, ge=1)
     #: optional projection radius of ||Lambda - I||_F and ||delta||_2 (None: none)
-    project: float | None = None
+    project: float | None = bounded(None, gt=0)
 
     def validate(self, prefix: str = "algorithm") -> None:
-        if self.lam < 0:
-            raise ConfigError(f"config key '{prefix}.lam' must be >= 0, got {self.lam}")
-        if self.adv_lr < 0:
-            raise ConfigError(f"config key '{prefix}.adv_lr' must be >= 0, got {self.adv_lr}")
         if self.affine not in ("full", "channel"):
             raise ConfigError(
                 f"config key '{prefix}.affine' must be 'full' or 'channel', got {self.affine!r}"
             )
-        if self.project is not None and self.project <= 0:
-            raise ConfigError(f"config key '{prefix}.project' must be > 0 or null")
 
 
 def apply_affine(x: torch.Tensor, lam: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

@@ -13,11 +13,12 @@ from typing import Any
 
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 
 
 @dataclass
 class FedSAMParams(FLParams):
-    rho: float = 0.05
+    rho: float = bounded(0.05, ge=0)  # SAM's radius: epsilon = rho * g / ||g||
 
 
 class FedSAM(FedAvg):

@@ -109,6 +109,7 @@ from fedshift.algorithms.fraug_nets import (
     synthetic_weight,
     update_prototypes,
 )
+from fedshift.core.bounds import bounded
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
@@ -145,36 +146,36 @@ class FRAugParams(FLParams):
     # which synthetic embeddings train the head (Table 3 ablations)
     embeddings: Embeddings = "both"
     # cap of the synthetic-loss weight w_t (code: min(0.5, ratio))
-    lambda_syn: float = 0.5
+    lambda_syn: float = bounded(0.5, ge=0, le=1)
     # exponential ramp-up exp(gamma (e - T)) of w_t; false: w_t = lambda_syn
     ramp_up: bool = True
     # code: inter_gamma = 0.01 (PACS, OfficeHome), 0.002 (Digits)
-    ramp_gamma: float = 0.01
+    ramp_gamma: float = bounded(0.01, ge=0)
     # code's use_feature_inter: r * synthetic + (1 - r) * base (PACS, OfficeHome; not Digits)
     interpolate: bool = False
     # weight of the generator's distance term, Eq. 5 (code L_G_dist_lambda: Digits 1)
-    alpha: float = 1.0
+    alpha: float = bounded(1.0, ge=0, why="the sign of its term is fixed by the method")
     # weight of the RTNet's distance term, Eq. 6 (code L_FT_dist_lambda: PACS 1)
-    beta: float = 1.0
+    beta: float = bounded(1.0, ge=0, why="the sign of its term is fixed by the method")
     # noise size of g (None: d // 2, the code's default latent_dim)
-    noise_dim: int | None = None
+    noise_dim: int | None = bounded(None, ge=1)
     # hidden width of g (None: d, as in the code)
-    generator_hidden: int | None = None
+    generator_hidden: int | None = bounded(None, ge=1)
     # hidden width of the RTNet (None: the noise size, as in the code's latent_dim)
-    rtnet_hidden: int | None = None
+    rtnet_hidden: int | None = bounded(None, ge=1)
     # distribution of z: None = by variant (paper Sec. 3.2: N(0, I); released: torch.rand,
     # uniform on [0, 1))
     noise: Literal["uniform", "normal"] | None = None
     # paper variant: synthetic embeddings per class in the sums over c of Eq. 2 / 6
     # (None: max(2, batch_size // C))
-    per_class: int | None = None
+    per_class: int | None = bounded(None, ge=1)
     # SGD learning rates of the generator and the RTNet (code: lr_G, lr_FTNet = 0.05)
-    lr_generator: float = 0.05
-    lr_rtnet: float = 0.05
+    lr_generator: float = bounded(0.05, gt=0)
+    lr_rtnet: float = bounded(0.05, gt=0)
     # SGD momentum of the generator and RTNet optimisers (code: local_momentum = 0.5)
-    aux_momentum: float = 0.5
+    aux_momentum: float = bounded(0.5, ge=0, lt=1)
     # EMA momentum of the class prototypes, Eq. 4 (code: cls_mean_momentum = 0.3)
-    prototype_momentum: float = 0.3
+    prototype_momentum: float = bounded(0.3, gt=0, le=1)
     # distance in Eq. 5: "mmd" to the real batch (paper; code PACS/OfficeHome) or
     # "mse" to the class prototypes (code Digits: distance_metric_G="L2")
     generator_distance: Literal["mmd", "mse"] = "mmd"
@@ -205,30 +206,8 @@ class FRAug(Algorithm):
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"config key 'algorithm.{key}' {why}, got {getattr(params, key)!r}")
 
-        if not 0.0 <= params.lambda_syn <= 1.0:
-            raise bad(
-                "lambda_syn",
-                "must be in [0, 1] (paper: maximum residual scale of Eq. 3; released: cap of "
-                "the loss mix w_t)",
-            )
-        if params.per_class is not None and params.per_class < 1:
-            raise bad("per_class", "must be >= 1 (or null for max(2, batch_size // C))")
         if params.ramp_up and params.ramp_gamma <= 0:
             raise bad("ramp_gamma", "must be > 0 with ramp_up=true (set ramp_up=false instead)")
-        for key in ("alpha", "beta"):
-            if getattr(params, key) < 0:
-                raise bad(key, "must be >= 0 (the sign of its term is fixed by the method)")
-        for key in ("lr_generator", "lr_rtnet"):
-            if getattr(params, key) <= 0:
-                raise bad(key, "must be > 0")
-        if not 0.0 <= params.aux_momentum < 1.0:
-            raise bad("aux_momentum", "must be in [0, 1)")
-        if not 0.0 < params.prototype_momentum <= 1.0:
-            raise bad("prototype_momentum", "must be in (0, 1]")
-        for key in ("noise_dim", "generator_hidden", "rtnet_hidden"):
-            v = getattr(params, key)
-            if v is not None and v < 1:
-                raise bad(key, "must be >= 1 (or null for the default)")
         if params.embeddings == "agnostic" and params.rtnet_hidden is not None:
             raise bad("rtnet_hidden", "has no effect with embeddings=agnostic (no RTNet)")
         if train.batch_size < 2:

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
 
@@ -45,7 +46,7 @@ from fedshift.core.errors import ConfigError
 @dataclass
 class HarmoFLParams(FLParams):
     # alpha of Eq. 6, the perturbation radius (Sec. 4.1: 5e-2; released code: --alpha 0.05)
-    rho: float = 0.05
+    rho: float = bounded(0.05, ge=0)
     # weight perturbation on (Eq. 6-7); false: plain local steps (ablation)
     perturbation: bool = True
     # amplitude normalisation on (implies the ``ampnorm`` augment); false: ablation

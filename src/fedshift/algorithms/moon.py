@@ -59,7 +59,7 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, clone
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import TrainConfig
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
@@ -74,10 +74,11 @@ PREVIOUS = "moon/previous"
 
 @dataclass
 class MOONParams(FLParams):
-    mu: float = 5.0  # weight of l_con (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)
-    tau: float = 0.5  # temperature of l_con
+    # weight of l_con (paper: 5 on CIFAR-10, 1 on CIFAR-100/Tiny-ImageNet)
+    mu: float = bounded(5.0, ge=0)
+    tau: float = bounded(0.5, gt=0)  # temperature of l_con
     projection: bool = True  # the paper's projection head (z = its output)
-    projection_dim: int = 256  # output size of the projection head
+    projection_dim: int = bounded(256, ge=1)  # output size of the projection head
 
 
 def contrastive_loss(
@@ -144,17 +145,6 @@ class MOON(FedAvg):
     name = "moon"
     paper_weighting = "samples"  # Li et al., CVPR 2021, Alg. 1: w = sum_i |D^i| / N w_i
     Params = MOONParams
-
-    @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
-        if params.mu < 0:
-            raise ConfigError(f"config key 'algorithm.mu' must be >= 0, got {params.mu}")
-        if params.tau <= 0:
-            raise ConfigError(f"config key 'algorithm.tau' must be > 0, got {params.tau}")
-        if params.projection_dim < 1:
-            raise ConfigError(
-                f"config key 'algorithm.projection_dim' must be >= 1, got {params.projection_dim}"
-            )
 
     @classmethod
     def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:

@@ -65,6 +65,7 @@ import torch
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, bn_keys, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
@@ -84,8 +85,8 @@ class PartialFedParams(FLParams):
     # "fix": PartialFed-Fix (local_layers); "adaptive": PartialFed-Adaptive (learned gates)
     strategy: Literal["fix", "adaptive"] = "fix"
     # adaptive: step size of the per-layer gate logits, and the Gumbel-softmax temperature
-    strategy_lr: float = 10.0
-    temperature: float = 1.0
+    strategy_lr: float = bounded(10.0, ge=0)
+    temperature: float = bounded(1.0, gt=0)
 
 
 def resolve_layer_keys(
@@ -141,11 +142,6 @@ class PartialFed(FedAvg):
     @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:
         if params.strategy == "adaptive":
-            if params.strategy_lr < 0 or params.temperature <= 0:
-                raise ConfigError(
-                    "config keys 'algorithm.strategy_lr' (>= 0) and 'algorithm.temperature' "
-                    "(> 0) of PartialFed-Adaptive are out of range"
-                )
             return
         if not params.local_layers:
             raise ConfigError(

@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State, build_optimizer, clone, subset
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.core.config import TrainConfig
+from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
-from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -44,8 +42,9 @@ from fedshift.models.base import FedModel
 
 @dataclass
 class PFedAvgParams(FLParams):
-    finetune_epochs: int = 1  # epochs of local fine-tuning of the received global model
-    finetune_lr: float | None = None  # step size of the fine-tuning (None: train.lr)
+    # epochs of local fine-tuning of the received global model
+    finetune_epochs: int = bounded(1, ge=0)
+    finetune_lr: float | None = bounded(None, gt=0)  # step size of the fine-tuning (None: train.lr)
 
 
 @register
@@ -54,17 +53,6 @@ class FedAvgFT(FedAvg):
 
     name = "pfedavg"
     Params = PFedAvgParams
-
-    @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
-        if params.finetune_epochs < 0:
-            raise ConfigError(
-                f"config key 'algorithm.finetune_epochs' must be >= 0, got {params.finetune_epochs}"
-            )
-        if params.finetune_lr is not None and params.finetune_lr <= 0:
-            raise ConfigError(
-                f"config key 'algorithm.finetune_lr' must be > 0, got {params.finetune_lr}"
-            )
 
     @property
     def has_personal_model(self) -> bool:

@@ -78,6 +78,7 @@ from torch import nn
 from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone
 from fedshift.algorithms.partialfed import resolve_layer_keys
+from fedshift.core.bounds import bounded
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
@@ -89,24 +90,24 @@ from fedshift.models.base import FedModel
 @dataclass
 class PFedHNParams(FLParams):
     # dimension of each client's embedding v_i; null: int(1 + N / 4) (released code)
-    embed_dim: int | None = None
-    hidden_dim: int = 100
+    embed_dim: int | None = bounded(None, ge=1)
+    hidden_dim: int = bounded(100, ge=1)
     # hidden layers after the first linear layer (released trainer: 3)
-    n_hidden: int = 3
+    n_hidden: int = bounded(3, ge=0)
     server_optimizer: Literal["sgd", "adam"] = "sgd"
-    server_lr: float = 0.01
-    server_momentum: float = 0.9
-    server_weight_decay: float = 0.001
+    server_lr: float = bounded(0.01, gt=0)
+    server_momentum: float = bounded(0.9, ge=0, lt=1)
+    server_weight_decay: float = bounded(0.001, ge=0)
     # learning rate of the client embeddings; null: server_lr
-    embed_lr: float | None = None
+    embed_lr: float | None = bounded(None, gt=0)
     # "paper": only the replying clients' v_i move (plain step); "released": the embedding
     # table is a parameter of the server optimiser (momentum, weight decay on every row)
     embedding_update: Literal["paper", "released"] = "paper"
     # gradient-norm clipping (released code: 50 on the client and on the server); null: off
-    inner_clip: float | None = None
-    server_clip: float | None = None
+    inner_clip: float | None = bounded(None, gt=0)
+    server_clip: float | None = bounded(None, gt=0)
     # target networks with more trainable parameters are rejected (hypernetwork size)
-    max_target_params: int = 1_000_000
+    max_target_params: int = bounded(1_000_000, ge=1)
     # "full": pFedHN (every trainable tensor generated); "pc": pFedHN-PC (the head listed in
     # ``head`` is a local, locally trained classifier; the hypernetwork generates the rest)
     variant: Literal["full", "pc"] = "full"
@@ -164,12 +165,6 @@ class PFedHN(Algorithm):
 
     @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:
-        if params.hidden_dim < 1 or params.n_hidden < 0:
-            raise ConfigError(
-                "config keys 'algorithm.hidden_dim' (>= 1) and 'algorithm.n_hidden' (>= 0)"
-            )
-        if params.embed_dim is not None and params.embed_dim < 1:
-            raise ConfigError("config key 'algorithm.embed_dim' must be >= 1 (or null: auto)")
         if params.variant == "pc" and not params.head:
             raise ConfigError(
                 "config key 'algorithm.head' is empty: pFedHN-PC needs the classifier head "

@@ -52,6 +52,7 @@ import torch
 
 from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone, require_sgd, subset
+from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
@@ -62,11 +63,12 @@ from fedshift.models.base import FedModel
 
 @dataclass
 class PFedMeParams(FLParams):
-    lam: float = 15.0  # lambda of the Moreau envelope
-    k: int = 5  # K: gradient steps on the inner problem per local step
-    personal_lr: float = 0.09  # step size of the inner solver
-    beta: float = 1.0  # server mixing: w <- (1 - beta) w + beta * avg
-    inner_l2: float = 0.0  # released pFedMeOptimizer's extra L2 on theta (mu = 0.001)
+    lam: float = bounded(15.0, gt=0)  # lambda of the Moreau envelope
+    k: int = bounded(5, ge=1)  # K: gradient steps on the inner problem per local step
+    personal_lr: float = bounded(0.09, gt=0)  # step size of the inner solver
+    beta: float = bounded(1.0, gt=0)  # server mixing: w <- (1 - beta) w + beta * avg
+    # released pFedMeOptimizer's extra L2 on theta (mu = 0.001)
+    inner_l2: float = bounded(0.0, ge=0)
     # "theta": evaluate the personalised model (paper); "local": w_{i,R} (released code)
     personal_model: Literal["theta", "local"] = "theta"
 
@@ -129,13 +131,6 @@ class PFedMe(Algorithm):
             raise ConfigError(
                 "algorithm 'pfedme' keeps no optimizer state; set train.optimizer_state=reset"
             )
-        for key in ("lam", "personal_lr", "beta"):
-            if getattr(params, key) <= 0:
-                raise ConfigError(f"config key 'algorithm.{key}' must be > 0")
-        if params.k < 1:
-            raise ConfigError(f"config key 'algorithm.k' must be >= 1, got {params.k}")
-        if params.inner_l2 < 0:
-            raise ConfigError("config key 'algorithm.inner_l2' must be >= 0")
 
     @property
     def has_personal_model(self) -> bool:

@@ -22,6 +22,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, Reply, State, require_sgd, subset
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
@@ -34,7 +35,7 @@ CORRECTION = "scaffold/correction"
 
 @dataclass
 class ScaffoldParams(FLParams):
-    server_lr: float = 1.0
+    server_lr: float = bounded(1.0, gt=0)
 
 
 class Scaffold(FedAvg):

@@ -75,6 +75,7 @@ import torch
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -90,7 +91,7 @@ class AmpNormParams:
     # "released": released code: only the DC coefficient, amplitude of the first batch.
     amplitude: Literal["paper", "released"] = "paper"
     # v of Eq. 3 (weight of the newest batch); "released" behaves as v = 0.
-    decay: float = 0.1
+    decay: float = bounded(0.1, gt=0, le=1)
     # start of Eq. 3's running mean: "zero" (paper text under Eq. 3), "first" (the first
     # batch's mean: released code), "auto" (zero for paper, first for released)
     init: Literal["auto", "zero", "first"] = "auto"
@@ -143,10 +144,6 @@ class AmpNorm(Augment):
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         require_federation("ampnorm", algorithm, "averages amplitudes over the clients")
-        if not 0.0 < params.decay <= 1.0:
-            raise ConfigError(
-                f"config key 'augment.ampnorm.decay' must be in (0, 1], got {params.decay}"
-            )
         if params.amplitude == "released" and params.init == "zero":
             raise ConfigError(
                 "config key 'augment.ampnorm.init': 'zero' with amplitude='released' keeps the "

@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator as derived_generator
@@ -73,8 +74,8 @@ from fedshift.models.base import FedModel
 @dataclass
 class FedMixParams:
     mode: Literal["fedmix", "naivemix"] = "fedmix"
-    lam: float = 0.05  # mixing ratio lambda (fixed, not drawn)
-    m: int | None = None  # examples per averaged image (None: all local training data)
+    lam: float = bounded(0.05, ge=0, lt=1)  # mixing ratio lambda (fixed, not drawn)
+    m: int | None = bounded(None, ge=1)  # examples per averaged image (None: all local data)
 
 
 def group_means(
@@ -163,12 +164,6 @@ class FedMix(Augment):
                 f"augment 'fedmix' returns soft (mixed) labels, but algorithm '{algorithm}' "
                 "needs each example's integer class"
             )
-        if not 0.0 <= params.lam < 1.0:
-            raise ConfigError(
-                f"config key 'augment.fedmix.lam' must be in [0, 1), got {params.lam}"
-            )
-        if params.m is not None and params.m < 1:
-            raise ConfigError(f"config key 'augment.fedmix.m' must be >= 1 or null, got {params.m}")
 
     def __init__(self, params: Any, seed: int, num_classes: int) -> None:
         super().__init__(params, seed, num_classes)

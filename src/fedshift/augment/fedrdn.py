@@ -44,6 +44,7 @@ import torch
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
+from fedshift.core.bounds import bounds
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -114,7 +115,7 @@ class NormParams:
     # "client": each client's own Eq. 5-6 statistics (earlier fedshift behaviour).
     stats: Literal["fixed", "client"] = "fixed"
     mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
-    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
+    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD), metadata=bounds(gt=0))
 
 
 @register

@@ -95,6 +95,7 @@ from torch import nn
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
@@ -324,10 +325,10 @@ class FFAParams:
     #: stages to put an FFA layer after (None: every stage of the model)
     stages: list[str] | None = None
     #: probability that a layer fires in a training forward
-    p: float = 0.5
+    p: float = bounded(0.5, ge=0, le=1)
     #: alpha of the momentum statistics (Eq. 4)
-    momentum: float = 0.99
-    eps: float = 1e-6
+    momentum: float = bounded(0.99, ge=0, lt=1)
+    eps: float = bounded(1e-6, gt=0)
     variant: Variant = "fedfa"
     #: "paper": Eq. 5 per channel; "released": one scalar variance (gamma == 1)
     variance: Literal["paper", "released"] = "paper"
@@ -337,18 +338,10 @@ class FFAParams:
     #: "reset" (Alg. 1 literally), "persist", "average" (released); see the module docstring
     ema: Literal["corrected", "reset", "persist", "average"] = "corrected"
     #: lambda of the fedfa-r variant: the sampling std of every channel (Sec. 4.1)
-    fixed_std: float = 0.5
+    fixed_std: float = bounded(0.5, ge=0)
 
     def validate(self, prefix: str = "augment") -> None:
         where = f"config key '{prefix}." if prefix else "config key '"
-        if not 0.0 <= self.p <= 1.0:
-            raise ConfigError(f"{where}p' must be in [0, 1], got {self.p}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"{where}momentum' must be in [0, 1), got {self.momentum}")
-        if self.eps <= 0:
-            raise ConfigError(f"{where}eps' must be > 0, got {self.eps}")
-        if self.fixed_std < 0:
-            raise ConfigError(f"{where}fixed_std' must be >= 0, got {self.fixed_std}")
         if self.ema not in ("corrected", "reset", "persist", "average"):
             raise ConfigError(
                 f"{where}ema' must be corrected, reset, persist or average, got {self.ema!r}"

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, State
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 
 Interpolation = Literal["bilinear", "nearest"]
@@ -62,9 +63,9 @@ class FlipRotateParams:
     """Parameters of the ``flip_rotate`` augment (config keys ``augment.flip_rotate.*``)."""
 
     #: probability of a horizontal flip per image (FedBN: torchvision's default 0.5)
-    flip: float = 0.5
+    flip: float = bounded(0.5, ge=0, le=1)
     #: rotation angles are uniform in [-degrees, degrees] (FedBN: 30)
-    degrees: float = 30.0
+    degrees: float = bounded(30.0, ge=0, le=180)
     #: image resampling of the rotation: "bilinear", or "nearest" (FedBN's released transform)
     interpolation: Interpolation = "bilinear"
 
@@ -135,13 +136,6 @@ class FlipRotate(Augment):
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         where = "config key 'augment.flip_rotate."
-        if not 0.0 <= params.flip <= 1.0:
-            raise ConfigError(f"{where}flip' must be a probability in [0, 1], got {params.flip}")
-        if not 0.0 <= params.degrees <= 180.0:
-            raise ConfigError(
-                f"{where}degrees' must be in [0, 180] (angles are drawn from "
-                f"[-degrees, degrees]), got {params.degrees}"
-            )
         if params.interpolation not in ("bilinear", "nearest"):
             raise ConfigError(
                 f"{where}interpolation' must be 'bilinear' or 'nearest', "
@@ -167,7 +161,7 @@ class Rot90FlipParams:
     """Parameters of the ``rot90_flip`` augment (config keys ``augment.rot90_flip.*``)."""
 
     #: probability of a mirror per image (the axis, horizontal or vertical, is then a coin flip)
-    flip: float = 0.5
+    flip: float = bounded(0.5, ge=0, le=1)
 
 
 def rot90_flip(

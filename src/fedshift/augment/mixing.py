@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from fedshift.augment import register
 from fedshift.augment.base import Augment, State
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 
@@ -120,16 +121,6 @@ def add_stage_hook(model: FedModel, stage: str, hook: Hook) -> None:
         model.stage_hooks[stage] = composed
 
 
-def _check_probability(value: float, key: str) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"config key '{key}' must be in [0, 1], got {value}")
-
-
-def _check_alpha(value: float, key: str) -> None:
-    if value < 0:
-        raise ConfigError(f"config key '{key}' must be >= 0, got {value}")
-
-
 class _MixesLabels(Augment):
     """Shared config check of the label-mixing augments."""
 
@@ -149,7 +140,7 @@ class _MixesLabels(Augment):
 @dataclass
 class MixupParams:
     # Beta(alpha, alpha); the mixup paper uses 0.1-0.4 on ImageNet and 1.0 on CIFAR.
-    alpha: float = 0.2
+    alpha: float = bounded(0.2, ge=0)
 
 
 @register
@@ -158,11 +149,6 @@ class Mixup(_MixesLabels):
 
     name = "mixup"
     Params = MixupParams
-
-    @classmethod
-    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        super().check(params, algorithm, others)
-        _check_alpha(params.alpha, "augment.mixup.alpha")
 
     def train_batch(
         self, x: torch.Tensor, y: torch.Tensor, state: State, generator: torch.Generator
@@ -176,7 +162,7 @@ class Mixup(_MixesLabels):
 @dataclass
 class ManifoldMixupParams:
     # Beta(alpha, alpha); Verma et al. use 2.0 for Manifold Mixup on CIFAR.
-    alpha: float = 2.0
+    alpha: float = bounded(2.0, ge=0)
     # eligible hidden stages (None: the first half of the model's stages, like the paper's
     # S = {0, 1, 2} of a PreActResNet: the input and the first two of four block groups)
     stages: list[str] | None = None
@@ -206,7 +192,6 @@ class ManifoldMixup(_MixesLabels):
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         super().check(params, algorithm, others)
-        _check_alpha(params.alpha, "augment.manifold_mixup.alpha")
         if params.stages is not None and not params.stages and not params.include_input:
             raise ConfigError(
                 "augment 'manifold_mixup': no eligible layer (stages=[] and include_input=false)"
@@ -254,9 +239,9 @@ class ManifoldMixup(_MixesLabels):
 # ----------------------------------------------------------------------------- MixStyle
 @dataclass
 class MixStyleParams:
-    p: float = 0.5  # probability of mixing, one draw per stage per batch
-    alpha: float = 0.1  # Beta(alpha, alpha) for the per-example lam
-    eps: float = 1e-6
+    p: float = bounded(0.5, ge=0, le=1)  # probability of mixing, one draw per stage per batch
+    alpha: float = bounded(0.1, ge=0)  # Beta(alpha, alpha) for the per-example lam
+    eps: float = bounded(1e-6, gt=0)
     # stages after which to mix (None: the first half of the model's stages; the paper's
     # default for ResNet is after res1 and res2 of four)
     stages: list[str] | None = None
@@ -288,11 +273,6 @@ class MixStyle(Augment):
 
     name = "mixstyle"
     Params = MixStyleParams
-
-    @classmethod
-    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        _check_probability(params.p, "augment.mixstyle.p")
-        _check_alpha(params.alpha, "augment.mixstyle.alpha")
 
     def __init__(self, params: Any, seed: int, num_classes: int) -> None:
         super().__init__(params, seed, num_classes)
@@ -334,13 +314,13 @@ class MixStyle(Augment):
 class MoExParams:
     # weight of the original label; the paper's ImageNet setting (lam 0.9, p 1). Its CIFAR
     # setting is lam 0.5, p 0.25.
-    lam: float = 0.9
-    p: float = 1.0
+    lam: float = bounded(0.9, ge=0, le=1)
+    p: float = bounded(1.0, ge=0, le=1)
     # stage whose output exchanges moments (None: the first stage, as early as the paper puts it)
     stage: str | None = None
     # "pono": positional moments over channels (paper default); "in": instance moments over H x W
     norm: Literal["pono", "in"] = "pono"
-    eps: float = 1e-5
+    eps: float = bounded(1e-5, gt=0)
 
 
 def moment_exchange(
@@ -363,12 +343,6 @@ class MoEx(_MixesLabels):
 
     name = "moex"
     Params = MoExParams
-
-    @classmethod
-    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        super().check(params, algorithm, others)
-        _check_probability(params.p, "augment.moex.p")
-        _check_probability(params.lam, "augment.moex.lam")
 
     def __init__(self, params: Any, seed: int, num_classes: int) -> None:
         super().__init__(params, seed, num_classes)

@@ -14,17 +14,24 @@ One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report)
 Building the parser imports only the standard library: every handler imports what it needs
 (torch, the registries, Flower...) when it runs, so ``fedshift --help`` and a mistyped command
 answer at once. ``tests/test_cli_speed.py`` keeps it that way.
+
+Exit codes: 0 done; 2 an error a user can fix, printed as one ``fedshift: error: ...`` line
+(a :class:`~fedshift.core.errors.FedshiftError`, or an ``OSError`` such as a full disk, a
+read-only or misplaced ``--out``, named with its file and the fix); 130 interrupted; a run
+stopped by SIGINT / SIGTERM after saving its state exits with the code its signal sets.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
+from pathlib import Path
 
 from fedshift.cli import data, flower, protocol, run
 from fedshift.core.errors import FedshiftError
 
-__all__ = ["build_parser", "main", "parse"]
+__all__ = ["build_parser", "describe_os_error", "main", "parse"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedshiftError as e:
         print(f"fedshift: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # disk full, read-only or misplaced --out, unreadable file...
+        print(f"fedshift: error: {describe_os_error(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("fedshift: interrupted", file=sys.stderr)
         return 130
@@ -71,3 +81,45 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fedshift: stopped by {e}", file=sys.stderr)
         return int(code)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The regular file among ``path`` and its parents (a file where a folder must be)."""
+    for p in (path, *path.parents):
+        try:
+            if p.exists():
+                return None if p.is_dir() else p
+        except OSError:
+            return None
+    return None
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line for an ``OSError``: the file it concerns, what went wrong, and the fix."""
+    name = None if e.filename is None else str(e.filename)
+    what = e.strerror or str(e)
+    head = f"{name}: {what}" if name else what
+    code = e.errno
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return (
+            f"{head}: the disk is full. Free space (or choose another --out), then continue: "
+            "`fedshift run --resume RUN_DIR` resumes a run from its last checkpoint, and "
+            "rerunning the same `fedshift bench` keeps the finished cells"
+        )
+    if code in (errno.ENOTDIR, errno.EEXIST) and name:
+        blocker = _file_in_the_way(Path(name))
+        if blocker is not None:
+            return (
+                f"{blocker} is a file, not a folder, so {name} cannot be created there: "
+                "choose another --out (or move the file away)"
+            )
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"{head}: cannot write or read here. Choose a writable folder with --out (or "
+            "fix the permissions of that path)"
+        )
+    if code == errno.EISDIR:
+        return f"{head}: a file is expected here, not a folder"
+    if code == errno.ENOENT:
+        return f"{head}: check the path"
+    return head

@@ -4,6 +4,23 @@ A config is a nested mapping. The fixed sections (``train``, ``federation``, ``e
 are dataclasses below; the ``dataset``, ``model`` and ``algorithm`` sections hold a ``name``
 plus the keys of that component's own parameter dataclass (found through the registries).
 Every error names the offending key (and the file it came from) and lists the valid choices.
+
+Values: a float key takes any number, or a string Python's ``float()`` reads (YAML 1.1 reads
+``1e-3`` and ``5e-4`` without a dot as strings); every float must be finite (no nan / inf).
+Numeric fields with a valid range declare it once, as field metadata
+(:mod:`fedshift.core.bounds`: ``lr: float = bounded(0.01, gt=0)``); :func:`build_dataclass`
+checks it for the fixed sections below and for every component's parameter dataclass alike,
+naming the full key (``algorithm.mu``) and the range; rules across keys stay in
+:func:`check_ranges` and the components' ``validate`` / ``check`` methods. ``name`` becomes a
+folder under ``out``: it must be a plain folder name.
+
+Untrusted input: YAML is read with a loader that refuses a key written twice in one mapping
+(which would silently replace a whole section), and a loaded config may hold at most
+:data:`~fedshift.core.yamlsafe.MAX_NODES` values once its aliases are expanded (a "billion
+laughs" file of nested aliases is refused at load time instead of hanging the deep copies,
+``asdict`` and messages that walk it; see :mod:`fedshift.core.yamlsafe`). A sweep grid may
+have at most :data:`MAX_SWEEP_CELLS` combinations. Error messages show values through a
+bounded ``repr``.
 """
 
 from __future__ import annotations
@@ -11,6 +28,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,23 +38,31 @@ from typing import Any, Literal
 
 import yaml
 
+from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.errors import ConfigError
+from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
+
+#: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
+MAX_SWEEP_CELLS = 10_000
 
 
 @dataclass
 class TrainConfig:
     """Local training of every client."""
 
-    rounds: int = 50
-    local_epochs: int = 1
-    local_steps: int | None = None  # if set, overrides local_epochs (mini-batch steps per round)
-    batch_size: int = 32
+    rounds: int = bounded(50, ge=1)
+    local_epochs: int = bounded(1, ge=1)
+    # if set, overrides local_epochs (mini-batch steps per round)
+    local_steps: int | None = bounded(None, ge=1)
+    batch_size: int = bounded(32, ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    lr: float = bounded(0.01, gt=0)
+    momentum: float = bounded(0.0, ge=0, lt=1, why="SGD momentum")
+    weight_decay: float = bounded(0.0, ge=0)
     # Adam's (beta1, beta2); torch's default. HarmoFL's prostate/nuclei runs use [0.9, 0.99]
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(
+        default_factory=lambda: [0.9, 0.999], metadata=bounds(ge=0, lt=1, why="Adam's betas")
+    )
     # "reset": a fresh optimizer every round (FedBN's code); "persist": kept in client state.
     optimizer_state: Literal["reset", "persist"] = "reset"
     # the local loss: "auto" = cross-entropy for classification, (CE + soft Dice) / 2 for
@@ -47,7 +74,7 @@ class TrainConfig:
 class FederationConfig:
     """Which clients take part in a round and how their replies are weighted."""
 
-    sample_fraction: float = 1.0
+    sample_fraction: float = bounded(1.0, gt=0, le=1)
     # aggregation weight of a client's reply: "samples" (n_k / n, FedAvg's Eq. 1), "uniform"
     # (1 / |S|), or "auto": the algorithm's paper weighting (its class's ``paper_weighting``);
     # the resolved value is recorded in summary.json as "weighting"
@@ -57,7 +84,7 @@ class FederationConfig:
     holdout: list[str] = field(default_factory=list)
     # share of each client's training split that is used (seeded, stratified where labels are
     # classes; FedFA's Fig. 2 / Table 16 sweep); validation and test are untouched
-    data_fraction: float = 1.0
+    data_fraction: float = bounded(1.0, gt=0, le=1)
 
 
 @dataclass
@@ -66,13 +93,13 @@ class InputConfig:
     FedBN's digits code uses 0.5 / 0.5."""
 
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5], metadata=bounds(gt=0))
 
 
 @dataclass
 class EvalConfig:
-    every: int = 1  # evaluate every k rounds (the last round is always evaluated)
-    batch_size: int = 500
+    every: int = bounded(1, ge=1)  # evaluate every k rounds (the last round is always evaluated)
+    batch_size: int = bounded(500, ge=1)
 
 
 @dataclass
@@ -81,14 +108,14 @@ class CheckpointConfig:
     rounds or every ``minutes`` minutes of training, whichever comes first, at the last round,
     and at once on SIGINT / SIGTERM. 0 switches a trigger off. Results never depend on it."""
 
-    every: int = 10
-    minutes: float = 10.0
+    every: int = bounded(10, ge=0, why="0: no round trigger")
+    minutes: float = bounded(10.0, ge=0, why="0: no time trigger")
 
 
 @dataclass
 class RunConfig:
-    name: str = "run"
-    seed: int = 0
+    name: str = "run"  # a folder under ``out``: a plain folder name (see check_ranges)
+    seed: int = bounded(0, ge=0)
     device: str = "cpu"
     dataset: dict = field(default_factory=lambda: {"name": "digits"})
     model: dict = field(default_factory=lambda: {"name": "cnn"})
@@ -127,20 +154,50 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+class _NotFinite(ConfigError):
+    """A float key got nan or inf (kept apart so that a union type reports it as is)."""
+
+
+def _to_float(value: Any, key: str) -> float | None:
+    """``value`` as a finite float: numbers, and strings ``float()`` reads (YAML 1.1 reads
+    ``1e-3`` as a string); ``None`` when it is neither. Raises :class:`_NotFinite`."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            out = float(value)
+        except ValueError:
+            return None
+    elif isinstance(value, int | float):
+        out = float(value)
+    else:
+        return None
+    if not math.isfinite(out):
+        raise _NotFinite(f"config key '{key}' must be a finite number, got {short_repr(value)}")
+    return out
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    """Check ``value`` against the annotation ``tp``; ints (and strings ``float()`` reads) are
+    accepted for floats. Messages show ``value`` through :func:`short_repr`, built only when
+    raised."""
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+
+    def bad() -> ConfigError:
+        return ConfigError(
+            f"config key '{key}': expected {_type_name(tp)}, got {short_repr(value)}"
+        )
+
     if tp is Any:
         return value
     if origin is Literal:
         choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(
-                f"config key '{key}': {value!r} is not valid; choose one of "
-                + ", ".join(repr(c) for c in choices)
-            )
-        return value
+        if not isinstance(value, list | dict) and value in choices:
+            return value
+        raise ConfigError(
+            f"config key '{key}': {short_repr(value)} is not valid; choose one of "
+            + ", ".join(repr(c) for c in choices)
+        )
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -150,37 +207,40 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 continue
             try:
                 return _coerce(value, a, key)
+            except _NotFinite:
+                raise
             except ConfigError:
                 continue
-        raise bad
+        raise bad()
     if origin is list:
         (inner,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, list | tuple):
-            raise bad
+            raise bad()
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise bad
+            raise bad()
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise bad
+            raise bad()
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
+            raise bad()
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad
-        return float(value)
+        out = _to_float(value, key)
+        if out is None:
+            raise bad()
+        return out
     if tp is str:
         if not isinstance(value, str):
-            raise bad
+            raise bad()
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise bad
+            raise bad()
         return build_dataclass(tp, value, key)
     return value
 
@@ -210,6 +270,7 @@ def build_dataclass(cls: type, data: dict, prefix: str = "", skip: tuple = ()) -
         obj = cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config section '{prefix or cls.__name__}': {e}") from e
+    check_bounds(obj, prefix)
     check = getattr(obj, "validate", None)
     if callable(check):
         check(prefix)
@@ -224,11 +285,16 @@ def parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
+    where = f"override {short_repr(item)}"
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_text(raw) if raw.strip() else ""
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{where}: key {short_repr(e.key)} appears twice") from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {item!r}: cannot parse value: {e}") from e
-    return key, value
+        raise ConfigError(f"{where}: cannot parse value: {e}") from e
+    return key, plain_tree(value, where)
 
 
 def set_dotted(tree: dict, key: str, value: Any) -> None:
@@ -259,62 +325,63 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def load_yaml(path: str | Path) -> dict:
+    """A YAML config file as a plain nested dict: no key twice in a mapping, at most
+    :data:`~fedshift.core.yamlsafe.MAX_NODES` values with aliases expanded."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file (-c FILE)")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_text(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a YAML text file (not UTF-8: {e.reason})") from None
+    except DuplicateKeyError as e:
+        raise ConfigError(
+            f"{p}, line {e.line}: key {short_repr(e.key)} appears twice in one mapping (first "
+            f"at line {e.first_line}); the second would replace the first: merge them"
+        ) from None
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of config keys")
-    return data
+    return plain_tree(data, str(p))
+
+
+def check_name(name: str, key: str = "name") -> None:
+    """``name`` must be a plain folder name (it becomes ``<out>/<name>``): not empty, not
+    ``.`` or ``..``, no path separator, no NUL, not absolute."""
+    seps = {"/", "\\", os.sep, os.altsep or "/", "\0"}
+    if (
+        not name.strip()
+        or name in (".", "..")
+        or any(c in name for c in seps)
+        or os.path.isabs(name)
+    ):
+        raise ConfigError(
+            f"config key '{key}' must be a plain folder name (the run's folder under --out / "
+            f"'out'): no '/' or '\\', not '.', '..' or empty; got {short_repr(name)}"
+        )
 
 
 def check_ranges(cfg: RunConfig) -> None:
+    """Checks across keys of the fixed sections (single-key ranges are field bounds)."""
+    check_name(cfg.name)
     t = cfg.train
-    positive = {
-        "train.rounds": t.rounds,
-        "train.local_epochs": t.local_epochs,
-        "train.batch_size": t.batch_size,
-        "eval.every": cfg.eval.every,
-        "eval.batch_size": cfg.eval.batch_size,
-    }
-    for key, v in positive.items():
-        if v < 1:
-            raise ConfigError(f"config key '{key}' must be >= 1, got {v}")
-    if t.local_steps is not None and t.local_steps < 1:
-        raise ConfigError(
-            f"config key 'train.local_steps' must be >= 1 or null, got {t.local_steps}"
-        )
-    if t.lr <= 0:
-        raise ConfigError(f"config key 'train.lr' must be > 0, got {t.lr}")
-    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+    if len(t.betas) != 2:
         raise ConfigError(
             f"config key 'train.betas' must be two numbers in [0, 1) (Adam's beta1, beta2), "
-            f"got {t.betas}"
+            f"got {short_repr(t.betas)}"
         )
     if t.optimizer != "adam" and list(t.betas) != [0.9, 0.999]:
         raise ConfigError(
             f"config key 'train.betas' applies to Adam only; set train.optimizer=adam or "
             f"remove train.betas (got optimizer {t.optimizer!r})"
         )
-    if not 0 < cfg.federation.sample_fraction <= 1:
-        raise ConfigError(
-            "config key 'federation.sample_fraction' must be in (0, 1], "
-            f"got {cfg.federation.sample_fraction}"
-        )
-    if not 0 < cfg.federation.data_fraction <= 1:
-        raise ConfigError(
-            "config key 'federation.data_fraction' must be in (0, 1], "
-            f"got {cfg.federation.data_fraction}"
-        )
-    if cfg.checkpoint.every < 0:
-        raise ConfigError("config key 'checkpoint.every' must be >= 0 (0: no round trigger)")
-    if cfg.checkpoint.minutes < 0:
-        raise ConfigError("config key 'checkpoint.minutes' must be >= 0 (0: no time trigger)")
-    if len(cfg.input.mean) != len(cfg.input.std) or any(s <= 0 for s in cfg.input.std):
-        raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths and std > 0")
+    if len(cfg.input.mean) != len(cfg.input.std):
+        raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths")
 
 
 def lookup(tree: dict, dotted: str, default: Any = None) -> Any:
@@ -367,8 +434,15 @@ def expand_sweep(raw: dict, source: str = "config") -> list[dict]:
         if not isinstance(v, dict) or not v:
             raise ConfigError(
                 f"{source}: sweep key 'cell' [{i}] must be a non-empty mapping of dotted keys "
-                f"to values (e.g. {{algorithm.name: fedbn, model.bn: standard}}), got {v!r}"
+                f"to values (e.g. {{algorithm.name: fedbn, model.bn: standard}}), got "
+                f"{short_repr(v)}"
             )
+    cells = math.prod(len(grid[k]) for k in keys)
+    if cells > MAX_SWEEP_CELLS:
+        raise ConfigError(
+            f"{source}: the sweep grid has {cells:,} combinations (the product of its lists' "
+            f"lengths); at most {MAX_SWEEP_CELLS:,} are run from one config: split it"
+        )
     out = []
     for combo in itertools.product(*(grid[k] for k in keys)):
         one = copy.deepcopy(base)

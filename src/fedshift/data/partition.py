@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedshift.core.bounds import bounded
 from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
@@ -259,62 +260,43 @@ def _require(ok: bool, prefix: str, key: str, what: str, value: object) -> None:
 class IIDParams:
     """``iid``: each class cut into ``clients`` equal random parts."""
 
-    clients: int = 10
-    seed: int = 0  # the partition's own seed (independent of the run seed)
-
-    def validate(self, prefix: str = "partition") -> None:
-        _require(self.clients >= 1, prefix, "clients", ">= 1", self.clients)
-        _require(self.seed >= 0, prefix, "seed", ">= 0", self.seed)
+    clients: int = bounded(10, ge=1)
+    seed: int = bounded(0, ge=0)  # the partition's own seed (independent of the run seed)
 
 
 @dataclass
 class ClassesParams:
     """``classes``: pFedHN/DisTrans split, ``classes_per_client`` classes per client."""
 
-    clients: int = 10
-    classes_per_client: int = 2  # u in DisTrans
-    low: float = 0.4  # each holder's share of a class ~ U(low, high), then normalised
-    high: float = 0.6
-    seed: int = 0
+    clients: int = bounded(10, ge=1)
+    classes_per_client: int = bounded(2, ge=1)  # u in DisTrans
+    # each holder's share of a class ~ U(low, high), then normalised
+    low: float = bounded(0.4, gt=0)
+    high: float = bounded(0.6, gt=0)
+    seed: int = bounded(0, ge=0)
 
     def validate(self, prefix: str = "partition") -> None:
-        _require(self.clients >= 1, prefix, "clients", ">= 1", self.clients)
-        u = self.classes_per_client
-        _require(u >= 1, prefix, "classes_per_client", ">= 1", u)
-        _require(self.low > 0, prefix, "low", "> 0", self.low)
         _require(self.high >= self.low, prefix, "high", f">= low ({self.low})", self.high)
-        _require(self.seed >= 0, prefix, "seed", ">= 0", self.seed)
 
 
 @dataclass
 class DirichletParams:
     """``dirichlet``: per class, client shares ~ Dir(alpha)."""
 
-    clients: int = 10
-    alpha: float = 0.5
-    min_size: int = 10  # redraw until every client has this many training examples
-    seed: int = 0
-
-    def validate(self, prefix: str = "partition") -> None:
-        _require(self.clients >= 1, prefix, "clients", ">= 1", self.clients)
-        _require(self.alpha > 0, prefix, "alpha", "> 0", self.alpha)
-        _require(self.min_size >= 0, prefix, "min_size", ">= 0", self.min_size)
-        _require(self.seed >= 0, prefix, "seed", ">= 0", self.seed)
+    clients: int = bounded(10, ge=1)
+    alpha: float = bounded(0.5, gt=0)
+    # redraw until every client has this many training examples
+    min_size: int = bounded(10, ge=0)
+    seed: int = bounded(0, ge=0)
 
 
 @dataclass
 class OneClassParams:
     """``one-class``: client k holds only class k (FedAwS; DisTrans's 100 % DH setting)."""
 
-    clients: int | None = None  # None: the number of classes
-    negatives: float = 1.0  # test negatives per test positive
-    seed: int = 0
-
-    def validate(self, prefix: str = "partition") -> None:
-        if self.clients is not None:
-            _require(self.clients >= 1, prefix, "clients", ">= 1 or null", self.clients)
-        _require(self.negatives >= 0, prefix, "negatives", ">= 0", self.negatives)
-        _require(self.seed >= 0, prefix, "seed", ">= 0", self.seed)
+    clients: int | None = bounded(None, ge=1)  # None: the number of classes
+    negatives: float = bounded(1.0, ge=0)  # test negatives per test positive
+    seed: int = bounded(0, ge=0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -304,6 +304,19 @@ def submit_app(
     return run_id, status, "".join(lines)
 
 
+def insecure_warning(superlink: str) -> str:
+    """What ``submit --insecure`` gives up, printed before anything is sent."""
+    return (
+        f"fedshift: warning: --insecure: no TLS to the SuperLink at {superlink}. The "
+        "connection is unencrypted and the SuperLink is not authenticated: the run's config "
+        "and app, its log and results travel in clear text, and anyone on the network path "
+        "can read or alter them or pose as the SuperLink (a SuperLink that accepts this was "
+        "started with --insecure, so its SuperNodes' model updates are unencrypted too). Use "
+        "it only on a trusted local network or for testing; otherwise pass --root-cert CA.crt "
+        "(`fedshift flower certs` makes one; docs/DEPLOY.md)"
+    )
+
+
 def submit(
     cfg: RunConfig,
     options: FlowerOptions,
@@ -314,7 +327,10 @@ def submit(
     stream: bool = True,
     app_dir: Path | None = None,
 ) -> int:
-    """``fedshift flower submit``: write the app, submit it, stream the ServerApp's log."""
+    """``fedshift flower submit``: write the app, submit it, stream the ServerApp's log.
+    With ``insecure``, a warning on stderr first (:func:`insecure_warning`)."""
+    if insecure:
+        print(insecure_warning(superlink), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="fedshift-flower-") as tmp:
         home = Path(tmp) / "flwr-home"
         write_connection(home, superlink, root_cert, insecure)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.core.registry import Registry
 from fedshift.models.alexnet import AlexNetBN, AlexNetParams
@@ -16,7 +17,7 @@ from fedshift.models.unet import UNet, UNetParams
 
 @dataclass
 class CNNParams:
-    width: int = 32
+    width: int = bounded(32, ge=1)
 
 
 @dataclass

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 
@@ -68,7 +69,7 @@ class AlexNetParams:
     """Parameters of the ``alexnet`` model (config keys ``model.*``)."""
 
     #: width of the two hidden fully connected layers (FedBN: 4096; FedFA: 1024)
-    hidden: int = 4096
+    hidden: int = bounded(4096, ge=1)
 
 
 def _conv_stage(

@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedshift.core.bounds import bounded, bounds
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 from fedshift.models.unet import batch_norm, check_bn
@@ -69,15 +70,15 @@ class DenseNetParams:
     """Parameters of the ``densenet121`` model (config keys ``model.*``)."""
 
     #: growth rate k (feature maps added by each dense layer)
-    growth: int = 32
+    growth: int = bounded(32, ge=1)
     #: number of dense layers in each block (DenseNet-121: 6, 12, 24, 16)
-    blocks: list[int] = field(default_factory=lambda: [6, 12, 24, 16])
+    blocks: list[int] = field(default_factory=lambda: [6, 12, 24, 16], metadata=bounds(ge=1))
     #: feature maps of the stem convolution
-    init_features: int = 64
+    init_features: int = bounded(64, ge=1)
     #: bottleneck width factor: the 1x1 conv gives bn_size * k maps
-    bn_size: int = 4
+    bn_size: int = bounded(4, ge=1)
     #: dropout probability on each dense layer's new maps
-    drop_rate: float = 0.0
+    drop_rate: float = bounded(0.0, ge=0, lt=1)
     #: "standard" BatchNorm2d, or HarmoFL's BatchNorm2d(affine=False, track_running_stats=False)
     bn: BNKind = "standard"
     #: HarmoFL's released model: ZeroPad2d(2) after the first dense block (paper: none)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel, classifier_input_reason
 
@@ -57,7 +58,7 @@ class ResNetParams:
     #: CIFAR-style stem for small images: 3x3 stride-1 conv, no max-pool
     small_input: bool = False
     #: channels of layer1 (the groups have width, 2 width, 4 width, 8 width)
-    width: int = 64
+    width: int = bounded(64, ge=1)
 
 
 def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:

@@ -49,6 +49,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 
@@ -64,7 +65,7 @@ class UNetParams:
     """Parameters of the ``unet`` model (config keys ``model.*``)."""
 
     #: base number of features w (encoder widths w, 2w, 4w, 8w; bottleneck 16w)
-    width: int = 32
+    width: int = bounded(32, ge=1)
     #: "standard": BatchNorm2d with affine parameters and running statistics;
     #: "harmofl": HarmoFL's BatchNorm2d(affine=False, track_running_stats=False)
     bn: BNKind = "standard"

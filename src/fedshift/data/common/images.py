@@ -9,12 +9,18 @@
 * :func:`resize_uint8`, :func:`to_uint8`, :func:`to_float`: 8-bit arrays in and out (what the
   image caches hold).
 
-Every reader raises :class:`~fedshift.core.errors.DataError` naming the file it cannot read.
+Every reader raises :class:`~fedshift.core.errors.DataError` naming the file it cannot read,
+including an image whose declared size exceeds Pillow's ``Image.MAX_IMAGE_PIXELS`` (a
+"decompression bomb": a few KB that would decode to gigabytes). Pillow refuses one above
+twice that limit and only warns between one and two times it; both are an error here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -52,12 +58,31 @@ CHUNK = 2048
 # --------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _no_bombs(path: Path) -> Iterator[None]:
+    """Inside: an image over Pillow's pixel limit (its warning or its error) raises
+    :class:`DataError` naming ``path``."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise DataError(
+            f"{path}: the image declares more pixels than Pillow reads (Image.MAX_IMAGE_PIXELS"
+            f" = {Image.MAX_IMAGE_PIXELS:,}; Pillow: {exc}). A malformed or hostile file (a "
+            "'decompression bomb') or a huge image: replace it, or downscale a genuine one"
+        ) from None
+
+
 def _open(path: Path):
     from PIL import Image, UnidentifiedImageError
 
     try:
-        img = Image.open(path)
-        img.load()
+        with _no_bombs(path):
+            img = Image.open(path)
+            img.load()
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         raise DataError(
             f"{path}: Pillow cannot read this image ({exc}); convert it to PNG"
@@ -138,7 +163,7 @@ def read_image_fedbn(path: str | os.PathLike) -> np.ndarray:
 
     path = Path(path)
     try:
-        with Image.open(path) as img:
+        with _no_bombs(path), Image.open(path) as img:
             img.load()
             if len(img.getbands()) == 3:
                 rgb = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0

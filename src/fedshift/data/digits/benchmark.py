@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
@@ -56,10 +57,11 @@ class DigitsParams:
     """What to build and how to split it (the ``dataset.*`` config keys)."""
 
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    train_size: int = 750  # per client (FedBN's 10% setting is ~743)
-    val_size: int = 250
-    test_size: int = 500
-    seed: int = 0  # data seed: MNIST halves, MNIST-M crops, synth renders and the splits
+    train_size: int = bounded(750, ge=1)  # per client (FedBN's 10% setting is ~743)
+    val_size: int = bounded(250, ge=1)
+    test_size: int = bounded(500, ge=1)
+    # data seed: MNIST halves, MNIST-M crops, synth renders and the splits
+    seed: int = bounded(0, ge=0)
     synth_pool: int = DEFAULT_SYNTH_POOL
     cache_dir: str | None = None  # None -> $FEDSHIFT_CACHE or ~/.cache/fedshift
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.common import cache
@@ -86,10 +87,10 @@ __all__ = [
 class FashionParams:
     """The ``dataset.*`` keys of ``fashion-mnist``."""
 
-    train_size: int = 6000  # drawn (stratified) from the 60k training images
-    val_size: int = 1000  # also from the 60k, disjoint from train
-    test_size: int = 2000  # from the 10k test images
-    seed: int = 0  # data seed: which images are drawn
+    train_size: int = bounded(6000, ge=1)  # drawn (stratified) from the 60k training images
+    val_size: int = bounded(1000, ge=1)  # also from the 60k, disjoint from train
+    test_size: int = bounded(2000, ge=1)  # from the 10k test images
+    seed: int = bounded(0, ge=0)  # data seed: which images are drawn
     data_dir: str | None = None  # None: /usr/share/datasets/fashion-mnist, then the cache
 
 

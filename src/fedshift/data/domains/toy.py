@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError
 from fedshift.data.base import ClientData, Federation, Split
 
@@ -20,12 +21,12 @@ from fedshift.data.base import ClientData, Federation, Split
 class ToyParams:
     """The ``dataset.*`` keys of ``toyshift``."""
 
-    clients: int = 3
-    classes: int = 10
-    train_size: int = 60
-    val_size: int = 20
-    test_size: int = 20
-    seed: int = 0
+    clients: int = bounded(3, ge=1)
+    classes: int = bounded(10, ge=1)
+    train_size: int = bounded(60, ge=1)
+    val_size: int = bounded(20, ge=1)
+    test_size: int = bounded(20, ge=1)
+    seed: int = bounded(0, ge=0)
 
 
 def load_toy(p: ToyParams) -> Federation:
@@ -58,12 +59,12 @@ def load_toy(p: ToyParams) -> Federation:
 class ToySegParams:
     """``toyseg``: per-pixel labels of random discs and boxes on a textured background."""
 
-    clients: int = 3
-    size: int = 32
-    train_size: int = 24
-    val_size: int = 8
-    test_size: int = 8
-    seed: int = 0
+    clients: int = bounded(3, ge=1)
+    size: int = bounded(32, ge=8)
+    train_size: int = bounded(24, ge=1)
+    val_size: int = bounded(8, ge=1)
+    test_size: int = bounded(8, ge=1)
+    seed: int = bounded(0, ge=0)
 
 
 def load_toyseg(p: ToySegParams) -> Federation:
