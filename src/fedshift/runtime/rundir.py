@@ -101,6 +101,14 @@ def _describe(info: dict | None) -> str:
     )
 
 
+def _command() -> str:
+    """This process's command line, ``fedshift ...`` for ``python -m fedshift ...``."""
+    argv = list(sys.argv) or [sys.executable]
+    if Path(argv[0]).name == "__main__.py" and Path(argv[0]).parent.name == "fedshift":
+        argv[0] = "fedshift"
+    return shlex.join(argv)
+
+
 def _lock_fd(fd: int) -> bool:
     """Try to lock ``fd`` exclusively without waiting; False if another process holds it."""
     if fcntl is None:  # pragma: no cover - no flock on this platform: nothing is locked
@@ -133,7 +141,7 @@ def hold_lock(lock_path: str | Path, what: str, advice: str) -> Iterator[None]:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-                "command": shlex.join(sys.argv) or sys.executable,
+                "command": _command(),
             }
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
@@ -141,9 +149,9 @@ def hold_lock(lock_path: str | Path, what: str, advice: str) -> Iterator[None]:
         else:
             os.close(fd)
             raise FedshiftError(
-                f"{what} is in use by {_describe(lock_holder(lock_path))}. {advice} "
-                f"(the lock, {lock_path}, is released by the operating system when that "
-                "process exits, even when killed, so there is nothing stale to delete)"
+                f"{what} is in use by {_describe(lock_holder(lock_path))}. {advice}. "
+                f"(Its lock, {lock_path}, goes when that process exits, even if killed: "
+                "there is nothing stale to delete.)"
             )
     try:
         yield
