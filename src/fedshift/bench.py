@@ -216,8 +216,10 @@ def _cell_task(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: i
         return {"status": "interrupted", "signum": e.signum, "saved_round": e.saved_round}
     except KeyboardInterrupt:  # stopped before its round loop began: nothing to save
         return {"status": "interrupted", "signum": int(signal.SIGINT), "saved_round": None}
-    except Exception as e:  # noqa: BLE001 - recorded; the other cells run
-        reason = str(e) if isinstance(e, FedshiftError) else f"{type(e).__name__}: {e}"
+    except FedshiftError as e:  # a message for the user: recorded, the other cells run
+        return {"status": "failed", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001 - a bug or an OS error: kept with its traceback
+        reason = f"{type(e).__name__}: {e}"
         return {"status": "failed", "reason": reason, "traceback": traceback.format_exc()}
     finally:
         _busy = False
@@ -410,7 +412,8 @@ def _install(handlers: Any) -> Any:
         return None
     sigs = (signal.SIGINT, signal.SIGTERM)
     new = handlers if isinstance(handlers, dict) else dict.fromkeys(sigs, handlers)
-    return {s: signal.signal(s, new[s]) for s in sigs}
+    # a handler set outside Python reads as None and cannot be set back: leave it
+    return {s: signal.signal(s, h) for s, h in new.items() if h is not None}
 
 
 def _in_process(todo: list[Cell], args: dict, done: Any) -> None:

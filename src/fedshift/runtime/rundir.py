@@ -144,7 +144,8 @@ def hold_lock(lock_path: str | Path, what: str, advice: str) -> Iterator[None]:
                 "command": _command(),
             }
             os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, (json.dumps(me) + "\n").encode())
             _held[key] = [fd, 1]
         else:
             os.close(fd)
