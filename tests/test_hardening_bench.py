@@ -261,7 +261,9 @@ def test_item7_killed_bench_leaves_no_worker(tmp_path):
             assert time.monotonic() < deadline and proc.poll() is None, "cells did not start"
             time.sleep(0.1)
         kids = _children(proc.pid)
-        assert len(kids) == 3  # two workers and the resource tracker
+        cmds = [Path(f"/proc/{k}/cmdline").read_bytes() for k in kids]
+        assert sum(b"spawn_main" in c for c in cmds) == 2  # the two workers
+        assert sum(b"resource_tracker" in c for c in cmds) == 1
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 10
