@@ -4,24 +4,44 @@ A suite file is an ordinary run config whose ``sweep`` grid spans any config key
 partition, algorithm, augment, seed, ...). ``fedshift bench SUITE.yaml`` expands the grid,
 validates every cell before running any, and gives each cell a stable directory
 ``<out>/<name>/<algorithm>-<dataset>-seed<k>-<hash>`` where ``hash`` is a digest of the
-cell's resolved config. A cell whose directory holds a ``summary.json`` with the same digest is
-done and is never run again; a cell killed midway continues from its last checkpoint
-(``checkpoint.every``); anything else starts afresh. ``bench.json`` in the suite folder lists
-every cell with what happened to it in this invocation (``ran``, ``resumed``, ``cached``).
+cell's resolved config. A cell whose directory holds a readable ``summary.json`` with the same
+digest is done and is never run again; a cell killed midway (or whose summary is unreadable)
+continues from its last checkpoint (``checkpoint.every``); anything else starts afresh.
+
+``bench.json`` in the suite folder lists every cell with what happened to it in this
+invocation (``cached``, ``ran``, ``resumed``, ``failed`` with the reason, ``interrupted``, or
+``pending`` when the suite stopped first); it is rewritten, atomically, as each cell ends. A
+failing cell does not stop the others: the suite runs every cell, then fails naming the failed
+ones. SIGINT / SIGTERM stop the whole suite at once, each running cell saving its last whole
+round first; running the suite again continues it.
 
 Independent cells run in ``workers`` processes (default: one per two cores, at most the
-number of pending cells), each with ``torch`` limited to ``cores // workers`` threads, so
-results do not depend on how many workers ran them (every random stream is derived from the
-config's seed; see :mod:`fedshift.core.seeding`).
+number of pending cells). Every cell runs with ``torch`` limited to ``threads`` threads
+(default 1, with any number of workers, in-process too): float reductions split over another
+number of threads differ in the last bits, and those differences grow over training, so the
+thread count is part of a cell's result. Every random stream is derived from the config's seed
+(:mod:`fedshift.core.seeding`), so a suite's results do not depend on ``workers``; a
+``threads`` other than 1 enters each cell's digest (and so its directory), and is recorded in
+``cell.json`` and ``summary.json``. Workers exit when the ``fedshift bench`` process dies,
+however it dies.
+
+One suite folder belongs to one ``fedshift bench`` at a time (``bench.lock``), and each cell's
+directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir`): a second
+invocation is refused with the name of the one running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import shutil
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +51,15 @@ from tqdm.auto import tqdm
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
+from fedshift.runtime.loop import RunSignal
+from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_lock, hold_run, lock_holder
 
 CELL_FILE = "cell.json"
 MANIFEST = "bench.json"
+#: held by ``fedshift bench`` in the suite folder for the whole invocation
+SUITE_LOCK = "bench.lock"
+#: seconds a worker whose parent died may take to save the cell it runs before it exits
+PARENT_GONE_GRACE_S = 60.0
 
 
 @dataclass
@@ -46,14 +72,18 @@ class Cell:
     digest: str
 
 
-def config_digest(cfg: RunConfig) -> str:
-    """A digest of everything that changes a run's numbers (not its name or output folder)."""
+def config_digest(cfg: RunConfig, threads: int = 1) -> str:
+    """A digest of everything that changes a run's numbers (not its name or output folder):
+    the resolved config and, when not 1, the torch thread count (1 adds nothing, so digests
+    of suites cached before threads counted stay valid)."""
     d = cfg.to_dict()
     for k in ("name", "out", "sweep"):
         d.pop(k, None)
     # when a run saves its state does not change its results (the empty section keeps the
     # digests of suites cached before checkpoint.minutes existed)
     d["checkpoint"] = {}
+    if threads != 1:
+        d["threads"] = threads
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
@@ -77,10 +107,23 @@ def _grid_keys(grid: dict) -> list[str]:
     return out
 
 
+def _check_threads(threads: int | None) -> int:
+    if threads is None:
+        return 1
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise FedshiftError(f"--threads must be a whole number of at least 1, got {threads!r}")
+    return threads
+
+
 def plan(
-    suite: str | Path, overrides: list[str] | None = None, out: str | None = None
+    suite: str | Path,
+    overrides: list[str] | None = None,
+    out: str | None = None,
+    threads: int | None = None,
 ) -> list[Cell]:
-    """Expand and validate a suite into cells (nothing runs)."""
+    """Expand and validate a suite into cells (nothing runs); ``threads`` (default 1) as
+    given to :func:`run_suite`, since a count other than 1 is part of each cell's digest."""
+    threads = _check_threads(threads)
     source = str(suite)
     raw = load_config(suite, overrides)
     grid = raw.get("sweep") or {}
@@ -90,7 +133,7 @@ def plan(
         cfg = resolve(one, source)
         if out:
             cfg.out = out
-        digest = config_digest(cfg)
+        digest = config_digest(cfg, threads)
         skip = ("seed", "algorithm.name", "algorithm")
         # a ``cell`` grid key stands for the dotted keys its mappings set
         keys = list(dict.fromkeys(_grid_keys(grid)))
@@ -110,48 +153,182 @@ def plan(
     return cells
 
 
-def cell_status(cell: Cell) -> str:
-    """``done`` (summary with this digest), ``partial`` (checkpoint to resume) or ``new``."""
-    meta = cell.run_dir / CELL_FILE
-    if not meta.is_file():
-        return "new"
+def _read_json(path: Path) -> dict | None:
+    """``path``'s JSON object, or None when it is missing, empty, cut short or not an object
+    (a file left by a disk that filled up, or by a crash of an older fedshift)."""
     try:
-        digest = json.loads(meta.read_text()).get("digest")
-    except json.JSONDecodeError:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cell_status(cell: Cell) -> str:
+    """``done`` (a readable summary, this digest), ``partial`` (a checkpoint to resume; also
+    when the summary is unreadable) or ``new``."""
+    meta = _read_json(cell.run_dir / CELL_FILE)
+    if meta is None or meta.get("digest") != cell.digest:
         return "new"
-    if digest != cell.digest:
-        return "new"
-    if (cell.run_dir / "summary.json").is_file():
+    if _read_json(cell.run_dir / "summary.json") is not None:
         return "done"
     if (cell.run_dir / "checkpoint.pt").is_file():
         return "partial"
     return "new"
 
 
-def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: int) -> dict:
-    """Worker entry point (a separate process): run or resume one cell."""
+def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: int) -> str:
+    """Run or resume one cell (in a worker process, or in-process with one worker); returns
+    ``ran`` or ``resumed``. The cell's directory is locked before it is read."""
     import torch
 
+    from fedshift.runtime.results import write_text_atomic
     from fedshift.runtime.simulation import Simulation
 
-    torch.set_num_threads(max(1, threads))
-    cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")
+    torch.set_num_threads(threads)
     path = Path(run_dir)
-    status = cell_status(Cell(cfg, label, path, digest))
-    if status == "new" and path.exists():
-        shutil.rmtree(path)  # a stale or foreign directory: start clean
-    path.mkdir(parents=True, exist_ok=True)
-    (path / CELL_FILE).write_text(json.dumps({"digest": digest, "label": label}) + "\n")
-    result = Simulation(cfg, path, progress=False).run(resume=status == "partial")
-    summary = dict(result.summary)
-    summary["label"] = label
-    (path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return {"status": "resumed" if status == "partial" else "ran", "summary": summary}
+    with hold_run(path):
+        cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")
+        status = cell_status(Cell(cfg, label, path, digest))
+        if status == "new":
+            clear_run_dir(path)  # a stale or foreign directory: start clean
+        meta = {"digest": digest, "label": label, "threads": threads}
+        write_text_atomic(path / CELL_FILE, json.dumps(meta) + "\n")
+        result = Simulation(cfg, path, progress=False).run(resume=status == "partial")
+        summary = dict(result.summary)
+        summary["label"] = label
+        summary["threads"] = torch.get_num_threads()
+        write_text_atomic(path / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return "resumed" if status == "partial" else "ran"
+
+
+#: a cell is running in this process (a worker's parent watch waits for it to save)
+_busy = False
+
+
+def _cell_task(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: int) -> dict:
+    """:func:`_run_cell` with every outcome as a plain (picklable) dict: ``status`` ``ran`` /
+    ``resumed``, ``failed`` with ``reason``, or ``interrupted`` with ``signum``."""
+    global _busy
+    _busy = True
+    try:
+        return {"status": _run_cell(cfg_dict, run_dir, digest, label, threads)}
+    except RunSignal as e:  # saved its last whole round; the suite stops
+        return {"status": "interrupted", "signum": e.signum, "saved_round": e.saved_round}
+    except KeyboardInterrupt:  # stopped before its round loop began: nothing to save
+        return {"status": "interrupted", "signum": int(signal.SIGINT), "saved_round": None}
+    except FedshiftError as e:  # a message for the user: recorded, the other cells run
+        return {"status": "failed", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001 - a bug or an OS error: kept with its traceback
+        reason = f"{type(e).__name__}: {e}"
+        return {"status": "failed", "reason": reason, "traceback": traceback.format_exc()}
+    finally:
+        _busy = False
+
+
+# ---------------------------------------------------------------------- worker processes
+def _worker_sigint(signum: int, frame: Any) -> None:
+    """A worker's SIGINT between round loops: stop the cell being built; idle, ignore it
+    (the suite's process decides; a round loop installs its own handler)."""
+    if _busy:
+        raise KeyboardInterrupt
+
+
+def _watch_parent(parent: int, signalled: bool) -> None:
+    """A worker's daemon thread: once the bench process is gone, stop the cell in progress
+    (SIGTERM: its round loop saves its last whole round) and exit when it has."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    if not signalled:  # no PR_SET_PDEATHSIG here: send what it would have sent
+        os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.monotonic() + PARENT_GONE_GRACE_S
+    while _busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
+    """Initializer of every worker: die with the bench process. On Linux the kernel sends
+    SIGTERM when the parent dies (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon thread
+    also polls ``os.getppid()``, and exits the worker once its cell has saved its state (a
+    worker left waiting for work that will never come would live forever)."""
+    signalled = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            signalled = libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            signalled = False
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+    signal.signal(signal.SIGINT, _worker_sigint)
+    threading.Thread(
+        target=_watch_parent, args=(parent, signalled), name="fedshift-parent-watch", daemon=True
+    ).start()
 
 
 def default_workers(pending: int) -> int:
     cores = os.cpu_count() or 1
     return max(1, min(pending, cores // 2 or 1))
+
+
+# ---------------------------------------------------------------------- the suite
+class SuiteStopped(RunSignal):  # noqa: N818 - a signal, like RunSignal
+    """SIGINT / SIGTERM stopped a suite; every running cell saved its last whole round."""
+
+    def __init__(self, signum: int, root: Path, suite: str | Path) -> None:
+        self.signum = signum
+        self.run_dir = root
+        self.saved_round = None
+        name = signal.Signals(signum).name
+        BaseException.__init__(
+            self,
+            f"{name}: suite stopped, each running cell saved its last whole round "
+            f"({root / MANIFEST} says what ran); continue with: fedshift bench {suite}",
+        )
+
+
+class _Manifest:
+    """``bench.json``: one row per cell, rewritten atomically whenever a row changes."""
+
+    def __init__(self, root: Path, cells: list[Cell], todo: list[Cell], threads: int) -> None:
+        self.path = root / MANIFEST
+        pending = {c.run_dir for c in todo}
+        self.rows = {
+            str(c.run_dir): {
+                "label": c.label,
+                "run_dir": str(c.run_dir),
+                "digest": c.digest,
+                "threads": threads,
+                "status": "pending" if c.run_dir in pending else "cached",
+            }
+            for c in cells
+        }
+        self.write()
+
+    def set(self, cell: Cell, res: dict) -> None:
+        row = self.rows[str(cell.run_dir)]
+        row["status"] = res["status"]
+        for key in ("reason", "traceback"):
+            if key in res:
+                row[key] = res[key]
+        self.write()
+
+    def write(self) -> None:
+        from fedshift.runtime.results import write_text_atomic
+
+        write_text_atomic(self.path, json.dumps(list(self.rows.values()), indent=2) + "\n")
+
+
+class _Stop(BaseException):  # noqa: N818
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signum)
 
 
 def run_suite(
@@ -162,67 +339,157 @@ def run_suite(
     progress: bool = True,
     threads: int | None = None,
 ) -> list[dict]:
-    """Run every cell of a suite that is not done yet; returns all cells' summaries.
-    ``threads``: torch threads per worker (default ``cores // workers``)."""
-    cells = plan(suite, overrides, out)
-    todo = [c for c in cells if cell_status(c) != "done"]
-    n_workers = workers or default_workers(len(todo))
-    threads = threads or max(1, (os.cpu_count() or 1) // n_workers)
-    events: dict[str, str] = {str(c.run_dir): "cached" for c in cells if c not in todo}
-    bar = tqdm(
-        total=len(cells),
-        initial=len(cells) - len(todo),
-        desc=f"suite {cells[0].cfg.name}" if cells else "suite",
-        disable=not progress,
-        dynamic_ncols=True,
+    """Run every cell of a suite that is not done yet; returns all cells' summaries (plan
+    order). ``threads``: torch threads per cell (default 1). Cells that fail are recorded in
+    ``bench.json`` and the others run; then a :class:`FedshiftError` names the failed ones.
+    A signal stops the suite (:class:`SuiteStopped`)."""
+    threads = _check_threads(threads)
+    if workers is not None and workers < 1:
+        raise FedshiftError(f"--workers must be at least 1, got {workers}")
+    cells = plan(suite, overrides, out, threads)
+    if not cells:
+        return []
+    root = Path(cells[0].cfg.out) / cells[0].cfg.name
+    advice = (
+        "One suite folder takes one `fedshift bench` at a time: wait for that one to finish, "
+        "or stop it (Ctrl-C or kill: its running cells save their state) and run the suite "
+        "again (finished cells are kept, stopped ones resume)"
     )
-    errors: list[str] = []
-    args = [(c.cfg.to_dict(), str(c.run_dir), c.digest, c.label, threads) for c in todo]
-    if n_workers == 1:
-        import torch
+    with hold_lock(root / SUITE_LOCK, f"suite folder {root}", advice):
+        todo = [c for c in cells if cell_status(c) != "done"]
+        manifest = _Manifest(root, cells, todo, threads)
+        n_workers = workers or default_workers(len(todo))
+        bar = tqdm(
+            total=len(cells),
+            initial=len(cells) - len(todo),
+            desc=f"suite {cells[0].cfg.name}",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+        args = {str(c.run_dir): (c.cfg.to_dict(), str(c.run_dir), c.digest, c.label, threads)
+                for c in todo}  # fmt: skip
+        errors: list[str] = []
 
-        before = torch.get_num_threads()  # the cells run here: leave the caller's setting
+        def done(c: Cell, res: dict) -> None:
+            manifest.set(c, res)
+            if res["status"] == "failed":
+                errors.append(f"{c.label} ({c.run_dir}): {res['reason']}")
+            if res["status"] != "interrupted":
+                bar.update(1)
+                bar.set_postfix_str(c.label[:40])
+
+        old = _install(_raise_stop)
         try:
-            for c, a in zip(todo, args, strict=True):
-                res = _run_cell(*a)
-                events[str(c.run_dir)] = res["status"]
-                bar.update(1)
-                bar.set_postfix_str(c.label[:40])
+            if n_workers == 1:
+                _in_process(todo, args, done)
+            elif todo:
+                _in_pool(todo, args, n_workers, done)
+        except _Stop as stop:
+            raise SuiteStopped(stop.signum, root, suite) from None
         finally:
-            torch.set_num_threads(before)
-    elif todo:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(n_workers, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(_run_cell, *a): c for c, a in zip(todo, args, strict=True)}
-            for fut in as_completed(futs):
-                c = futs[fut]
-                try:
-                    events[str(c.run_dir)] = fut.result()["status"]
-                except Exception as e:  # noqa: BLE001 - report every failed cell at the end
-                    events[str(c.run_dir)] = "failed"
-                    errors.append(f"{c.label} ({c.run_dir}): {e}")
-                bar.update(1)
-                bar.set_postfix_str(c.label[:40])
-    bar.close()
-    manifest = [
-        {
-            "label": c.label,
-            "run_dir": str(c.run_dir),
-            "digest": c.digest,
-            "status": events.get(str(c.run_dir), "?"),
-        }
-        for c in cells
-    ]
-    if cells:
-        root = Path(cells[0].cfg.out) / cells[0].cfg.name
-        root.mkdir(parents=True, exist_ok=True)
-        (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            _install(old)
+            bar.close()
     if errors:
-        raise FedshiftError("cells failed (the others are kept):\n  " + "\n  ".join(errors))
+        raise FedshiftError(
+            f"{len(errors)} of {len(cells)} cells failed (the other cells are kept; "
+            f"{root / MANIFEST} lists every cell; fix the cause and run the suite again: "
+            "only unfinished cells run):\n  " + "\n  ".join(errors)
+        )
     summaries = []
     for c in cells:
-        s = json.loads((c.run_dir / "summary.json").read_text())
+        s = _read_json(c.run_dir / "summary.json")
+        if s is None:
+            raise FedshiftError(f"{c.run_dir / 'summary.json'} is unreadable; run the suite again")
         s["label"] = c.label
         summaries.append(s)
     return summaries
+
+
+def _install(handlers: Any) -> Any:
+    """Set SIGINT and SIGTERM handlers (one function, or a dict as returned); returns the
+    previous ones. Only the main thread may: elsewhere, nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or handlers is None:
+        return None
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    new = handlers if isinstance(handlers, dict) else dict.fromkeys(sigs, handlers)
+    # a handler set outside Python reads as None and cannot be set back: leave it
+    return {s: signal.signal(s, h) for s, h in new.items() if h is not None}
+
+
+def _in_process(todo: list[Cell], args: dict, done: Any) -> None:
+    """One worker: the cells run in this process, one after the other."""
+    import torch
+
+    before = torch.get_num_threads()  # the cells run here: leave the caller's setting
+    try:
+        for c in todo:
+            res = _cell_task(*args[str(c.run_dir)])
+            done(c, res)
+            if res["status"] == "interrupted":
+                raise _Stop(res["signum"])
+    finally:
+        torch.set_num_threads(before)
+
+
+def _in_pool(todo: list[Cell], args: dict, n_workers: int, done: Any) -> None:
+    """``n_workers`` spawned processes (which die with this one, see :func:`_worker_init`).
+    A signal here, or a cell stopped by one, cancels the cells not started and stops the
+    running ones (SIGINT: they save their state), then :class:`_Stop` propagates."""
+    import multiprocessing as mp
+
+    pool = ProcessPoolExecutor(
+        n_workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(os.getpid(),),
+    )
+    futs: dict[Future, Cell] = {}
+    recorded: set[Future] = set()
+
+    def collect(fut: Future) -> dict:
+        recorded.add(fut)
+        try:
+            return fut.result()
+        except KeyboardInterrupt:
+            return {"status": "interrupted", "signum": int(signal.SIGINT), "saved_round": None}
+        except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of memory)
+            return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+
+    stop: int | None = None
+    try:
+        futs = {pool.submit(_cell_task, *args[str(c.run_dir)]): c for c in todo}
+        pending = set(futs)
+        while pending and stop is None:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                res = collect(fut)
+                done(futs[fut], res)
+                if res["status"] == "interrupted":
+                    stop = res["signum"]
+    except _Stop as e:
+        stop = e.signum
+    finally:
+        if stop is not None:
+            _install(dict.fromkeys((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN))
+            for fut in futs:
+                fut.cancel()
+            _interrupt_running([futs[f] for f in futs if f.running()])
+        pool.shutdown(wait=True, cancel_futures=True)
+        for fut, c in futs.items():  # the cells that ended while the suite stopped
+            if fut not in recorded and fut.done() and not fut.cancelled():
+                done(c, collect(fut))
+    if stop is not None:
+        raise _Stop(stop)
+
+
+def _interrupt_running(cells: list[Cell]) -> None:
+    """SIGINT to the workers running ``cells`` (the holders of their run locks), so that they
+    save their last whole round and stop."""
+    import multiprocessing as mp
+
+    ours = {p.pid for p in mp.active_children()}
+    for c in cells:
+        pid = (lock_holder(c.run_dir / LOCK_FILE) or {}).get("pid")
+        if pid in ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)

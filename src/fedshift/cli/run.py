@@ -146,9 +146,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("suite", help="suite YAML (a run config with a sweep grid)")
     bench.add_argument("overrides", nargs="*", help="key=value overrides for every cell")
     bench.add_argument("--out", help="root folder for run directories (config key 'out')")
-    bench.add_argument("--workers", type=int, help="parallel processes (default: cores // 2)")
     bench.add_argument(
-        "--threads", type=int, help="torch threads per worker (default: cores // workers)"
+        "--workers",
+        type=int,
+        help="parallel processes (default: cores // 2); results do not depend on it",
+    )
+    bench.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per cell (default 1, whatever --workers; another count changes "
+        "the last bits of results, so it is part of each cell's digest)",
     )
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)

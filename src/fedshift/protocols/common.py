@@ -187,7 +187,7 @@ def _run_cells(
     from fedshift.bench import plan, run_suite
 
     suite_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    cells = plan(suite_path, None, runs_out)
+    cells = plan(suite_path, None, runs_out, threads)
     summaries = run_suite(
         suite_path, None, out=runs_out, workers=workers, progress=progress, threads=threads
     )

@@ -59,6 +59,7 @@ from fedshift.runtime.checkpoint_io import (
 from fedshift.runtime.client import check_reply
 from fedshift.runtime.experiment import build_experiment
 from fedshift.runtime.results import RunResult, finish_run, write_metrics
+from fedshift.runtime.rundir import hold_run
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
 
 log = logging.getLogger("fedshift.runtime")
@@ -366,7 +367,13 @@ class RoundLoop:
         """Run to ``train.rounds``. ``resume``: continue from ``checkpoint.pt`` (a run with
         no checkpoint, killed during its set-up, starts again); ``rounds``: with ``resume``,
         extend a run to that many rounds (it ends as a run of ``rounds`` from the start);
-        ``stop_after``: stop with :class:`RunInterrupted` after that round (tests)."""
+        ``stop_after``: stop with :class:`RunInterrupted` after that round (tests). The run
+        directory is locked for the whole call: a second process gets an error naming this
+        one (:mod:`fedshift.runtime.rundir`)."""
+        with hold_run(self.run_dir):
+            return self._run(resume, stop_after, rounds)
+
+    def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = resume and (self.run_dir / CHECKPOINT).is_file()
         if resumed:

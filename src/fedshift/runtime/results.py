@@ -4,6 +4,7 @@ temporary file, then renamed), so a reader never sees half of one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 from fedshift.core.config import RunConfig
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import summarize
+from fedshift.runtime.rundir import claim_run_dir
 
 
 @dataclass
@@ -21,21 +23,29 @@ class RunResult:
 
 
 def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
-    """``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, with ``-2``, ``-3``... if taken."""
+    """A new, empty directory ``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, with
+    ``-2``, ``-3``... if taken; created here, atomically, so two runs started together never
+    get the same one (:func:`~fedshift.runtime.rundir.claim_run_dir`)."""
     root = Path(out or cfg.out) / cfg.name
-    base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
-    path, i = root / base, 1
-    while path.exists():
-        i += 1
-        path = root / f"{base}-{i}"
-    return path
+    return claim_run_dir(root, f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """``path`` written through a temporary file and ``os.replace`` (never half-written)."""
+    """``path`` written through a temporary file, flushed to disk and renamed over ``path``
+    with ``os.replace``: a reader (or a crash, or a full disk) sees the old file or the new
+    one, never half of one; the temporary file is removed when writing it fails."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:

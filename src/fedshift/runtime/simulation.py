@@ -13,6 +13,7 @@ checkpoint has nothing to compare with: it starts again from ``config.yaml``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -89,9 +90,19 @@ def run_experiment(
     progress: bool = True,
     stop_after: int | None = None,
 ) -> RunResult:
-    """Run one resolved config to the end; returns the run directory and its summary."""
+    """Run one resolved config to the end; returns the run directory and its summary.
+    Without ``run_dir``, a new directory is claimed (:func:`new_run_dir`), and removed again
+    if the run cannot even be built (it is still empty then)."""
+    claimed = run_dir is None
     run_dir = run_dir or new_run_dir(cfg, out)
-    return Simulation(cfg, run_dir, federation, progress).run(stop_after=stop_after)
+    try:
+        sim = Simulation(cfg, run_dir, federation, progress)
+    except BaseException:
+        if claimed:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only if empty
+        raise
+    return sim.run(stop_after=stop_after)
 
 
 def saved_config(run_dir: str | Path) -> RunConfig:

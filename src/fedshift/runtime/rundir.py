@@ -1,0 +1,193 @@
+"""Who owns a run directory: claimed atomically, locked for the life of the process using it.
+
+* :func:`claim_run_dir` creates ``<root>/<base>`` (or ``<base>-2``, ``-3``...) with a plain
+  ``mkdir``, which fails when the directory exists: of two runs started together, each gets
+  its own directory, never both the same.
+* :func:`hold_run` holds an exclusive ``flock`` on ``<run_dir>/run.lock`` while a process
+  runs, resumes or (as a bench cell) writes the run; a second process that tries gets a
+  :class:`~fedshift.core.errors.FedshiftError` naming the holder (pid, host, since when,
+  command) from the lock file's contents. :func:`hold_lock` is the same for any lock file
+  (``fedshift bench`` holds ``<out>/<name>/bench.lock`` for a whole suite).
+
+The operating system releases a ``flock`` when the process holding it exits, however it exits
+(``kill -9`` included), so a lock is never stale: the lock file stays in the directory after a
+run and means nothing until a process locks it again; never delete it by hand while a run is
+going (a new file would be a second, independent lock). Locks are reentrant within one process
+(a bench worker holds its cell's lock while the round loop takes it again): a per-process
+registry counts the holds of each lock file, and only the last release unlocks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedshift.core.errors import FedshiftError
+
+try:  # POSIX; elsewhere runs are not locked (see _lock_fd)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "LOCK_FILE",
+    "claim_run_dir",
+    "clear_run_dir",
+    "hold_lock",
+    "hold_run",
+    "lock_holder",
+]
+
+#: the lock file inside a run directory
+LOCK_FILE = "run.lock"
+
+_registry_lock = threading.Lock()
+#: (device, inode) of each lock file this process holds -> [fd, holds]
+_held: dict[tuple[int, int], list[int]] = {}
+
+
+def _forget_after_fork() -> None:
+    # a forked child shares its parent's locks (same open files); it must not unlock them
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def claim_run_dir(root: Path, base: str) -> Path:
+    """Create and return ``root/base``, or the first of ``base-2``, ``base-3``... that does
+    not exist yet; the ``mkdir`` is the claim, so no two callers get the same directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    path, i = root / base, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            i += 1
+            path = root / f"{base}-{i}"
+
+
+def lock_holder(lock_path: Path) -> dict | None:
+    """What the holder of ``lock_path`` wrote into it (pid, host, since, command), if
+    readable; the file may also be a leftover of a process that has exited."""
+    try:
+        info = json.loads(Path(lock_path).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _describe(info: dict | None) -> str:
+    if not info:
+        return "another process (it has not written its name into the lock file yet)"
+    host = info.get("host", "?")
+    where = "" if host == socket.gethostname() else f" on host {host}"
+    return (
+        f"process {info.get('pid', '?')}{where}, running since {info.get('since', '?')}: "
+        f"{info.get('command', '?')}"
+    )
+
+
+def _command() -> str:
+    """This process's command line, ``fedshift ...`` for ``python -m fedshift ...``."""
+    argv = list(sys.argv) or [sys.executable]
+    if Path(argv[0]).name == "__main__.py" and Path(argv[0]).parent.name == "fedshift":
+        argv[0] = "fedshift"
+    return shlex.join(argv)
+
+
+def _lock_fd(fd: int) -> bool:
+    """Try to lock ``fd`` exclusively without waiting; False if another process holds it."""
+    if fcntl is None:  # pragma: no cover - no flock on this platform: nothing is locked
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextmanager
+def hold_lock(lock_path: str | Path, what: str, advice: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (created if missing) for the ``with`` block.
+
+    Another process holding it: :class:`FedshiftError` "``what`` is in use by <holder>;
+    ``advice``". Reentrant within this process (module docstring)."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    with _registry_lock:
+        entry = _held.get(key)
+        if entry is not None:  # this process holds it already: count one more hold
+            os.close(fd)
+            entry[1] += 1
+        elif _lock_fd(fd):
+            me = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                "command": _command(),
+            }
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, (json.dumps(me) + "\n").encode())
+            _held[key] = [fd, 1]
+        else:
+            os.close(fd)
+            raise FedshiftError(
+                f"{what} is in use by {_describe(lock_holder(lock_path))}. {advice}. "
+                f"(Its lock, {lock_path}, goes when that process exits, even if killed: "
+                "there is nothing stale to delete.)"
+            )
+    try:
+        yield
+    finally:
+        with _registry_lock:
+            entry = _held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[key]
+                os.close(entry[0])  # closing the last descriptor releases the flock
+
+
+@contextmanager
+def hold_run(run_dir: str | Path) -> Iterator[Path]:
+    """Own ``run_dir`` (created if missing) for the ``with`` block: run, resume or write it.
+    A second process gets a :class:`FedshiftError` naming the one that owns it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    advice = (
+        "Two processes must never write one run directory: wait for that run to finish, or "
+        "stop it (Ctrl-C or kill, and it saves its last whole round) and continue it with "
+        f"`fedshift run --resume {run_dir}`; to run the config again, start a new run (it gets "
+        "a directory of its own)"
+    )
+    with hold_lock(run_dir / LOCK_FILE, f"run directory {run_dir}", advice):
+        yield run_dir
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` but its lock file (call it while holding the lock:
+    deleting the lock file would let another process lock a new one)."""
+    for child in run_dir.iterdir():
+        if child.name == LOCK_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
