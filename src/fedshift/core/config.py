@@ -40,6 +40,7 @@ import yaml
 
 from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.errors import ConfigError
+from fedshift.core.files import write_text_atomic
 from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
 
 #: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
@@ -464,4 +465,5 @@ def _set_sweep_value(one: dict, k: str, v: Any) -> None:
 
 
 def dump_config(cfg: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Write a run's resolved config (atomically: a crash leaves the old file or the new)."""
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

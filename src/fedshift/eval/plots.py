@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fedshift.core.files import atomic_output  # noqa: E402
+
 
 def plot_convergence(
     records: list[dict],
@@ -49,6 +51,7 @@ def plot_convergence(
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
     return out

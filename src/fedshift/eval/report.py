@@ -37,6 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
+from fedshift.core.files import atomic_output, read_json, write_text_atomic  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,
@@ -76,7 +77,7 @@ def load_runs(roots: list[str | Path]) -> list[dict]:
         if not root.exists():
             raise FedshiftError(f"{root} does not exist")
         for path in sorted(root.rglob("summary.json")):
-            s = json.loads(path.read_text())
+            s = read_json(path)
             s["_dir"] = str(path.parent)
             runs.append(s)
     if not runs:
@@ -304,13 +305,13 @@ def build_report(
                     csv_rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
                 csv_rows.append({**base, "client": "mean", "test": sc["test_mean"]})
     md_path, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
-    md_path.write_text("\n".join(md) + "\n")
+    write_text_atomic(md_path, "\n".join(md) + "\n")
     page = (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
         f"</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
     )
-    html_path.write_text(page)
-    with open(csv_path, "w", newline="") as f:
+    write_text_atomic(html_path, page)
+    with atomic_output(csv_path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
         w.writeheader()
         w.writerows(csv_rows)

@@ -159,7 +159,8 @@ def summarize(sim) -> dict[str, Any]:
 
 def load_summaries(roots) -> list[dict[str, Any]]:
     """Every ``summary.json`` below the given folders, in path order."""
-    import json
     from pathlib import Path
 
-    return [json.loads(p.read_text()) for r in roots for p in sorted(Path(r).rglob("summary.json"))]
+    from fedshift.core.files import read_json
+
+    return [read_json(p) for r in roots for p in sorted(Path(r).rglob("summary.json"))]

@@ -24,6 +24,7 @@ import yaml
 
 from fedshift.core.config import lookup
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import write_text_atomic
 from fedshift.eval.stats import mean_std
 from fedshift.eval.tables import flow_label
 
@@ -86,8 +87,8 @@ def _out_dir(out: str | Path | None, name: str) -> Path:
 
 def _save(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, Path]:
     md, js = out / f"{name}.md", out / f"{name}.json"
-    md.write_text(f"# {title}\n\n{text}\n")
-    js.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+    write_text_atomic(md, f"# {title}\n\n{text}\n")
+    write_text_atomic(js, json.dumps(_jsonable(data), indent=2) + "\n")
     return {"md": md, "json": js}
 
 
@@ -186,7 +187,7 @@ def _run_cells(
     each with ``_cfg`` = its cell's resolved config dict."""
     from fedshift.bench import plan, run_suite
 
-    suite_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    write_text_atomic(suite_path, yaml.safe_dump(raw, sort_keys=False))
     cells = plan(suite_path, None, runs_out, threads)
     summaries = run_suite(
         suite_path, None, out=runs_out, workers=workers, progress=progress, threads=threads

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
+from fedshift.core.files import atomic_output  # noqa: E402
 from fedshift.eval.tables import flow_label, grid  # noqa: E402
 from fedshift.protocols.common import (  # noqa: E402
     DASH,
@@ -229,6 +230,7 @@ def _heatmap(mat: list[list[float]], clients: list[str], title: str, path: Path)
     ax.set_title(title, fontsize=8, wrap=True)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix[1:] or "png", dpi=110)
     plt.close(fig)
     return path

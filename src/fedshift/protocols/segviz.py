@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
+from fedshift.core.files import atomic_output  # noqa: E402
 from fedshift.runtime.simulation import load_finished  # noqa: E402
 
 #: label colours: background black, then red, cyan, yellow, magenta, green...
@@ -148,6 +149,7 @@ def site_predictions_figure(
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, format=Path(out).suffix[1:] or "png", dpi=110)
     plt.close(fig)
     return out

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from fedshift.core.errors import ConfigError, FedshiftError  # noqa: E402
+from fedshift.core.files import atomic_output  # noqa: E402
 from fedshift.eval.stats import mean_std, paired_ttest  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import grid  # noqa: E402
@@ -230,6 +231,7 @@ def _sweep_png(data: dict, values: list[Any], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix[1:] or "png", dpi=110)
     plt.close(fig)
     return path

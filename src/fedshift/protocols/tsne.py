@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
+from fedshift.core.files import atomic_output  # noqa: E402
 from fedshift.eval.tables import grid  # noqa: E402
 from fedshift.protocols.common import (  # noqa: E402
     SPLITS,
@@ -181,6 +182,7 @@ def _tsne_png(panels: list[dict], path: Path) -> Path:
         ax.set_yticks([])
     axes[0][-1].legend(fontsize=7, markerscale=2, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix[1:] or "png", dpi=110)
     plt.close(fig)
     return path

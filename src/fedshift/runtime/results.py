@@ -4,13 +4,12 @@ temporary file, then renamed), so a reader never sees half of one."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedshift.core.config import RunConfig
+from fedshift.core.files import write_text_atomic
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import summarize
 from fedshift.runtime.rundir import claim_run_dir
@@ -28,24 +27,6 @@ def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
     get the same one (:func:`~fedshift.runtime.rundir.claim_run_dir`)."""
     root = Path(out or cfg.out) / cfg.name
     return claim_run_dir(root, f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """``path`` written through a temporary file, flushed to disk and renamed over ``path``
-    with ``os.replace``: a reader (or a crash, or a full disk) sees the old file or the new
-    one, never half of one; the temporary file is removed when writing it fails."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:

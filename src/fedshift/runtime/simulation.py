@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.files import read_json
 from fedshift.data.base import Federation
 from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.loop import (
@@ -234,7 +234,7 @@ def load_finished(
             f"{run_dir} has not finished (no summary.json), so no round is selected yet; "
             "use the last weights (--weights last) or finish it (fedshift run --resume)"
         )
-    best = int(json.loads(summary_path.read_text())["best_round"])
+    best = int(read_json(summary_path)["best_round"])
     if best == sim.last_round:
         return sim
     if not (run_dir / SELECTED).is_file():

@@ -1,0 +1,62 @@
+"""Issue 15, item 5 beyond bench: every result file is written atomically and an unreadable
+one is a clear error naming it (reports, protocols), never a bare JSONDecodeError."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedshift.cli import main
+from fedshift.core.errors import FedshiftError
+from fedshift.core.files import atomic_output, read_json, write_text_atomic
+from fedshift.runtime.simulation import run_experiment
+
+
+def test_atomic_output_keeps_the_old_file_when_writing_fails(tmp_path: Path):
+    """A writer that fails halfway leaves the previous content and no temporary file."""
+    target = tmp_path / "report.csv"
+    write_text_atomic(target, "old\n")
+    with pytest.raises(OSError), atomic_output(target) as tmp:
+        tmp.write_text("new, half")
+        raise OSError(28, "No space left on device")
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.csv"]
+
+
+def test_config_and_figure_are_written_atomically(tmp_path: Path, make_cfg, monkeypatch):
+    """config.yaml and convergence.png go through a temporary file and a rename."""
+    import os
+
+    renamed: list[str] = []
+    real = os.replace
+
+    def spy(src, dst):
+        renamed.append(Path(dst).name)
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    run_experiment(make_cfg(rounds=1), run_dir=tmp_path / "r", progress=False)
+    assert {"config.yaml", "convergence.png", "summary.json", "ledger.json"} <= set(renamed)
+    assert not list((tmp_path / "r").glob("*.tmp"))
+
+
+def test_report_names_an_empty_summary(tmp_path: Path, make_cfg, capsys):
+    """`fedshift report` over a run whose summary.json is empty: one error line naming it."""
+    run = run_experiment(make_cfg(rounds=1), run_dir=tmp_path / "runs" / "r", progress=False)
+    (run.run_dir / "summary.json").write_text("")
+    code = main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "fedshift: error:" in err and "summary.json" in err and "JSONDecodeError" not in err
+
+
+def test_read_json_reads_what_it_should(tmp_path: Path):
+    """read_json returns the value of a good file and raises FedshiftError on a bad one."""
+    good, bad = tmp_path / "a.json", tmp_path / "b.json"
+    good.write_text(json.dumps({"x": 1}))
+    bad.write_text('{"x": ')
+    assert read_json(good) == {"x": 1}
+    with pytest.raises(FedshiftError, match="b.json"):
+        read_json(bad)
