@@ -80,6 +80,8 @@ class Tally:
     identical: int = 0
     lost: int = 0
     notes: list[str] = field(default_factory=list)
+    #: rounds already in metrics.jsonl when each signal was sent
+    at: list[int] = field(default_factory=list)
 
     def add(self, recovered: bool, identical: bool, lost: bool, note: str = "") -> None:
         self.injected += 1
@@ -171,6 +173,7 @@ def interrupted(
         proc = start(out)
         at = stop_at(proc, run_dir_of(out), target, sig, delay)
         err = proc.stderr.read() if proc.stderr else ""
+        tally.at.append(at)
         if at < 0 or proc.returncode != code:
             note = f"#{i}: exit {proc.returncode} at round {at}: {err[-300:]}"
             tally.add(False, False, True, note)
@@ -316,6 +319,8 @@ def main() -> int:
             setattr(total, k, getattr(total, k) + getattr(t, k))
     print(f"| **all** | {total.injected} | {total.recovered} | {total.identical} | {total.lost} |")
     for label, t in table.items():
+        if t.at:
+            print(f"  {label}: signalled after rounds {sorted(t.at)}")
         for note in t.notes:
             print(f"  {label} {note.strip()}")
     if args.json:
