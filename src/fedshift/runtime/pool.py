@@ -191,6 +191,8 @@ class WorkerPool:
         ctx = mp.get_context("spawn")
         self.links: list[_Link] = []
         self.closed = False
+        #: requests the workers stopped when asked to (:meth:`settle`)
+        self.cancelled = 0
         try:
             for i in range(workers):
                 mine, theirs = ctx.Pipe(duplex=True)
@@ -257,8 +259,8 @@ class WorkerPool:
         for link in self.links:
             link.cancel_current()
         for link in self.links:
-            if link.current is not None:
-                _wait(link.current)
+            if link.current is not None and _wait(link.current)[0] == "cancelled":
+                self.cancelled += 1
 
     def close(self) -> None:
         """Stop the workers (killed after :data:`STOP_GRACE_S` if they do not exit) and
@@ -346,8 +348,7 @@ class PoolTransport:
         self.fed = fed.with_train_fraction(cfg.federation.data_fraction)
         self.cfg = cfg
         if self.pool is None:
-            # the federation's clients, plus central's pooled one: no more workers than that
-            self.pool = WorkerPool(max(1, min(self.workers, len(self.fed.clients) + 1)))
+            self.pool = WorkerPool(max(1, min(self.workers, len(self.fed.clients))))
         # the workers build their experiment while this process builds the server's
         args = (cfg.to_dict(), self.preloaded, cfg.run.threads)
         self._build = {i: link.submit("build", args) for i, link in enumerate(self.pool.links)}
