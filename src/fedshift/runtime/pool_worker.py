@@ -187,6 +187,21 @@ def _describe(e: BaseException) -> dict:
     return info
 
 
+def _exit() -> None:
+    """Exit at once, without the interpreter's slow tear-down, but after multiprocessing's
+    own clean-up (what a worker process runs when its target returns: the finalizers that
+    release semaphores, e.g. tqdm's lock, which the resource tracker would otherwise report
+    as leaked)."""
+    from multiprocessing import util
+
+    try:
+        util._exit_function()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def worker_main(conn: Any, parent: int, index: int, cancel: Any) -> None:
     """A pool worker's process (target of ``multiprocessing``'s spawn context)."""
     from fedshift.core.lifeline import die_with_parent
@@ -206,11 +221,9 @@ def worker_main(conn: Any, parent: int, index: int, cancel: Any) -> None:
             seq, op, args = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the parent closed the pipe: it is gone, or done with us
-        if op == "stop":  # nothing to clean up: exit at once (no interpreter tear-down)
+        if op == "stop":
             conn.send_bytes(pickle.dumps((seq, ("ok", None))))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            _exit()
         worker.seq = seq
         try:
             try:
