@@ -24,9 +24,9 @@ from fedshift.bench import config_digest, plan, run_suite
 from fedshift.core.errors import FedshiftError, TrainingError
 from fedshift.data import load_dataset
 from fedshift.data.base import Split
+from fedshift.runtime import pool as pool_mod
 from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.loop import RunSignal
-from fedshift.runtime import pool as pool_mod
 from fedshift.runtime.pool import PoolTransport, WorkerPool, assign
 from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
 
@@ -243,8 +243,13 @@ def test_killed_pool_run_resumes_to_the_uninterrupted_numbers(tmp_path, pool):
     over = (*SIGNALLED[:-2], "checkpoint.every=1", "name=test")
     cfg = toy_cfg(*over, rounds=8)
     full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False, workers=1)
-    args = ["dataset.name=toyshift", "model.name=lenet5", "train.rounds=8",
-            "train.batch_size=16", *over]  # fmt: skip  (conftest's toy_cfg on the CLI)
+    args = [
+        "dataset.name=toyshift",
+        "model.name=lenet5",
+        "train.rounds=8",
+        "train.batch_size=16",
+        *over,
+    ]  # fmt: skip  (conftest's toy_cfg on the CLI)
     cmd = [sys.executable, "-m", "fedshift", "run", *args, "--workers", "2", "--quiet"]
     proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "runs")], stderr=subprocess.PIPE)
     run_dir = tmp_path / "runs/test/scaffold-toyshift-seed0"

@@ -33,7 +33,8 @@ the round in progress is cancelled in the workers (``SIGUSR1``) and rolled back 
 copies they took at its start; the loop then gathers the states of the last whole round and
 saves them.
 
-Messages are pickled with the standard pickler (tensors bit-exact, no shared memory). Each
+Messages are pickled (plain CPU tensors as their storages' raw bytes, rebuilt without a copy:
+bit-exact, views kept; no shared memory). Each
 worker has an I/O thread in this process that writes its requests and reads its replies, so
 a signal handler raising in the main thread never leaves half a message in a pipe.
 """
@@ -57,7 +58,7 @@ from fedshift.data import load_dataset
 from fedshift.data.base import Federation
 from fedshift.data.partition import apply_partition
 from fedshift.runtime.experiment import Experiment
-from fedshift.runtime.pool_worker import worker_main
+from fedshift.runtime.pool_worker import dumps, worker_main
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
 
 __all__ = ["PoolTransport", "WorkerPool", "resolve_workers", "usable_cores"]
@@ -120,7 +121,7 @@ class _Link:
 
     def submit(self, op: str, args: tuple) -> _Job:
         self.seq += 1
-        job = _Job(self.seq, pickle.dumps((self.seq, op, args), protocol=pickle.HIGHEST_PROTOCOL))
+        job = _Job(self.seq, dumps((self.seq, op, args)))
         self.jobs.put(job)
         self.current = job
         return job

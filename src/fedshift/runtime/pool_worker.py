@@ -35,6 +35,7 @@ Linux, and a thread polling the parent: :func:`fedshift.core.lifeline.die_with_p
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import pickle
@@ -45,6 +46,65 @@ from typing import Any
 
 #: requests the parent may cancel (``SIGUSR1``) while they run
 CANCELLABLE = frozenset({"train", "evaluate", "setup_reply", "setup_receive"})
+
+
+# ---------------------------------------------------------------------------- messages
+def _tensor(
+    buf: bytearray, dtype: Any, shape: tuple, stride: tuple, offset: int, grad: bool
+) -> Any:
+    """A tensor over ``buf`` (its storage's bytes; tensors that shared a storage share it
+    again), as :class:`_Pickler` reduced it."""
+    import torch
+
+    base = (
+        torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+    )
+    t = base.view(dtype).as_strided(shape, stride, offset)
+    return t.requires_grad_() if grad else t
+
+
+class _Pickler(pickle.Pickler):
+    """The standard pickler, with plain CPU tensors written as their storage's raw bytes
+    (once per storage) and rebuilt over them without a copy: bit-exact, views kept, and
+    several times faster than a tensor's own reduction (a ``torch.save`` per storage).
+    Anything else (parameters, other devices and layouts, tensors in a graph) pickles as
+    usual."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.storages: dict[tuple[int, int], bytearray] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        import torch
+
+        if (
+            type(obj) is not torch.Tensor
+            or obj.device.type != "cpu"
+            or obj.layout != torch.strided
+            or obj.grad_fn is not None
+            or obj.is_quantized
+            or obj.is_conj()
+            or obj.is_neg()
+            or getattr(obj, "has_names", lambda: False)()
+        ):
+            return NotImplemented
+        st = obj.untyped_storage()
+        if st.nbytes() % obj.element_size():
+            return NotImplemented
+        key = (st.data_ptr(), st.nbytes())
+        buf = self.storages.get(key)
+        if buf is None:
+            raw = torch.empty(0, dtype=torch.uint8).set_(st)
+            buf = self.storages[key] = bytearray(raw.numpy().data)
+        shape, stride = tuple(obj.shape), obj.stride()
+        return _tensor, (buf, obj.dtype, shape, stride, obj.storage_offset(), obj.requires_grad)
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled for a pool message (:class:`_Pickler`); read with ``pickle.loads``."""
+    f = io.BytesIO()
+    _Pickler(f).dump(obj)
+    return f.getvalue()
 
 
 class Cancelled(BaseException):  # noqa: N818 - a cancellation, like KeyboardInterrupt
@@ -237,7 +297,7 @@ def worker_main(conn: Any, parent: int, index: int, cancel: Any) -> None:
         except Exception as e:  # noqa: BLE001 - every error goes back to the parent
             reply = ("error", _describe(e))
         try:
-            data = pickle.dumps((seq, reply), protocol=pickle.HIGHEST_PROTOCOL)
+            data = dumps((seq, reply))
         except Exception as e:  # noqa: BLE001 - a reply that cannot be pickled
             data = pickle.dumps((seq, ("error", _describe(e))))
         conn.send_bytes(data)
