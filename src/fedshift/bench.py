@@ -404,8 +404,8 @@ def run_suite(
     )
     with hold_lock(root / SUITE_LOCK, f"suite folder {root}", advice):
         todo = [c for c in cells if cell_status(c) != "done"]
-        manifest = _Manifest(root, cells, todo)
         n_workers, cell_workers = share_cores(todo, workers, oversubscribe)
+        manifest = _Manifest(root, cells, todo)
         bar = tqdm(
             total=len(cells),
             initial=len(cells) - len(todo),
