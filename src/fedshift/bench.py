@@ -59,6 +59,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.lifeline import die_with_parent
+from fedshift.runtime.cores import share_cores
 from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_lock, hold_run, lock_holder
 
@@ -270,52 +271,6 @@ def _worker_init(parent: int) -> None:
     worker left waiting for work that will never come would live forever)."""
     die_with_parent(parent, signal.SIGTERM, _parent_gone)
     signal.signal(signal.SIGINT, _worker_sigint)
-
-
-def default_workers(pending: int, per_cell: int = 1) -> int:
-    """The suite's default worker count: one per two cores (one per ``per_cell`` cores when
-    each cell needs more than two: its own workers x threads), at most one per pending cell."""
-    from fedshift.runtime.pool import usable_cores
-
-    return max(1, min(pending, usable_cores() // max(2, per_cell) or 1))
-
-
-def share_cores(
-    todo: list[Cell], workers: int | None, oversubscribe: bool = False
-) -> tuple[int, dict[str, int]]:
-    """The suite's worker count and each pending cell's ``run.workers`` resolved, so that
-    suite workers x cell workers x threads <= usable cores (module docstring)."""
-    from fedshift.runtime.pool import resolve_workers, usable_cores
-
-    cores = usable_cores()
-    fixed = {
-        str(c.run_dir): resolve_workers(c.cfg.run.workers, c.cfg.run.threads, c.cfg.device)
-        for c in todo
-        if c.cfg.run.workers != "auto"
-    }
-    need = max([fixed.get(str(c.run_dir), 1) * c.cfg.run.threads for c in todo], default=1)
-    if workers is None:
-        n = default_workers(len(todo), need)
-    else:
-        n = workers
-        nested = any(w > 1 for w in fixed.values())
-        if nested and n * need > cores and not oversubscribe:
-            raise FedshiftError(
-                f"--workers {n} x {need} cores per cell (its run.workers x run.threads) "
-                f"needs {n * need} cores but this machine has {cores}: use --workers "
-                f"{max(1, cores // need)}, fewer run.workers (run.workers=auto shares what "
-                "the suite's workers leave), or --oversubscribe to run it anyway"
-            )
-    out = {}
-    for c in todo:
-        key = str(c.run_dir)
-        if key in fixed:
-            out[key] = fixed[key]
-        elif not str(c.cfg.device).startswith("cpu"):
-            out[key] = 1
-        else:
-            out[key] = max(1, cores // (n * c.cfg.run.threads))
-    return n, out
 
 
 # ---------------------------------------------------------------------- the suite

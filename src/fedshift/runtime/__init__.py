@@ -4,6 +4,7 @@
 by every transport), ``transport`` (the interface the loop talks to), ``loop`` (the round loop:
 sampling, aggregation, ledger, evaluation, model selection, checkpoints, signals), ``native``
 (the in-process transport), ``pool`` / ``pool_worker`` (clients in worker processes,
-``run.workers``), ``simulation`` (the single-machine run and its entry points),
-``results`` (run directory files), ``executor`` (how one process runs a round's clients).
+``run.workers``), ``cores`` (how many processes and threads), ``simulation`` (the
+single-machine run and its entry points), ``results`` (run directory files), ``executor``
+(how one process runs a round's clients).
 """

@@ -61,33 +61,10 @@ from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.pool_worker import dumps, worker_main
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
 
-__all__ = ["PoolTransport", "WorkerPool", "resolve_workers", "usable_cores"]
+__all__ = ["PoolTransport", "WorkerPool", "assign"]
 
 #: seconds a stopped worker may take to exit before it is killed
 STOP_GRACE_S = 5.0
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the platform has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def resolve_workers(workers: int | str, threads: int = 1, device: str = "cpu") -> int:
-    """The worker count ``run.workers`` asks for: a number as given; ``auto``: one per usable
-    core divided by ``threads`` (at least 1), and 1 on a GPU (its clients share one device)."""
-    if workers == "auto":
-        if not str(device).startswith("cpu"):
-            return 1
-        return max(1, usable_cores() // max(1, threads))
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(
-            f"config key 'run.workers' (--workers) must be a whole number of at least 1 or "
-            f"'auto', got {workers!r}"
-        )
-    return workers
 
 
 # ---------------------------------------------------------------------------- the processes

@@ -30,6 +30,7 @@ from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json
 from fedshift.data.base import Federation
 from fedshift.runtime.checkpoint_io import read_run_state
+from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.loop import (
     CHECKPOINT,
     SELECTED,
@@ -39,7 +40,7 @@ from fedshift.runtime.loop import (
     RunSignal,
 )
 from fedshift.runtime.native import InProcessTransport
-from fedshift.runtime.pool import PoolTransport, WorkerPool, resolve_workers
+from fedshift.runtime.pool import PoolTransport, WorkerPool
 from fedshift.runtime.results import RunResult, new_run_dir
 
 __all__ = [
@@ -124,7 +125,7 @@ def make_transport(
 ) -> InProcessTransport | PoolTransport:
     """The transport of a run on this machine: ``pool`` (a running :class:`WorkerPool`), or
     ``workers`` processes (default: ``run.workers``; ``auto``: see
-    :func:`~fedshift.runtime.pool.resolve_workers`), or, for one worker, this process."""
+    :func:`~fedshift.runtime.cores.resolve_workers`), or, for one worker, this process."""
     if pool is not None:
         return PoolTransport(federation, pool=pool)
     n = resolve_workers(cfg.run.workers if workers is None else workers, cfg.run.threads,
