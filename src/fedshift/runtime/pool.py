@@ -33,10 +33,10 @@ the round in progress is cancelled in the workers (``SIGUSR1``) and rolled back 
 copies they took at its start; the loop then gathers the states of the last whole round and
 saves them.
 
-Messages are pickled (plain CPU tensors as their storages' raw bytes, rebuilt without a copy:
-bit-exact, views kept; no shared memory). Each
-worker has an I/O thread in this process that writes its requests and reads its replies, so
-a signal handler raising in the main thread never leaves half a message in a pipe.
+Messages are pickled, plain CPU tensors as their storages' raw bytes, rebuilt without a copy
+(bit-exact, views kept; no shared memory). Each worker has an I/O thread in this process
+that writes its requests and reads its replies, so a signal handler raising in the main
+thread never leaves half a message in a pipe.
 """
 
 from __future__ import annotations
