@@ -16,14 +16,22 @@ ones. SIGINT / SIGTERM stop the whole suite at once, each running cell saving it
 round first; running the suite again continues it.
 
 Independent cells run in ``workers`` processes (default: one per two cores, at most the
-number of pending cells). Every cell runs with ``torch`` limited to ``threads`` threads
-(default 1, with any number of workers, in-process too): float reductions split over another
-number of threads differ in the last bits, and those differences grow over training, so the
-thread count is part of a cell's result. Every random stream is derived from the config's seed
-(:mod:`fedshift.core.seeding`), so a suite's results do not depend on ``workers``; a
-``threads`` other than 1 enters each cell's digest (and so its directory), and is recorded in
-``cell.json`` and ``summary.json``. Workers exit when the ``fedshift bench`` process dies,
-however it dies.
+number of pending cells). Every cell runs with ``torch`` limited to its ``run.threads``
+threads (default 1, with any number of workers, in-process too; ``--threads`` sets it for
+every cell): float reductions split over another number of threads differ in the last bits,
+and those differences grow over training, so the thread count is part of a cell's result.
+Every random stream is derived from the config's seed (:mod:`fedshift.core.seeding`), so a
+suite's results do not depend on ``workers``; a ``run.threads`` other than 1 enters each
+cell's digest (and so its directory), and is recorded in ``cell.json`` and ``summary.json``.
+A cell's own ``run.workers`` (its clients in a pool of processes,
+:mod:`fedshift.runtime.pool`) changes no number and is not part of its digest. Workers exit
+when the ``fedshift bench`` process dies, however it dies.
+
+No oversubscription: the suite's workers x each cell's ``run.workers`` x ``run.threads``
+stays within the usable cores. The default ``workers`` shrinks to fit; a cell's
+``run.workers: auto`` takes what the suite's workers leave; an explicit ``--workers`` that
+does not fit with cells of ``run.workers`` > 1 is refused (``oversubscribe=True`` /
+``--oversubscribe`` runs it anyway).
 
 One suite folder belongs to one ``fedshift bench`` at a time (``bench.lock``), and each cell's
 directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir`): a second
@@ -37,7 +45,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -51,6 +58,8 @@ from tqdm.auto import tqdm
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
+from fedshift.core.lifeline import die_with_parent
+from fedshift.runtime.cores import share_cores
 from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_lock, hold_run, lock_holder
 
@@ -72,12 +81,14 @@ class Cell:
     digest: str
 
 
-def config_digest(cfg: RunConfig, threads: int = 1) -> str:
-    """A digest of everything that changes a run's numbers (not its name or output folder):
-    the resolved config and, when not 1, the torch thread count (1 adds nothing, so digests
-    of suites cached before threads counted stay valid)."""
+def config_digest(cfg: RunConfig, threads: int | None = None) -> str:
+    """A digest of everything that changes a run's numbers (not its name or output folder,
+    not how many processes run its clients): the resolved config and, when not 1, the torch
+    thread count (``threads``, default: the config's ``run.threads``; 1 adds nothing, so
+    digests of suites cached before threads counted stay valid)."""
+    threads = cfg.run.threads if threads is None else threads
     d = cfg.to_dict()
-    for k in ("name", "out", "sweep"):
+    for k in ("name", "out", "sweep", "run"):
         d.pop(k, None)
     # when a run saves its state does not change its results (the empty section keeps the
     # digests of suites cached before checkpoint.minutes existed)
@@ -107,9 +118,9 @@ def _grid_keys(grid: dict) -> list[str]:
     return out
 
 
-def _check_threads(threads: int | None) -> int:
+def _check_threads(threads: int | None) -> int | None:
     if threads is None:
-        return 1
+        return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise FedshiftError(f"--threads must be a whole number of at least 1, got {threads!r}")
     return threads
@@ -121,11 +132,13 @@ def plan(
     out: str | None = None,
     threads: int | None = None,
 ) -> list[Cell]:
-    """Expand and validate a suite into cells (nothing runs); ``threads`` (default 1) as
-    given to :func:`run_suite`, since a count other than 1 is part of each cell's digest."""
+    """Expand and validate a suite into cells (nothing runs); ``threads``: every cell's
+    ``run.threads`` (an override before the others; default: each cell's own, 1 unless
+    set), since a count other than 1 is part of each cell's digest."""
     threads = _check_threads(threads)
     source = str(suite)
-    raw = load_config(suite, overrides)
+    first = [] if threads is None else [f"run.threads={threads}"]
+    raw = load_config(suite, [*first, *(overrides or [])])
     grid = raw.get("sweep") or {}
     raws = expand_sweep(raw, source)
     cells = []
@@ -133,7 +146,7 @@ def plan(
         cfg = resolve(one, source)
         if out:
             cfg.out = out
-        digest = config_digest(cfg, threads)
+        digest = config_digest(cfg)
         skip = ("seed", "algorithm.name", "algorithm")
         # a ``cell`` grid key stands for the dotted keys its mappings set
         keys = list(dict.fromkeys(_grid_keys(grid)))
@@ -176,14 +189,16 @@ def cell_status(cell: Cell) -> str:
     return "new"
 
 
-def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: int) -> str:
-    """Run or resume one cell (in a worker process, or in-process with one worker); returns
-    ``ran`` or ``resumed``. The cell's directory is locked before it is read."""
+def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: int) -> str:
+    """Run or resume one cell (in a worker process, or in-process with one worker), its
+    clients in ``workers`` processes; returns ``ran`` or ``resumed``. The cell's directory
+    is locked before it is read."""
     import torch
 
     from fedshift.runtime.results import write_text_atomic
-    from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.simulation import Simulation, make_transport
 
+    threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)
     path = Path(run_dir)
     with hold_run(path):
@@ -193,10 +208,15 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: in
             clear_run_dir(path)  # a stale or foreign directory: start clean
         meta = {"digest": digest, "label": label, "threads": threads}
         write_text_atomic(path / CELL_FILE, json.dumps(meta) + "\n")
-        result = Simulation(cfg, path, progress=False).run(resume=status == "partial")
+        transport = make_transport(cfg, workers=workers)
+        try:
+            sim = Simulation(cfg, path, progress=False, transport=transport)
+            result = sim.run(resume=status == "partial")
+        finally:
+            transport.close()
         summary = dict(result.summary)
         summary["label"] = label
-        summary["threads"] = torch.get_num_threads()
+        summary["threads"] = threads
         write_text_atomic(path / "summary.json", json.dumps(summary, indent=2) + "\n")
     return "resumed" if status == "partial" else "ran"
 
@@ -205,13 +225,13 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: in
 _busy = False
 
 
-def _cell_task(cfg_dict: dict, run_dir: str, digest: str, label: str, threads: int) -> dict:
+def _cell_task(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: int) -> dict:
     """:func:`_run_cell` with every outcome as a plain (picklable) dict: ``status`` ``ran`` /
     ``resumed``, ``failed`` with ``reason``, or ``interrupted`` with ``signum``."""
     global _busy
     _busy = True
     try:
-        return {"status": _run_cell(cfg_dict, run_dir, digest, label, threads)}
+        return {"status": _run_cell(cfg_dict, run_dir, digest, label, workers)}
     except RunSignal as e:  # saved its last whole round; the suite stops
         return {"status": "interrupted", "signum": e.signum, "saved_round": e.saved_round}
     except KeyboardInterrupt:  # stopped before its round loop began: nothing to save
@@ -233,45 +253,24 @@ def _worker_sigint(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
-def _watch_parent(parent: int, signalled: bool) -> None:
-    """A worker's daemon thread: once the bench process is gone, stop the cell in progress
-    (SIGTERM: its round loop saves its last whole round) and exit when it has."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
+def _parent_gone(signalled: bool) -> None:
+    """A worker's parent watch, once the bench process is gone: stop the cell in progress
+    (SIGTERM: its round loop saves its last whole round) and wait until it has (at most
+    :data:`PARENT_GONE_GRACE_S`); the watch then exits the worker."""
     if not signalled:  # no PR_SET_PDEATHSIG here: send what it would have sent
         os.kill(os.getpid(), signal.SIGTERM)
     deadline = time.monotonic() + PARENT_GONE_GRACE_S
     while _busy and time.monotonic() < deadline:
         time.sleep(0.1)
-    os._exit(1)
 
 
 def _worker_init(parent: int) -> None:
-    """Initializer of every worker: die with the bench process. On Linux the kernel sends
-    SIGTERM when the parent dies (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon thread
-    also polls ``os.getppid()``, and exits the worker once its cell has saved its state (a
+    """Initializer of every worker: die with the bench process
+    (:func:`fedshift.core.lifeline.die_with_parent`: SIGTERM from the kernel on Linux, and a
+    thread polling the parent that exits the worker once its cell has saved its state: a
     worker left waiting for work that will never come would live forever)."""
-    signalled = False
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            pr_set_pdeathsig = 1
-            signalled = libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            signalled = False
-    if os.getppid() != parent:  # the parent died before the line above
-        os._exit(1)
+    die_with_parent(parent, signal.SIGTERM, _parent_gone)
     signal.signal(signal.SIGINT, _worker_sigint)
-    threading.Thread(
-        target=_watch_parent, args=(parent, signalled), name="fedshift-parent-watch", daemon=True
-    ).start()
-
-
-def default_workers(pending: int) -> int:
-    cores = os.cpu_count() or 1
-    return max(1, min(pending, cores // 2 or 1))
 
 
 # ---------------------------------------------------------------------- the suite
@@ -293,7 +292,7 @@ class SuiteStopped(RunSignal):  # noqa: N818 - a signal, like RunSignal
 class _Manifest:
     """``bench.json``: one row per cell, rewritten atomically whenever a row changes."""
 
-    def __init__(self, root: Path, cells: list[Cell], todo: list[Cell], threads: int) -> None:
+    def __init__(self, root: Path, cells: list[Cell], todo: list[Cell]) -> None:
         self.path = root / MANIFEST
         pending = {c.run_dir for c in todo}
         self.rows = {
@@ -301,7 +300,7 @@ class _Manifest:
                 "label": c.label,
                 "run_dir": str(c.run_dir),
                 "digest": c.digest,
-                "threads": threads,
+                "threads": c.cfg.run.threads,
                 "status": "pending" if c.run_dir in pending else "cached",
             }
             for c in cells
@@ -338,9 +337,12 @@ def run_suite(
     workers: int | None = None,
     progress: bool = True,
     threads: int | None = None,
+    oversubscribe: bool = False,
 ) -> list[dict]:
     """Run every cell of a suite that is not done yet; returns all cells' summaries (plan
-    order). ``threads``: torch threads per cell (default 1). Cells that fail are recorded in
+    order). ``threads``: every cell's ``run.threads`` (default: its own, 1 unless set).
+    ``oversubscribe``: run an explicit ``workers`` even where suite workers x cell workers x
+    threads exceeds the cores (module docstring). Cells that fail are recorded in
     ``bench.json`` and the others run; then a :class:`FedshiftError` names the failed ones.
     A signal stops the suite (:class:`SuiteStopped`)."""
     threads = _check_threads(threads)
@@ -357,8 +359,8 @@ def run_suite(
     )
     with hold_lock(root / SUITE_LOCK, f"suite folder {root}", advice):
         todo = [c for c in cells if cell_status(c) != "done"]
-        manifest = _Manifest(root, cells, todo, threads)
-        n_workers = workers or default_workers(len(todo))
+        n_workers, cell_workers = share_cores(todo, workers, oversubscribe)
+        manifest = _Manifest(root, cells, todo)
         bar = tqdm(
             total=len(cells),
             initial=len(cells) - len(todo),
@@ -366,8 +368,16 @@ def run_suite(
             disable=not progress,
             dynamic_ncols=True,
         )
-        args = {str(c.run_dir): (c.cfg.to_dict(), str(c.run_dir), c.digest, c.label, threads)
-                for c in todo}  # fmt: skip
+        args = {
+            str(c.run_dir): (
+                c.cfg.to_dict(),
+                str(c.run_dir),
+                c.digest,
+                c.label,
+                cell_workers[str(c.run_dir)],
+            )
+            for c in todo
+        }
         errors: list[str] = []
 
         def done(c: Cell, res: dict) -> None:

@@ -19,12 +19,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         rounds = _resume_rounds(args)
-        result = resume_experiment(args.resume, progress=not args.quiet, rounds=rounds)
+        if args.threads is not None:
+            raise FedshiftError(
+                "--resume keeps the run's run.threads (another thread count changes the last "
+                "bits of every later round, so the run would equal no uninterrupted run); "
+                "drop --threads"
+            )
+        result = resume_experiment(
+            args.resume, progress=not args.quiet, rounds=rounds, workers=args.workers
+        )
         print_tables([result.summary])
         print(f"\nrun directory: {result.run_dir}")
         return 0
     source = args.config or "defaults"
-    raw = load_config(args.config, args.overrides)
+    flags = [f"run.{k}={v}" for k in ("workers", "threads") if (v := getattr(args, k)) is not None]
+    raw = load_config(args.config, [*args.overrides, *flags])
     grid = raw.get("sweep") or {}
     raws = expand_sweep(raw, source)
     # validate every cell before running any, so a typo fails in a second, not an hour in
@@ -42,6 +51,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for s in summaries:
         print(f"  {s['run_dir']}")
     return 0
+
+
+def _workers(text: str) -> int | str:
+    """``--workers``: a whole number of at least 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}")
+    return n
 
 
 def _resume_rounds(args: argparse.Namespace) -> int | None:
@@ -74,6 +96,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=not args.quiet,
         threads=args.threads,
+        oversubscribe=args.oversubscribe,
     )
     if summaries:
         print_tables(summaries)
@@ -139,6 +162,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="continue a stopped run from its checkpoint; with train.rounds=N, extend a run "
         "(finished or not) to N rounds",
     )
+    run.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N|auto",
+        help="processes running the clients (config key run.workers, default 1; auto: one per "
+        "core); results do not depend on it. With --resume: for the rest of the run",
+    )
+    run.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch threads of every process (config key run.threads, default 1); another "
+        "count changes the last bits of results",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
 
@@ -154,8 +191,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--threads",
         type=int,
-        help="torch threads per cell (default 1, whatever --workers; another count changes "
-        "the last bits of results, so it is part of each cell's digest)",
+        help="torch threads per cell: its run.threads (default: the cell's own, 1 unless set; "
+        "another count changes the last bits of results, so it is part of each cell's digest)",
+    )
+    bench.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="run --workers as given even when workers x each cell's run.workers x "
+        "run.threads exceeds the cores",
     )
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)

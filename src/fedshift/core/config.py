@@ -114,6 +114,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class ExecutionConfig:
+    """How this machine executes a run (section ``run``); never what the run computes.
+
+    ``workers``: processes that run the clients (:mod:`fedshift.runtime.pool`; 1: every
+    client in the run's own process, one after another; ``auto``: one per usable core,
+    divided by ``threads``, at most one per client; 1 on a GPU). Results do not depend on it.
+    ``threads``: torch intra-op threads of every process computing for the run (the run's own
+    process and each worker), so it is the thread count of every client's work. Float
+    reductions split over another number of threads differ in the last bits, so it does
+    change results: it is recorded in ``summary.json`` (``runtime.threads``) and is part of a
+    suite cell's digest when not 1. Default 1: results then do not depend on the machine."""
+
+    workers: int | Literal["auto"] = bounded(1, ge=1)
+    threads: int = bounded(1, ge=1)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"  # a folder under ``out``: a plain folder name (see check_ranges)
     seed: int = bounded(0, ge=0)
@@ -131,6 +148,7 @@ class RunConfig:
     input: InputConfig = field(default_factory=InputConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: ExecutionConfig = field(default_factory=ExecutionConfig)
     out: str = "runs"
     # Parameter grid: dotted key -> list of values; one run per combination.
     sweep: dict = field(default_factory=dict)

@@ -3,6 +3,8 @@
 ``experiment`` (the parts of one run), ``client`` (one client's training and evaluation, used
 by every transport), ``transport`` (the interface the loop talks to), ``loop`` (the round loop:
 sampling, aggregation, ledger, evaluation, model selection, checkpoints, signals), ``native``
-(the in-process transport), ``simulation`` (the single-machine run and its entry points),
-``results`` (run directory files), ``executor`` (how one process runs a round's clients).
+(the in-process transport), ``pool`` / ``pool_worker`` (clients in worker processes,
+``run.workers``), ``cores`` (how many processes and threads), ``simulation`` (the
+single-machine run and its entry points), ``results`` (run directory files), ``executor``
+(how one process runs a round's clients).
 """

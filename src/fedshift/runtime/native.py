@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import torch
+
 from fedshift.core.config import RunConfig
 from fedshift.core.payload import Payload
 from fedshift.data import load_dataset
@@ -102,5 +104,13 @@ class InProcessTransport:
             self.states.update(self._undo)
             self._undo = None
 
-    def info(self) -> dict | None:
-        return None
+    def info(self) -> dict:
+        return {
+            "engine": "native",
+            "executor": "sequential",
+            "workers": 1,
+            "threads": torch.get_num_threads(),
+        }
+
+    def close(self) -> None:
+        """Nothing to stop (the pool transport's counterpart)."""

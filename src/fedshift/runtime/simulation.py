@@ -1,9 +1,12 @@
-"""The single-machine run: the round loop over the in-process transport, and the entry points
-``run_experiment`` / ``resume_experiment`` / ``load_finished``.
+"""The single-machine run: the round loop over the in-process transport (or the pool of
+worker processes, ``run.workers``), and the entry points ``run_experiment`` /
+``resume_experiment`` / ``load_finished``.
 
 :class:`Simulation` is :class:`~fedshift.runtime.loop.RoundLoop` with every client in this
-process (:class:`~fedshift.runtime.native.InProcessTransport`); it exposes the clients'
-state as ``states`` for protocols, figures and tests that look inside a run.
+process (:class:`~fedshift.runtime.native.InProcessTransport`) or in worker processes
+(:class:`~fedshift.runtime.pool.PoolTransport`, chosen by :func:`make_transport`); it
+exposes the clients' state as ``states`` for protocols, figures and tests that look inside a
+run. Every process computing for a run uses ``run.threads`` torch threads.
 
 A run directory's ``config.yaml`` is checked against the config its checkpoint was written
 with before a resume (or a protocol) builds anything (:func:`resume_config`): a resumed run
@@ -15,8 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
@@ -24,6 +30,7 @@ from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json
 from fedshift.data.base import Federation
 from fedshift.runtime.checkpoint_io import read_run_state
+from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.loop import (
     CHECKPOINT,
     SELECTED,
@@ -33,6 +40,7 @@ from fedshift.runtime.loop import (
     RunSignal,
 )
 from fedshift.runtime.native import InProcessTransport
+from fedshift.runtime.pool import PoolTransport, WorkerPool
 from fedshift.runtime.results import RunResult, new_run_dir
 
 __all__ = [
@@ -43,11 +51,13 @@ __all__ = [
     "RunSignal",
     "Simulation",
     "load_finished",
+    "make_transport",
     "new_run_dir",
     "resume_config",
     "resume_experiment",
     "run_experiment",
     "saved_config",
+    "torch_threads",
 ]
 
 #: what ``load_finished`` can rebuild: the model selected on validation, or the last one
@@ -56,11 +66,14 @@ WEIGHTS = ("selected", "last")
 #: config keys that may change between a run's start and its resume: they change neither
 #: its numbers nor which rounds it evaluates (``train.rounds`` is checked on its own: up
 #: to extend, or down to no fewer than the rounds trained)
-RESUME_FREE = ("name", "out", "checkpoint.every", "checkpoint.minutes")
+RESUME_FREE = ("name", "out", "checkpoint.every", "checkpoint.minutes", "run.workers")
 
 
 class Simulation(RoundLoop):
-    """One run with every client in this process (see the module docstring)."""
+    """One run on this machine (see the module docstring): every client in this process, or
+    in the worker processes of a :class:`~fedshift.runtime.pool.PoolTransport` given as
+    ``transport``. Building and running happen with torch limited to ``run.threads``
+    threads (the caller's setting is restored after each)."""
 
     def __init__(
         self,
@@ -69,8 +82,17 @@ class Simulation(RoundLoop):
         federation: Federation | None = None,
         progress: bool = True,
         options: LoopOptions | None = None,
+        transport: InProcessTransport | PoolTransport | None = None,
     ) -> None:
-        super().__init__(cfg, run_dir, InProcessTransport(federation), progress, options)
+        with torch_threads(cfg.run.threads):
+            transport = transport or InProcessTransport(federation)
+            super().__init__(cfg, run_dir, transport, progress, options)
+
+    def run(
+        self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
+    ) -> RunResult:
+        with torch_threads(self.cfg.run.threads):
+            return super().run(resume, stop_after, rounds)
 
     @property
     def states(self) -> dict[str, dict]:
@@ -82,6 +104,35 @@ class Simulation(RoundLoop):
         self.transport.load_state_dict(value)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch limited to ``n`` intra-op threads inside the block (``run.threads``)."""
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def make_transport(
+    cfg: RunConfig,
+    federation: Federation | None = None,
+    workers: int | str | None = None,
+    pool: WorkerPool | None = None,
+) -> InProcessTransport | PoolTransport:
+    """The transport of a run on this machine: ``pool`` (a running :class:`WorkerPool`), or
+    ``workers`` processes (default: ``run.workers``; ``auto``: see
+    :func:`~fedshift.runtime.cores.resolve_workers`), or, for one worker, this process."""
+    if pool is not None:
+        return PoolTransport(federation, pool=pool)
+    n = resolve_workers(cfg.run.workers if workers is None else workers, cfg.run.threads,
+                        cfg.device)  # fmt: skip
+    return PoolTransport(federation, workers=n) if n > 1 else InProcessTransport(federation)
+
+
 def run_experiment(
     cfg: RunConfig,
     out: str | Path | None = None,
@@ -89,20 +140,29 @@ def run_experiment(
     federation: Federation | None = None,
     progress: bool = True,
     stop_after: int | None = None,
+    workers: int | str | None = None,
+    pool: WorkerPool | None = None,
 ) -> RunResult:
     """Run one resolved config to the end; returns the run directory and its summary.
     Without ``run_dir``, a new directory is claimed (:func:`new_run_dir`), and removed again
-    if the run cannot even be built (it is still empty then)."""
+    if the run cannot even be built (it is still empty then). ``workers`` (default: the
+    config's ``run.workers``) runs the clients in that many processes; ``pool``: in a
+    running :class:`~fedshift.runtime.pool.WorkerPool` (left running). Results do not depend
+    on either (at the same ``run.threads``)."""
     claimed = run_dir is None
     run_dir = run_dir or new_run_dir(cfg, out)
+    transport = make_transport(cfg, federation, workers, pool)
     try:
-        sim = Simulation(cfg, run_dir, federation, progress)
-    except BaseException:
-        if claimed:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()  # only if empty
-        raise
-    return sim.run(stop_after=stop_after)
+        try:
+            sim = Simulation(cfg, run_dir, federation, progress, transport=transport)
+        except BaseException:
+            if claimed:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()  # only if empty
+            raise
+        return sim.run(stop_after=stop_after)
+    finally:
+        transport.close()
 
 
 def saved_config(run_dir: str | Path) -> RunConfig:
@@ -165,7 +225,10 @@ def resume_config(
     changed = [
         f"{k}: {_shown(old, k)} -> {_shown(new, k)}"
         for k in [*old, *(k for k in new if k not in old)]
-        if k not in (*RESUME_FREE, "train.rounds") and old.get(k, _GONE) != new.get(k, _GONE)
+        if k not in (*RESUME_FREE, "train.rounds")
+        and old.get(k, _GONE) != new.get(k, _GONE)
+        # a run started before the ``run`` section existed: its threads were never recorded
+        and not (k.startswith("run.") and k not in old)
     ]
     if changed:
         raise ConfigError(
@@ -200,14 +263,21 @@ def resume_experiment(
     progress: bool = True,
     stop_after: int | None = None,
     rounds: int | None = None,
+    workers: int | str | None = None,
+    pool: WorkerPool | None = None,
 ) -> RunResult:
     """Continue a run from its last checkpoint with its saved config (checked by
     :func:`resume_config`: an edited ``train.rounds`` extends the run); a run killed before
     its first checkpoint starts again. ``rounds``: extend the run (finished or not) to that
-    many rounds; the result equals a run of ``rounds`` from the start."""
+    many rounds; the result equals a run of ``rounds`` from the start. ``workers`` /
+    ``pool``: as for :func:`run_experiment` (a run may resume with another worker count)."""
     cfg, target = resume_config(run_dir, rounds)
-    sim = Simulation(cfg, run_dir, federation, progress)
-    return sim.run(resume=True, stop_after=stop_after, rounds=target)
+    transport = make_transport(cfg, federation, workers, pool)
+    try:
+        sim = Simulation(cfg, run_dir, federation, progress, transport=transport)
+        return sim.run(resume=True, stop_after=stop_after, rounds=target)
+    finally:
+        transport.close()
 
 
 def load_finished(

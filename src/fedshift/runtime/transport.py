@@ -26,9 +26,11 @@ the summary. A transport only delivers messages and brings back replies:
 ``info()``                    what the summary records about the transport (``runtime``)
 ============================  ===============================================================
 
-Two implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
-process, one after another) and :class:`fedshift.flower.transport.GridTransport` (clients
-behind Flower SuperNodes, in simulation or deployed).
+Three implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
+process, one after another), :class:`fedshift.runtime.pool.PoolTransport` (clients in
+long-lived worker processes of this machine, ``run.workers``) and
+:class:`fedshift.flower.transport.GridTransport` (clients behind Flower SuperNodes, in
+simulation or deployed).
 """
 
 from __future__ import annotations
