@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,53 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------- pytest-xdist
+# `make test` runs the tests in parallel worker processes (pyproject.toml: -n auto --dist
+# loadgroup). Every test gives the same result in any worker, in any order and alone; the
+# scheduler below only decides which tests share a worker and which start first.
+
+#: tests that run one after the other in one worker: node id prefix -> group. The Flower
+#: deployment tests share a module fixture (a local deployment, seconds to start); two
+#: groups, so that the two killed-SuperNode tests, each waiting out a 45 s round timeout,
+#: run at the same time on two workers
+GROUPS = {
+    "tests/test_flower_deploy.py::test_three_supernodes_match_native[fedbn]": "deploy-a",
+    "tests/test_flower_deploy.py::test_killed_supernode_round_completes": "deploy-a",
+    "tests/test_flower_deploy.py::test_three_supernodes_match_native[fedfa]": "deploy-b",
+    "tests/test_flower_deploy.py::test_killed_supernode_below_the_minimum": "deploy-b",
+}
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per CPU this process may run on (``os.sched_getaffinity``
+    where there is one: psutil, xdist's default, counts every CPU of the host in a
+    container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``slow`` first (a stable sort: otherwise in file order), so that no
+    worker starts a long test while the others are running out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` as xdist means it, but grouped by :data:`GROUPS`: each group is
+    one unit of work, every other test its own; bigger units first. (xdist's loadgroup
+    groups by ``xdist_group`` marks, passed on by rewriting node ids, which pytest 9.2
+    ignores: the groups silently fall apart.) Other ``--dist`` modes are xdist's."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # an xdist_group mark (pytest < 9.2)
+                return nodeid.rsplit("@", 1)[1]
+            return next((g for p, g in GROUPS.items() if nodeid.startswith(p)), nodeid)
+
+    return Groups(config, log)

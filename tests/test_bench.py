@@ -89,6 +89,7 @@ def test_changed_config_reruns_cell(tmp_path):
     assert {r["status"] for r in rows} == {"ran"}  # new digests -> new cells
 
 
+@pytest.mark.slow
 def test_parallel_workers_match_sequential(tmp_path):
     suite = write_suite(tmp_path)
     seq = run_suite(suite, workers=1, progress=False, overrides=["sweep.seed=[0]"])

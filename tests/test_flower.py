@@ -222,6 +222,7 @@ def test_node_state_can_live_on_disk(tmp_path):
 
 
 # ---------------------------------------------------------------------------- Ray engine
+@pytest.mark.slow
 def test_flower_simulation_engine_equals_native(tmp_path):
     """`fedshift flower simulate` on Flower's Ray simulation engine: the same metrics as the
     native engine, exactly (tolerance 0)."""

@@ -4,7 +4,9 @@ does). Two rounds of FedBN and of FedFA must end with the native engine's number
 SuperNode killed mid-run must neither hang nor crash the server: the round completes with the
 other two when min-clients allows, otherwise the run stops with a clear error.
 
-About 4 minutes on 2 cores: every Flower message starts a fresh ClientApp process."""
+About 3 minutes on 2 cores: every Flower message starts a fresh ClientApp process, and each
+killed-SuperNode test waits out a 45 s round timeout. The tests share one deployment per
+pytest-xdist worker; conftest.py GROUPS says which tests run together."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from fedshift.flower.deploy import LocalDeployment
 from fedshift.flower.server import FlowerOptions
 from fedshift.runtime.simulation import run_experiment
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # one_thread: exact
 rows = metric_rows
 
 
@@ -40,7 +42,7 @@ def max_abs_diff(a: list[dict], b: list[dict]) -> float:
 
 
 @pytest.fixture(scope="module")
-def sites(tmp_path_factory):
+def deployment(tmp_path_factory):
     base = tmp_path_factory.mktemp("sites")
     nodes = [
         {"client": f"client{i}", "state-dir": str(base / f"state{i}"), "threads": 1}
@@ -49,6 +51,18 @@ def sites(tmp_path_factory):
     dep = LocalDeployment(base, nodes).start()
     yield dep
     dep.close()
+
+
+@pytest.fixture
+def sites(deployment):
+    """The deployment with its three SuperNodes running: a SuperNode an earlier test killed
+    comes back first, so no test depends on the order the tests run in."""
+    dead = [i for i in range(3) if deployment.procs[f"node{i}"].poll() is not None]
+    for i in dead:
+        deployment.start_node(i)
+    if dead:
+        deployment.wait_online(3, 120)
+    return deployment
 
 
 def run_dir_of(log: str) -> Path:
@@ -92,8 +106,6 @@ def test_killed_supernode_round_completes_with_the_others(sites, tmp_path):
     assert "round 2/3: 2 replies" in log
     last = [r for r in rows(run_dir_of(log)) if r["round"] == 3]
     assert [r["client"] for r in last if r.get("lost")] == ["client2"]
-    sites.start_node(2)  # the site comes back for the next test
-    sites.wait_online(3, 120)
 
 
 def test_killed_supernode_below_the_minimum_stops_with_a_clear_error(sites, tmp_path):

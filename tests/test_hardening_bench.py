@@ -245,6 +245,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_item7_killed_bench_leaves_no_worker(tmp_path):
     """kill -9 of `fedshift bench --workers 2` left both workers and the resource tracker."""

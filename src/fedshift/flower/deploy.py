@@ -235,13 +235,20 @@ def flower_bin(name: str) -> str:
     return found
 
 
-def _env(home: Path | None = None) -> dict[str, str]:
+#: Flower's SuperExec checks for an app to start (a ServerApp or ClientApp process) every
+#: this many seconds; this variable sets it (Flower's default: 1 s)
+TASK_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+
+
+def _env(home: Path | None = None, task_poll: float | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env["PYTHONUNBUFFERED"] = "1"
     if home is not None:
         env["FLWR_HOME"] = str(home)
+    if task_poll is not None:
+        env.setdefault(TASK_POLL_VARIABLE, f"{task_poll:g}")
     return env
 
 
@@ -369,6 +376,10 @@ class LocalDeployment:
     node_configs: list[dict[str, object]]
     tls: bool = True
     port: int = 0
+    #: seconds between the SuperExec's checks for an app to start, in the SuperLink and in
+    #: every SuperNode (Flower's default is 1 s; ``$FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
+    #: wins when set)
+    task_poll: float = 0.25
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -422,7 +433,11 @@ class LocalDeployment:
         home.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 (kept open by the process)
         self.procs[name] = subprocess.Popen(
-            cmd, env=_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=_env(home, self.task_poll),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_online(self, n: int, timeout: float) -> None:

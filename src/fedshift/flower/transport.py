@@ -35,6 +35,7 @@ import yaml
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
+from flwr.superlink.grid.http_grid import HttpGrid
 
 import fedshift
 from fedshift.core.config import RunConfig
@@ -47,6 +48,10 @@ from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
 
 log = logging.getLogger("fedshift.flower")
+
+#: pulls for replies from a SuperLink: the first after this many seconds, each next wait
+#: 1.5x longer up to the cap (Flower's own loop waits a fixed 3 s between pulls)
+PULL_FIRST, PULL_MAX = 0.05, 0.5
 
 #: error codes meaning "the node or its reply is gone", not "the client's code failed"
 LOST = (
@@ -143,7 +148,7 @@ class GridTransport:
             messages.append(
                 Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
             )
-        replies = list(self.grid.send_and_receive(messages, timeout=self.options.round_timeout))
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout)
         by_cid = _match_replies(messages, replies, {c.node: n for n, c in self.clients.items()})
         out: dict[str, Message] = {}
         for cid in contents:
@@ -195,7 +200,7 @@ class GridTransport:
             )
             for n in nodes
         ]
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.options.round_timeout))
+        replies = send_and_receive(self.grid, msgs, self.options.round_timeout)
         node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
         infos: list[ClientInfo] = []
         for r in replies:
@@ -314,6 +319,29 @@ class GridTransport:
             "min_clients": self.options.min_clients,
             "eval_bytes": self.eval_bytes,
         }
+
+
+def send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Push ``messages`` and collect their replies until all came or ``timeout`` seconds
+    passed. On a SuperLink's grid (deployment) the replies are pulled after a short wait
+    that grows to :data:`PULL_MAX` seconds, so an exchange ends about when its last reply
+    arrives; other grids (in-memory simulation, in-process) use their own loop."""
+    if not isinstance(grid, HttpGrid):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    pending = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    end = time.monotonic() + timeout
+    wait = PULL_FIRST
+    while pending:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(wait, remaining))
+        wait = min(wait * 1.5, PULL_MAX)
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+    return replies
 
 
 def _flwr_version() -> str:
