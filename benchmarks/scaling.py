@@ -99,13 +99,10 @@ def main() -> int:
             t = Path(tmp) / setup
             print(f"{setup}: warm-up...", file=sys.stderr, flush=True)
             fedshift(setup, 1, t / "warm", 1, 1)  # data cache, imports
-            steps = [
-                ("hand-written, 1 thread", lambda: hand(setup, args.rounds, 1)),
-                ("hand-written, 2 threads", lambda: hand(setup, args.rounds, 2)),
-            ]
-            for label, fn in steps:
+            for threads in (1, 2):
+                label = f"hand-written, {threads} thread{'s' if threads > 1 else ''}"
                 print(f"{setup}: {label}...", file=sys.stderr, flush=True)
-                r[label] = fn()
+                r[label] = hand(setup, args.rounds, threads)
             runs = {}
             for label, workers, threads in (
                 ("fedshift sequential, 1 thread", 1, 1),
