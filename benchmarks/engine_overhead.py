@@ -108,6 +108,8 @@ def main() -> int:
         f"train.rounds={args.rounds}",
         f"eval.every={args.rounds}",
         "name=overhead",
+        # the same torch threads as the hand-written loop (fedshift sets run.threads, default 1)
+        f"run.threads={torch.get_num_threads()}",
     ]
     cfg = resolve(load_config(None, over))
     fed = load_dataset(cfg.dataset)
@@ -117,7 +119,7 @@ def main() -> int:
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        warm = resolve(load_config(None, [*over[:-3], "train.rounds=1", "eval.every=1"]))
+        warm = resolve(load_config(None, [*over[:3], "train.rounds=1", "eval.every=1", over[-1]]))
         hand_written_fedavg(warm, fed)
         fedshift_fedavg(warm, fed, Path(tmp) / "warm")
         t_hand, t_fs = [], []
