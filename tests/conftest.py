@@ -90,10 +90,11 @@ GROUPS = {
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per CPU this process may run on (``os.sched_getaffinity``
     where there is one: psutil, xdist's default, counts every CPU of the host in a
-    container)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    container), plus one: the workers running the Flower deployment groups mostly wait
+    for their SuperNodes' processes (on 2 CPUs, 3 workers finish about 10 % sooner)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
+    return max(1, cpus) + 1
 
 
 def pytest_collection_modifyitems(config, items) -> None:
