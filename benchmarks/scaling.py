@@ -12,6 +12,12 @@ identical ``metrics.jsonl`` rows (tolerance 0); the script says whether they do.
     python benchmarks/scaling.py                    # both set-ups, Flower included (~10 min)
     python benchmarks/scaling.py --setups digits --rounds 3 --no-flower
 
+Warm-up: this process runs a one-round fedshift run before anything is timed (imports, the
+data cache, oneDNN's kernels for the run's batch shapes, created on first use per shape); the
+pool is measured the same way, started and warmed by a one-round run first (a long run pays
+this once). The cold row is a pool started by the measured run itself: its first round
+creates every worker's kernels (about 1 s per worker on the 100-client set-up).
+
 Threads: the hand-written loop with 1 and with 2 torch threads; fedshift sequential with 1
 and 2 (``run.threads``); the pool with 2 workers of 1 thread each; Flower's Ray simulation
 with one CPU per client (2 clients at a time on 2 cores) and 1 torch thread per client.
@@ -34,6 +40,7 @@ from engine_overhead import hand_written_fedavg  # noqa: E402
 from fedshift.catalog import resolve  # noqa: E402
 from fedshift.core.config import load_config  # noqa: E402
 from fedshift.data import load_dataset  # noqa: E402
+from fedshift.runtime.pool import WorkerPool  # noqa: E402
 from fedshift.runtime.simulation import run_experiment  # noqa: E402
 
 SETUPS = {
@@ -45,6 +52,8 @@ SETUPS = {
         "partition.alpha=0.5",
     ],
 }
+POOL = "fedshift --workers 2 (1 thread each)"
+COLD = "fedshift --workers 2, pool started by the run (cold)"
 COMMON = ["model.name=cnn", "algorithm.name=fedavg", "name=scaling", "checkpoint.every=0"]
 
 
@@ -66,10 +75,13 @@ def hand(setup: str, rounds: int, threads: int) -> float:
     return dt / rounds
 
 
-def fedshift(setup: str, rounds: int, out: Path, workers: int, threads: int) -> tuple[float, str]:
-    """Seconds per round of fedshift's round loop, and its metrics.jsonl text."""
+def fedshift(
+    setup: str, rounds: int, out: Path, workers: int, threads: int, pool=None
+) -> tuple[float, str]:
+    """Seconds per round of fedshift's round loop, and its metrics.jsonl text; ``pool``: a
+    running :class:`WorkerPool` the run uses (else ``workers`` processes started by it)."""
     cfg = config(setup, rounds, f"run.workers={workers}", f"run.threads={threads}")
-    res = run_experiment(cfg, run_dir=out, progress=False)
+    res = run_experiment(cfg, run_dir=out, progress=False, pool=pool)
     return res.summary["wall_s"] / rounds, (out / "metrics.jsonl").read_text()
 
 
@@ -107,18 +119,25 @@ def main() -> int:
             for label, workers, threads in (
                 ("fedshift sequential, 1 thread", 1, 1),
                 ("fedshift sequential, 2 threads", 1, 2),
-                ("fedshift --workers 2 (1 thread each)", 2, 1),
             ):
                 print(f"{setup}: {label}...", file=sys.stderr, flush=True)
                 out = t / f"w{workers}t{threads}"
                 r[label], runs[(workers, threads)] = fedshift(
                     setup, args.rounds, out, workers, threads
                 )
+            # the pool warmed up as this process was (a one-round run: each worker's data
+            # cache and oneDNN's kernels for the run's batch shapes), then measured
+            print(f"{setup}: {POOL}...", file=sys.stderr, flush=True)
+            with WorkerPool(2) as pool:
+                fedshift(setup, 1, t / "warm-pool", 2, 1, pool=pool)
+                r[POOL], runs[(2, 1)] = fedshift(setup, args.rounds, t / "w2t1", 2, 1, pool=pool)
+            print(f"{setup}: {COLD}...", file=sys.stderr, flush=True)
+            r[COLD], _ = fedshift(setup, args.rounds, t / "w2t1-cold", 2, 1)
             identical[setup] = runs[(1, 1)] == runs[(2, 1)]
             if not args.no_flower:
                 print(f"{setup}: Flower simulation...", file=sys.stderr, flush=True)
                 r["Flower 1.41 simulation (Ray)"] = flower(setup, args.rounds, t / "flower")
-    pool = "fedshift --workers 2 (1 thread each)"
+    pool = POOL
     print(f"\nseconds per round, {args.rounds} rounds, {torch.get_num_threads()}-thread host\n")
     print("| way of running | " + " | ".join(results) + " |")
     print("|---|" + "---|" * len(results))

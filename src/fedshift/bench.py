@@ -95,6 +95,11 @@ def config_digest(cfg: RunConfig, threads: int | None = None) -> str:
     d["checkpoint"] = {}
     if threads != 1:
         d["threads"] = threads
+    # the vectorised executor sums in another order (results equal up to float rounding)
+    if cfg.run.executor != "sequential":
+        d["executor"] = cfg.run.executor
+    if not cfg.run.deterministic:
+        d["deterministic"] = False
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 

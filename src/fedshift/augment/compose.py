@@ -106,11 +106,21 @@ class Composition:
         return down
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        self.before_local(ctx, down, state)
+        up = self.algo.local_update(ctx, down, state)
+        return self.after_local(ctx, state, up)
+
+    def before_local(self, ctx: ClientContext, down: Payload, state: State) -> None:
+        """The augments' part of a round before the algorithm's ``local_update``: each takes
+        its records from ``down``, then prepares the model (``before_train``)."""
         for a in self.augments:
             a.receive(down, state[aug_key(a)], ctx.round)
         for a in self.augments:
             a.before_train(ctx.model, state[aug_key(a)], ctx.round)
-        up = self.algo.local_update(ctx, down, state)
+
+    def after_local(self, ctx: ClientContext, state: State, up: Payload) -> Payload:
+        """The augments' records merged into the algorithm's up payload ``up`` (read from the
+        trained working model)."""
         for a in self.augments:
             _merge(up.records, a.reply(ctx.model, state[aug_key(a)], ctx.round), a.name)
         return up

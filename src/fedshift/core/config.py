@@ -124,16 +124,35 @@ class ExecutionConfig:
     process and each worker), so it is the thread count of every client's work. Float
     reductions split over another number of threads differ in the last bits, so it does
     change results: it is recorded in ``summary.json`` (``runtime.threads``) and is part of a
-    suite cell's digest when not 1. Default 1: results then do not depend on the machine."""
+    suite cell's digest when not 1. Default 1: results then do not depend on the machine.
+
+    ``executor``: how the clients of a round are computed in a process. ``sequential``: one
+    after another (the default everywhere). ``vmap``: together, as one vectorised step over
+    their stacked weights (:mod:`fedshift.runtime.vmap`; many small clients on one GPU);
+    equal to ``sequential`` up to float rounding, so it is part of a suite cell's digest.
+    On a CPU it is slower than ``sequential`` and only worth it for checking.
+    ``data``: where a GPU run keeps the clients' data. ``device``: resident on the GPU,
+    copied there once (no per-batch host copies); ``host``: in pinned host memory, each
+    batch copied; ``auto``: ``device`` when all of it fits in half the GPU's free memory.
+    Ignored on a CPU. ``deterministic``: on a GPU, deterministic kernels
+    (``torch.use_deterministic_algorithms``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, no cuDNN
+    autotuning), so a run repeats bit for bit on the same GPU and software; an operation
+    without a deterministic CUDA kernel then stops the run naming it (set
+    ``run.deterministic=false`` to allow it). CPU runs are deterministic either way."""
 
     workers: int | Literal["auto"] = bounded(1, ge=1)
     threads: int = bounded(1, ge=1)
+    executor: Literal["sequential", "vmap"] = "sequential"
+    data: Literal["auto", "device", "host"] = "auto"
+    deterministic: bool = True
 
 
 @dataclass
 class RunConfig:
     name: str = "run"  # a folder under ``out``: a plain folder name (see check_ranges)
     seed: int = bounded(0, ge=0)
+    # "cpu", "cuda", "cuda:1", or "auto" (the GPU when there is one, else the CPU); the device
+    # a run used is recorded in summary.json (runtime.device)
     device: str = "cpu"
     dataset: dict = field(default_factory=lambda: {"name": "digits"})
     model: dict = field(default_factory=lambda: {"name": "cnn"})

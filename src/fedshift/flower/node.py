@@ -175,7 +175,7 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
             "--node-config \"client='<name>'\" (and dataset.root=... for its data)"
         )
     exp = build_experiment(cfg, fed, num_clients=num_clients, check_holdout=False)
-    data = exp.train_clients.get(cid) or fed.client(cid)
+    data = exp.train_clients.get(cid) or exp.fed.client(cid)
     for k in [k for k in _RUNTIMES if k[0] != context.run_id]:  # an earlier run's runtimes
         del _RUNTIMES[k]
     initial = {k: v.detach().clone() for k, v in exp.model.state_dict().items()}

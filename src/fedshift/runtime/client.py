@@ -24,8 +24,17 @@ def train_client(
 ) -> Payload:
     """Round ``rnd`` of client ``cid``: the algorithm's ``local_update`` on ``down`` in a fresh
     :class:`ClientContext`, with every random stream derived from (seed, round, client)."""
+    ctx = client_context(exp, seed, cid, data, rnd, state)
+    return exp.algo.local_update(ctx, down, state)
+
+
+def client_context(
+    exp: Experiment, seed: int, cid: str, data: ClientData, rnd: int, state: State
+) -> ClientContext:
+    """A fresh :class:`ClientContext` for round ``rnd`` of client ``cid``, with the global RNGs
+    seeded from (seed, round, client) and the batch generator derived from the same."""
     seed_global(seed, "client", rnd, cid)
-    ctx = ClientContext(
+    return ClientContext(
         cid=cid,
         round=rnd,
         data=data,
@@ -37,7 +46,6 @@ def train_client(
         state=state,
         task=exp.task,
     )
-    return exp.algo.local_update(ctx, down, state)
 
 
 def check_reply(rnd: int, cid: str, up: Payload) -> None:

@@ -10,7 +10,7 @@ from typing import Protocol
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError, FedshiftError
 
-__all__ = ["default_workers", "resolve_workers", "share_cores", "usable_cores"]
+__all__ = ["default_workers", "on_gpu", "resolve_workers", "share_cores", "usable_cores"]
 
 
 class _Cell(Protocol):
@@ -26,11 +26,21 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def on_gpu(device: str) -> bool:
+    """Whether the ``device`` key puts a run on a GPU (``auto``: when CUDA is available)."""
+    device = str(device)
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
 def resolve_workers(workers: int | str, threads: int = 1, device: str = "cpu") -> int:
     """The worker count ``run.workers`` asks for: a number as given; ``auto``: one per usable
     core divided by ``threads`` (at least 1), and 1 on a GPU (its clients share one device)."""
     if workers == "auto":
-        if not str(device).startswith("cpu"):
+        if on_gpu(device):
             return 1
         return max(1, usable_cores() // max(1, threads))
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -76,8 +86,8 @@ def share_cores(
         key = str(c.run_dir)
         if key in fixed:
             out[key] = fixed[key]
-        elif not str(c.cfg.device).startswith("cpu"):
-            out[key] = 1
+        elif on_gpu(c.cfg.device) or c.cfg.run.executor == "vmap":
+            out[key] = 1  # one process: its clients share one device, or one vmap call
         else:
             out[key] = max(1, cores // (n * c.cfg.run.threads))
     return n, out

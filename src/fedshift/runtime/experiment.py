@@ -1,7 +1,8 @@
 """One experiment's working parts, built the same way by every runtime.
 
 :func:`build_experiment` turns a resolved config and a loaded :class:`Federation` into the
-model (seeded, wrapped by the algorithm, with its augments attached), the algorithm composed
+model (seeded, wrapped by the algorithm, with its augments attached, on the device with the
+clients' data: :mod:`fedshift.runtime.device`), the algorithm composed
 with its augments, the input pipeline, the task and the clients that train. The native
 simulator builds it once for all clients; on Flower the ServerApp builds it from the clients'
 descriptions (no data) and every SuperNode builds it from its own data, so both sides start
@@ -30,6 +31,7 @@ from fedshift.core.tasks import Task, make_task
 from fedshift.data.base import ClientData, Federation
 from fedshift.models import build_model
 from fedshift.models.base import FedModel
+from fedshift.runtime.device import place_data, resolve_device, set_deterministic
 
 
 @dataclass
@@ -54,16 +56,9 @@ class Experiment:
     seed: int = 0
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval_batch_size: int = 256
-
-
-def resolve_device(name: str) -> torch.device:
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"config key 'device': {e}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("config key 'device': CUDA is not available here; use device=cpu")
-    return dev
+    #: where the clients' data lives: ``device`` (resident on a GPU) or ``host``
+    #: (:func:`fedshift.runtime.device.place_data`), and the deterministic-kernel settings
+    placement: dict = dataclasses.field(default_factory=dict)
 
 
 def build_experiment(
@@ -78,6 +73,10 @@ def build_experiment(
     Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
     that ``federation.holdout`` names clients of ``fed`` (the same SuperNode)."""
     device = resolve_device(cfg.device)
+    placement = set_deterministic(device, cfg.run.deterministic)
+    fed, where = place_data(fed, device, cfg.run.data)
+    if device.type != "cpu":
+        placement["data"] = where
     fed_cfg = cfg.federation
     task = make_task(fed.task, cfg.train.loss)
     holdout = list(fed_cfg.holdout)
@@ -137,6 +136,7 @@ def build_experiment(
         seed=cfg.seed,
         train=cfg.train,
         eval_batch_size=cfg.eval.batch_size,
+        placement=placement,
     )
 
 

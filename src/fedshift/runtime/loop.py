@@ -133,7 +133,7 @@ class RoundLoop:
         self.options = options or LoopOptions()
         self.fed = transport.connect(cfg)
         exp = build_experiment(cfg, self.fed)
-        self.exp = exp
+        self.exp, self.fed = exp, exp.fed  # the federation as placed on the run's device
         self.device = exp.device
         self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
@@ -395,6 +395,8 @@ class RoundLoop:
         self.wall_before += time.perf_counter() - self._t0
         label = f"{self.cfg.algorithm['name']} s{self.cfg.seed}{self.options.label_suffix}"
         info = self.transport.info()
+        if info is not None:
+            info = {**info, "device": str(self.device), **self.exp.placement}
         return RunResult(self.run_dir, finish_run(self, label, {"runtime": info} if info else None))
 
     def _extend(self, rounds: int, resumed: bool) -> None:

@@ -50,7 +50,7 @@ class InProcessTransport:
             for cid, data in exp.train_clients.items()
         }
         for cid in exp.holdout:  # never trains; its augments' local state (own statistics)
-            self.states[cid] = init_client_state(exp, exp.seed, cid, self.fed.client(cid))
+            self.states[cid] = init_client_state(exp, exp.seed, cid, exp.fed.client(cid))
 
     # ------------------------------------------------------------------ messages
     def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]:
@@ -79,7 +79,7 @@ class InProcessTransport:
         return {
             cid: evaluate_client(
                 self.exp,
-                self.fed.client(cid),
+                self.exp.fed.client(cid),
                 self.states.get(cid),
                 bs,
                 request.global_weights,

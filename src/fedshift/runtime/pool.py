@@ -58,7 +58,7 @@ from fedshift.data import load_dataset
 from fedshift.data.base import Federation
 from fedshift.data.partition import apply_partition
 from fedshift.runtime.experiment import Experiment
-from fedshift.runtime.pool_worker import dumps, worker_main
+from fedshift.runtime.pool_worker import dumps, recv, send, worker_main
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
 
 __all__ = ["PoolTransport", "WorkerPool", "assign"]
@@ -71,7 +71,7 @@ STOP_GRACE_S = 5.0
 class _Job:
     __slots__ = ("data", "done", "reply", "seq")
 
-    def __init__(self, seq: int, data: bytes) -> None:
+    def __init__(self, seq: int, data: list) -> None:
         self.seq = seq
         self.data = data
         self.reply: tuple | None = None
@@ -116,8 +116,8 @@ class _Link:
             reply: tuple
             if self.dead is None:
                 try:
-                    self.conn.send_bytes(job.data)
-                    seq, reply = pickle.loads(self.conn.recv_bytes())
+                    send(self.conn, job.data)
+                    seq, reply = recv(self.conn)
                 except (EOFError, OSError):
                     self.dead = self._death()
                     reply = ("dead", self.dead)

@@ -42,6 +42,7 @@ from fedshift.runtime.loop import (
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.pool import PoolTransport, WorkerPool
 from fedshift.runtime.results import RunResult, new_run_dir
+from fedshift.runtime.vmap import VmapTransport
 
 __all__ = [
     "CHECKPOINT",
@@ -125,11 +126,22 @@ def make_transport(
 ) -> InProcessTransport | PoolTransport:
     """The transport of a run on this machine: ``pool`` (a running :class:`WorkerPool`), or
     ``workers`` processes (default: ``run.workers``; ``auto``: see
-    :func:`~fedshift.runtime.cores.resolve_workers`), or, for one worker, this process."""
+    :func:`~fedshift.runtime.cores.resolve_workers`), or, for one worker, this process;
+    ``run.executor=vmap``: this process, the round's clients vectorised
+    (:class:`~fedshift.runtime.vmap.VmapTransport`)."""
+    requested = cfg.run.workers if workers is None else workers
+    if cfg.run.executor == "vmap":
+        n = 1 if requested == "auto" else resolve_workers(requested)
+        if pool is not None or n > 1:
+            raise ConfigError(
+                "config key 'run.executor': vmap trains every client of a round together in "
+                f"one process; it does not combine with {n if pool is None else pool.size} "
+                "worker processes (set run.workers=1 or auto, or run.executor=sequential)"
+            )
+        return VmapTransport(federation)
     if pool is not None:
         return PoolTransport(federation, pool=pool)
-    n = resolve_workers(cfg.run.workers if workers is None else workers, cfg.run.threads,
-                        cfg.device)  # fmt: skip
+    n = resolve_workers(requested, cfg.run.threads, cfg.device)
     return PoolTransport(federation, workers=n) if n > 1 else InProcessTransport(federation)
 
 

@@ -1,0 +1,215 @@
+"""Issue 16: the vectorised executor (``run.executor=vmap``) and the device path.
+
+vmap trains a round's clients together; it must equal the sequential executor up to float
+rounding (batched convolutions sum in another order), for clients with different step counts
+and trailing batches, with BN buffers, momentum and weight decay, and refuse what it cannot
+compute that way. No GPU is needed: the executor's logic is the same on a CPU (where it is
+slower), and the data placement is checked on torch's ``meta`` device."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import metric_rows, toy_cfg
+
+from fedshift.bench import config_digest
+from fedshift.core.config import TrainConfig
+from fedshift.core.errors import ConfigError
+from fedshift.data import load_dataset
+from fedshift.models import build_model
+from fedshift.runtime import device as device_mod
+from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.simulation import make_transport, run_experiment
+from fedshift.runtime.vmap import VmapTransport, train_stacked
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+#: uneven clients: a Dirichlet split gives the clients 13 to 26 examples, so 2 or 3 steps
+#: and trailing batches of 3 to 8 (several vectorised groups per step). No trailing batch of
+#: 2: BatchNorm over two examples is so ill-conditioned that rounding differences (1e-7)
+#: grow to 1e-1 within a few steps, in any two ways of summing (threads too)
+UNEVEN = (
+    "dataset.clients=2",
+    "dataset.train_size=48",
+    "dataset.val_size=6",
+    "dataset.test_size=6",
+    "partition.name=dirichlet",
+    "partition.clients=5",
+    "partition.alpha=0.5",
+    "model.name=cnn",
+    "model.width=4",
+    "train.batch_size=10",
+)
+
+
+def _close(a, b, where: str = "") -> None:
+    """Equal metric rows up to float rounding as it grows over a round of training: every
+    number within 2e-3 (relative; measured: up to 3e-4). On this saturated toy data (pixels
+    clamped to [0, 1]) the first convolution's weight gradient is a sum of terms that nearly
+    cancel, so a reordered sum (vmap's batched kernels, or the sequential executor at two
+    threads: measured, the same deviations) moves it by up to 2 %, and later steps carry
+    that on. A wrong batch, BN buffer or update is off by 1e-2 or more; the SGD step itself
+    is checked to 1e-5 below."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=2e-3, abs=1e-4), where
+    else:
+        assert a == b, where
+
+
+def _pair(tmp_path, *over: str, rounds: int = 1):
+    out = {}
+    for ex in ("sequential", "vmap"):
+        cfg = toy_cfg(*UNEVEN, *over, f"run.executor={ex}", f"name={ex}", rounds=rounds)
+        out[ex] = run_experiment(cfg, tmp_path, progress=False)
+    return out
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        ("algorithm.name=fedavg", "train.momentum=0.9", "train.weight_decay=0.001"),
+        ("algorithm.name=fedbn", "train.local_epochs=2"),
+        ("algorithm.name=fedavgm",),
+        ("algorithm.name=fedrdn",),  # an input-level augment (its statistics, set-up round)
+        ("algorithm.name=fedavg", "augment=[mixup]", "federation.sample_fraction=0.6"),
+        ("algorithm.name=fedavg", "augment=[ampnorm]"),  # records received every round
+    ],
+    ids=[
+        "fedavg-momentum-wd",
+        "fedbn-2-epochs",
+        "fedavgm",
+        "fedrdn",
+        "mixup-sampled",
+        "ampnorm",
+    ],  # fmt: skip
+)
+def test_vmap_equals_sequential_up_to_rounding(tmp_path, over):
+    runs = _pair(tmp_path, *over)
+    seq, vm = (metric_rows(runs[k].run_dir) for k in ("sequential", "vmap"))
+    assert len(seq) == len(vm) > 0
+    for a, b in zip(seq, vm, strict=True):
+        _close(a, b)
+    ws = read_checkpoint(runs["sequential"].run_dir / "checkpoint.pt")["server"]["weights"]
+    wv = read_checkpoint(runs["vmap"].run_dir / "checkpoint.pt")["server"]["weights"]
+    for k in ws:
+        assert torch.allclose(ws[k].float(), wv[k].float(), atol=5e-3, rtol=1e-3), k
+    assert runs["vmap"].summary["runtime"]["executor"] == "vmap"
+    assert runs["sequential"].summary["runtime"]["executor"] == "sequential"
+    assert runs["vmap"].summary["runtime"]["device"] == "cpu"
+
+
+def test_train_stacked_is_sgd_per_client():
+    """The stacked step is ``torch.optim.SGD`` on each client, for clients of different step
+    counts and batch sizes (the BN buffers included)."""
+    torch.manual_seed(0)
+    model = build_model({"name": "cnn", "width": 4}, 10, (3, 28, 28), "classification")
+    train = TrainConfig(lr=0.05, momentum=0.9, weight_decay=0.01)
+    starts, batches = [], []
+    for i, sizes in enumerate([(5, 5, 3), (5,), (5, 2), ()]):
+        torch.manual_seed(i)
+        for p in model.parameters():
+            p.data.add_(0.01 * torch.randn_like(p))
+        starts.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        batches.append([(torch.randn(n, 3, 28, 28), torch.randint(0, 10, (n,))) for n in sizes])
+    finals, losses = train_stacked(model, torch.nn.functional.cross_entropy, train, starts, batches)
+    for start, bs, final, loss in zip(starts, batches, finals, losses, strict=True):
+        model.load_state_dict(start)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+        total = 0.0
+        for x, y in bs:
+            opt.zero_grad()
+            l = torch.nn.functional.cross_entropy(model(x), y)  # noqa: E741
+            l.backward()
+            opt.step()
+            total += float(l)
+        assert loss == pytest.approx(total / max(len(bs), 1), rel=1e-5)
+        for k, v in model.state_dict().items():
+            assert torch.allclose(v.float(), final[k].float(), atol=1e-5), k
+        if not bs:  # no step: the start, untouched
+            assert all(torch.equal(start[k], final[k]) for k in start)
+
+
+@pytest.mark.parametrize(
+    ("over", "says"),
+    [
+        (("algorithm.name=fedprox",), "'fedprox'"),
+        (("algorithm.name=scaffold",), "'local_update'"),
+        (("algorithm.name=fedsam",), "SAM"),
+        (("augment=[ffa]",), "augment 'ffa'"),
+        (("augment=[mixstyle]",), "augment 'mixstyle'"),
+        (("train.optimizer=adam",), "train.optimizer=sgd"),
+        (("train.optimizer_state=persist",), "optimizer_state"),
+        (("run.workers=2",), "run.workers"),
+    ],
+)
+def test_vmap_refuses_what_it_cannot_compute(tmp_path, over, says):
+    cfg = toy_cfg(*UNEVEN, "run.executor=vmap", *over, rounds=1)
+    with pytest.raises(ConfigError, match="run.executor") as e:
+        run_experiment(cfg, tmp_path, progress=False)
+    assert says in str(e.value)
+    assert "run.executor=sequential" in str(e.value) or "run.workers=1" in str(e.value)
+
+
+def test_vmap_transport_and_digest():
+    cfg = toy_cfg("run.executor=vmap", "run.workers=auto")
+    assert isinstance(make_transport(cfg), VmapTransport)  # auto: one process
+    seq = toy_cfg()
+    assert config_digest(seq) != config_digest(cfg)  # rounding differs: another cell
+    assert config_digest(seq) == config_digest(toy_cfg("run.executor=sequential"))
+
+
+# ---------------------------------------------------------------------------- the device path
+def test_resolve_device():
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device_mod.resolve_device("auto").type == want
+    assert device_mod.resolve_device("cpu") == torch.device("cpu")
+    for bad, says in [("gpu0", "device"), ("mps", "not supported")]:
+        with pytest.raises(ConfigError, match=says):
+            device_mod.resolve_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            device_mod.resolve_device("cuda")
+
+
+def test_place_data_resident_or_host(monkeypatch):
+    """``run.data``: the splits copied to the device once (``device``; ``auto`` when they fit
+    in half the free memory) or left in host memory; checked on the ``meta`` device."""
+    fed = load_dataset({"name": "toyshift", "clients": 2, "train_size": 8})
+    cpu = torch.device("cpu")
+    assert device_mod.place_data(fed, cpu, "device") == (fed, "host")  # a CPU run: as is
+    meta = torch.device("meta")
+    need = device_mod.data_bytes(fed)
+    monkeypatch.setattr(device_mod, "_free_bytes", lambda d: 4 * need)
+    placed, where = device_mod.place_data(fed, meta, "auto")
+    assert where == "device"
+    assert all(s.x.is_meta and s.y.is_meta for c in placed.clients for s in (c.train, c.test))
+    assert placed.client_names == fed.client_names and fed.clients[0].train.x.device == cpu
+    monkeypatch.setattr(device_mod, "_free_bytes", lambda d: need)  # half of it: too little
+    assert device_mod.place_data(fed, meta, "auto") == (fed, "host")
+    assert device_mod.place_data(fed, meta, "host") == (fed, "host")
+    assert device_mod.place_data(fed, meta, "device")[1] == "device"  # asked: always
+
+
+def test_deterministic_mode_settings(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert device_mod.set_deterministic(torch.device("cpu"), True) == {}
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+              torch.backends.cudnn.deterministic)  # fmt: skip
+    try:
+        got = device_mod.set_deterministic(torch.device("cuda"), True)
+        assert got == {"deterministic": True, "cublas_workspace": ":4096:8"}
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        got = device_mod.set_deterministic(torch.device("cuda"), False)
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
