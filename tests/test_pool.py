@@ -8,7 +8,6 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import metric_rows, results_of, toy_cfg
 
 from fedshift.algorithms import ALGORITHMS
@@ -25,6 +25,7 @@ from fedshift.core.errors import FedshiftError, TrainingError
 from fedshift.data import load_dataset
 from fedshift.data.base import Split
 from fedshift.runtime import pool as pool_mod
+from fedshift.runtime import pool_worker
 from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.pool import PoolTransport, WorkerPool, assign
@@ -90,9 +91,11 @@ def test_pool_equals_sequential_for_every_algorithm_and_augment(tmp_path, pool, 
     ledger = "ledger.json"
     assert (par.run_dir / ledger).read_text() == (seq.run_dir / ledger).read_text()
     assert seq.summary["runtime"] == {
-        "engine": "native", "executor": "sequential", "workers": 1, "threads": 1}  # fmt: skip
+        "engine": "native", "executor": "sequential", "workers": 1, "threads": 1,
+        "device": "cpu"}  # fmt: skip
     assert par.summary["runtime"] == {
-        "engine": "native", "executor": "pool", "workers": 2, "threads": 1}  # fmt: skip
+        "engine": "native", "executor": "pool", "workers": 2, "threads": 1,
+        "device": "cpu"}  # fmt: skip
 
 
 def test_assignment_balances_training_examples():
@@ -192,7 +195,7 @@ def test_sigint_cancels_and_rolls_back_the_round_in_the_workers(tmp_path, pool, 
     wait, sent = pool_mod._wait, []
 
     def wait_then_sigint(job):
-        _, op, args = pickle.loads(job.data)
+        _, op, args = pool_worker.loads(job.data)
         if op == "train" and args[0] == 3 and not sent:
             sent.append(job)
             time.sleep(0.05)  # the workers are in the round's local steps
@@ -297,3 +300,23 @@ def test_run_workers_is_not_part_of_a_cell_digest_and_bench_shares_the_cores(tmp
     assert summary["runtime"]["workers"] == 2
     rows = json.loads((tmp_path / "runs/suite/bench.json").read_text())
     assert [r["status"] for r in rows] == ["ran"]
+
+
+def test_messages_carry_tensors_out_of_band_bit_exact():
+    """A pool message through a real pipe: tensors bit-exact, views of one storage share it
+    again (sent once), empty and non-float tensors and plain objects intact."""
+    base = torch.randn(6, 5)
+    obj = {"w": base, "view": base[2:4, 1:], "t": base.t(), "empty": torch.zeros(0),
+           "i": torch.arange(7), "n": 3, "s": "x"}  # fmt: skip
+    frames = pool_worker.dumps(obj)
+    assert len(frames) == 1 + 3  # one buffer per storage: base, empty, arange
+    a, b = mp.Pipe()
+    pool_worker.send(a, frames)
+    got = pool_worker.recv(b)
+    for k in ("w", "view", "t", "empty", "i"):
+        assert torch.equal(got[k], obj[k]) and got[k].stride() == obj[k].stride(), k
+    assert got["view"].untyped_storage().data_ptr() == got["w"].untyped_storage().data_ptr()
+    got["w"][2, 1] = 99.0  # writable, and the view sees it
+    assert got["view"][0, 0] == 99.0
+    assert (got["n"], got["s"]) == (3, "x")
+    assert pool_worker.loads(frames)["i"].tolist() == list(range(7))
