@@ -213,3 +213,26 @@ def test_deterministic_mode_settings(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
+
+
+def test_vmap_and_gpu_cells_get_one_process_in_a_suite(monkeypatch):
+    """Bench shares the cores among cells' workers: a vmap cell (one vectorised process) and
+    a GPU cell get one process each, whatever the cores left; ``device=auto`` counts as a GPU
+    only where CUDA is available."""
+    from types import SimpleNamespace
+
+    from fedshift.runtime import cores
+
+    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
+    cells = [
+        SimpleNamespace(cfg=toy_cfg(*over), run_dir=name)
+        for name, over in [
+            ("cpu", ("run.workers=auto",)),
+            ("vmap", ("run.workers=auto", "run.executor=vmap")),
+            ("auto", ("run.workers=auto", "device=auto")),
+        ]
+    ]
+    n, per_cell = cores.share_cores(cells, workers=2)
+    assert n == 2 and per_cell["cpu"] == 4 and per_cell["vmap"] == 1
+    assert per_cell["auto"] == (1 if torch.cuda.is_available() else 4)
+    assert cores.on_gpu("cuda:0") and not cores.on_gpu("cpu")
