@@ -28,9 +28,9 @@ __all__ = ["add_parser", "field_help", "first_sentence", "key_lines", "one_line"
 def first_sentence(text: str) -> str:
     """The first sentence of ``text`` (whitespace joined, reST markup dropped): up to the
     first ``.``, ``!`` or ``?`` outside brackets that ends the text or is followed by a space
-    and a capital letter, so that ``e.g.``, ``summary.json`` and ``Eq. 1`` do not end it."""
+    and a capital letter, so that ``e.g. X``, ``summary.json`` and ``Eq. 1`` do not end it."""
     text = " ".join(text.split())
-    text = re.sub(r":\w+:`~?([^`]*)`", lambda m: m.group(1).split(".")[-1], text)
+    text = re.sub(r":\w+:`(~?)([^`]*)`", lambda m: m[2].split(".")[-1] if m[1] else m[2], text)
     text = text.replace("``", "")
     depth = 0
     for i, ch in enumerate(text):
@@ -40,9 +40,16 @@ def first_sentence(text: str) -> str:
             depth = max(0, depth - 1)
         elif ch in ".!?" and depth == 0:
             rest = text[i + 1 :]
+            words = text[:i].split()
+            if words and words[-1].lower() in _ABBREVIATIONS:
+                continue
             if not rest or (rest[0] == " " and rest[1:2].isupper()):
                 return text[: i + 1]
     return text
+
+
+#: words whose period ends no sentence (``e.g. FedBN``, ``Fig. 2``)
+_ABBREVIATIONS = {"e.g", "i.e", "vs", "cf", "eq", "fig", "al", "tab", "sec"}
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -76,9 +83,16 @@ def _comments(cls: type) -> dict[str, str]:
     return out
 
 
+def class_doc(cls: type) -> str:
+    """The docstring a class was written with (not the signature ``@dataclass`` makes up
+    for a class without one)."""
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    return "" if doc.startswith(f"{cls.__name__}(") else doc
+
+
 def _docstring_keys(cls: type, names: list[str]) -> dict[str, str]:
     """``` ``key``: text``` entries of the class docstring, for the field names given."""
-    doc = " ".join(inspect.cleandoc(cls.__doc__ or "").split())
+    doc = " ".join(class_doc(cls).split())
     if not names:
         return {}
     alt = "|".join(re.escape(n) for n in names)
@@ -111,7 +125,7 @@ def _literals(tp: Any) -> list[Any] | None:
 def _shown(value: Any) -> str:
     """A default as it would be written in YAML or on the command line."""
     if isinstance(value, str):
-        return value
+        return value or '""'
     return json.dumps(value)
 
 
@@ -172,7 +186,7 @@ def config_sections() -> list[str]:
     out += [f"    {line}" for line in key_lines(RunConfig, "", skip)]
     for f in sections:
         cls = f.default_factory
-        doc = first_sentence(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0])
+        doc = first_sentence(class_doc(cls).split("\n\n")[0])  # type: ignore[arg-type]
         out.append(f"  {f.name}:" + (f" {doc}" if doc else ""))
         out += [f"    {line}" for line in key_lines(cls, f"{f.name}.")]  # type: ignore[arg-type]
     return out

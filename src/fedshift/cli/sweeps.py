@@ -34,6 +34,7 @@ from fedshift.runtime.rundir import (
     claim_run_dir,
     clear_run_dir,
     hold_run,
+    is_empty,
     is_run_dir,
 )
 
@@ -83,7 +84,7 @@ def claim_dirs(cfgs: list[RunConfig], out: str | None, exists: str) -> list[Path
     ``new``, :func:`~fedshift.runtime.rundir.claim_run_dir`); with ``error``, every taken one
     is named in one :class:`RunDirExists`; ``overwrite`` deletes only run directories."""
     planned = planned_dirs(cfgs, out)
-    taken = [p for p in planned if p.exists()]
+    taken = [p for p in planned if p.exists() and not is_empty(p)]
     if exists == "error" and taken:
         raise RunDirExists(taken)
     if exists == "overwrite":
@@ -108,12 +109,15 @@ def claim_dirs(cfgs: list[RunConfig], out: str | None, exists: str) -> list[Path
 
 
 def release(dirs: list[Path]) -> None:
-    """Remove the claimed directories no run wrote into (empty but for a lock file)."""
+    """Remove the claimed directories no run wrote into (empty but for a lock file), unless
+    another process holds one (it is starting a run there)."""
     for p in dirs:
-        with contextlib.suppress(OSError):
-            if {c.name for c in p.iterdir()} <= {LOCK_FILE}:
-                (p / LOCK_FILE).unlink(missing_ok=True)
-                p.rmdir()
+        with contextlib.suppress(OSError, FedshiftError):
+            if is_empty(p):
+                with hold_run(p):
+                    if is_empty(p):
+                        (p / LOCK_FILE).unlink(missing_ok=True)
+                        p.rmdir()
 
 
 def run_sweep(

@@ -27,11 +27,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from fedshift.catalog import resolve
 from fedshift.core.errors import FedshiftError
 from fedshift.core.lifeline import die_with_parent
 from fedshift.runtime.loop import RunSignal
-from fedshift.runtime.rundir import LOCK_FILE, lock_holder
-from fedshift.runtime.simulation import Simulation
+from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_run, lock_holder
+from fedshift.runtime.simulation import Simulation, make_transport
 
 __all__ = [
     "PARENT_GONE_GRACE_S",
@@ -178,8 +181,6 @@ def run_cells(
 
 def _in_process(keys: list[str], task: Callable, args: dict, done: Callable) -> None:
     """One worker: the cells run in this process, one after the other."""
-    import torch
-
     before = torch.get_num_threads()  # the cells run here: leave the caller's setting
     try:
         for key in keys:
@@ -297,12 +298,6 @@ def run_job(cfg_dict: dict, run_dir: str, workers: int, overwrite: bool) -> str:
     """One cell of ``fedshift run --jobs N``: the resolved config run into its claimed
     directory (emptied first, holding its lock, with ``overwrite``), its clients in
     ``workers`` processes, torch at the config's ``run.threads`` (as a sequential run)."""
-    import torch
-
-    from fedshift.catalog import resolve
-    from fedshift.runtime.rundir import clear_run_dir, hold_run
-    from fedshift.runtime.simulation import make_transport
-
     path = Path(run_dir)
     cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")
     torch.set_num_threads(cfg.run.threads)

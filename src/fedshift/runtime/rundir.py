@@ -51,6 +51,7 @@ __all__ = [
     "clear_run_dir",
     "hold_lock",
     "hold_run",
+    "is_empty",
     "is_run_dir",
     "lock_holder",
 ]
@@ -79,9 +80,11 @@ if hasattr(os, "register_at_fork"):
 def claim_run_dir(root: Path, base: str, exists: str = "new") -> Path:
     """Create and return ``root/base``; the ``mkdir`` is the claim, so no two callers get the
     same directory. When it exists, ``exists`` says what happens: ``new``: the first of
-    ``base-2``, ``base-3``... that does not exist yet; ``error``: :class:`RunDirExists`;
-    ``overwrite``: ``root/base`` itself, as it is (its new owner empties it while holding its
-    lock: :func:`hold_run`, then :func:`clear_run_dir`)."""
+    ``base-2``, ``base-3``... that does not exist yet; ``error``: :class:`RunDirExists`,
+    unless it holds nothing (a claim whose run never started: it is taken as is; of two runs
+    started together in it, the run lock lets one run); ``overwrite``: ``root/base`` itself,
+    as it is (its new owner empties it while holding its lock: :func:`hold_run`, then
+    :func:`clear_run_dir`)."""
     if exists not in EXISTS:
         raise ValueError(f"exists must be one of {EXISTS}, got {exists!r}")
     root.mkdir(parents=True, exist_ok=True)
@@ -92,6 +95,8 @@ def claim_run_dir(root: Path, base: str, exists: str = "new") -> Path:
             return path
         except FileExistsError:
             if exists == "overwrite" and path.is_dir():
+                return path
+            if exists == "error" and is_empty(path):
                 return path
             if exists != "new":
                 raise RunDirExists([path]) from None
@@ -115,11 +120,18 @@ def describe_run_dir(path: Path) -> str:
     return "files but no fedshift run (no config.yaml)"
 
 
+def is_empty(path: Path) -> bool:
+    """Whether ``path`` is a directory holding nothing but (maybe) its lock file."""
+    try:
+        return path.is_dir() and {p.name for p in path.iterdir()} <= {LOCK_FILE}
+    except OSError:
+        return False
+
+
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` is a run directory (``config.yaml``) or empty but for its lock file:
     what ``--overwrite`` may delete."""
-    names = {p.name for p in path.iterdir()}
-    return "config.yaml" in names or names <= {LOCK_FILE}
+    return is_empty(path) or (path / "config.yaml").is_file()
 
 
 class RunDirExists(FedshiftError):
@@ -130,6 +142,7 @@ class RunDirExists(FedshiftError):
         self.paths = list(paths)
         each = "; ".join(f"{p} holds {describe_run_dir(p)}" for p in self.paths)
         one = len(self.paths) == 1
+        it = "it" if one else "them"
         resume = (
             f"`fedshift run --resume {self.paths[0]}`"
             if one
@@ -137,9 +150,9 @@ class RunDirExists(FedshiftError):
         )
         super().__init__(
             f"{each}. This config was run there before; choose: {resume} to continue "
-            f"(or, with train.rounds=N, extend) {'it' if one else 'them'}; the same command "
-            f"with --overwrite to delete {'it' if one else 'them'} and run again; or with "
-            "--new to run into a new directory next to it (-2, -3...)"
+            f"(or, with train.rounds=N, extend) {it}; the same command with --overwrite to "
+            f"delete {it} and run again; or with --new to run into a new directory next to "
+            f"{'it' if one else 'each'} (-2, -3...)"
         )
 
 
