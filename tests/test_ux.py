@@ -50,9 +50,9 @@ def test_long_runs_bench_shows_rounds_and_eta_inside_cells(tmp_path, capsys, wor
     assert "\r" not in err  # not a terminal: status lines, no bars
     for cell in (1, 2):  # every round of every cell, reported from the workers too
         for rnd in (1, 2, 3):
-            line = rf"suite suite: cell {cell}/2 \(fedavg\): round {rnd}/3, ETA [^,]+, suite ETA"
-            assert re.search(line, err), err
-    assert re.search(r"cell 1/2 \(fedavg\): round 3/3, ETA 0 s, suite ETA", err)
+            line = rf"suite suite: cell {cell}/2 \(fedavg s{cell - 1}\): round {rnd}/3, ETA [^,]+, "
+            assert re.search(line + "suite ETA", err), err
+    assert re.search(r"cell 1/2 \(fedavg s0\): round 3/3, ETA 0 s, suite ETA", err)
     assert "2/2 cells done" in err
 
 

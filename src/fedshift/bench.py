@@ -306,7 +306,7 @@ def run_suite(
         manifest = _Manifest(root, cells, todo)
         display = CellProgress(
             f"suite {cells[0].cfg.name}",
-            [(str(c.run_dir), c.label, c.cfg.train.rounds) for c in cells],
+            [(str(c.run_dir), f"{c.label} s{c.cfg.seed}", c.cfg.train.rounds) for c in cells],
             done={str(c.run_dir) for c in cells} - {str(c.run_dir) for c in todo},
             enabled=progress,
             every_s=progress_every_s,

@@ -191,7 +191,7 @@ def _parallel(todo: list[_Job], overwrite: bool, jobs: int | str, progress: bool
     keys = [str(j.run_dir) for j in todo]
     display = CellProgress(
         f"sweep {todo[0].cfg.name}",
-        [(str(j.run_dir), j.label, j.cfg.train.rounds) for j in todo],
+        [(str(j.run_dir), f"{j.label} s{j.cfg.seed}", j.cfg.train.rounds) for j in todo],
         enabled=progress,
     )
     args = {
