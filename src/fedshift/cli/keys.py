@@ -19,6 +19,7 @@ import json
 import re
 import textwrap
 import tokenize
+import types
 import typing
 from typing import Any
 
@@ -26,12 +27,13 @@ __all__ = ["add_parser", "field_help", "first_sentence", "key_lines", "one_line"
 
 
 def first_sentence(text: str) -> str:
-    """The first sentence of ``text`` (whitespace joined, reST markup dropped): up to the
-    first ``.``, ``!`` or ``?`` outside brackets that ends the text or is followed by a space
-    and a capital letter, so that ``e.g. X``, ``summary.json`` and ``Eq. 1`` do not end it."""
+    """The first sentence of ``text`` (whitespace joined, reST roles dropped, double
+    backquotes made single): up to the first ``.``, ``!`` or ``?`` outside brackets that
+    ends the text or is followed by a space and a capital letter, a digit, a quote or a
+    backquote; ``e.g. X``, ``summary.json`` and ``Eq. 1`` do not end it."""
     text = " ".join(text.split())
     text = re.sub(r":\w+:`(~?)([^`]*)`", lambda m: m[2].split(".")[-1] if m[1] else m[2], text)
-    text = text.replace("``", "")
+    text = text.replace("``", "`")
     depth = 0
     for i, ch in enumerate(text):
         if ch in "([{":
@@ -43,7 +45,9 @@ def first_sentence(text: str) -> str:
             words = text[:i].split()
             if words and words[-1].lower() in _ABBREVIATIONS:
                 continue
-            if not rest or (rest[0] == " " and rest[1:2].isupper()):
+            if not rest or (
+                rest[0] == " " and (rest[1:2].isupper() or rest[1:2] in '`"0123456789')
+            ):
                 return text[: i + 1]
     return text
 
@@ -115,11 +119,14 @@ def field_help(cls: type) -> dict[str, str]:
     return out
 
 
-def _literals(tp: Any) -> list[Any] | None:
-    """The values of a ``Literal`` type (None for anything else)."""
+def _literals(tp: Any) -> list[Any]:
+    """The values of a ``Literal`` type, or of the ``Literal`` in a union
+    (``int | Literal["auto"]``); none for anything else."""
     if typing.get_origin(tp) is typing.Literal:
         return list(typing.get_args(tp))
-    return None
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [v for arg in typing.get_args(tp) for v in _literals(arg)]
+    return []
 
 
 def _shown(value: Any) -> str:
@@ -149,15 +156,15 @@ def key_lines(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
         if f.name in skip:
             continue
         valid = []
-        choices = _literals(hints.get(f.name))
-        if choices:
-            valid.append(" | ".join(map(_shown, choices)))
         bounds = f.metadata.get("bounds")
         if bounds is not None:
             valid.append(bounds.describe())
+        choices = " | ".join(map(_shown, _literals(hints.get(f.name))))
+        if choices:
+            valid.append(f"or {choices}" if valid else choices)
         key = f"{prefix}{f.name} = {_shown(_default(f))}"
-        extra = f" [{'; '.join(valid)}]" if valid else ""
-        rows.append((key, helps.get(f.name, "") + extra))
+        extra = f"[{' '.join(valid)}]" if valid else ""
+        rows.append((key, " ".join(x for x in (helps.get(f.name, ""), extra) if x)))
     width = max((len(k) for k, _ in rows), default=0)
     return [f"{k:<{width}}  {h}".rstrip() for k, h in rows]
 
