@@ -15,8 +15,8 @@ Faults:
 * ``disk full``: the run's ``--out`` on a tmpfs too small for a second checkpoint (root only;
   skipped otherwise): the run must stop with ``fedshift: error:`` (no traceback), keep its
   previous checkpoint, and resume once the tmpfs is grown;
-* ``concurrent``: two identical ``fedshift run`` started together (two directories, both
-  right), two ``--resume`` of one stopped run (one runs, the other is refused), two
+* ``concurrent``: two identical ``fedshift run --new`` started together (two directories,
+  both right), two ``--resume`` of one stopped run (one runs, the other is refused), two
   ``fedshift bench`` of one suite (one runs, the other is refused; no cell runs twice).
 
 Columns: faults injected, runs recovered (the recovery command succeeded and the run has its
@@ -214,9 +214,10 @@ def disk_full(tmp: Path, want: Outcome, ckpt_bytes: int, tally: Tally) -> str | 
 
 
 def concurrent_runs(tmp: Path, want: Outcome, tally: Tally) -> None:
-    """Two identical runs started together: two directories, each equal to the baseline."""
+    """Two identical runs started together (``--new``: a taken directory is not an error):
+    two directories, each equal to the baseline."""
     out = tmp / "two-runs"
-    procs = [start(out), start(out)]
+    procs = [start(out, "--new"), start(out, "--new")]
     codes = [p.wait() for p in procs]
     dirs = sorted((out / NAME).iterdir())
     ok = codes == [0, 0] and len([d for d in dirs if d.is_dir()]) == 2

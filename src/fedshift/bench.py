@@ -1,4 +1,4 @@
-"""Experiment suites: a grid of runs with cached cells, parallel workers and one progress bar.
+"""Experiment suites: a grid of runs with cached cells, parallel workers and live progress.
 
 A suite file is an ordinary run config whose ``sweep`` grid spans any config keys (dataset,
 partition, algorithm, augment, seed, ...). ``fedshift bench SUITE.yaml`` expands the grid,
@@ -33,6 +33,10 @@ stays within the usable cores. The default ``workers`` shrinks to fit; a cell's
 does not fit with cells of ``run.workers`` > 1 is refused (``oversubscribe=True`` /
 ``--oversubscribe`` runs it anyway).
 
+Progress: every running cell reports its rounds (from worker processes too,
+:mod:`fedshift.runtime.parallel`), shown with its ETA and the suite's
+(:mod:`fedshift.runtime.progress`): bars on a terminal, a status line a minute otherwise.
+
 One suite folder belongs to one ``fedshift bench`` at a time (``bench.lock``), and each cell's
 directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir`): a second
 invocation is refused with the name of the one running.
@@ -40,35 +44,26 @@ invocation is refused with the name of the one running.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import signal
-import threading
-import time
-import traceback
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
-from fedshift.core.lifeline import die_with_parent
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.loop import RunSignal
-from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_lock, hold_run, lock_holder
+from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
+from fedshift.runtime.progress import EVERY_S, CellProgress
+from fedshift.runtime.rundir import clear_run_dir, hold_lock, hold_run
 
 CELL_FILE = "cell.json"
 MANIFEST = "bench.json"
 #: held by ``fedshift bench`` in the suite folder for the whole invocation
 SUITE_LOCK = "bench.lock"
-#: seconds a worker whose parent died may take to save the cell it runs before it exits
-PARENT_GONE_GRACE_S = 60.0
 
 
 @dataclass
@@ -201,7 +196,7 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
     import torch
 
     from fedshift.runtime.results import write_text_atomic
-    from fedshift.runtime.simulation import Simulation, make_transport
+    from fedshift.runtime.simulation import make_transport
 
     threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)
@@ -213,9 +208,10 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
             clear_run_dir(path)  # a stale or foreign directory: start clean
         meta = {"digest": digest, "label": label, "threads": threads}
         write_text_atomic(path / CELL_FILE, json.dumps(meta) + "\n")
+        report("start", run_dir, cfg.train.rounds)
         transport = make_transport(cfg, workers=workers)
         try:
-            sim = Simulation(cfg, path, progress=False, transport=transport)
+            sim = ReportingSimulation(cfg, path, progress=False, transport=transport)
             result = sim.run(resume=status == "partial")
         finally:
             transport.close()
@@ -224,58 +220,6 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
         summary["threads"] = threads
         write_text_atomic(path / "summary.json", json.dumps(summary, indent=2) + "\n")
     return "resumed" if status == "partial" else "ran"
-
-
-#: a cell is running in this process (a worker's parent watch waits for it to save)
-_busy = False
-
-
-def _cell_task(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: int) -> dict:
-    """:func:`_run_cell` with every outcome as a plain (picklable) dict: ``status`` ``ran`` /
-    ``resumed``, ``failed`` with ``reason``, or ``interrupted`` with ``signum``."""
-    global _busy
-    _busy = True
-    try:
-        return {"status": _run_cell(cfg_dict, run_dir, digest, label, workers)}
-    except RunSignal as e:  # saved its last whole round; the suite stops
-        return {"status": "interrupted", "signum": e.signum, "saved_round": e.saved_round}
-    except KeyboardInterrupt:  # stopped before its round loop began: nothing to save
-        return {"status": "interrupted", "signum": int(signal.SIGINT), "saved_round": None}
-    except FedshiftError as e:  # a message for the user: recorded, the other cells run
-        return {"status": "failed", "reason": str(e)}
-    except Exception as e:  # noqa: BLE001 - a bug or an OS error: kept with its traceback
-        reason = f"{type(e).__name__}: {e}"
-        return {"status": "failed", "reason": reason, "traceback": traceback.format_exc()}
-    finally:
-        _busy = False
-
-
-# ---------------------------------------------------------------------- worker processes
-def _worker_sigint(signum: int, frame: Any) -> None:
-    """A worker's SIGINT between round loops: stop the cell being built; idle, ignore it
-    (the suite's process decides; a round loop installs its own handler)."""
-    if _busy:
-        raise KeyboardInterrupt
-
-
-def _parent_gone(signalled: bool) -> None:
-    """A worker's parent watch, once the bench process is gone: stop the cell in progress
-    (SIGTERM: its round loop saves its last whole round) and wait until it has (at most
-    :data:`PARENT_GONE_GRACE_S`); the watch then exits the worker."""
-    if not signalled:  # no PR_SET_PDEATHSIG here: send what it would have sent
-        os.kill(os.getpid(), signal.SIGTERM)
-    deadline = time.monotonic() + PARENT_GONE_GRACE_S
-    while _busy and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _worker_init(parent: int) -> None:
-    """Initializer of every worker: die with the bench process
-    (:func:`fedshift.core.lifeline.die_with_parent`: SIGTERM from the kernel on Linux, and a
-    thread polling the parent that exits the worker once its cell has saved its state: a
-    worker left waiting for work that will never come would live forever)."""
-    die_with_parent(parent, signal.SIGTERM, _parent_gone)
-    signal.signal(signal.SIGINT, _worker_sigint)
 
 
 # ---------------------------------------------------------------------- the suite
@@ -326,15 +270,6 @@ class _Manifest:
         write_text_atomic(self.path, json.dumps(list(self.rows.values()), indent=2) + "\n")
 
 
-class _Stop(BaseException):  # noqa: N818
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-
-
-def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop(signum)
-
-
 def run_suite(
     suite: str | Path,
     overrides: list[str] | None = None,
@@ -343,13 +278,16 @@ def run_suite(
     progress: bool = True,
     threads: int | None = None,
     oversubscribe: bool = False,
+    progress_every_s: float = EVERY_S,
 ) -> list[dict]:
     """Run every cell of a suite that is not done yet; returns all cells' summaries (plan
     order). ``threads``: every cell's ``run.threads`` (default: its own, 1 unless set).
     ``oversubscribe``: run an explicit ``workers`` even where suite workers x cell workers x
-    threads exceeds the cores (module docstring). Cells that fail are recorded in
-    ``bench.json`` and the others run; then a :class:`FedshiftError` names the failed ones.
-    A signal stops the suite (:class:`SuiteStopped`)."""
+    threads exceeds the cores (module docstring). ``progress``: rounds and ETAs of the
+    running cells on stderr (:class:`~fedshift.runtime.progress.CellProgress`; a status
+    line every ``progress_every_s`` seconds when stderr is not a terminal). Cells that fail
+    are recorded in ``bench.json`` and the others run; then a :class:`FedshiftError` names
+    the failed ones. A signal stops the suite (:class:`SuiteStopped`)."""
     threads = _check_threads(threads)
     if workers is not None and workers < 1:
         raise FedshiftError(f"--workers must be at least 1, got {workers}")
@@ -366,12 +304,12 @@ def run_suite(
         todo = [c for c in cells if cell_status(c) != "done"]
         n_workers, cell_workers = share_cores(todo, workers, oversubscribe)
         manifest = _Manifest(root, cells, todo)
-        bar = tqdm(
-            total=len(cells),
-            initial=len(cells) - len(todo),
-            desc=f"suite {cells[0].cfg.name}",
-            disable=not progress,
-            dynamic_ncols=True,
+        display = CellProgress(
+            f"suite {cells[0].cfg.name}",
+            [(str(c.run_dir), f"{c.label} s{c.cfg.seed}", c.cfg.train.rounds) for c in cells],
+            done={str(c.run_dir) for c in cells} - {str(c.run_dir) for c in todo},
+            enabled=progress,
+            every_s=progress_every_s,
         )
         args = {
             str(c.run_dir): (
@@ -383,27 +321,22 @@ def run_suite(
             )
             for c in todo
         }
+        by_key = {str(c.run_dir): c for c in todo}
         errors: list[str] = []
 
-        def done(c: Cell, res: dict) -> None:
+        def done(key: str, res: dict) -> None:
+            c = by_key[key]
             manifest.set(c, res)
             if res["status"] == "failed":
                 errors.append(f"{c.label} ({c.run_dir}): {res['reason']}")
-            if res["status"] != "interrupted":
-                bar.update(1)
-                bar.set_postfix_str(c.label[:40])
+            display.finish(key, res["status"])
 
-        old = _install(_raise_stop)
         try:
-            if n_workers == 1:
-                _in_process(todo, args, done)
-            elif todo:
-                _in_pool(todo, args, n_workers, done)
-        except _Stop as stop:
+            run_cells(list(by_key), _run_cell, args, n_workers, done, display.handle)
+        except Stopped as stop:
             raise SuiteStopped(stop.signum, root, suite) from None
         finally:
-            _install(old)
-            bar.close()
+            display.close()
     if errors:
         raise FedshiftError(
             f"{len(errors)} of {len(cells)} cells failed (the other cells are kept; "
@@ -418,93 +351,3 @@ def run_suite(
         s["label"] = c.label
         summaries.append(s)
     return summaries
-
-
-def _install(handlers: Any) -> Any:
-    """Set SIGINT and SIGTERM handlers (one function, or a dict as returned); returns the
-    previous ones. Only the main thread may: elsewhere, nothing changes."""
-    if threading.current_thread() is not threading.main_thread() or handlers is None:
-        return None
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    new = handlers if isinstance(handlers, dict) else dict.fromkeys(sigs, handlers)
-    # a handler set outside Python reads as None and cannot be set back: leave it
-    return {s: signal.signal(s, h) for s, h in new.items() if h is not None}
-
-
-def _in_process(todo: list[Cell], args: dict, done: Any) -> None:
-    """One worker: the cells run in this process, one after the other."""
-    import torch
-
-    before = torch.get_num_threads()  # the cells run here: leave the caller's setting
-    try:
-        for c in todo:
-            res = _cell_task(*args[str(c.run_dir)])
-            done(c, res)
-            if res["status"] == "interrupted":
-                raise _Stop(res["signum"])
-    finally:
-        torch.set_num_threads(before)
-
-
-def _in_pool(todo: list[Cell], args: dict, n_workers: int, done: Any) -> None:
-    """``n_workers`` spawned processes (which die with this one, see :func:`_worker_init`).
-    A signal here, or a cell stopped by one, cancels the cells not started and stops the
-    running ones (SIGINT: they save their state), then :class:`_Stop` propagates."""
-    import multiprocessing as mp
-
-    pool = ProcessPoolExecutor(
-        n_workers,
-        mp_context=mp.get_context("spawn"),
-        initializer=_worker_init,
-        initargs=(os.getpid(),),
-    )
-    futs: dict[Future, Cell] = {}
-    recorded: set[Future] = set()
-
-    def collect(fut: Future) -> dict:
-        recorded.add(fut)
-        try:
-            return fut.result()
-        except KeyboardInterrupt:
-            return {"status": "interrupted", "signum": int(signal.SIGINT), "saved_round": None}
-        except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of memory)
-            return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
-
-    stop: int | None = None
-    try:
-        futs = {pool.submit(_cell_task, *args[str(c.run_dir)]): c for c in todo}
-        pending = set(futs)
-        while pending and stop is None:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                res = collect(fut)
-                done(futs[fut], res)
-                if res["status"] == "interrupted":
-                    stop = res["signum"]
-    except _Stop as e:
-        stop = e.signum
-    finally:
-        if stop is not None:
-            _install(dict.fromkeys((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN))
-            for fut in futs:
-                fut.cancel()
-            _interrupt_running([futs[f] for f in futs if f.running()])
-        pool.shutdown(wait=True, cancel_futures=True)
-        for fut, c in futs.items():  # the cells that ended while the suite stopped
-            if fut not in recorded and fut.done() and not fut.cancelled():
-                done(c, collect(fut))
-    if stop is not None:
-        raise _Stop(stop)
-
-
-def _interrupt_running(cells: list[Cell]) -> None:
-    """SIGINT to the workers running ``cells`` (the holders of their run locks), so that they
-    save their last whole round and stop."""
-    import multiprocessing as mp
-
-    ours = {p.pid for p in mp.active_children()}
-    for c in cells:
-        pid = (lock_holder(c.run_dir / LOCK_FILE) or {}).get("pid")
-        if pid in ours:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)

@@ -1,9 +1,11 @@
 """The ``fedshift`` command line.
 
 fedshift run [-c CONFIG] [key=value ...] [--out DIR]     run a config (and its sweep grid)
+fedshift run ... [--jobs N] [--overwrite | --new]        runs at a time; a run dir that exists
 fedshift run --resume RUN_DIR [train.rounds=N]          continue (or extend) a run
 fedshift bench SUITE.yaml [key=value ...] [--workers N]  a suite: cached cells, parallel runs
-fedshift list                                            algorithms, datasets, models
+fedshift list                                            components and every config key
+fedshift config show [-c CONFIG] [key=value ...]         the resolved config, as YAML
 fedshift report RUN_DIR... [--out DIR]                   Markdown + HTML + CSV report of runs
 fedshift protocol cross-site|loco|sweep|rounds|...       the papers' evaluation protocols
 fedshift data build|show|fetch ...                       offline benchmarks

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
+from fedshift.cli import keys
 from fedshift.core.errors import FedshiftError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedshift.catalog import resolve
+    from fedshift.cli.sweeps import claim_dirs, run_sweep
     from fedshift.core.config import expand_sweep, load_config, lookup
     from fedshift.eval.tables import print_tables
-    from fedshift.runtime.simulation import resume_experiment, run_experiment
+    from fedshift.runtime.simulation import resume_experiment
 
     if args.resume:
+        given = [f for f in ("--new", "--overwrite", "--jobs") if getattr(args, f[2:]) is not None]
+        if given:
+            raise FedshiftError(
+                f"--resume continues the run in its own directory; drop {' and '.join(given)}"
+            )
         rounds = _resume_rounds(args)
         if args.threads is not None:
             raise FedshiftError(
@@ -38,14 +44,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     raws = expand_sweep(raw, source)
     # validate every cell before running any, so a typo fails in a second, not an hour in
     cfgs = [resolve(r, source) for r in raws]
-    summaries = []
-    for i, (cfg, one) in enumerate(zip(cfgs, raws, strict=True), 1):
-        if len(cfgs) > 1 and not args.quiet:
-            print(f"[{i}/{len(cfgs)}] {cfg.algorithm['name']} seed={cfg.seed}", file=sys.stderr)
-        result = run_experiment(cfg, out=args.out, progress=not args.quiet)
-        labels = [f"{k}={lookup(one, k)}" for k in grid if k != "seed" and k != "algorithm.name"]
-        result.summary["label"] = " ".join([cfg.algorithm["name"], *labels])
-        summaries.append(result.summary)
+    grid_keys = [k for k in grid if k not in ("seed", "algorithm.name")]
+    labels = [
+        " ".join([cfg.algorithm["name"], *(f"{k}={lookup(one, k)}" for k in grid_keys)])
+        for cfg, one in zip(cfgs, raws, strict=True)
+    ]
+    exists = "overwrite" if args.overwrite else "new" if args.new else "error"
+    dirs = claim_dirs(cfgs, args.out, exists)
+    jobs = 1 if args.jobs is None else args.jobs
+    summaries = run_sweep(cfgs, labels, dirs, bool(args.overwrite), jobs, not args.quiet)
     print_tables(summaries)
     print("\nrun directories:")
     for s in summaries:
@@ -123,6 +130,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     from fedshift.algorithms import ALGORITHMS
     from fedshift.augment import AUGMENTS
+    from fedshift.cli.keys import config_sections, one_line
     from fedshift.data import DATASETS
     from fedshift.data.partition import PARTITIONS
     from fedshift.models import MODELS
@@ -146,7 +154,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
                     elif f.default_factory is not dataclasses.MISSING:  # lists, dicts
                         fields.append(f"{f.name}={f.default_factory()!r}")
                 keys = f"  [{', '.join(fields)}]" if fields else ""
-            print(f"  {e.name:<12} {e.description}{keys}")
+            print(f"  {e.name:<12} {one_line(e)}{keys}")
+    print()
+    print("\n".join(config_sections()))
     return 0
 
 
@@ -176,6 +186,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="torch threads of every process (config key run.threads, default 1); another "
         "count changes the last bits of results",
     )
+    run.add_argument(
+        "--jobs",
+        type=_workers,
+        metavar="N|auto",
+        help="runs of a sweep at a time, each in its own process (default 1; auto: as many as "
+        "the cores hold); results do not depend on it",
+    )
+    taken = run.add_mutually_exclusive_group()
+    taken.add_argument(
+        "--overwrite",
+        action="store_const",
+        const=True,
+        help="a run directory of this config exists: delete it and run again (default: stop "
+        "and name it, with the choices)",
+    )
+    taken.add_argument(
+        "--new",
+        action="store_const",
+        const=True,
+        help="a run directory of this config exists: run into a new one next to it (-2, -3...)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
 
@@ -203,8 +234,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)
 
-    ls = sub.add_parser("list", help="list algorithms, datasets and models")
+    ls = sub.add_parser(
+        "list", help="list algorithms, datasets, models and every config key with its default"
+    )
     ls.set_defaults(fn=_cmd_list)
+    keys.add_parser(sub)  # fedshift config show
 
     rep = sub.add_parser("report", help="Markdown + self-contained HTML + CSV report of runs")
     rep.add_argument("runs", nargs="+", help="run directories or folders holding them")

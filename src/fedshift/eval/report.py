@@ -319,7 +319,7 @@ def build_report(
     return files
 
 
-_NUMERIC = re.compile(r"^[-+]?[0-9.]*( ± [0-9.]+)?( [↑↓=])?$")
+_NUMERIC = re.compile(r"^[-+]?[0-9.]*( ± ([0-9.]+|n/a))?( [↑↓=])?$")
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

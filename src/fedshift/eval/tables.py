@@ -17,6 +17,13 @@ def _fmt(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+def mean_std_cell(values: list[float]) -> str:
+    """``mean ± std`` over seeds in %, ``mean ± n/a`` for one value (one seed has no
+    spread to show: ``± 0.00`` would claim one)."""
+    m, sd = mean_std(values)
+    return f"{_fmt(m)} ± {_fmt(sd) if len(values) > 1 else 'n/a'}"
+
+
 def grid(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
 
@@ -89,8 +96,7 @@ def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
         for c in clients:
             cells.append(_fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g)))
         means = [scores(s, metric)["test_mean"] for s in g]
-        sd = statistics.stdev(means) if len(means) > 1 else 0.0
-        rows.append([name, str(len(g)), *cells, f"{_fmt(statistics.mean(means))} ± {_fmt(sd)}"])
+        rows.append([name, str(len(g)), *cells, mean_std_cell(means)])
     return grid(header, rows)
 
 
@@ -177,7 +183,7 @@ def flows_rows(
     rows = []
     for (algo, flow), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "base")):
         seeds = by_seed(g)
-        m, sd = mean_std(list(seeds.values()))
+        m = mean_std(list(seeds.values()))[0]
         base = groups.get((algo, base_flow(flow))) or groups.get((algo, "base"))
         delta, p = "", ""
         if base and flow != "base":
@@ -189,7 +195,7 @@ def flows_rows(
             _fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g))
             for c in clients
         ]
-        row = [algo, flow, str(len(g)), *cells, f"{_fmt(m)} ± {_fmt(sd)}", delta, p]
+        row = [algo, flow, str(len(g)), *cells, mean_std_cell(list(seeds.values())), delta, p]
         if ref_key is not None:
             pr = ""
             if (algo, flow) != ref_key:
@@ -283,8 +289,7 @@ def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
             if not by_seed:
                 cells.append("")
                 continue
-            m, sd = mean_std(list(by_seed.values()))
-            cell = f"{_fmt(m)} ± {_fmt(sd)}"
+            cell = mean_std_cell(list(by_seed.values()))
             ref = groups.get((reference, "base", col))
             if ref and (algo, flow) != (reference, "base"):
                 p = paired_ttest(by_seed, ref)

@@ -21,12 +21,14 @@ class RunResult:
     summary: dict
 
 
-def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
+def new_run_dir(cfg: RunConfig, out: str | Path | None = None, exists: str = "new") -> Path:
     """A new, empty directory ``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, with
     ``-2``, ``-3``... if taken; created here, atomically, so two runs started together never
-    get the same one (:func:`~fedshift.runtime.rundir.claim_run_dir`)."""
+    get the same one (:func:`~fedshift.runtime.rundir.claim_run_dir`, whose ``exists`` says
+    what a taken name does instead: ``error`` or ``overwrite``)."""
     root = Path(out or cfg.out) / cfg.name
-    return claim_run_dir(root, f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}")
+    base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
+    return claim_run_dir(root, base, exists)
 
 
 def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:

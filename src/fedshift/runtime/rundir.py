@@ -2,7 +2,11 @@
 
 * :func:`claim_run_dir` creates ``<root>/<base>`` (or ``<base>-2``, ``-3``...) with a plain
   ``mkdir``, which fails when the directory exists: of two runs started together, each gets
-  its own directory, never both the same.
+  its own directory, never both the same. With ``exists="error"`` a taken ``<base>`` is a
+  :class:`RunDirExists` naming what it holds (:func:`describe_run_dir`) and the three ways
+  on (``fedshift run``'s default: resume, ``--overwrite`` or ``--new``); with
+  ``exists="overwrite"`` it is returned as is, for its new owner to empty while holding its
+  lock (:func:`clear_run_dir`).
 * :func:`hold_run` holds an exclusive ``flock`` on ``<run_dir>/run.lock`` while a process
   runs, resumes or (as a bench cell) writes the run; a second process that tries gets a
   :class:`~fedshift.core.errors.FedshiftError` naming the holder (pid, host, since when,
@@ -39,16 +43,23 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "EXISTS",
     "LOCK_FILE",
+    "RunDirExists",
     "claim_run_dir",
+    "describe_run_dir",
     "clear_run_dir",
     "hold_lock",
     "hold_run",
+    "is_empty",
+    "is_run_dir",
     "lock_holder",
 ]
 
 #: the lock file inside a run directory
 LOCK_FILE = "run.lock"
+#: what :func:`claim_run_dir` does with a directory that exists (see its docstring)
+EXISTS = ("new", "error", "overwrite")
 
 _registry_lock = threading.Lock()
 #: (device, inode) of each lock file this process holds -> [fd, holds]
@@ -66,9 +77,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def claim_run_dir(root: Path, base: str) -> Path:
-    """Create and return ``root/base``, or the first of ``base-2``, ``base-3``... that does
-    not exist yet; the ``mkdir`` is the claim, so no two callers get the same directory."""
+def claim_run_dir(root: Path, base: str, exists: str = "new") -> Path:
+    """Create and return ``root/base``; the ``mkdir`` is the claim, so no two callers get the
+    same directory. When it exists, ``exists`` says what happens: ``new``: the first of
+    ``base-2``, ``base-3``... that does not exist yet; ``error``: :class:`RunDirExists`,
+    unless it holds nothing (a claim whose run never started: it is taken as is; of two runs
+    started together in it, the run lock lets one run); ``overwrite``: ``root/base`` itself,
+    as it is (its new owner empties it while holding its lock: :func:`hold_run`, then
+    :func:`clear_run_dir`)."""
+    if exists not in EXISTS:
+        raise ValueError(f"exists must be one of {EXISTS}, got {exists!r}")
     root.mkdir(parents=True, exist_ok=True)
     path, i = root / base, 1
     while True:
@@ -76,8 +94,66 @@ def claim_run_dir(root: Path, base: str) -> Path:
             path.mkdir()
             return path
         except FileExistsError:
+            if exists == "overwrite" and path.is_dir():
+                return path
+            if exists == "error" and is_empty(path):
+                return path
+            if exists != "new":
+                raise RunDirExists([path]) from None
             i += 1
             path = root / f"{base}-{i}"
+
+
+def describe_run_dir(path: Path) -> str:
+    """What a run directory holds, in a few words: ``a finished run``, ``a stopped run``
+    (a checkpoint to resume), ``a run started but not checkpointed yet``, ``nothing``, or
+    ``no fedshift run``."""
+    names = {p.name for p in path.iterdir()} if path.is_dir() else {"?"}
+    if "summary.json" in names:
+        return "a finished run"
+    if "checkpoint.pt" in names:
+        return "a stopped run with a checkpoint to resume"
+    if "config.yaml" in names:
+        return "a run started but not checkpointed yet"
+    if names <= {LOCK_FILE}:
+        return "nothing (an empty run directory)"
+    return "files but no fedshift run (no config.yaml)"
+
+
+def is_empty(path: Path) -> bool:
+    """Whether ``path`` is a directory holding nothing but (maybe) its lock file."""
+    try:
+        return path.is_dir() and {p.name for p in path.iterdir()} <= {LOCK_FILE}
+    except OSError:
+        return False
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run directory (``config.yaml``) or empty but for its lock file:
+    what ``--overwrite`` may delete."""
+    return is_empty(path) or (path / "config.yaml").is_file()
+
+
+class RunDirExists(FedshiftError):
+    """The run directories a new run would write hold something already: the message names
+    each with what it holds, and the three ways on (resume it, ``--overwrite``, ``--new``)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = list(paths)
+        each = "; ".join(f"{p} holds {describe_run_dir(p)}" for p in self.paths)
+        one = len(self.paths) == 1
+        it = "it" if one else "them"
+        resume = (
+            f"`fedshift run --resume {self.paths[0]}`"
+            if one
+            else "`fedshift run --resume DIR` for each"
+        )
+        super().__init__(
+            f"{each}. This config was run there before; choose: {resume} to continue "
+            f"(or, with train.rounds=N, extend) {it}; the same command with --overwrite to "
+            f"delete {it} and run again; or with --new to run into a new directory next to "
+            f"{'it' if one else 'each'} (-2, -3...)"
+        )
 
 
 def lock_holder(lock_path: Path) -> dict | None:
