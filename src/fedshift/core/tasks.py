@@ -185,18 +185,20 @@ class Segmentation(Task):
         n = len(split)
         if n == 0:
             return {"dice": float("nan"), "dice_all": float("nan"), "loss": float("nan")}
-        counts, loss = [], 0.0
+        # accumulated on the device (no host sync per batch): the same float64 operations,
+        # in the same order, as summing float(batch loss) * batch size on the host
+        counts, loss = [], torch.zeros((), dtype=torch.float64, device=device)
         for start in range(0, n, batch_size):
             x = prepare(split.x[start : start + batch_size].to(device))
             y = split.y[start : start + batch_size].to(device)
             logits = model(x)
-            loss += float(self.loss(logits, y)) * len(y)
-            counts.append(dice_counts(logits.argmax(1), y, logits.shape[1]).cpu())
-        per_class = dice_from_counts(torch.cat(counts))
+            loss += self.loss(logits, y).double() * len(y)
+            counts.append(dice_counts(logits.argmax(1), y, logits.shape[1]))
+        per_class = dice_from_counts(torch.cat(counts).cpu())
         return {
             "dice": nanmean(per_class[1:]),
             "dice_all": nanmean(per_class),
-            "loss": loss / n,
+            "loss": float(loss) / n,
         }
 
 
