@@ -286,6 +286,45 @@ def f(x, g):
     assert scan(good) == []
 
 
+# ---------------------------------------------------------------------------- deterministic mode
+def test_device_audit_adaptive_pool_without_cuda_atomics_equals_pytorch():
+    """The pooling a GPU run uses in deterministic mode (PyTorch's CUDA backward of adaptive
+    average pooling raises there: ResNet, AlexNet, DenseNet) equals PyTorch's, forward and
+    backward, for shrinking, growing and partly-kept sizes; on the CPU the layer is PyTorch's."""
+    from fedshift.models.base import AdaptiveAvgPool2d, adaptive_avg_pool2d_matmul
+
+    g = torch.Generator().manual_seed(0)
+    for shape, out in [((2, 3, 7, 5), (3, 2)), ((2, 3, 13, 13), 6), ((1, 2, 4, 4), 1),
+                       ((1, 1, 5, 6), (None, 4)), ((2, 2, 3, 3), (5, 4))]:  # fmt: skip
+        x = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+        ref = torch.nn.functional.adaptive_avg_pool2d(x, out)
+        got = adaptive_avg_pool2d_matmul(x, out)
+        grad = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+        (g_ref,) = torch.autograd.grad(ref, x, grad)
+        (g_got,) = torch.autograd.grad(got, x, grad)
+        assert got.shape == ref.shape and torch.allclose(got, ref), (shape, out)
+        assert torch.allclose(g_got, g_ref), (shape, out)
+    x = torch.randn(2, 3, 9, 9, generator=g)
+    assert torch.equal(AdaptiveAvgPool2d(6)(x), torch.nn.AdaptiveAvgPool2d(6)(x))
+
+
+def test_device_audit_pixel_cross_entropy_without_cuda_atomics_equals_pytorch():
+    """The segmentation cross-entropy a GPU run uses in deterministic mode (PyTorch's CUDA
+    kernel for 2-D targets raises there) equals PyTorch's; on the CPU it is PyTorch's."""
+    from fedshift.core.tasks import flat_cross_entropy, pixel_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 4, (3, 5, 6), generator=g)
+    ref = torch.nn.functional.cross_entropy(logits, y)
+    got = flat_cross_entropy(logits, y)
+    assert torch.allclose(got, ref)
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    (g_got,) = torch.autograd.grad(got, logits)
+    assert torch.allclose(g_got, g_ref)
+    assert torch.equal(pixel_cross_entropy(logits, y), ref)
+
+
 # ---------------------------------------------------------------------------- on a GPU
 GPU_CASES = [
     ("algorithm.name=fedavg", "augment=[fedrdn]"),
@@ -297,6 +336,7 @@ GPU_CASES = [
     ("algorithm.name=fedavg", "augment=[manifold_mixup]"),
     ("algorithm.name=fedavg", "augment=[moex]"),
     ("algorithm.name=fraug",),
+    ("algorithm.name=fedavg", "model.name=resnet18"),  # adaptive pooling, deterministic mode
 ]
 
 
@@ -311,6 +351,22 @@ def test_device_audit_fixed_paths_run_on_cuda(tmp_path, over):
         "dataset.val_size=4", "dataset.test_size=4", "model.name=cnn", "model.width=4",
         "train.batch_size=4", "train.local_steps=2", *over, rounds=2,
     )  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "run", progress=False, workers=1)
+    assert res.summary["runtime"]["device"].startswith("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_audit_segmentation_runs_on_cuda(tmp_path):
+    """A segmentation run (pixel cross-entropy, Dice on the device) in deterministic mode."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.runtime.simulation import run_experiment
+
+    cfg = resolve(load_config(None, [
+        "dataset.name=toyseg", "dataset.train_size=12", "dataset.val_size=4",
+        "dataset.test_size=4", "model.name=unet", "model.width=4", "train.rounds=2",
+        "train.batch_size=6", "device=cuda", "run.data=device", "name=test",
+    ]))  # fmt: skip
     res = run_experiment(cfg, run_dir=tmp_path / "run", progress=False, workers=1)
     assert res.summary["runtime"]["device"].startswith("cuda")
 

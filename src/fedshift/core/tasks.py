@@ -55,10 +55,28 @@ def soft_dice_loss(logits: torch.Tensor, y: torch.Tensor, smooth: float = SMOOTH
     return 1 - ((2 * inter + smooth) / (denom + smooth)).mean()
 
 
+def pixel_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every pixel of ``logits`` (N, C, H, W) and labels (N, H, W).
+
+    On a CUDA tensor with deterministic algorithms on (``run.deterministic``) the pixels are
+    flattened to rows first: PyTorch's CUDA kernel for 2-D targets sums with atomics and
+    refuses to run in deterministic mode, the per-row kernel does not (the same value up to
+    rounding). Everywhere else (the CPU: bit-identical to before) the plain call."""
+    if logits.is_cuda and logits.dim() > 2 and torch.are_deterministic_algorithms_enabled():
+        return flat_cross_entropy(logits, y)
+    return F.cross_entropy(logits, y)
+
+
+def flat_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of (N, C, ...) logits with every position a row of C logits."""
+    c = logits.shape[1]
+    return F.cross_entropy(logits.movedim(1, -1).reshape(-1, c), y.reshape(-1))
+
+
 def joint_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(cross-entropy + soft Dice) / 2, the segmentation loss of HarmoFL (``JointLoss``) and
     FedFA (``TRAIN_LOSS = 'joint'``)."""
-    return (F.cross_entropy(logits, y) + soft_dice_loss(logits, y)) / 2
+    return (pixel_cross_entropy(logits, y) + soft_dice_loss(logits, y)) / 2
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -176,7 +194,7 @@ class Segmentation(Task):
             return joint_loss(logits, y)
         if self.loss_name == "dice":
             return soft_dice_loss(logits, y)
-        return F.cross_entropy(logits, y)
+        return pixel_cross_entropy(logits, y)
 
     @torch.no_grad()
     def evaluate(self, model, split, prepare, batch_size, device) -> dict[str, float]:
