@@ -10,18 +10,22 @@ No GPU is needed: the modules' source is scanned (``ast``) for
   "Expected all tensors to be on the same device" on a GPU;
 * host syncs (``float``/``int``/``bool``/``.item()``/``.tolist()``/``.numpy()``/``.cpu()``) in
   the per-batch code: the augments' and algorithms' hooks (``train_batch``, ``loss``,
-  ``forward``, ...) and the bodies of loops over ``ctx.batches()``;
+  ``forward``, ...) and the bodies of loops over ``ctx.batches()`` or over
+  ``range(0, n, batch_size)`` (evaluation, prototypes, embeddings);
 * random draws from a (CPU) generator asked to produce on another device than the
   generator's (``torch.rand(..., generator=g, device=x.device)`` fails on a GPU).
 
 Every finding is either fixed or in :data:`ALLOWED` with the reviewed reason it is safe.
 
 What it cannot catch: a host tensor that does not come from a factory call in these files
-(one made by a helper elsewhere, a tensor kept from ``init_client`` on another device, a
-record received on the host), a mix of devices through variables (it checks where a tensor
-is made, not where it is used), calls through aliases (``from torch import zeros``) or
-``**kwargs``, and anything outside the scanned modules (runtime/, data/). A run on a GPU
-(``test_every_algorithm_and_augment_runs_on_cuda``, skipped without CUDA) covers the rest.
+(``.cpu()`` results, ``bincount`` of host labels, a helper elsewhere, a record received on
+the host), a mix of devices through variables (it checks where a tensor is made, not where
+it meets another: FedAwS's ``torch.equal`` of resident labels with the server's host record
+was found by reading, not by this scan), host syncs outside the per-batch code, calls
+through aliases (``from torch import zeros``) or ``**kwargs``, ops that raise on a GPU for
+other reasons (deterministic mode: see the pooling and cross-entropy tests below), and
+anything outside the scanned modules (runtime/, data/, flower/). The runs on a GPU at the
+end (every algorithm and augment, skipped without CUDA) are the check for the rest.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from conftest import toy_cfg
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fedshift"
 
-#: the modules audited (models/__init__.py builds models on the host before ``.to(device)``)
+#: the modules audited (models/__init__.py only builds models, on the host, before
+#: ``.to(device)``)
 FILES = sorted(
     [
         *ROOT.glob("algorithms/*.py"),
@@ -326,24 +331,25 @@ def test_device_audit_pixel_cross_entropy_without_cuda_atomics_equals_pytorch():
 
 
 # ---------------------------------------------------------------------------- on a GPU
-GPU_CASES = [
-    ("algorithm.name=fedavg", "augment=[fedrdn]"),
-    ("algorithm.name=fedavg", "augment=[norm]"),
-    ("algorithm.name=fedaws",),
-    ("algorithm.name=fedrobust",),
-    ("algorithm.name=fedavg", "augment=[fedmix]"),
-    ("algorithm.name=fedavg", "augment=[mixstyle]"),
-    ("algorithm.name=fedavg", "augment=[manifold_mixup]"),
-    ("algorithm.name=fedavg", "augment=[moex]"),
-    ("algorithm.name=fraug",),
-    ("algorithm.name=fedavg", "model.name=resnet18"),  # adaptive pooling, deterministic mode
-]
+def _gpu_cases() -> list[tuple[str, ...]]:
+    from fedshift.algorithms import ALGORITHMS
+    from fedshift.augment import AUGMENTS
+
+    return [
+        *[(f"algorithm.name={a}",) for a in ALGORITHMS.names()],
+        *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names()],
+        ("algorithm.name=fedavg", "augment=[{name: fedrdn, draw: released}]"),
+        ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),
+        ("algorithm.name=harmofl", "federation.holdout=[client2]"),
+        ("algorithm.name=fedavg", "model.name=resnet18"),  # adaptive pooling
+    ]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("over", GPU_CASES, ids=lambda o: " ".join(o))
-def test_device_audit_fixed_paths_run_on_cuda(tmp_path, over):
-    """The paths this audit fixed run with the data resident on a GPU (device=cuda)."""
+@pytest.mark.parametrize("over", _gpu_cases(), ids=lambda o: " ".join(o))
+def test_device_audit_every_algorithm_and_augment_runs_on_cuda(tmp_path, over):
+    """Every algorithm and augment runs with the data resident on a GPU (device=cuda,
+    deterministic mode)."""
     from fedshift.runtime.simulation import run_experiment
 
     cfg = toy_cfg(
