@@ -249,7 +249,8 @@ class FedAwS(FedAvg):
     # -- client ----------------------------------------------------------------------------
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         rec = down[RECORD]
-        classes = held_classes(ctx.data.train.y)
+        # on the CPU like the server's ``classes``: the labels may be resident on a GPU
+        classes = held_classes(ctx.data.train.y).cpu()
         if not torch.equal(classes, rec["classes"].cpu()):
             raise FedshiftError(
                 f"fedaws: client {ctx.cid!r} holds classes {classes.tolist()} but the server "

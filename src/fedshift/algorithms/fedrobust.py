@@ -108,7 +108,14 @@ class FedRobust(FedAvg):
     Params = FedRobustParams
     paper_weighting = "uniform"
 
-    def _init_affine(self, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    def _init_affine(
+        self,
+        shape: tuple[int, ...],
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """(I, 0) on ``device`` (the batch's: a d x d identity is not built on the host and
+        copied to a GPU)."""
         c = shape[0]
         d = 1
         for s in shape:
@@ -120,10 +127,10 @@ class FedRobust(FedAvg):
                     f"of shape {shape} (more than algorithm.max_full_dim={self.params.max_full_dim}"
                     "); set algorithm.affine=channel (C x C per pixel) or raise max_full_dim"
                 )
-            lam = torch.eye(d)
+            lam = torch.eye(d, device=device, dtype=dtype)
         else:
-            lam = torch.eye(c)
-        return {"lambda": lam, "delta": torch.zeros(shape)}
+            lam = torch.eye(c, device=device, dtype=dtype)
+        return {"lambda": lam, "delta": torch.zeros(shape, device=device, dtype=dtype)}
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         adv = None
@@ -150,8 +157,8 @@ class FedRobust(FedAvg):
             raise RuntimeError("FedRobust.loss is only defined inside local_update")
         adv = ctx.scratch[ADV]
         if adv is None:
-            init = self._init_affine(tuple(x.shape[1:]))
-            adv = {k: v.to(x.device, x.dtype).requires_grad_(True) for k, v in init.items()}
+            init = self._init_affine(tuple(x.shape[1:]), x.device, x.dtype)
+            adv = {k: v.requires_grad_(True) for k, v in init.items()}
             ctx.scratch[ADV] = adv
         return super().loss(ctx, apply_affine(x, adv["lambda"], adv["delta"]), y)
 

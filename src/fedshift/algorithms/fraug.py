@@ -276,7 +276,10 @@ class FRAug(Algorithm):
         )
         if self.uses_rtnet:
             state["rtnet"] = clone(self._new_rtnet().state_dict())
-        state["prototypes"] = torch.zeros(self.num_classes, self.dim)
+        ref = next(model.parameters(), None)  # on the model's device, like the rest
+        state["prototypes"] = torch.zeros(
+            self.num_classes, self.dim, device=None if ref is None else ref.device
+        )
         state["label_offset"] = 0
         return state
 

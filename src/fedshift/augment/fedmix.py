@@ -88,7 +88,7 @@ def group_means(
     if n == 0:
         raise ValueError("fedmix: a client has no training data to average")
     size = n if m is None else min(m, n)
-    order = torch.randperm(n, generator=g)
+    order = torch.randperm(n, generator=g).to(x.device)  # drawn on the CPU generator
     groups = max(1, n // size)
     idx = order[: groups * size].view(groups, size)
     onehot = F.one_hot(y.long(), num_classes).to(x.dtype)
@@ -168,8 +168,14 @@ class FedMix(Augment):
     def __init__(self, params: Any, seed: int, num_classes: int) -> None:
         super().__init__(params, seed, num_classes)
         self.pending: _Pending | None = None
-        #: value of the gradient term at the latest forward (it is not in the reported loss)
-        self.last_term: float | None = None
+        #: the gradient term at the latest forward, kept on the device (read: ``last_term``)
+        self._last_term: torch.Tensor | None = None
+
+    @property
+    def last_term(self) -> float | None:
+        """Value of the gradient term at the latest forward (it is not in the reported loss);
+        converted when read, so that a GPU run does not wait for it every batch."""
+        return None if self._last_term is None else float(self._last_term)
 
     # -- model: the gradient term of l_FedMix ---------------------------------------------
     def attach(self, model: FedModel) -> None:
@@ -205,7 +211,7 @@ class FedMix(Augment):
         leaf, p.leaf = p.leaf, None
         assert p.jxbar is not None
         term = gradient_term(out, leaf, p.target.to(out.device), p.jxbar, self.params.lam)
-        self.last_term = float(term.detach())
+        self._last_term = term.detach()
         return _AddToObjective.apply(out, term)
 
     # -- MAFL: averaged data shared once ---------------------------------------------------
@@ -236,7 +242,8 @@ class FedMix(Augment):
         if "bank_x" not in state:
             raise RuntimeError("fedmix: no averaged data received (the setup exchange did not run)")
         lam = self.params.lam
-        j = torch.randint(state["bank_x"].shape[0], (x.shape[0],), generator=generator)
+        bank = state["bank_x"]
+        j = torch.randint(bank.shape[0], (x.shape[0],), generator=generator).to(bank.device)
         xbar = state["bank_x"][j].to(x.device, x.dtype)
         ybar = state["bank_y"][j].to(x.device)
         p = y.float() if y.ndim == 2 else F.one_hot(y.long(), self.num_classes).float()

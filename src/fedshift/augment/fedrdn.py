@@ -55,8 +55,9 @@ def channel_statistics(x: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor
     """Eq. 5-6: the mean over images of each image's per-channel mean and std (over H x W)."""
     if x.ndim != 4 or x.shape[0] == 0:
         raise ValueError(f"expected a non-empty (N, C, H, W) tensor, got shape {tuple(x.shape)}")
-    mean = torch.zeros(x.shape[1], dtype=torch.float64)
-    std = torch.zeros(x.shape[1], dtype=torch.float64)
+    # on the images' device: a client's data may be resident on a GPU (run.data)
+    mean = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+    std = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
     for s in range(0, x.shape[0], batch):
         flat = x[s : s + batch].flatten(2).double()
         mean += flat.mean(2).sum(0)
@@ -146,8 +147,9 @@ class Norm(_ClientStats):
         """Eq. 4's constants (``stats="fixed"``) or the client's own Eq. 5-6 statistics."""
         if self.params.stats == "client":
             return super().init_client(cid, data, model)
-        mean = torch.tensor([float(v) for v in self.params.mean])
-        std = torch.tensor([float(v) for v in self.params.std])
+        dev = data.train.x.device  # kept where the batches are: no copy per batch
+        mean = torch.tensor([float(v) for v in self.params.mean], device=dev)
+        std = torch.tensor([float(v) for v in self.params.std], device=dev)
         channels = data.train.x.shape[1]
         if mean.numel() != channels:
             raise ConfigError(
@@ -208,7 +210,7 @@ class FedRDN(_Federated):
         bank_mean, bank_std = state["bank_mean"], state["bank_std"]
         k = bank_mean.shape[0]
         if self.params.draw == "paper":
-            j = torch.randint(k, (x.shape[0],), generator=generator)
+            j = torch.randint(k, (x.shape[0],), generator=generator).to(bank_mean.device)
             mean, std = bank_mean[j], bank_std[j]
         else:
             i = torch.randint(k, (1,), generator=generator)

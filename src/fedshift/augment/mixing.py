@@ -226,11 +226,11 @@ class ManifoldMixup(_MixesLabels):
         k = int(torch.randint(len(self.eligible), (), generator=generator))
         stage = self.eligible[k]
         lam = float(sample_beta(self.params.alpha, 1, generator)[0])
-        perm = torch.randperm(x.shape[0], generator=generator)
+        # drawn on the (CPU) generator, moved once to the batch's device (not in every hook)
+        perm = torch.randperm(x.shape[0], generator=generator).to(x.device)
         y_mix = mix_labels(y, perm, lam, self.num_classes)
         if stage == INPUT:
             self.pending = None
-            perm = perm.to(x.device)
             return lam * x + (1 - lam) * x[perm], y_mix
         self.pending = _Pending(n=x.shape[0], perm=perm, lam=lam, stage=stage)
         return x, y_mix
@@ -303,8 +303,10 @@ class MixStyle(Augment):
         for stage in self.stages:
             fire = uniform(generator) < self.params.p
             if fire:
-                lam = torch.as_tensor(sample_beta(self.params.alpha, n, generator)).float()
-                perm = torch.randperm(n, generator=generator)
+                # moved once to the batch's device (the hook may run more than once)
+                beta = sample_beta(self.params.alpha, n, generator)
+                lam = torch.as_tensor(beta).float().to(x.device)
+                perm = torch.randperm(n, generator=generator).to(x.device)
                 self.pending[stage] = _Pending(n=n, perm=perm, lam=lam, fire=True)
         return x, y
 
@@ -372,6 +374,6 @@ class MoEx(_MixesLabels):
         self.pending = None
         if uniform(generator) >= self.params.p:
             return x, y
-        perm = torch.randperm(x.shape[0], generator=generator)
+        perm = torch.randperm(x.shape[0], generator=generator).to(x.device)
         self.pending = _Pending(n=x.shape[0], perm=perm, stage=self.stage)
         return x, mix_labels(y, perm, self.params.lam, self.num_classes)

@@ -116,7 +116,9 @@ class ClientContext:
         n, bs = len(split), self.train.batch_size
         todo = self.planned_steps()
         while todo > 0:
-            perm = torch.randperm(n, generator=self.generator)
+            # drawn on the (CPU) generator, then moved once per epoch to where the data lives
+            # (a GPU when it is resident there): no index copy per batch
+            perm = torch.randperm(n, generator=self.generator).to(split.x.device)
             for start in range(0, n, bs):
                 idx = perm[start : start + bs]
                 if idx.numel() < 2 and n > 1:

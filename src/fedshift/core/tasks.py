@@ -55,10 +55,28 @@ def soft_dice_loss(logits: torch.Tensor, y: torch.Tensor, smooth: float = SMOOTH
     return 1 - ((2 * inter + smooth) / (denom + smooth)).mean()
 
 
+def pixel_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every pixel of ``logits`` (N, C, H, W) and labels (N, H, W).
+
+    On a CUDA tensor with deterministic algorithms on (``run.deterministic``) the pixels are
+    flattened to rows first: PyTorch's CUDA kernel for 2-D targets sums with atomics and
+    refuses to run in deterministic mode, the per-row kernel does not (the same value up to
+    rounding). Everywhere else (the CPU: bit-identical to before) the plain call."""
+    if logits.is_cuda and logits.dim() > 2 and torch.are_deterministic_algorithms_enabled():
+        return flat_cross_entropy(logits, y)
+    return F.cross_entropy(logits, y)
+
+
+def flat_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of (N, C, ...) logits with every position a row of C logits."""
+    c = logits.shape[1]
+    return F.cross_entropy(logits.movedim(1, -1).reshape(-1, c), y.reshape(-1))
+
+
 def joint_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(cross-entropy + soft Dice) / 2, the segmentation loss of HarmoFL (``JointLoss``) and
     FedFA (``TRAIN_LOSS = 'joint'``)."""
-    return (F.cross_entropy(logits, y) + soft_dice_loss(logits, y)) / 2
+    return (pixel_cross_entropy(logits, y) + soft_dice_loss(logits, y)) / 2
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -176,7 +194,7 @@ class Segmentation(Task):
             return joint_loss(logits, y)
         if self.loss_name == "dice":
             return soft_dice_loss(logits, y)
-        return F.cross_entropy(logits, y)
+        return pixel_cross_entropy(logits, y)
 
     @torch.no_grad()
     def evaluate(self, model, split, prepare, batch_size, device) -> dict[str, float]:
@@ -185,18 +203,20 @@ class Segmentation(Task):
         n = len(split)
         if n == 0:
             return {"dice": float("nan"), "dice_all": float("nan"), "loss": float("nan")}
-        counts, loss = [], 0.0
+        # accumulated on the device (no host sync per batch): the same float64 operations,
+        # in the same order, as summing float(batch loss) * batch size on the host
+        counts, loss = [], torch.zeros((), dtype=torch.float64, device=device)
         for start in range(0, n, batch_size):
             x = prepare(split.x[start : start + batch_size].to(device))
             y = split.y[start : start + batch_size].to(device)
             logits = model(x)
-            loss += float(self.loss(logits, y)) * len(y)
-            counts.append(dice_counts(logits.argmax(1), y, logits.shape[1]).cpu())
-        per_class = dice_from_counts(torch.cat(counts))
+            loss += self.loss(logits, y).double() * len(y)
+            counts.append(dice_counts(logits.argmax(1), y, logits.shape[1]))
+        per_class = dice_from_counts(torch.cat(counts).cpu())
         return {
             "dice": nanmean(per_class[1:]),
             "dice_all": nanmean(per_class),
-            "loss": loss / n,
+            "loss": float(loss) / n,
         }
 
 

@@ -56,7 +56,7 @@ from torch import nn
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
-from fedshift.models.base import FedModel, classifier_input_reason
+from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
 
 #: smallest H and W for which pool5 still has an output (conv1 15, pool1 7, pool2 3, pool5 1)
 MIN_SIZE = 63
@@ -106,7 +106,7 @@ class AlexNetBN(FedModel):
                 conv5=_conv_stage(5, 256, 256, 3, 1, 1, pool=True),
             )
         )
-        self.avgpool = nn.AdaptiveAvgPool2d((POOL_SIZE, POOL_SIZE))
+        self.avgpool = AdaptiveAvgPool2d((POOL_SIZE, POOL_SIZE))
         self.embed = nn.Sequential(
             OrderedDict(
                 fc1=nn.Linear(256 * POOL_SIZE * POOL_SIZE, hidden),

@@ -108,3 +108,42 @@ def fc_stage(fin: int, fout: int, bn: bool = True) -> nn.Sequential:
         layers["bn"] = nn.BatchNorm1d(fout)
     layers["relu"] = nn.ReLU(inplace=True)
     return nn.Sequential(layers)
+
+
+# ----------------------------------------------------------------------------- GPU determinism
+def pooling_matrix(size: int, out: int, like: torch.Tensor) -> torch.Tensor:
+    """(out, size): row i averages adaptive pooling's window i of a length-``size`` axis,
+    ``[floor(i size / out), ceil((i + 1) size / out))`` (PyTorch's windows), on ``like``'s
+    device and dtype."""
+    i = torch.arange(out, device=like.device)
+    start = (i * size) // out
+    end = -((-(i + 1) * size) // out)  # ceil
+    pos = torch.arange(size, device=like.device)
+    inside = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
+    return inside.to(like.dtype) / (end - start).to(like.dtype)[:, None]
+
+
+def adaptive_avg_pool2d_matmul(
+    x: torch.Tensor, output_size: int | tuple[int | None, int | None]
+) -> torch.Tensor:
+    """``adaptive_avg_pool2d(x, output_size)`` as two matrix products (deterministic forward
+    and backward on a GPU; equal to PyTorch's up to rounding)."""
+    h, w = x.shape[-2:]
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    ph = pooling_matrix(h, h if oh is None else oh, x)
+    pw = pooling_matrix(w, w if ow is None else ow, x)
+    return ph @ x @ pw.T
+
+
+class AdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
+    """``nn.AdaptiveAvgPool2d`` that a GPU run in deterministic mode (``run.deterministic``:
+    ``torch.use_deterministic_algorithms(True)``) can train: PyTorch's CUDA backward of
+    adaptive average pooling has no deterministic implementation and raises there, so on a
+    CUDA tensor with deterministic algorithms on the pooling is computed by
+    :func:`adaptive_avg_pool2d_matmul`. Everywhere else (the CPU: bit-identical to before)
+    it is PyTorch's. No parameters: state dicts are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and torch.are_deterministic_algorithms_enabled():
+            return adaptive_avg_pool2d_matmul(x, self.output_size)
+        return super().forward(x)

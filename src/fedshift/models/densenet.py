@@ -57,7 +57,7 @@ from torch import nn
 
 from fedshift.core.bounds import bounded, bounds
 from fedshift.core.errors import ConfigError
-from fedshift.models.base import FedModel, classifier_input_reason
+from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
 from fedshift.models.unet import batch_norm, check_bn
 
 BNKind = Literal["standard", "harmofl"]
@@ -193,7 +193,7 @@ class DenseNet(FedModel):
             else:
                 parts["bn5"] = batch_norm(channels, bn)
                 parts["relu5"] = nn.ReLU(inplace=True)
-                parts["pool5"] = nn.AdaptiveAvgPool2d(1)
+                parts["pool5"] = AdaptiveAvgPool2d(1)
             stages[f"block{i + 1}"] = nn.Sequential(parts)
         self.stages = nn.ModuleDict(stages)
         self.num_features = channels

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
-from fedshift.models.base import FedModel, classifier_input_reason
+from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
 
 #: basic blocks per group (ResNet-18, Table 1)
 LAYERS = (2, 2, 2, 2)
@@ -135,7 +135,7 @@ class ResNet18(FedModel):
             cout = w * 2**i
             group = _group(cin, cout, blocks, stride=1 if i == 0 else 2)
             if i == len(LAYERS) - 1:
-                group["avgpool"] = nn.AdaptiveAvgPool2d(1)
+                group["avgpool"] = AdaptiveAvgPool2d(1)
             stages[f"layer{i + 1}"] = nn.Sequential(group)
             cin = cout
         self.stages = nn.ModuleDict(stages)

@@ -119,7 +119,8 @@ def site_predictions_figure(
         i = index if index is not None else int(data.y.flatten(1).gt(0).sum(1).argmax())
         if not 0 <= i < len(data):
             raise FedshiftError(f"index {i} is outside {client.name}'s {len(data)} {split} images")
-        x, y = data.x[i], data.y[i]
+        # drawn on the host: the run's data may be resident on a GPU
+        x, y = data.x[i].cpu(), data.y[i].cpu()
         img, cmap = _image(x, channel)
         axes[r, 0].imshow(img, cmap=cmap, vmin=0, vmax=1)
         axes[r, 0].set_ylabel(f"{client.name}\n{split} #{i}", fontsize=9)

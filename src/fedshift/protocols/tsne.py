@@ -52,8 +52,8 @@ def features_of(sim, client: str, x: torch.Tensor, kind: str | None = None) -> t
         z = sim.model.features(xb)
         if z.dim() > 2:
             z = z.flatten(2).mean(2)
-        outs.append(z.double().cpu())
-    return torch.cat(outs)
+        outs.append(z.double())
+    return torch.cat(outs).cpu()  # one copy to the host, not one per batch
 
 
 def tsne(

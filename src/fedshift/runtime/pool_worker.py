@@ -54,36 +54,50 @@ CANCELLABLE = frozenset({"train", "evaluate", "setup_reply", "setup_receive"})
 def _tensor(holder: list, dtype: Any, shape: tuple, stride: tuple, offset: int, grad: bool) -> Any:
     """A tensor over ``holder[0]`` (its storage's bytes, received out of band; tensors that
     shared a storage share the holder, and so the storage, again), as :class:`_Pickler`
-    reduced it."""
+    reduced it. A holder with a device (``[bytes, "cuda:0"]``: a GPU tensor's storage, sent
+    through the host) gets its storage copied to that device once, by the first of its
+    tensors; the others share that copy."""
     import torch
 
-    buf = holder[0]
-    base = (
-        torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
-    )
+    if len(holder) == 3:  # a device storage an earlier tensor of this message rebuilt
+        base = holder[2]
+    else:
+        buf = holder[0]
+        base = (
+            torch.frombuffer(buf, dtype=torch.uint8)
+            if len(buf)
+            else torch.empty(0, dtype=torch.uint8)
+        )
+        if len(holder) == 2:  # to the sender's device, once per storage
+            base = base.to(holder[1])
+            holder.append(base)
     t = base.view(dtype).as_strided(shape, stride, offset)
     return t.requires_grad_() if grad else t
 
 
 class _Pickler(pickle.Pickler):
-    """The standard pickler (protocol 5), with plain CPU tensors reduced to their storage's
-    raw bytes, passed out of band (``buffer_callback``: no copy here) once per storage and
+    """The standard pickler (protocol 5), with plain tensors reduced to their storage's raw
+    bytes, passed out of band (``buffer_callback``: no copy here) once per storage and
     rebuilt over the received bytes without a copy: bit-exact, views kept, and many times
-    faster than a tensor's own reduction (a ``torch.save`` per storage). Anything else
-    (parameters, other devices and layouts, tensors in a graph) pickles as usual."""
+    faster than a tensor's own reduction (a ``torch.save`` per storage). A GPU tensor's
+    storage is copied to the host once and goes the same way, with its device: the receiver
+    puts it back there (messages carry host bytes, never a CUDA handle or a ``torch.save``
+    of device memory). Anything else (parameters, other layouts, tensors in a graph) pickles
+    as usual."""
 
     def __init__(self, file: Any, buffers: list) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
-        #: storage -> a one-item list holding its bytes: pickle memoizes the list, so a
-        #: storage shared by several tensors is sent once and shared again when read
-        self.storages: dict[tuple[int, int], list] = {}
+        #: storage -> a one-item list holding its bytes (two items for a device storage: its
+        #: bytes and its device): pickle memoizes the list, so a storage shared by several
+        #: tensors is sent once and shared again when read
+        self.storages: dict[tuple[str, int, int], list] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         import torch
 
         if (
             type(obj) is not torch.Tensor
-            or obj.device.type != "cpu"
+            or obj.device.type == "meta"
             or obj.layout != torch.strided
             or obj.grad_fn is not None
             or obj.is_quantized
@@ -95,11 +109,15 @@ class _Pickler(pickle.Pickler):
         st = obj.untyped_storage()
         if st.nbytes() % obj.element_size():
             return NotImplemented
-        key = (st.data_ptr(), st.nbytes())
+        key = (str(obj.device), st.data_ptr(), st.nbytes())
         holder = self.storages.get(key)
         if holder is None:
-            raw = torch.empty(0, dtype=torch.uint8).set_(st)
-            holder = self.storages[key] = [pickle.PickleBuffer(raw.numpy())]
+            raw = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(st)
+            if obj.device.type == "cpu":
+                holder = [pickle.PickleBuffer(raw.numpy())]
+            else:  # the storage's bytes through the host, then back to its device
+                holder = [pickle.PickleBuffer(raw.cpu().numpy()), str(obj.device)]
+            self.storages[key] = holder
         shape, stride = tuple(obj.shape), obj.stride()
         return _tensor, (holder, obj.dtype, shape, stride, obj.storage_offset(), obj.requires_grad)
 
