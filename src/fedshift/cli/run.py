@@ -14,9 +14,11 @@ from fedshift.core.errors import FedshiftError
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedshift.catalog import resolve
     from fedshift.core.config import expand_sweep, load_config, lookup
+    from fedshift.core.logs import console
     from fedshift.eval.tables import print_tables
     from fedshift.runtime.simulation import resume_experiment, run_experiment
 
+    console()  # the run's messages on the terminal: its directory, warnings
     if args.resume:
         rounds = _resume_rounds(args)
         if args.threads is not None:
