@@ -30,13 +30,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # runs compared bit for bit
 
 @pytest.fixture
 def fedshift_logger():
-    """The ``fedshift`` logger as the test found it, restored after (the CLI adds a console)."""
+    """The ``fedshift`` logger without a console (an earlier CLI test may have added one),
+    restored as the test found it afterwards."""
     logger = logging.getLogger(LOGGER)
     handlers, level = list(logger.handlers), logger.level
+    for h in handlers:
+        if isinstance(h, ConsoleHandler):
+            logger.removeHandler(h)
     yield logger
     for h in logger.handlers[:]:
-        if h not in handlers:
-            logger.removeHandler(h)
+        logger.removeHandler(h)
+    for h in handlers:
+        logger.addHandler(h)
     logger.setLevel(level)
 
 

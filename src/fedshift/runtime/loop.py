@@ -384,18 +384,20 @@ class RoundLoop:
         one (:mod:`fedshift.runtime.rundir`); its log records go to its ``run.log``
         (:func:`fedshift.core.logs.run_log`)."""
         shown = self.options.round_log and not self.progress
-        with hold_run(self.run_dir), run_log(self.run_dir):
-            with showing_console() if shown else nullcontext():
-                try:
-                    return self._run(resume, stop_after, rounds)
-                except Exception as e:  # the caller reports it: into run.log only
-                    log.error("stopped: %s", e, extra={"console": False})
-                    raise
+        console = showing_console() if shown else nullcontext()
+        with hold_run(self.run_dir), run_log(self.run_dir), console:
+            try:
+                return self._run(resume, stop_after, rounds)
+            except Exception as e:  # the caller reports it: into run.log only
+                log.error("stopped: %s", e, extra={"console": False})
+                raise
 
     def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = resume and (self.run_dir / CHECKPOINT).is_file()
-        log.info("run directory %s", self.run_dir.resolve(), extra={"console": True})
+        # on the terminal where a console shows it (the Flower ServerApp prints its own)
+        shown = not self.options.round_log
+        log.info("run directory %s", self.run_dir.resolve(), extra={"console": shown})
         if resumed:
             self.load_checkpoint()
         if rounds is not None:
