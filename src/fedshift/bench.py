@@ -83,7 +83,7 @@ def config_digest(cfg: RunConfig, threads: int | None = None) -> str:
     digests of suites cached before threads counted stay valid)."""
     threads = cfg.run.threads if threads is None else threads
     d = cfg.to_dict()
-    for k in ("name", "out", "sweep", "run"):
+    for k in ("name", "out", "sweep", "run", "track"):  # track: trackers change no number
         d.pop(k, None)
     # when a run saves its state does not change its results (the empty section keeps the
     # digests of suites cached before checkpoint.minutes existed)

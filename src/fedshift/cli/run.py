@@ -15,9 +15,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedshift.catalog import resolve
     from fedshift.cli.sweeps import claim_dirs, run_sweep
     from fedshift.core.config import expand_sweep, load_config, lookup
+    from fedshift.core.logs import console
     from fedshift.eval.tables import print_tables
     from fedshift.runtime.simulation import resume_experiment
 
+    console()  # the run's messages on the terminal: its directory, warnings
     if args.resume:
         given = [f for f in ("--new", "--overwrite", "--jobs") if getattr(args, f[2:]) is not None]
         if given:

@@ -168,6 +168,9 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: ExecutionConfig = field(default_factory=ExecutionConfig)
+    # Trackers besides metrics.csv and run.log (always written); changes no number.
+    # "tensorboard": scalars per round in <run_dir>/tensorboard (pip install tensorboard).
+    track: list[Literal["tensorboard"]] = field(default_factory=list)
     out: str = "runs"
     # Parameter grid: dotted key -> list of values; one run per combination.
     sweep: dict = field(default_factory=dict)

@@ -25,6 +25,11 @@ loaded with ``weights_only=True``; a failed write leaves the previous checkpoint
 
 Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so
 a resumed, or extended, run ends with exactly the numbers of an uninterrupted one.
+
+Every run logs (logger ``fedshift.runtime``) its directory, one line per round and its end
+to ``run.log`` (:mod:`fedshift.core.logs`), hands each whole round to its trackers
+(``metrics.csv``, TensorBoard: :mod:`fedshift.runtime.track`) and records its provenance
+in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +51,11 @@ from tqdm.auto import tqdm
 
 from fedshift.core.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
 from fedshift.eval.summary import select_round
+from fedshift.runtime import track
 from fedshift.runtime.checkpoint_io import (
     CHECKPOINT,
     SELECTED,
@@ -99,7 +106,8 @@ class LoopOptions:
 
     #: replies a round needs when clients are lost (None: every sampled client)
     min_clients: int | None = None
-    #: print one line per round (the Flower ServerApp's log, where there is no progress bar)
+    #: show the round lines on the terminal (the Flower ServerApp's log, where there is no
+    #: progress bar); they are in the run's ``run.log`` either way
     round_log: bool = False
     #: appended to the progress label, e.g. " (flower)"
     label_suffix: str = ""
@@ -126,6 +134,7 @@ class RoundLoop:
         progress: bool = True,
         options: LoopOptions | None = None,
     ) -> None:
+        track.check_trackers(cfg.track)  # a missing package fails before anything loads
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.transport = transport
@@ -154,6 +163,8 @@ class RoundLoop:
         self._stopping = False
         self._pending: int | None = None
         self._last_save = time.monotonic()
+        self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
+        self._tracking: track.Tracking | None = None
 
     # ------------------------------------------------------------------ one round
     def sample(self, rnd: int) -> list[str]:
@@ -311,6 +322,7 @@ class RoundLoop:
         self._atomic_save(self.state_dict(), CHECKPOINT)
         self.identity.checkpointed = self.last_round
         self._last_save = time.monotonic()
+        log.info("checkpoint: round %d saved", self.last_round)
 
     def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
         ck = read_run_state(self.run_dir, name, map_location=self.device)
@@ -369,35 +381,55 @@ class RoundLoop:
         extend a run to that many rounds (it ends as a run of ``rounds`` from the start);
         ``stop_after``: stop with :class:`RunInterrupted` after that round (tests). The run
         directory is locked for the whole call: a second process gets an error naming this
-        one (:mod:`fedshift.runtime.rundir`)."""
-        with hold_run(self.run_dir):
-            return self._run(resume, stop_after, rounds)
+        one (:mod:`fedshift.runtime.rundir`); its log records go to its ``run.log``
+        (:func:`fedshift.core.logs.run_log`)."""
+        shown = self.options.round_log and not self.progress
+        console = showing_console() if shown else nullcontext()
+        with hold_run(self.run_dir), run_log(self.run_dir), console:
+            try:
+                return self._run(resume, stop_after, rounds)
+            except Exception as e:  # the caller reports it: into run.log only
+                log.error("stopped: %s", e, extra={"console": False})
+                raise
 
     def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = resume and (self.run_dir / CHECKPOINT).is_file()
+        # on the terminal where a console shows it (the Flower ServerApp prints its own)
+        shown = not self.options.round_log
+        log.info("run directory %s", self.run_dir.resolve(), extra={"console": shown})
         if resumed:
             self.load_checkpoint()
         if rounds is not None:
             self._extend(rounds, resumed)
         if not resumed:
             dump_config(self.cfg, self.run_dir / "config.yaml")
+        self.provenance = track.provenance(track.utc_now(), self.last_round if resumed else None)
+        log.info("%s", track.describe_start(self, resumed))
         started = time.perf_counter()
+        self._tracking = track.Tracking(self.run_dir, self.cfg.track)
         try:
             with self._signals():
                 if not resumed and self.algo.needs_setup:
                     self.setup_exchange()
                 write_metrics(self.run_dir, self.records)
+                self._tracking.open(self.last_round, self.records, resumed)
                 self._rounds(stop_after)
         except _Caught as caught:
             saved = self._save_interrupted(started)
-            raise RunSignal(caught.signum, self.run_dir, saved) from None
+            stop = RunSignal(caught.signum, self.run_dir, saved)
+            log.info("stopped by %s", stop)
+            raise stop from None
+        finally:
+            self._tracking.close()
         self.wall_before += time.perf_counter() - self._t0
         label = f"{self.cfg.algorithm['name']} s{self.cfg.seed}{self.options.label_suffix}"
         info = self.transport.info()
         if info is not None:
             info = {**info, "device": str(self.device), **self.exp.placement}
-        return RunResult(self.run_dir, finish_run(self, label, {"runtime": info} if info else None))
+        summary = finish_run(self, label, {"runtime": info} if info else None)
+        log.info("%s", track.describe_end(summary))
+        return RunResult(self.run_dir, summary)
 
     def _extend(self, rounds: int, resumed: bool) -> None:
         if rounds < self.last_round:
@@ -437,7 +469,8 @@ class RoundLoop:
         )
         self._t0 = time.perf_counter()
         for rnd in bar:
-            self._undo = (copy.deepcopy(self.server), len(self.ledger.rows))
+            mark = len(self.ledger.rows)  # the round's first ledger row
+            self._undo = (copy.deepcopy(self.server), mark)
             self.transport.begin_round(self.sample(rnd))
             train_metrics = self.run_round(rnd)
             line = self._round_line(rnd, rounds, train_metrics)
@@ -448,8 +481,9 @@ class RoundLoop:
                 line += f", val {self.task.primary.name} {val:.4f} ({self.kinds[0]})"
                 bar.set_postfix_str(f"val {self.task.primary.name} {val:.3f}")
             self._commit(rnd, rows)
-            if self.options.round_log and not self.progress:
-                print(f"fedshift: {line}", flush=True)
+            if self._tracking is not None:
+                self._tracking.log_round(track.round_record(self, rnd, train_metrics, rows, mark))
+            log.info("%s", line, extra={"console": self.options.round_log and not self.progress})
             if self._checkpoint_due(rnd):
                 self.wall_before += time.perf_counter() - self._t0
                 self._t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""A run's files: its directory name, ``metrics.jsonl``, and at the end ``summary.json``,
+"""A run's files: its directory name, ``metrics.jsonl`` (``metrics.csv`` and ``run.log``:
+:mod:`fedshift.runtime.track`, :mod:`fedshift.core.logs`), and at the end ``summary.json``,
 ``ledger.json`` and ``convergence.png``. Result files are replaced atomically (written to a
 temporary file, then renamed), so a reader never sees half of one."""
 
@@ -13,6 +14,7 @@ from fedshift.core.files import write_text_atomic
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import summarize
 from fedshift.runtime.rundir import claim_run_dir
+from fedshift.runtime.track import utc_now
 
 
 @dataclass
@@ -45,9 +47,13 @@ def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None
 
 def finish_run(run, label: str, extra: dict | None = None) -> dict:
     """Write ``summary.json`` (+ ``extra`` keys), ``ledger.json`` and ``convergence.png`` of
-    a finished run (a :class:`~fedshift.runtime.loop.RoundLoop`)."""
+    a finished run (a :class:`~fedshift.runtime.loop.RoundLoop`). ``summary["provenance"]``
+    records what produced the run (:func:`fedshift.runtime.track.provenance`), with its end
+    time; it is not a result."""
     summary = summarize(run)
     summary.update(extra or {})
+    if getattr(run, "provenance", None) is not None:
+        summary["provenance"] = {**run.provenance, "end": utc_now()}
     run_dir = Path(run.run_dir)
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     ledger = run.ledger

@@ -67,7 +67,7 @@ WEIGHTS = ("selected", "last")
 #: config keys that may change between a run's start and its resume: they change neither
 #: its numbers nor which rounds it evaluates (``train.rounds`` is checked on its own: up
 #: to extend, or down to no fewer than the rounds trained)
-RESUME_FREE = ("name", "out", "checkpoint.every", "checkpoint.minutes", "run.workers")
+RESUME_FREE = ("name", "out", "checkpoint.every", "checkpoint.minutes", "run.workers", "track")
 
 
 class Simulation(RoundLoop):
