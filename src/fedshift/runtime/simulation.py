@@ -214,8 +214,8 @@ def resume_config(
     was started). ``config.yaml`` (plus ``rounds``, a ``train.rounds=N`` override) is compared
     with the config the run's ``checkpoint.pt`` was written with, before anything is built:
 
-    * ``name``, ``out``, ``checkpoint.every`` / ``checkpoint.minutes`` may change (they
-      change no number);
+    * ``name``, ``out``, ``checkpoint.every`` / ``checkpoint.minutes``, ``run.workers`` and
+      ``track`` may change (they change no number);
     * ``train.rounds`` may go up, or down to no fewer than the rounds already trained (the
       run then ends as a run of that many rounds from the start,
       :meth:`~fedshift.runtime.loop.RoundLoop.run`'s ``rounds``); only with ``extend``;
@@ -246,7 +246,7 @@ def resume_config(
         raise ConfigError(
             f"{where} differs from the config the run was started with (its {CHECKPOINT}): "
             f"{'; '.join(changed)}. A resumed run keeps its config (only train.rounds, name, "
-            "out and checkpoint.* may change): restore those keys in config.yaml, or start a "
+            "out, checkpoint.*, run.workers and track may change): restore those keys in config.yaml, or start a "
             f"new run with the new config: fedshift run -c {where}"
         )
     original = int(started["train"]["rounds"])
