@@ -131,7 +131,7 @@ def test_item1_flipped_byte_is_an_error_naming_the_file(finished, tmp_path, caps
     path.write_bytes(bytes(data))
     code, err = cli(capsys, "run", "--resume", str(run))
     assert code == 2 and err.startswith("fedshift: error:")
-    assert str(path) in err and "corrupted" in err and "fedshift run -c" in err
+    assert str(path) in err and "corrupted" in err and "fedshift run --overwrite -c" in err
 
 
 def test_item1_rng_state_is_plain_data_and_restores_exactly():
@@ -296,7 +296,7 @@ def test_item9_truncated_or_empty_checkpoint_is_a_clear_error(finished, tmp_path
         code, err = cli(capsys, *argv)
         assert code == 2 and err.startswith("fedshift: error:"), err
         assert str(path) in err and ("empty" in err or "truncated" in err)
-        assert "start the run again from its config: fedshift run -c" in err
+        assert "start the run again from its config: fedshift run --overwrite -c" in err
 
 
 @pytest.mark.parametrize("where", ["write", "fsync"])

@@ -212,6 +212,7 @@ def read_run_state(
             f"{path} does not exist: the run stopped before its first checkpoint; "
             "start it again instead"
         )
-    again = f"start the run again from its config: fedshift run -c {path.parent / 'config.yaml'}"
+    config = path.parent / "config.yaml"
+    again = f"start the run again from its config: fedshift run --overwrite -c {config}"
     fix = again if name == CHECKPOINT else f"use its last weights (--weights last) or {again}"
     return read_checkpoint(path, map_location=map_location, fix=fix)

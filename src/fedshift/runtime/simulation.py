@@ -247,7 +247,7 @@ def resume_config(
             f"{where} differs from the config the run was started with (its {CHECKPOINT}): "
             f"{'; '.join(changed)}. A resumed run keeps its config (only train.rounds, name, "
             "out, checkpoint.*, run.workers and track may change): restore those keys in "
-            f"config.yaml, or start a new run with the new config: fedshift run -c {where}"
+            f"config.yaml, or start a new run with the new config: fedshift run --new -c {where}"
         )
     original = int(started["train"]["rounds"])
     asked = f"train.rounds={rounds}" if rounds is not None else f"train.rounds: {target} in {where}"
