@@ -21,8 +21,9 @@ data: $(STAMP)
 	$(BIN)/fedshift data fetch opencv
 	$(BIN)/fedshift data build digits
 
+# --new: a second `make demo` writes next to the first runs (run directories are never reused silently)
 demo: data
-	$(BIN)/fedshift run -c configs/demo.yaml
+	$(BIN)/fedshift run -c configs/demo.yaml --new
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
