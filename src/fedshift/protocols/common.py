@@ -25,8 +25,7 @@ import yaml
 from fedshift.core.config import lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
-from fedshift.eval.stats import mean_std
-from fedshift.eval.tables import flow_label
+from fedshift.eval.tables import flow_label, mean_std_cell
 
 #: ``cross-site --pipeline``: whose input-pipeline state the data goes through
 PIPELINES = ("data", "model")
@@ -58,10 +57,11 @@ def _pct(x: float | None) -> str:
 
 
 def _pm(values: list[float]) -> str:
-    if not values:
+    """``mean ± std`` in % (``± n/a`` for one seed: :func:`fedshift.eval.tables.mean_std_cell`);
+    a dash for none or NaN."""
+    if not values or any(isinstance(v, float) and math.isnan(v) for v in values):
         return DASH
-    m, sd = mean_std(values)
-    return f"{_pct(m)} ± {_pct(sd)}"
+    return mean_std_cell(values)
 
 
 def _jsonable(x: Any) -> Any:
