@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedshift.core.tasks import SMOOTH, dice_counts, dice_from_counts, nanmean, soft_dice_loss
+from fedshift.core.tasks import dice_counts, dice_from_counts, nanmean, soft_dice_loss
 
 N, C, H, W = 6, 4, 12, 10
 
@@ -38,9 +38,10 @@ def _maps(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fedshift(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fedshift's per-class Dice and the (image, class) entries it defines."""
-    counts = dice_counts(pred, target, C)
-    return dice_from_counts(counts), counts[..., 1] > 0
+    """fedshift's per-class Dice, and the (image, class) entries where the class is in the
+    prediction or the target (where fedshift defines a Dice), found independently."""
+    present = F.one_hot(pred, C).sum((1, 2)) + F.one_hot(target, C).sum((1, 2))
+    return dice_from_counts(dice_counts(pred, target, C)), present > 0
 
 
 def _masked_mean(per_image: torch.Tensor, defined: torch.Tensor) -> torch.Tensor:
@@ -59,8 +60,9 @@ def test_dice_reference_matches_monai(seed):
     metrics = pytest.importorskip("monai.metrics")
     pred, target = _maps(seed)
     ours, defined = _fedshift(pred, target)
-    theirs = metrics.compute_dice(_onehot(pred), _onehot(target), include_background=True,
-                                  ignore_empty=False)
+    theirs = metrics.compute_dice(
+        _onehot(pred), _onehot(target), include_background=True, ignore_empty=False
+    )
     assert theirs.shape == (N, C)
     ref = _masked_mean(theirs, defined)
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-7, equal_nan=True)
@@ -74,20 +76,28 @@ def test_dice_reference_matches_torchmetrics(seed):
     seg = pytest.importorskip("torchmetrics.functional.segmentation")
     pred, target = _maps(seed)
     ours, defined = _fedshift(pred, target)
-    theirs = seg.dice_score(pred, target, num_classes=C, include_background=True,
-                            average="none", input_format="index")
+    theirs = seg.dice_score(
+        pred, target, num_classes=C, include_background=True, average="none", input_format="index"
+    )
     assert theirs.shape == (N, C)
-    torch.testing.assert_close(ours, _masked_mean(theirs, defined), rtol=1e-6, atol=1e-7,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        ours, _masked_mean(theirs, defined), rtol=1e-6, atol=1e-7, equal_nan=True
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_dice_reference_soft_dice_matches_monai(seed):
-    """The soft-Dice loss equals MONAI's DiceLoss (softmax, batch-level sums, same smoothing)."""
+    """The soft-Dice loss equals MONAI's DiceLoss (softmax, batch-level sums, smoothing 1e-5)."""
     losses = pytest.importorskip("monai.losses")
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(N, C, H, W, generator=g, dtype=torch.float64) * 3
     _, target = _maps(seed)
-    ref = losses.DiceLoss(include_background=True, to_onehot_y=True, softmax=True, batch=True,
-                          smooth_nr=SMOOTH, smooth_dr=SMOOTH)(logits, target[:, None])
+    ref = losses.DiceLoss(
+        include_background=True,
+        to_onehot_y=True,
+        softmax=True,
+        batch=True,
+        smooth_nr=1e-5,
+        smooth_dr=1e-5,
+    )(logits, target[:, None])
     torch.testing.assert_close(soft_dice_loss(logits, target), ref, rtol=1e-10, atol=1e-12)

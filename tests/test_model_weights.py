@@ -60,9 +60,10 @@ def test_model_weights_loads_the_file_and_records_its_sha256(fed, tmp_path, one_
     assert res.summary["model_weights"] == pinned
     written = yaml.safe_load((res.run_dir / "config.yaml").read_text())
     assert written["model"]["weights_sha256"] == digest
-    assert "model_weights" not in run_experiment(
-        toy_cfg(rounds=1), out=tmp_path / "runs", progress=False
-    ).summary
+    assert (
+        "model_weights"
+        not in run_experiment(toy_cfg(rounds=1), out=tmp_path / "runs", progress=False).summary
+    )
     assert "weights" not in toy_cfg().model  # configs without weights are unchanged
 
     # the pinned hash is checked whenever the config is resolved again (--resume, workers)

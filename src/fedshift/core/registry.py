@@ -148,7 +148,7 @@ class Registry(Generic[T]):
             kind = f"class {obj.__name__!r}" if isinstance(obj, type) else type(obj).__name__
             raise ConfigError(
                 f"{what} is a {kind}, not a subclass of {base.__module__}.{base.__qualname__}; "
-                f"a {self.kind} must subclass it (see {GUIDE})"
+                f"{_article(self.kind)} {self.kind} must subclass it (see {GUIDE})"
             )
         if hasattr(base, "name") and "name" not in vars(obj):
             obj.name = name  # type: ignore[attr-defined]
@@ -211,3 +211,7 @@ def _path_hint(module_name: str) -> str:
         "Put the folder that holds it on Python's path (PYTHONPATH=/path/to/folder, or "
         f"install its package); Python looks in: {', '.join(shown)}{more}"
     )
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"

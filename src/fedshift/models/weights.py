@@ -93,7 +93,11 @@ def resolve_weights(section: dict) -> dict:
             "Restore the original file, or start a new run without model.weights_sha256 to "
             "use this one"
         )
-    return {"weights": str(p), "weights_sha256": digest, "weights_skip": [s.strip(".") for s in skip]}
+    return {
+        "weights": str(p),
+        "weights_sha256": digest,
+        "weights_skip": [s.strip(".") for s in skip],
+    }
 
 
 def _skipped(key: str, skip: list[str]) -> bool:
