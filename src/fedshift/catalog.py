@@ -4,15 +4,21 @@ This module sits above the components (data, models, algorithms, augments): it i
 all, so :func:`resolve` can check a ``{name: ..., **params}`` section against its component's
 parameter dataclass and the algorithm/augment/dataset combination against each other. The
 config *schema* (:mod:`fedshift.core.config`) knows nothing of the components.
+
+Algorithms, augments and models may also be a user's own classes, named ``module:Class`` or
+by an entry point (:meth:`~fedshift.core.registry.Registry.accept_plugins`, switched on
+below), and every ``model`` section takes pretrained weights (``model.weights``,
+:mod:`fedshift.models.weights`), resolved to the file's path and SHA-256.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
-from fedshift.algorithms import ALGORITHMS
-from fedshift.augment import AUGMENTS
+from fedshift.algorithms import ALGORITHMS, Algorithm
+from fedshift.augment import AUGMENTS, Augment
 from fedshift.core.config import (
     COMPONENT_SECTIONS,
     RunConfig,
@@ -26,7 +32,8 @@ from fedshift.core.tasks import check_task
 from fedshift.core.yamlsafe import short_repr
 from fedshift.data import DATASETS, dataset_task
 from fedshift.data.partition import PARTITIONS
-from fedshift.models import MODELS
+from fedshift.models import MODELS, FedModel
+from fedshift.models.weights import WEIGHT_KEYS, resolve_weights
 
 REGISTRIES: dict[str, Registry] = {
     "algorithm": ALGORITHMS,
@@ -35,6 +42,12 @@ REGISTRIES: dict[str, Registry] = {
     "dataset": DATASETS,
     "partition": PARTITIONS,
 }
+
+# Components of your own, by 'module:Class' or an entry point in these groups
+# (fedshift.core.registry, docs/EXTENDING.md); datasets and partitions are built in only.
+ALGORITHMS.accept_plugins(Algorithm, "fedshift.algorithms")
+AUGMENTS.accept_plugins(Augment, "fedshift.augments")
+MODELS.accept_plugins(FedModel, "fedshift.models")
 
 
 def registry_for(section: str) -> Registry:
@@ -54,6 +67,8 @@ def component_params(section: str, data: dict, prefix: str | None = None) -> tup
     entry = reg.entry(str(data["name"]), key=f"{section}.name")
     params_cls = entry.params
     rest = {k: v for k, v in data.items() if k != "name"}
+    if section == "model":  # every model takes pretrained weights (resolve_weights)
+        rest = {k: v for k, v in rest.items() if k not in WEIGHT_KEYS}
     prefix = prefix or section
     if params_cls is None:
         if rest:
@@ -79,6 +94,8 @@ def resolve(raw: dict, source: str = "config") -> RunConfig:
             resolved = {"name": name}
             if params is not None:
                 resolved.update(dataclasses.asdict(params))
+            if section == "model":
+                resolved.update(resolve_weights(getattr(cfg, section)))
             setattr(cfg, section, resolved)
         check_ranges(cfg)
         algo_cls = registry_for("algorithm").get(cfg.algorithm["name"])
@@ -103,6 +120,9 @@ def _resolve_augments(items: list, algorithm: str) -> list[dict]:
         if not isinstance(section, dict):
             raise ConfigError(f"config key 'augment[{i}]': expected a name or a mapping")
         name = section.get("name") if isinstance(section.get("name"), str) else None
+        if name is not None and name not in registry_for("augment"):
+            with contextlib.suppress(ConfigError):  # a plug-in: loaded now, named below
+                registry_for("augment").entry(name)
         # keys named as 'augment.<name>.<key>', the augments' own convention
         prefix = f"augment.{name}" if name in registry_for("augment") else "augment"
         name, params = component_params("augment", section, prefix)

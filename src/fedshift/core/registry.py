@@ -1,15 +1,40 @@
-"""Name -> component registries (algorithms, datasets, models) with helpful lookup errors."""
+"""Name -> component registries (algorithms, datasets, models) with helpful lookup errors.
+
+A registry that accepts plug-ins (:meth:`Registry.accept_plugins`; the catalog switches it on
+for algorithms, augments and models) also finds components that are not built in, the first
+time their name is asked for:
+
+* ``package.module:Class`` (a dotted attribute path after the colon is allowed): the module is
+  imported, the class taken and checked to subclass the registry's base class, then
+  registered under that full name, so configs, summaries and ``--resume`` name it the same;
+* a plain name that is not built in: an entry point of that name in the registry's group
+  (``fedshift.algorithms``, ``fedshift.augments``, ``fedshift.models``), declared by an
+  installed package, loaded the same way. Entry points are read only for such a name, so
+  built-in names never touch the installed packages' metadata.
+
+A class without its own ``name`` attribute gets the name it was registered under (augment
+state and records are keyed by ``name``; two plug-ins must not share the base class's).
+Every failure is a :class:`~fedshift.core.errors.ConfigError` naming the config key, the
+module and the fix (the import error, Python's path, the attributes the module has).
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from fedshift.core.errors import ConfigError
 
 T = TypeVar("T")
+
+#: where a user reads how to write and name a plug-in
+GUIDE = "docs/EXTENDING.md"
 
 
 @dataclass(frozen=True)
@@ -26,6 +51,9 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        #: plug-ins: the class they must subclass and their entry-point group (None: none)
+        self._base: type | None = None
+        self._group: str | None = None
 
     def register(
         self, name: str, params: type | None = None, description: str = ""
@@ -42,13 +70,28 @@ class Registry(Generic[T]):
         doc = description or (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
         self._entries[name] = Entry(name, obj, params, doc)
 
+    def accept_plugins(self, base: type, group: str) -> None:
+        """Let :meth:`entry` load components that are not built in (see the module
+        docstring): subclasses of ``base``, named ``module:Class`` or by an entry point in
+        ``group``."""
+        self._base, self._group = base, group
+
     def entry(self, name: str, key: str | None = None) -> Entry[T]:
+        if name not in self._entries and self._base is not None:
+            self._load_plugin(name, key)
         if name not in self._entries:
             where = f"config key '{key}': " if key else ""
-            hint = difflib.get_close_matches(name, self.names(), n=1)
+            choices = self.names()
+            hint = difflib.get_close_matches(name, choices, n=1)
             did = f" (did you mean {hint[0]!r}?)" if hint else ""
+            own = ""
+            if self._base is not None:
+                own = (
+                    f", or your own {self.kind} class as 'module:Class' or an entry point in "
+                    f"group '{self._group}' (see {GUIDE})"
+                )
             raise ConfigError(
-                f"{where}unknown {self.kind} {name!r}{did}; valid: {', '.join(self.names())}"
+                f"{where}unknown {self.kind} {name!r}{did}; valid: {', '.join(choices)}{own}"
             )
         return self._entries[name]
 
@@ -63,3 +106,112 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: Any) -> bool:
         return name in self._entries
+
+    # ------------------------------------------------------------------------- plug-ins
+    def _load_plugin(self, name: str, key: str | None) -> None:
+        """Register the plug-in ``name`` names, if any (``module:Class`` or an entry point);
+        a name that is neither is left for :meth:`entry`'s unknown-name error."""
+        where = f"config key '{key}': " if key else ""
+        if ":" in name:
+            obj = load_object(name, f"{where}{self.kind} {name!r}")
+            self._add_plugin(name, obj, f"{where}{self.kind} {name!r}")
+            return
+        found = self._entry_points(name)
+        if not found:
+            return
+        values = sorted({ep.value for ep in found})
+        if len(values) > 1:
+            raise ConfigError(
+                f"{where}{self.kind} {name!r}: installed packages declare {len(values)} "
+                f"entry points of that name in group '{self._group}' ({', '.join(values)}); "
+                "name the one you mean as 'module:Class'"
+            )
+        what = f"{where}{self.kind} {name!r} (entry point {values[0]!r} in '{self._group}')"
+        try:
+            obj = found[0].load()
+        except Exception as e:  # the plug-in's own import failed
+            raise ConfigError(f"{what}: loading it failed: {type(e).__name__}: {e}") from e
+        self._add_plugin(name, obj, what)
+
+    def _entry_points(self, name: str) -> list[Any]:
+        """The installed packages' entry points called ``name`` in this registry's group."""
+        import importlib.metadata
+
+        if self._group is None:
+            return []
+        return list(importlib.metadata.entry_points(group=self._group, name=name))
+
+    def _add_plugin(self, name: str, obj: Any, what: str) -> None:
+        base = self._base
+        assert base is not None
+        if not (isinstance(obj, type) and issubclass(obj, base)):
+            kind = f"class {obj.__name__!r}" if isinstance(obj, type) else type(obj).__name__
+            raise ConfigError(
+                f"{what} is a {kind}, not a subclass of {base.__module__}.{base.__qualname__}; "
+                f"{_article(self.kind)} {self.kind} must subclass it (see {GUIDE})"
+            )
+        if hasattr(base, "name") and "name" not in vars(obj):
+            obj.name = name  # type: ignore[attr-defined]
+        self.add(name, obj, getattr(obj, "Params", None))
+
+
+def load_object(spec: str, what: str) -> Any:
+    """The object ``module.path:Attr.path`` names, importing the module; every failure is a
+    :class:`ConfigError` starting with ``what`` that says what to fix."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ConfigError(
+            f"{what}: expected 'module:Class' (e.g. mypkg.mymethods:MyAlgo), one colon between "
+            "an importable module and a class in it"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ConfigError(
+                f"{what}: cannot import module {module_name!r} ({e}). {_path_hint(module_name)}"
+            ) from None
+        raise ConfigError(
+            f"{what}: importing module {module_name!r} failed: {e} (a module it imports is "
+            "not installed in this environment)"
+        ) from e
+    except Exception as e:  # the module's own code failed (a syntax error, an exception)
+        raise ConfigError(
+            f"{what}: importing module {module_name!r} failed: {type(e).__name__}: {e}"
+        ) from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            where = getattr(module, "__file__", None) or module_name
+            classes = sorted(n for n, v in vars(module).items() if isinstance(v, type))
+            has = f"; its classes: {', '.join(classes)}" if classes else ""
+            raise ConfigError(
+                f"{what}: module {module_name!r} ({where}) has no attribute {attr!r}{has}"
+            )
+        obj = getattr(obj, part)
+    return obj
+
+
+def _path_hint(module_name: str) -> str:
+    """How to make ``module_name`` importable: its folder on ``PYTHONPATH``; which folders
+    Python searches now."""
+    top = module_name.split(".")[0]
+    cwd = Path.cwd()
+    here = (cwd / f"{top}.py").is_file() or (cwd / top).is_dir()
+    on_path = {os.path.abspath(p or ".") for p in sys.path}
+    if here and str(cwd) not in on_path:
+        return (
+            f"It is in the current folder {cwd}, which is not on Python's path when you run "
+            "the 'fedshift' command: run PYTHONPATH=. fedshift ..., or python -m fedshift ..."
+        )
+    shown = [p for p in sys.path if p][:6]
+    more = ", ..." if len(sys.path) > len(shown) else ""
+    return (
+        "Put the folder that holds it on Python's path (PYTHONPATH=/path/to/folder, or "
+        f"install its package); Python looks in: {', '.join(shown)}{more}"
+    )
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"

@@ -142,6 +142,8 @@ def summarize(sim) -> dict[str, Any]:
         "model_bytes": model_bytes,
         "run_dir": str(sim.run_dir),
     }
+    if cfg.model.get("weights"):  # pretrained weights: the file, its SHA-256, skipped keys
+        meta["model_weights"] = {k: v for k, v in cfg.model.items() if k.startswith("weights")}
     totals = {"up": sim.ledger.total("up"), "down": sim.ledger.total("down")}
     setup = sim.ledger.by_round().get(0, {})
     meta["bytes_setup"] = sum(setup.values())

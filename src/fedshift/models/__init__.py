@@ -13,6 +13,7 @@ from fedshift.models.densenet import DenseNet, DenseNetParams
 from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
 from fedshift.models.resnet import ResNet18, ResNetParams
 from fedshift.models.unet import UNet, UNetParams
+from fedshift.models.weights import WEIGHT_KEYS, load_weights
 
 
 @dataclass
@@ -61,7 +62,8 @@ MODEL_INPUTS = {"cnn": (3, 28, 28), "digitmodel": (3, 28, 28), "lenet5": (3, 28,
 def build_model(
     section: dict, num_classes: int, input_shape: tuple[int, ...], task: str = "classification"
 ) -> FedModel:
-    """Instantiate the model of a resolved ``model`` config section for this dataset."""
+    """Instantiate the model of a resolved ``model`` config section for this dataset, with
+    the pretrained weights of ``model.weights`` if set (:mod:`fedshift.models.weights`)."""
     name = section["name"]
     why = MODELS.get(name).check_input(tuple(input_shape), task)
     if why is not None:
@@ -77,8 +79,12 @@ def build_model(
             f"{'x'.join(map(str, expected))} but the dataset gives "
             f"{'x'.join(map(str, input_shape))}; choose a model for this dataset"
         )
-    params = {k: v for k, v in section.items() if k != "name"}
-    return MODELS.get(name)(num_classes=num_classes, in_channels=input_shape[0], **params)
+    params = {k: v for k, v in section.items() if k != "name" and k not in WEIGHT_KEYS}
+    model = MODELS.get(name)(num_classes=num_classes, in_channels=input_shape[0], **params)
+    if section.get("weights"):
+        # pretrained weights replace the seeded initial ones before anything wraps the model
+        load_weights(model, section, name)
+    return model
 
 
 __all__ = ["MODELS", "FedModel", "build_model"]

@@ -1,0 +1,158 @@
+"""The Python API: run a config and read a finished run, as ``fedshift run`` does.
+
+    import fedshift
+
+    result = fedshift.run({"dataset": {"name": "toyshift"}}, ["train.rounds=2"])
+    print(result.summary["test_mean"], result.run_dir)
+    run = fedshift.load_run(result.run_dir)
+    run.summary, run.metrics, run.config
+
+:func:`run` takes the config as a nested dict (what a YAML config file holds), the path of a
+YAML file, or a :class:`~fedshift.core.config.RunConfig`, plus ``key=value`` overrides as on
+the command line, and checks it the same way (a :class:`~fedshift.core.errors.ConfigError`
+names the key and the fix). :func:`load_run` reads a run directory's text files only
+(``config.yaml``, ``summary.json``, ``metrics.jsonl``): nothing is unpickled and no plug-in
+is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedshift.core.errors import ConfigError, FedshiftError
+
+if TYPE_CHECKING:
+    from fedshift.core.config import RunConfig
+    from fedshift.runtime.results import RunResult
+    from fedshift.runtime.simulation import Simulation
+
+__all__ = ["LoadedRun", "load_run", "run"]
+
+
+def _raw_config(config: Any, overrides: list[str]) -> tuple[dict, str]:
+    """The raw nested config of ``config`` with ``overrides`` applied, and its source name."""
+    from fedshift.core.config import RunConfig, load_config, merge
+
+    if config is None or isinstance(config, str | Path):
+        source = str(config) if config is not None else "defaults"
+        return load_config(config, overrides), source
+    if isinstance(config, RunConfig):
+        base, source = config.to_dict(), "the RunConfig given to fedshift.run"
+    elif isinstance(config, dict):
+        base, source = copy.deepcopy(config), "the config dict given to fedshift.run"
+    else:
+        raise ConfigError(
+            "fedshift.run(config): expected a dict of config keys, the path of a YAML config "
+            f"file or a RunConfig, got {type(config).__name__}"
+        )
+    given = load_config(None, overrides)
+    raw = merge(base, {k: v for k, v in given.items() if k != "sweep"})
+    if given.get("sweep"):
+        raw["sweep"] = {**(base.get("sweep") or {}), **given["sweep"]}
+    return raw, source
+
+
+def run(
+    config: dict | str | Path | RunConfig | None = None,
+    overrides: list[str] | None = None,
+    *,
+    out: str | Path | None = None,
+    progress: bool = False,
+    workers: int | str | None = None,
+) -> RunResult:
+    """Run one experiment to the end; returns its :class:`~fedshift.runtime.results.RunResult`
+    (``run_dir`` and ``summary``, the content of ``summary.json``).
+
+    ``config``: a nested dict, the path of a YAML file or a ``RunConfig`` (None: the defaults);
+    ``overrides``: ``key=value`` strings applied on top (``["train.rounds=2"]``); ``out``: the
+    root folder of run directories (default: the config's ``out``); ``progress``: progress
+    bars on stderr; ``workers``: processes running the clients (``run.workers``). A config
+    with a ``sweep`` grid is refused: run its cells one by one (or ``fedshift run -c``)."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import expand_sweep
+    from fedshift.runtime.simulation import run_experiment
+
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"fedshift.run(overrides=...): expected a list of key=value strings, got the "
+            f"string {overrides!r}; write [{overrides!r}]"
+        )
+    raw, source = _raw_config(config, list(overrides or []))
+    cells = expand_sweep(raw, source)
+    if len(cells) != 1:
+        raise ConfigError(
+            f"{source}: its sweep grid makes {len(cells)} runs, and fedshift.run runs one; "
+            "remove 'sweep' and call fedshift.run once per cell (with overrides), or run the "
+            "grid with fedshift run -c FILE"
+        )
+    cfg = resolve(cells[0], source)
+    return run_experiment(cfg, out=out, progress=progress, workers=workers)
+
+
+@dataclass
+class LoadedRun:
+    """A run directory's files, as written (see :func:`load_run`)."""
+
+    run_dir: Path
+    #: the run's resolved config (``config.yaml``) as a nested dict
+    config: dict
+    #: ``summary.json``; None while the run has not finished
+    summary: dict | None
+    #: ``metrics.jsonl``: one row per evaluated (round, client)
+    metrics: list[dict]
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    def rebuild(self, weights: str = "selected") -> Simulation:
+        """The run rebuilt for evaluation from its saved state (the federation, the model and
+        every client's state at the ``selected`` round, or the ``last``):
+        :func:`~fedshift.runtime.simulation.load_finished`. This imports the run's plug-ins
+        and unpickles its checkpoint: use it on run directories you trust."""
+        from fedshift.runtime.simulation import load_finished
+
+        return load_finished(self.run_dir, weights=weights)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """``metrics.jsonl`` rows; a last line without its newline (a run writing it now) is left
+    out, any other line that is not a JSON object is an error naming the file and line."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # being written
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise FedshiftError(f"{path}, line {i}: not a JSON line ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise FedshiftError(f"{path}, line {i}: expected a JSON object per line")
+        rows.append(row)
+    return rows
+
+
+def load_run(run_dir: str | Path) -> LoadedRun:
+    """A run directory's ``config.yaml`` (parsed as plain YAML data), ``summary.json`` (None
+    if the run has not finished) and ``metrics.jsonl``. Only these text files are read."""
+    from fedshift.core.config import load_yaml
+    from fedshift.core.files import read_json
+
+    path = Path(run_dir)
+    if not (path / "config.yaml").is_file():
+        what = "does not exist" if not path.exists() else "has no config.yaml"
+        raise FedshiftError(f"{path} is not a fedshift run directory: it {what}")
+    config = load_yaml(path / "config.yaml")
+    summary_path = path / "summary.json"
+    summary = read_json(summary_path) if summary_path.is_file() else None
+    return LoadedRun(path, config, summary, _read_metrics(path / "metrics.jsonl"))

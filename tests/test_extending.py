@@ -1,0 +1,181 @@
+"""Extending fedshift (issue 17): docs/EXTENDING.md's example run by ``module:Class`` name from
+outside the package, entry points, the errors a user can act on, and the Python API
+(``fedshift.run``, ``fedshift.load_run``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import results_of
+
+import fedshift
+from fedshift.algorithms import ALGORITHMS
+from fedshift.augment import AUGMENTS
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.models import MODELS
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "EXTENDING.md"
+#: the folder holding the fedshift package under test (the worktree's src/)
+SRC = Path(fedshift.__file__).resolve().parents[1]
+TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=test"]
+
+
+def example(filename: str) -> str:
+    """The code block that follows ``<!-- example: FILENAME -->`` in docs/EXTENDING.md."""
+    text = GUIDE.read_text(encoding="utf-8")
+    m = re.search(rf"<!-- example: {re.escape(filename)} -->\s*```python\n(.*?)```", text, re.S)
+    assert m, f"docs/EXTENDING.md has no example block for {filename}"
+    return m.group(1)
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """A folder outside the package holding the guide's modules, on ``sys.path``; the
+    registries and ``sys.modules`` are restored afterwards."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    for name in ("mymethods.py", "myaugments.py"):
+        (folder / name).write_text(example(name))
+    monkeypatch.syspath_prepend(str(folder))
+    for reg in (ALGORITHMS, AUGMENTS, MODELS):
+        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+    before = set(sys.modules)
+    yield folder
+    for name in set(sys.modules) - before:
+        if name.startswith(("mymethods", "myaugments", "badmod", "fsplug")):
+            del sys.modules[name]
+
+
+def test_extending_guide_example_runs_by_name_from_outside_the_package(tmp_path):
+    """The guide's method and augment, in a folder on PYTHONPATH, run by name via the CLI."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "mymethods.py").write_text(example("mymethods.py"))
+    (folder / "myaugments.py").write_text(example("myaugments.py"))
+    assert len(example("mymethods.py").strip().splitlines()) <= 35  # "about 20 lines" of code
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(SRC)])}
+    argv = [
+        sys.executable, "-m", "fedshift", "run", "--quiet", "--out", str(tmp_path / "runs"),
+        "algorithm.name=mymethods:FadingProx", "algorithm.mu=0.05",
+        'augment=["myaugments:Jitter"]', "train.rounds=2", *TOY,
+    ]  # fmt: skip
+    out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (summary_path,) = (tmp_path / "runs").rglob("summary.json")
+    s = json.loads(summary_path.read_text())
+    assert s["algorithm"] == "mymethods:FadingProx"
+    assert s["algorithm_config"]["mu"] == 0.05 and s["algorithm_config"]["decay"] == 0.5
+    assert [a["name"] for a in s["augment"]] == ["myaugments:Jitter"]
+    assert s["rounds"] == 2 and s["bytes_up"] > 0
+
+
+def test_extending_module_class_name_resumes_and_runs_from_python(plugins, tmp_path, one_thread):
+    """fedshift.run by module:Class name; --resume re-imports it and equals a straight run."""
+    from fedshift.runtime.simulation import resume_experiment
+
+    cfg = {"dataset": {"name": "toyshift"}, "algorithm": {"name": "mymethods:FadingProx"}}
+    over = [*TOY, "augment=[myaugments:Jitter]"]
+    straight = fedshift.run(cfg, [*over, "train.rounds=3"], out=tmp_path / "a")
+    short = fedshift.run(cfg, [*over, "train.rounds=2"], out=tmp_path / "b")
+    assert straight.summary["algorithm"] == "mymethods:FadingProx"
+    # a fresh registry, as in a new process: the name in config.yaml is imported again
+    ALGORITHMS._entries.pop("mymethods:FadingProx")
+    AUGMENTS._entries.pop("myaugments:Jitter")
+    resumed = resume_experiment(short.run_dir, progress=False, rounds=3)
+    assert results_of(resumed.summary) == results_of(straight.summary)
+    assert ALGORITHMS.get("mymethods:FadingProx").name == "mymethods:FadingProx"
+
+    run = fedshift.load_run(straight.run_dir)
+    assert run.finished and run.summary == json.loads(json.dumps(straight.summary))
+    assert run.config["algorithm"]["name"] == "mymethods:FadingProx"
+    assert max(r["round"] for r in run.metrics) == 3
+    # a metrics line being written (no newline yet) is left out, not an error
+    with open(straight.run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"round": 4, "cli')
+    assert len(fedshift.load_run(straight.run_dir).metrics) == len(run.metrics)
+    with pytest.raises(FedshiftError, match="not a fedshift run directory"):
+        fedshift.load_run(tmp_path)
+    with pytest.raises(ConfigError, match="sweep grid makes 2 runs"):
+        fedshift.run(cfg, [*TOY, "sweep.seed=[0, 1]"], out=tmp_path / "c")
+
+
+def test_extending_entry_point_names_a_plugin(plugins, tmp_path, monkeypatch):
+    """An installed package's entry point (a dist-info on sys.path) names a class by a name."""
+    site = tmp_path / "site"
+    info = site / "fsplug-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fsplug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[fedshift.algorithms]\nfadingprox = mymethods:FadingProx\n\n"
+        "[fedshift.augments]\njitter = myaugments:Jitter\n"
+    )
+    with pytest.raises(ConfigError, match="unknown algorithm 'fadingprox'"):
+        resolve(load_config(None, [*TOY, "algorithm.name=fadingprox"]))
+    monkeypatch.syspath_prepend(str(site))
+    cfg = resolve(load_config(None, [*TOY, "algorithm.name=fadingprox", "augment=[jitter]"]))
+    assert cfg.algorithm == {"name": "fadingprox", "bn_policy": "global", "mu": 0.1, "decay": 0.5}
+    assert cfg.augment == [{"name": "jitter", "strength": 0.2}]
+    assert ALGORITHMS.get("fadingprox").__name__ == "FadingProx"
+    assert "fedavg" in ALGORITHMS  # built-in names never look at entry points
+
+
+def _error(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        resolve(load_config(None, [*TOY, *overrides]))
+    return str(e.value)
+
+
+def test_extending_errors_a_user_can_act_on(plugins):
+    """Unimportable module, missing attribute, wrong base class, failing module: each says why."""
+    msg = _error("algorithm.name=nosuchmod:Algo")
+    assert "config key 'algorithm.name'" in msg and "cannot import module 'nosuchmod'" in msg
+    assert "No module named 'nosuchmod'" in msg and "PYTHONPATH" in msg
+    msg = _error("algorithm.name=mymethods:Nope")
+    assert "has no attribute 'Nope'" in msg and "FadingProx" in msg and "mymethods.py" in msg
+    msg = _error("algorithm.name=myaugments:Jitter")
+    assert "not a subclass of fedshift.algorithms.base.Algorithm" in msg
+    msg = _error("augment=[mymethods:FadingProx]")
+    assert "not a subclass of fedshift.augment.base.Augment" in msg
+    msg = _error("algorithm.name=mymethods:ANCHOR")
+    assert "is a str, not a subclass" in msg
+    msg = _error("algorithm.name=mymethods:Fading:Prox")
+    assert "expected 'module:Class'" in msg
+    (plugins / "badmod.py").write_text("import not_installed_anywhere\n")
+    msg = _error("algorithm.name=badmod:X")
+    assert "importing module 'badmod' failed" in msg and "not_installed_anywhere" in msg
+    (plugins / "badmod2.py").write_text("raise RuntimeError('boom at import')\n")
+    msg = _error("algorithm.name=badmod2:X")
+    assert "RuntimeError: boom at import" in msg
+    msg = _error("algorithm.name=mymethods:FadingProx", "algorithm.mu=abc")
+    assert "algorithm.mu" in msg
+    msg = _error("algorithm.name=fedavgg")
+    assert "did you mean 'fedavg'" in msg and "'module:Class'" in msg
+
+
+def test_extending_import_fedshift_stays_light():
+    """``import fedshift`` loads no torch; fedshift.run / load_run come from fedshift.api on use."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import fedshift
+        assert "torch" not in sys.modules, "import fedshift loaded torch"
+        assert fedshift.run.__module__ == "fedshift.api"
+        assert fedshift.load_run.__module__ == "fedshift.api"
+        assert "torch" not in sys.modules, "fedshift.run loaded torch before it ran"
+        assert "run" in dir(fedshift)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
