@@ -58,6 +58,7 @@ from fedshift.runtime.cores import share_cores
 from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
+from fedshift.runtime.results import run_dir_base
 from fedshift.runtime.rundir import clear_run_dir, hold_lock, hold_run
 
 CELL_FILE = "cell.json"
@@ -153,7 +154,7 @@ def plan(
         extra = [f"{k}={_fmt(lookup(one, k))}" for k in keys if k not in skip]
         head = _fmt(one["algorithm"]) if "algorithm" in keys else cfg.algorithm["name"]
         label = " ".join([head, *extra])
-        base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}-{digest}"
+        base = f"{run_dir_base(cfg)}-{digest}"
         cells.append(Cell(cfg, label, Path(cfg.out) / cfg.name / base, digest))
     seen: dict[str, str] = {}
     for c in cells:

@@ -28,6 +28,7 @@ from pathlib import Path
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.loop import RunSignal
+from fedshift.runtime.results import run_dir_base
 from fedshift.runtime.rundir import (
     LOCK_FILE,
     RunDirExists,
@@ -72,7 +73,7 @@ def planned_dirs(cfgs: list[RunConfig], out: str | None) -> list[Path]:
     seen: Counter[Path] = Counter()
     dirs = []
     for cfg in cfgs:
-        base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
+        base = run_dir_base(cfg)
         path = Path(out or cfg.out) / cfg.name / base
         seen[path] += 1
         dirs.append(path if seen[path] == 1 else path.with_name(f"{base}-{seen[path]}"))
@@ -98,7 +99,7 @@ def claim_dirs(cfgs: list[RunConfig], out: str | None, exists: str) -> list[Path
     try:
         for cfg, p in zip(cfgs, planned, strict=True):
             if exists == "new":  # the next free name, as runs claiming one by one get
-                base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
+                base = run_dir_base(cfg)
                 claimed.append(claim_run_dir(p.parent, base, "new"))
             else:
                 claimed.append(claim_run_dir(p.parent, p.name, exists))

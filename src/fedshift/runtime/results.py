@@ -29,8 +29,14 @@ def new_run_dir(cfg: RunConfig, out: str | Path | None = None, exists: str = "ne
     get the same one (:func:`~fedshift.runtime.rundir.claim_run_dir`, whose ``exists`` says
     what a taken name does instead: ``error`` or ``overwrite``)."""
     root = Path(out or cfg.out) / cfg.name
-    base = f"{cfg.algorithm['name']}-{cfg.dataset['name']}-seed{cfg.seed}"
-    return claim_run_dir(root, base, exists)
+    return claim_run_dir(root, run_dir_base(cfg), exists)
+
+
+def run_dir_base(cfg: RunConfig) -> str:
+    """A run's folder name, ``<algorithm>-<dataset>-seed<seed>``; a plug-in's
+    ``module:Class`` algorithm name has its colon as a dot (not allowed on Windows)."""
+    algo = cfg.algorithm["name"].replace(":", ".")
+    return f"{algo}-{cfg.dataset['name']}-seed{cfg.seed}"
 
 
 def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:
