@@ -177,6 +177,7 @@ def _build_wheel(tmp_path: Path) -> Path:
     """``pip wheel`` of a copy of this tree (no deps, no network, this environment's
     setuptools)."""
     src = tmp_path / "src-tree"
+    src.mkdir()
     for name in BUILD_INPUTS:
         if (ROOT / name).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
