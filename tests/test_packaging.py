@@ -215,13 +215,13 @@ def test_wheel_runs_in_a_clean_venv_without_extras(tmp_path):
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     _link_site(_closure(_core_requirements(metadata)), tmp_path / "deps")
     (site / "fedshift_test_deps.pth").write_text(f"{tmp_path / 'deps'}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     pip = [sys.executable, "-m", "pip", "--python", vpy]
-    out = _run([*pip, "install", "-q", "--no-deps", "--no-index", wheel])
+    out = _run([*pip, "install", "--no-deps", "--no-index", wheel], env=env)
     assert out.returncode == 0, _fails_with(out)
-    out = _run([*pip, "check"])  # every requirement of every installed package is met
+    out = _run([*pip, "check"], env=env)  # every requirement of every installed package is met
     assert out.returncode == 0, _fails_with(out)
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     work = tmp_path / "work"  # no configs/ here: `-c demo` is the packaged one
     work.mkdir()
     kw = {"cwd": work, "env": env}
