@@ -9,10 +9,12 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch is pinned to the CPU wheel that pip finds on disk here (pyproject.toml).
-$(STAMP): pyproject.toml | $(BIN)/python
+# pyproject.toml asks for version ranges; constraints.txt pins the exact versions installed
+# here (torch: the CPU wheel that pip finds on disk). [dev]: every extra (flower, digits, mri)
+# and the test tools, so that `make demo` and `make test` have all they use.
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -30,6 +30,7 @@ import errno
 import sys
 from pathlib import Path
 
+from fedshift import __version__
 from fedshift.cli import data, flower, protocol, run
 from fedshift.core.errors import FedshiftError
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``fedshift`` parser; each subcommand sets ``fn`` to a handler returning the exit
     code."""
     p = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"fedshift {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run.add_parsers(sub)  # run, bench, list, report
     protocol.add_parser(sub)

@@ -41,6 +41,7 @@ import yaml
 from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
+from fedshift.core.presets import config_file
 from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
 
 #: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
@@ -436,8 +437,9 @@ def lookup(tree: dict, dotted: str, default: Any = None) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
-    """Read YAML (optional) and apply ``key=value`` overrides; returns the raw nested dict."""
-    raw = load_yaml(path) if path else {}
+    """Read YAML (optional; a bare name such as ``demo`` is a config shipped with fedshift,
+    :mod:`fedshift.core.presets`) and apply ``key=value`` overrides; returns the raw dict."""
+    raw = load_yaml(config_file(path)) if path else {}
     for item in overrides or []:
         key, value = parse_override(item)
         if key.startswith("sweep."):  # sweep keys are dotted names themselves

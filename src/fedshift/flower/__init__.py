@@ -8,3 +8,13 @@
 - :mod:`.apps`: the ``server_app`` / ``client_app`` objects a Flower App (FAB) names;
 - :mod:`.deploy`: the Flower App, certificates and keys, ``fedshift flower submit``.
 """
+
+import importlib.util
+
+from fedshift.core.errors import FedshiftError
+
+if importlib.util.find_spec("flwr") is None:  # before any submodule imports it
+    raise FedshiftError(
+        "`fedshift flower` needs Flower (the Python package flwr), which is not installed: "
+        "pip install 'fedshift[flower]'"
+    )

@@ -36,8 +36,8 @@ def locate_template(nifti_dir: str | Path | None = None) -> dict[str, Path]:
         if spec is None or not spec.submodule_search_locations:
             raise MissingSourceError(
                 f"brain-mri needs the MNI152 2009a template files ({names}) that ship with "
-                f"nilearn, which is not installed: `{PIP_HINT}`, or set dataset.nifti_dir to "
-                "a folder holding the three files"
+                f"nilearn, which is not installed: `pip install 'fedshift[mri]'` (or "
+                f"`{PIP_HINT}`), or set dataset.nifti_dir to a folder holding the three files"
             )
         folder = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
         fix = f"reinstall nilearn (`{PIP_HINT} --force-reinstall`) or set dataset.nifti_dir"
