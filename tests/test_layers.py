@@ -54,6 +54,10 @@ def _package(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
+def _is_module(name: str) -> bool:
+    return (SRC / name).is_dir() or (SRC / f"{name}.py").is_file()
+
+
 def _imports(path: Path) -> list[tuple[str, int]]:
     """(imported fedshift module, line) of every import in ``path`` outside TYPE_CHECKING."""
     tree = ast.parse(path.read_text())
@@ -66,8 +70,12 @@ def _imports(path: Path) -> list[tuple[str, int]]:
         if id(node) in skip:
             continue
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "fedshift":  # from fedshift import x: x is the package
-                out += [(f"fedshift.{a.name}", node.lineno) for a in node.names]
+            if node.module == "fedshift":  # from fedshift import x: x is a package, or a
+                # name of the root __init__ (__version__)
+                out += [
+                    (f"fedshift.{a.name}" if _is_module(a.name) else "fedshift", node.lineno)
+                    for a in node.names
+                ]
             elif node.module.startswith("fedshift."):
                 out.append((node.module, node.lineno))
         elif isinstance(node, ast.Import):
