@@ -28,7 +28,9 @@ DEFAULTS = [
     "train.optimizer_state=persist",
     "name=det",
 ]
-VOLATILE = {"wall_s", "run_dir"}
+#: summary keys that describe the process, not the results: wall time, where and when it ran
+#: (provenance: host, command line, start and end time, resumed_from)
+VOLATILE = {"wall_s", "run_dir", "provenance"}
 
 
 def fedshift(*args: str) -> list[str]:

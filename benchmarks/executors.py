@@ -26,12 +26,13 @@ from fedshift.data import load_dataset
 from fedshift.runtime.simulation import run_experiment
 
 
-def config(clients: int, rounds: int, device: str, executor: str):
+def config(clients: int, rounds: int, device: str, executor: str, train_size: int = 6000):
     return resolve(
         load_config(
             None,
             [
                 "dataset.name=fashion-mnist",
+                f"dataset.train_size={train_size}",
                 "partition.name=dirichlet",
                 f"partition.clients={clients}",
                 "partition.alpha=0.5",
@@ -67,6 +68,9 @@ def main() -> int:
     ap.add_argument("--clients", default="10,50,100", help="comma-separated client counts")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="auto")
+    ap.add_argument(
+        "--train-size", type=int, default=6000, help="Fashion-MNIST training examples in all"
+    )
     ap.add_argument("--json", help="also write the measurements here")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -74,13 +78,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(c) for c in args.clients.split(",")):
             secs, dirs = {}, {}
-            base = config(n, 1, "cpu", "sequential")
+            base = config(n, 1, "cpu", "sequential", args.train_size)
             fed = load_dataset(base.dataset, base.partition)
             for ex in ("sequential", "vmap"):
                 print(f"{n} clients: {ex}...", file=sys.stderr, flush=True)
-                cfg = config(n, 1, args.device, ex)
+                cfg = config(n, 1, args.device, ex, args.train_size)
                 run_experiment(cfg, Path(tmp) / f"warm{n}{ex}", federation=fed, progress=False)
-                cfg = config(n, args.rounds, args.device, ex)
+                cfg = config(n, args.rounds, args.device, ex, args.train_size)
                 dirs[ex] = Path(tmp) / f"{n}{ex}"
                 res = run_experiment(cfg, run_dir=dirs[ex], federation=fed, progress=False)
                 secs[ex] = res.summary["wall_s"] / args.rounds
@@ -90,7 +94,10 @@ def main() -> int:
                 {"clients": n, "device": device, **secs, "speedup": secs["sequential"] /
                  secs["vmap"], "max_metric_diff": diff}
             )  # fmt: skip
-    print(f"\nseconds per round, {args.rounds} rounds, FedAvg, cnn, fashion-mnist Dirichlet(0.5)\n")
+    print(
+        f"\nseconds per round, {args.rounds} rounds, FedAvg, cnn, fashion-mnist "
+        f"({args.train_size} training examples) Dirichlet(0.5)\n"
+    )
     print("| clients | device | sequential | vmap | vmap speed-up | largest metric difference |")
     print("|---|---|---|---|---|---|")
     for r in rows:

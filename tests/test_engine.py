@@ -133,6 +133,37 @@ def test_non_finite_update_names_client(make_cfg, tmp_path):
         )
 
 
+def test_first_non_finite_names_the_first_bad_tensor_in_record_order():
+    """The reply check (one sync per device): the first NaN/inf tensor in record and key
+    order, integer tensors skipped, None when all are finite."""
+    import torch
+
+    from fedshift.core.payload import Payload
+
+    ok = torch.ones(3)
+    p = Payload({"a": {"w": ok, "n": torch.tensor([1, 2])}, "b": {"e": torch.empty(0), "v": ok}})
+    assert p.first_non_finite() is None
+    assert Payload({}).first_non_finite() is None
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.tensor([0.0, bad])
+        assert Payload({"a": {"w": ok, "x": t}, "b": {"y": t}}).first_non_finite() == "a/x"
+        assert Payload({"a": {"w": ok}, "b": {"y": ok, "z": t}}).first_non_finite() == "b/z"
+        assert Payload({"a": {"h": t.half(), "x": t}}).first_non_finite() == "a/h"
+
+
+def test_seed_global_seeds_as_torch_manual_seed_does():
+    """seed_global skips the back-ends fedshift never runs on, but the CPU generator (and a
+    GPU's, where there is one) gets the seed ``torch.manual_seed`` would give it."""
+    import torch
+
+    from fedshift.core.seeding import derive_seed, seed_global
+
+    seed_global(3, "x", 1)
+    ours = torch.rand(4)
+    torch.manual_seed(derive_seed(3, "x", 1))
+    assert torch.equal(ours, torch.rand(4))
+
+
 def test_local_training_steps(make_cfg, tmp_path):
     cfg = make_cfg("algorithm.name=fedavg", "train.local_steps=3", rounds=1)
     sim = Simulation(cfg, tmp_path / "x", progress=False)

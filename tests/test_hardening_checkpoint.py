@@ -151,6 +151,27 @@ def test_item1_rng_state_is_plain_data_and_restores_exactly():
     assert draws() == expected
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_item1_rng_state_restores_the_gpu_generators_too():
+    """On a GPU the state holds CUDA's generators (FFA noise, FRAug's noise and dropout draw
+    there) and restores them exactly, through ``weights_only=True``."""
+    seed_global(7, "x")
+    torch.randn(5, device="cuda")
+    buf = io.BytesIO()
+    torch.save({"rng": rng_state()}, buf)
+    expected = torch.randn(5, device="cuda").tolist()
+    buf.seek(0)
+    set_rng_state(torch.load(buf, weights_only=True)["rng"])
+    assert torch.randn(5, device="cuda").tolist() == expected
+
+
+def test_item1_cpu_rng_state_has_no_gpu_part():
+    """A CPU run's state holds no CUDA generators (torch's CUDA is never initialised)."""
+    if torch.cuda.is_initialized():
+        pytest.skip("this process has used CUDA")
+    assert "cuda" not in rng_state()
+
+
 RESUMED_EQUAL = {"scaffold", "fraug", "pfedme"}  # also compared with an uninterrupted run
 CASES = [
     *((e.name,) for e in ALGORITHMS.entries()),

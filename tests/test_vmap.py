@@ -62,12 +62,26 @@ def _close(a, b, where: str = "") -> None:
         assert a == b, where
 
 
-def _pair(tmp_path, *over: str, rounds: int = 1):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
+def _pair(tmp_path, *over: str, rounds: int = 1, device: str = "cpu"):
     out = {}
     for ex in ("sequential", "vmap"):
-        cfg = toy_cfg(*UNEVEN, *over, f"run.executor={ex}", f"name={ex}", rounds=rounds)
+        cfg = toy_cfg(
+            *UNEVEN, *over, f"run.executor={ex}", f"name={ex}", f"device={device}", rounds=rounds
+        )
         out[ex] = run_experiment(cfg, tmp_path, progress=False)
     return out
+
+
+def _same_weights(a, b) -> None:
+    """Two runs' final server weights equal up to the rounding :func:`_close` allows."""
+    wa = read_checkpoint(a.run_dir / "checkpoint.pt")["server"]["weights"]
+    wb = read_checkpoint(b.run_dir / "checkpoint.pt")["server"]["weights"]
+    for k in wa:
+        assert torch.allclose(wa[k].float().cpu(), wb[k].float().cpu(), atol=5e-3, rtol=1e-3), k
 
 
 @pytest.mark.parametrize(
@@ -89,19 +103,94 @@ def _pair(tmp_path, *over: str, rounds: int = 1):
         "ampnorm",
     ],  # fmt: skip
 )
-def test_vmap_equals_sequential_up_to_rounding(tmp_path, over):
-    runs = _pair(tmp_path, *over)
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_equals_sequential_up_to_rounding(tmp_path, over, device):
+    runs = _pair(tmp_path, *over, device=device)
     seq, vm = (metric_rows(runs[k].run_dir) for k in ("sequential", "vmap"))
     assert len(seq) == len(vm) > 0
     for a, b in zip(seq, vm, strict=True):
         _close(a, b)
-    ws = read_checkpoint(runs["sequential"].run_dir / "checkpoint.pt")["server"]["weights"]
-    wv = read_checkpoint(runs["vmap"].run_dir / "checkpoint.pt")["server"]["weights"]
-    for k in ws:
-        assert torch.allclose(ws[k].float(), wv[k].float(), atol=5e-3, rtol=1e-3), k
+    _same_weights(runs["sequential"], runs["vmap"])
     assert runs["vmap"].summary["runtime"]["executor"] == "vmap"
     assert runs["sequential"].summary["runtime"]["executor"] == "sequential"
-    assert runs["vmap"].summary["runtime"]["device"] == "cpu"
+    assert runs["vmap"].summary["runtime"]["device"].startswith(device)
+
+
+# ---------------------------------------------------------------------------- on a GPU
+#: algorithms with BN buffers kept per client, model-level augments, Fourier amplitudes and
+#: weight perturbation, federation statistics: the GPU checks below run each
+GPU_RUNS = [
+    ("algorithm.name=fedavg", "train.momentum=0.9"),
+    ("algorithm.name=fedbn", "augment=[ffa]"),
+    ("algorithm.name=harmofl",),
+    ("algorithm.name=fedrdn",),
+    ("algorithm.name=scaffold",),
+]
+
+
+@CUDA
+@pytest.mark.parametrize("over", GPU_RUNS, ids=lambda o: " ".join(o))
+def test_cuda_run_repeats_bit_for_bit(tmp_path, over):
+    """``run.deterministic`` (default): the same config twice on one GPU gives the same
+    metric rows and the same weights, to the last bit."""
+    runs = [
+        run_experiment(toy_cfg(*UNEVEN, *over, "device=cuda", f"name=r{i}", rounds=2), tmp_path,
+                       progress=False)
+        for i in range(2)
+    ]  # fmt: skip
+    assert metric_rows(runs[0].run_dir) == metric_rows(runs[1].run_dir)
+    w = [read_checkpoint(r.run_dir / "checkpoint.pt")["server"]["weights"] for r in runs]
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+    assert runs[0].summary["runtime"]["deterministic"] is True
+    assert runs[0].summary["runtime"]["tf32"] is False
+
+
+#: HarmoFL (amplitude normalisation + weight perturbation together) differs between the CPU
+#: and the GPU by 2.5e-3 in one client's round-1 train loss (measured on an H100 and an
+#: H200), while each part alone (``fedavg`` + ``ampnorm``; ``fedsam``) is within 1e-6, and
+#: 1e-7 noise on the rebuilt images on the CPU moves it by 1e-6 only: not explained yet (see
+#: docs/ARCHITECTURE.md). Strict: the day it passes, this mark must go.
+_HARMOFL_GAP = pytest.mark.xfail(strict=True, reason="HarmoFL CPU/GPU gap, not explained yet")
+
+
+@CUDA
+@pytest.mark.parametrize(
+    "over",
+    [
+        pytest.param(*[o], marks=_HARMOFL_GAP) if o == ("algorithm.name=harmofl",) else o
+        for o in GPU_RUNS
+        if "augment=[ffa]" not in o
+    ],
+    ids=lambda o: " ".join(o),
+)
+def test_cuda_equals_cpu_up_to_rounding(tmp_path, over):
+    """A GPU run computes what the CPU run computes (float32, TF32 off), up to the rounding
+    that another summation order gives (:func:`_close`; one round, as for vmap: rounding
+    grows with training on this saturated data). FFA's noise is drawn on the device, from
+    CUDA's generator (docs/ARCHITECTURE.md), so a FedFA run is compared with itself only."""
+    runs = {
+        d: run_experiment(toy_cfg(*UNEVEN, *over, f"device={d}", f"name={d}", rounds=1),
+                          tmp_path, progress=False)
+        for d in ("cpu", "cuda")
+    }  # fmt: skip
+    for a, b in zip(*(metric_rows(r.run_dir) for r in runs.values()), strict=True):
+        _close(a, b)
+    _same_weights(runs["cpu"], runs["cuda"])
+    assert runs["cuda"].summary["runtime"]["data"] == "device"
+
+
+@CUDA
+def test_cuda_extension_equals_the_longer_run(tmp_path):
+    """A GPU run stopped after round 2 and resumed to round 4 ends bit for bit where the
+    4-round run ends (checkpointed RNG and optimiser state restored on the device)."""
+    from fedshift.runtime.simulation import resume_experiment
+
+    over = (*UNEVEN, "algorithm.name=fedbn", "train.momentum=0.9",
+            "train.optimizer_state=persist", "device=cuda")  # fmt: skip
+    full = run_experiment(toy_cfg(*over, "name=full", rounds=4), tmp_path, progress=False)
+    short = run_experiment(toy_cfg(*over, "name=short", rounds=2), tmp_path, progress=False)
+    ext = resume_experiment(short.run_dir, progress=False, rounds=4)
+    assert metric_rows(ext.run_dir) == metric_rows(full.run_dir)
 
 
 def test_train_stacked_is_sgd_per_client():
@@ -130,8 +219,11 @@ def test_train_stacked_is_sgd_per_client():
             opt.step()
             total += float(l)
         assert loss == pytest.approx(total / max(len(bs), 1), rel=1e-5)
+        # 2e-4 relative: batched and unbatched convolution kernels sum in other orders
+        # (measured up to 5e-5 on a 16-core host with torch 2.11; a missing weight decay or
+        # momentum term is off by 6e-4 and more)
         for k, v in model.state_dict().items():
-            assert torch.allclose(v.float(), final[k].float(), atol=1e-5), k
+            assert torch.allclose(v.float(), final[k].float(), atol=2e-5, rtol=2e-4), k
         if not bs:  # no step: the start, untouched
             assert all(torch.equal(start[k], final[k]) for k in start)
 
@@ -197,22 +289,38 @@ def test_place_data_resident_or_host(monkeypatch):
     assert device_mod.place_data(fed, meta, "device")[1] == "device"  # asked: always
 
 
-def test_deterministic_mode_settings(monkeypatch):
+def test_deterministic_mode_and_tf32_settings(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    assert device_mod.set_deterministic(torch.device("cpu"), True) == {}
+    assert device_mod.set_precision(torch.device("cpu"), True, True) == {}
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-              torch.backends.cudnn.deterministic)  # fmt: skip
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
+              torch.backends.cuda.matmul.allow_tf32)  # fmt: skip
     try:
-        got = device_mod.set_deterministic(torch.device("cuda"), True)
-        assert got == {"deterministic": True, "cublas_workspace": ":4096:8"}
+        got = device_mod.set_precision(torch.device("cuda"), True, False)
+        assert got == {"deterministic": True, "cublas_workspace": ":4096:8", "tf32": False}
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-        got = device_mod.set_deterministic(torch.device("cuda"), False)
-        assert not torch.are_deterministic_algorithms_enabled()
+        # PyTorch's default lets cuDNN convolutions use TF32: a run turns it off
+        assert not torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32
+        got = device_mod.set_precision(torch.device("cuda"), False, True)
+        assert not torch.are_deterministic_algorithms_enabled() and got["tf32"]
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.use_deterministic_algorithms(before[0])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
+        (
+            torch.backends.cudnn.benchmark,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cuda.matmul.allow_tf32,
+        ) = before[1:]
+
+
+def test_tf32_enters_the_digest_only_when_on():
+    off, on = toy_cfg(), toy_cfg("run.tf32=true")
+    assert config_digest(off) == config_digest(toy_cfg("run.tf32=false"))
+    assert config_digest(on) != config_digest(off)
 
 
 def test_vmap_and_gpu_cells_get_one_process_in_a_suite(monkeypatch):

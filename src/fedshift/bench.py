@@ -96,6 +96,8 @@ def config_digest(cfg: RunConfig, threads: int | None = None) -> str:
         d["executor"] = cfg.run.executor
     if not cfg.run.deterministic:
         d["deterministic"] = False
+    if cfg.run.tf32:  # TensorFloat-32 on a GPU: other numbers
+        d["tf32"] = True
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 

@@ -139,13 +139,19 @@ class ExecutionConfig:
     (``torch.use_deterministic_algorithms``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, no cuDNN
     autotuning), so a run repeats bit for bit on the same GPU and software; an operation
     without a deterministic CUDA kernel then stops the run naming it (set
-    ``run.deterministic=false`` to allow it). CPU runs are deterministic either way."""
+    ``run.deterministic=false`` to allow it). CPU runs are deterministic either way.
+    ``tf32``: on a GPU, let cuDNN convolutions and cuBLAS matrix products use TensorFloat-32
+    (10-bit mantissa inputs; faster on Ampere and later). Off by default: a GPU run then
+    computes in float32 as a CPU run does (equal up to float rounding), which PyTorch's own
+    default (TF32 convolutions) does not give. ``true`` changes results, so it is part of a
+    suite cell's digest. Ignored on a CPU."""
 
     workers: int | Literal["auto"] = bounded(1, ge=1)
     threads: int = bounded(1, ge=1)
     executor: Literal["sequential", "vmap"] = "sequential"
     data: Literal["auto", "device", "host"] = "auto"
     deterministic: bool = True
+    tf32: bool = False
 
 
 @dataclass

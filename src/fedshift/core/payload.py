@@ -40,12 +40,25 @@ class Payload:
         }
 
     def first_non_finite(self) -> str | None:
-        """Name ``record/key`` of the first tensor holding NaN or inf, else ``None``."""
-        for name, rec in self.records.items():
-            for key, t in rec.items():
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    return f"{name}/{key}"
-        return None
+        """Name ``record/key`` of the first tensor holding NaN or inf, else ``None``.
+
+        One host synchronisation per device the payload's tensors are on, not one per tensor
+        (a GPU run checks every reply: a model's worth of tensors, each a sync otherwise)."""
+        named = [
+            (f"{name}/{key}", t)
+            for name, rec in self.records.items()
+            for key, t in rec.items()
+            if t.is_floating_point()
+        ]
+        by_device: dict[torch.device, list[int]] = {}
+        for i, (_, t) in enumerate(named):
+            by_device.setdefault(t.device, []).append(i)
+        bad = []
+        for idx in by_device.values():
+            finite = torch.stack([torch.isfinite(named[i][1]).all() for i in idx])
+            if not bool(finite.all()):
+                bad += [i for i, ok in zip(idx, finite.tolist(), strict=True) if not ok]
+        return named[min(bad)][0] if bad else None
 
 
 @dataclass

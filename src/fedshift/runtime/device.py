@@ -13,6 +13,8 @@ the same GPU model, driver and library versions: ``torch.use_deterministic_algor
 cuDNN without autotuning, and cuBLAS with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG=
 :4096:8``, set before the first cuBLAS call unless the user set it). Results on a GPU differ
 from the CPU's in the last bits (other kernels); they do not depend on ``run.workers``.
+TensorFloat-32 is off unless ``run.tf32`` asks for it (PyTorch's own default lets cuDNN
+convolutions use it), so a GPU run computes in float32 like a CPU run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from fedshift.core.errors import ConfigError
 from fedshift.data.base import ClientData, Federation, Split
 
-__all__ = ["data_bytes", "place_data", "resolve_device", "set_deterministic"]
+__all__ = ["data_bytes", "place_data", "resolve_device", "set_precision"]
 
 #: cuBLAS's documented setting for reproducible results (CUDA >= 10.2)
 CUBLAS_WORKSPACE = ":4096:8"
@@ -56,17 +58,26 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def set_deterministic(device: torch.device, on: bool) -> dict:
-    """Deterministic kernels for a GPU run (module docstring); nothing on a CPU. Returns what
-    was set, for the summary's ``runtime`` record."""
+def set_precision(device: torch.device, deterministic: bool, tf32: bool) -> dict:
+    """Deterministic kernels (``run.deterministic``, module docstring) and TensorFloat-32
+    (``run.tf32``: cuDNN convolutions and cuBLAS matrix products on 10-bit-mantissa inputs)
+    for a GPU run; nothing on a CPU. Both are process-wide switches, set every time a run is
+    built, so one run's settings never leak into the next. Returns what was set, for the
+    summary's ``runtime`` record."""
     if device.type != "cuda":
         return {}
-    if on:
+    if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-    torch.backends.cudnn.benchmark = not on
-    torch.backends.cudnn.deterministic = on
-    torch.use_deterministic_algorithms(on)
-    return {"deterministic": on, "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    return {
+        "deterministic": deterministic,
+        "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "tf32": tf32,
+    }
 
 
 def data_bytes(fed: Federation) -> int:

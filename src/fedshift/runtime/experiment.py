@@ -31,7 +31,7 @@ from fedshift.core.tasks import Task, make_task
 from fedshift.data.base import ClientData, Federation
 from fedshift.models import build_model
 from fedshift.models.base import FedModel
-from fedshift.runtime.device import place_data, resolve_device, set_deterministic
+from fedshift.runtime.device import place_data, resolve_device, set_precision
 
 
 @dataclass
@@ -73,7 +73,7 @@ def build_experiment(
     Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
     that ``federation.holdout`` names clients of ``fed`` (the same SuperNode)."""
     device = resolve_device(cfg.device)
-    placement = set_deterministic(device, cfg.run.deterministic)
+    placement = set_precision(device, cfg.run.deterministic, cfg.run.tf32)
     fed, where = place_data(fed, device, cfg.run.data)
     if device.type != "cpu":
         placement["data"] = where
