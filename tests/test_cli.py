@@ -142,3 +142,20 @@ def test_overrides_may_follow_options():
         parse(["bench", "s.yaml", "--no-such-flag"])
     with pytest.raises(SystemExit):
         parse(["list", "stray"])
+
+
+def test_output_into_a_closed_pipe_ends_quietly(monkeypatch):
+    """`fedshift list | head -1`: the reader closing the pipe is no error (it printed
+    'fedshift: error: Broken pipe'); the exit code is a shell's 141 (128 + SIGPIPE)."""
+    import io
+    import sys
+
+    class ClosedPipe(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["list"]) == 141
+    assert err.getvalue() == ""

@@ -129,6 +129,32 @@ def test_extending_entry_point_names_a_plugin(plugins, tmp_path, monkeypatch):
     assert "fedavg" in ALGORITHMS  # built-in names never look at entry points
 
 
+def test_extending_list_shows_installed_plugins(plugins, tmp_path, monkeypatch, capsys):
+    """`fedshift list` shows entry-point plug-ins with their keys and where they come from,
+    and one that cannot load with the reason, without stopping the listing."""
+    from fedshift.cli import main
+
+    info = tmp_path / "site" / "fsplug-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fsplug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[fedshift.algorithms]\nfadingprox = mymethods:FadingProx\nghost = nomodule:Nope\n\n"
+        "[fedshift.augments]\njitter = myaugments:Jitter\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("fadingprox "))
+    assert "(plug-in: mymethods)" in line and "mu=0.1" in line and "decay=0.5" in line
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("jitter "))
+    assert "(plug-in: myaugments)" in line and "strength=0.2" in line
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("ghost "))
+    assert "(cannot load)" in line and "nomodule:Nope" in line and "nomodule" in line
+    assert "fedavg " in out and "(plug-in" not in next(
+        ln for ln in out.splitlines() if ln.strip().startswith("fedavg ")
+    )
+
+
 def _error(*overrides: str) -> str:
     with pytest.raises(ConfigError) as e:
         resolve(load_config(None, [*TOY, *overrides]))

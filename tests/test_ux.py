@@ -115,6 +115,31 @@ def test_long_runs_existing_run_dir_says_so_and_offers_three_ways(tmp_path, caps
     assert (other / "notes.txt").read_text() == "mine"
 
 
+def test_long_runs_flower_simulate_existing_run_dir_says_so_too(tmp_path, capsys):
+    """`fedshift flower simulate` silently made `-2` on an existing run directory; it claims
+    one as `fedshift run` does (stop and name it; --new; --overwrite), its advice naming
+    itself."""
+    pytest.importorskip("flwr")
+    over = [*TOY, "train.rounds=1", "--out", str(tmp_path), "--quiet", "--engine", "in-process"]
+    run_dir = tmp_path / "t/fedavg-toyshift-seed0"
+    assert main(["flower", "simulate", *over]) == 0
+    first = json.loads((run_dir / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["flower", "simulate", *over]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir} holds a finished run" in err
+    assert f"`fedshift flower simulate --resume {run_dir}`" in err and "--new" in err
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [run_dir.name]
+    assert main(["flower", "simulate", *over, "--new"]) == 0
+    assert (tmp_path / "t/fedavg-toyshift-seed0-2/summary.json").is_file()
+    (run_dir / "stale.txt").write_text("from the old run")
+    assert main(["flower", "simulate", *over, "--overwrite"]) == 0
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert not (run_dir / "stale.txt").exists() and results_of(again) == results_of(first)
+    assert main(["flower", "simulate", "--resume", str(run_dir), "--new"]) == 2
+    assert "drop --new" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------- discoverability
 def test_discoverability_list_shows_every_section_key_with_help(capsys):
     """`fedshift list` showed components only, descriptions cut at the docstring's line end."""

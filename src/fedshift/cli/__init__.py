@@ -26,7 +26,9 @@ stopped by SIGINT / SIGTERM after saving its state exits with the code its signa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
 import sys
 from pathlib import Path
 
@@ -73,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     except FedshiftError as e:
         print(f"fedshift: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `fedshift list | head`: the reader has all it wanted
+        with contextlib.suppress(OSError):  # no second error when Python flushes at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command a pipe's end stopped
     except OSError as e:  # disk full, read-only or misplaced --out, unreadable file...
         print(f"fedshift: error: {describe_os_error(e)}", file=sys.stderr)
         return 2

@@ -45,27 +45,46 @@ def _config(args: argparse.Namespace):
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    """One run on Flower's simulation engine, into its run directory as ``fedshift run``
+    claims one: an existing directory of the same config stops the command naming what it
+    holds, unless ``--overwrite`` (deleted, holding its lock, just before the run) or
+    ``--new`` (the next free ``-2``, ``-3``...)."""
+    from fedshift.cli.sweeps import claim_dirs, release
     from fedshift.eval.tables import print_tables
     from fedshift.flower.simulate import simulate
+    from fedshift.runtime.rundir import clear_run_dir, hold_run
 
     if args.resume:  # the run's saved config; nothing else may change
         from fedshift.runtime.simulation import saved_config
 
-        if args.config or args.overrides:
-            raise FedshiftError("--resume takes the run's saved config; drop -c and key=value")
+        given = [f"--{f}" for f in ("new", "overwrite") if getattr(args, f)]
+        if args.config or args.overrides or given:
+            dropped = " and ".join([*(["-c and key=value"] if args.config or args.overrides
+                                      else []), *given])  # fmt: skip
+            raise FedshiftError(f"--resume takes the run's saved config and directory; drop "
+                                f"{dropped}")  # fmt: skip
         cfg, run_dir = saved_config(args.resume), Path(args.resume)
     else:
-        cfg, run_dir = _config(args), None
-    result = simulate(
-        cfg,
-        out=args.out,
-        run_dir=run_dir,
-        engine=args.engine,
-        options=_options(args),
-        cpus_per_client=args.cpus_per_client,
-        progress=not args.quiet,
-        resume=bool(args.resume),
-    )
+        cfg = _config(args)
+        exists = "overwrite" if args.overwrite else "new" if args.new else "error"
+        [run_dir] = claim_dirs([cfg], args.out, exists, "fedshift flower simulate")
+    try:
+        with hold_run(run_dir):
+            if args.overwrite:
+                clear_run_dir(run_dir)
+            result = simulate(
+                cfg,
+                out=args.out,
+                run_dir=run_dir,
+                engine=args.engine,
+                options=_options(args),
+                cpus_per_client=args.cpus_per_client,
+                progress=not args.quiet,
+                resume=bool(args.resume),
+            )
+    finally:
+        if not args.resume:
+            release([run_dir])  # a run that never started leaves no empty directory
     print_tables([result.summary])
     rt = result.summary["runtime"]
     print(f"\nFlower {rt['flwr']}, {rt['mode']}, {result.summary['wall_s']:.1f} s")
@@ -161,6 +180,8 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from fedshift.cli.run import add_exists_options
+
     fl = sub.add_parser("flower", help="run on Flower: simulation and deployment")
     fsub = fl.add_subparsers(dest="flower_command", required=True)
 
@@ -182,6 +203,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="RUN_DIR",
         help="continue a stopped simulation from its checkpoint (clients from their snapshots)",
     )
+    add_exists_options(sim)
     sim.set_defaults(fn=_cmd_simulate)
 
     certs = fsub.add_parser("certs", help="self-signed CA + SuperLink TLS certificate")

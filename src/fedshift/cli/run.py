@@ -146,6 +146,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
     )
     for title, reg in sections:
         print(f"{title}:")
+        # installed plug-ins (entry points) first loaded, so they list with their keys; one
+        # that fails to load is listed with the reason instead of stopping the listing
+        broken = {}
+        for name, values in reg.plugin_names().items():
+            try:
+                reg.entry(name)
+            except FedshiftError as e:
+                broken[name] = f"plug-in {' / '.join(values)}: {e}"
         for e in reg.entries():
             keys = ""
             if e.params is not None and dataclasses.is_dataclass(e.params):
@@ -156,10 +164,33 @@ def _cmd_list(args: argparse.Namespace) -> int:
                     elif f.default_factory is not dataclasses.MISSING:  # lists, dicts
                         fields.append(f"{f.name}={f.default_factory()!r}")
                 keys = f"  [{', '.join(fields)}]" if fields else ""
-            print(f"  {e.name:<12} {one_line(e)}{keys}")
+            module = getattr(e.obj, "__module__", "") or ""
+            origin = "" if module.startswith("fedshift.") else f" (plug-in: {module})"
+            print(f"  {e.name:<12} {one_line(e)}{origin}{keys}")
+        for name, why in broken.items():
+            print(f"  {name:<12} (cannot load) {why}")
     print()
     print("\n".join(config_sections()))
     return 0
+
+
+def add_exists_options(p: argparse.ArgumentParser) -> None:
+    """``--overwrite`` / ``--new``: what a command that claims a run directory does when the
+    config's directory exists (``fedshift run``, ``fedshift flower simulate``)."""
+    taken = p.add_mutually_exclusive_group()
+    taken.add_argument(
+        "--overwrite",
+        action="store_const",
+        const=True,
+        help="a run directory of this config exists: delete it and run again (default: stop "
+        "and name it, with the choices)",
+    )
+    taken.add_argument(
+        "--new",
+        action="store_const",
+        const=True,
+        help="a run directory of this config exists: run into a new one next to it (-2, -3...)",
+    )
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -195,20 +226,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="runs of a sweep at a time, each in its own process (default 1; auto: as many as "
         "the cores hold); results do not depend on it",
     )
-    taken = run.add_mutually_exclusive_group()
-    taken.add_argument(
-        "--overwrite",
-        action="store_const",
-        const=True,
-        help="a run directory of this config exists: delete it and run again (default: stop "
-        "and name it, with the choices)",
-    )
-    taken.add_argument(
-        "--new",
-        action="store_const",
-        const=True,
-        help="a run directory of this config exists: run into a new one next to it (-2, -3...)",
-    )
+    add_exists_options(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
 

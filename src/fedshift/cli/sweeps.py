@@ -80,14 +80,17 @@ def planned_dirs(cfgs: list[RunConfig], out: str | None) -> list[Path]:
     return dirs
 
 
-def claim_dirs(cfgs: list[RunConfig], out: str | None, exists: str) -> list[Path]:
+def claim_dirs(
+    cfgs: list[RunConfig], out: str | None, exists: str, command: str = "fedshift run"
+) -> list[Path]:
     """Claim every run's directory before any runs (``exists``: ``error``, ``overwrite`` or
     ``new``, :func:`~fedshift.runtime.rundir.claim_run_dir`); with ``error``, every taken one
-    is named in one :class:`RunDirExists`; ``overwrite`` deletes only run directories."""
+    is named in one :class:`RunDirExists` (whose advice names ``command``); ``overwrite``
+    deletes only run directories."""
     planned = planned_dirs(cfgs, out)
     taken = [p for p in planned if p.exists() and not is_empty(p)]
     if exists == "error" and taken:
-        raise RunDirExists(taken)
+        raise RunDirExists(taken, command)
     if exists == "overwrite":
         foreign = [p for p in taken if not p.is_dir() or not is_run_dir(p)]
         if foreign:

@@ -108,6 +108,20 @@ class Registry(Generic[T]):
         return name in self._entries
 
     # ------------------------------------------------------------------------- plug-ins
+    def plugin_names(self) -> dict[str, list[str]]:
+        """The installed packages' entry points in this registry's group whose names are not
+        built in: ``{name: ['module:Class', ...]}`` (more than one value: a clash that
+        :meth:`entry` refuses). Nothing is imported."""
+        import importlib.metadata
+
+        if self._group is None:
+            return {}
+        found: dict[str, set[str]] = {}
+        for ep in importlib.metadata.entry_points(group=self._group):
+            if ep.name not in self._entries:
+                found.setdefault(ep.name, set()).add(ep.value)
+        return {n: sorted(v) for n, v in sorted(found.items())}
+
     def _load_plugin(self, name: str, key: str | None) -> None:
         """Register the plug-in ``name`` names, if any (``module:Class`` or an entry point);
         a name that is neither is left for :meth:`entry`'s unknown-name error."""

@@ -138,15 +138,15 @@ class RunDirExists(FedshiftError):
     """The run directories a new run would write hold something already: the message names
     each with what it holds, and the three ways on (resume it, ``--overwrite``, ``--new``)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], command: str = "fedshift run") -> None:
         self.paths = list(paths)
         each = "; ".join(f"{p} holds {describe_run_dir(p)}" for p in self.paths)
         one = len(self.paths) == 1
         it = "it" if one else "them"
         resume = (
-            f"`fedshift run --resume {self.paths[0]}`"
+            f"`{command} --resume {self.paths[0]}`"
             if one
-            else "`fedshift run --resume DIR` for each"
+            else f"`{command} --resume DIR` for each"
         )
         super().__init__(
             f"{each}. This config was run there before; choose: {resume} to continue "
