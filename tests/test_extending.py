@@ -155,6 +155,29 @@ def test_extending_list_shows_installed_plugins(plugins, tmp_path, monkeypatch, 
     )
 
 
+def test_extending_report_needs_no_plugin(plugins, tmp_path, monkeypatch, one_thread):
+    """`fedshift report` on a plug-in's runs, where the plug-in cannot be imported (another
+    machine, a deleted module): the run recorded its components' defaults, so the report
+    labels what it changed (it failed with 'cannot import module' before)."""
+    from fedshift.cli import main
+
+    cfg = {"dataset": {"name": "toyshift"}, "algorithm": {"name": "mymethods:FadingProx"}}
+    over = [*TOY, "train.rounds=1", "augment=[{name: myaugments:Jitter, strength: 0.3}]"]
+    res = fedshift.run(cfg, [*over, "algorithm.mu=0.2"], out=tmp_path / "runs")
+    assert res.summary["defaults"]["algorithm"]["mu"] == 0.1
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plugins)])
+    for name in ("mymethods", "myaugments"):
+        monkeypatch.delitem(sys.modules, name)
+    ALGORITHMS._entries.pop("mymethods:FadingProx")
+    AUGMENTS._entries.pop("myaugments:Jitter")
+    with pytest.raises(ConfigError, match="cannot import module 'mymethods'"):
+        ALGORITHMS.get("mymethods:FadingProx")  # the plug-in is really gone
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "mu=0.2" in text and "myaugments:Jitter(strength=0.3)" in text
+    assert "decay=" not in text  # unchanged keys are not labels
+
+
 def _error(*overrides: str) -> str:
     with pytest.raises(ConfigError) as e:
         resolve(load_config(None, [*TOY, *overrides]))

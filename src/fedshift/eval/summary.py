@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from fedshift.core.tasks import TASKS
+from fedshift.eval.tables import component_defaults
 
 SELECTION_RULE = (
     "round with the best mean validation accuracy over clients (earliest on ties); "
@@ -128,6 +129,12 @@ def summarize(sim) -> dict[str, Any]:
         "algorithm_config": cfg.algorithm,
         "augment": cfg.augment,
         "implied": list(getattr(sim, "implied", [])),
+        # the components' default keys, so a report labels what a run changed without
+        # importing the components (a plug-in's module need not be importable there)
+        "defaults": {
+            "algorithm": component_defaults(cfg.algorithm, "algorithm"),
+            "augment": {a["name"]: component_defaults(a, "augment") for a in cfg.augment},
+        },
         "partition": cfg.partition,
         # label-distribution heterogeneity of the clients (DisTrans's DH, Eq. 3-4), when known
         "dh": sim.fed.info.get("dh"),

@@ -100,15 +100,21 @@ def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
     return grid(header, rows)
 
 
-def _changed(section: dict, kind: str) -> str:
-    """``k=v`` for the keys of a resolved component section that differ from its defaults."""
+def component_defaults(section: dict, kind: str) -> dict:
+    """The default keys of the component a config section names (``{}``: it has none)."""
     import dataclasses
 
     entry = registry_for(kind).entry(section["name"])
-    if entry.params is None:
-        return ""
-    defaults = dataclasses.asdict(entry.params())
-    diff = [f"{k}={v}" for k, v in section.items() if k != "name" and defaults.get(k) != v]
+    return dataclasses.asdict(entry.params()) if entry.params is not None else {}
+
+
+def _changed(section: dict, kind: str, recorded: dict | None = None) -> str:
+    """``k=v`` for the keys of a resolved component section that differ from its defaults:
+    those the run recorded in its summary (``defaults``), so that a plug-in's run reports
+    without the plug-in; else (summaries written before) the registry's."""
+    if recorded is None:
+        recorded = component_defaults(section, kind)
+    diff = [f"{k}={v}" for k, v in section.items() if k != "name" and recorded.get(k) != v]
     return ",".join(diff)
 
 
@@ -117,14 +123,16 @@ def flow_label(s: dict) -> str:
     or non-default algorithm keys and augments, e.g. ``+fedrdn``, ``ffa(variant=fedfa-r)``,
     ``perturbation=False``. An algorithm's own (implied) augment with default keys is base."""
     parts = []
+    recorded = s.get("defaults") or {}
     algo = s.get("algorithm_config")
     if algo:
-        changed = _changed(algo, "algorithm")
+        changed = _changed(algo, "algorithm", recorded.get("algorithm"))
         if changed:
             parts.append(changed)
     implied = set(s.get("implied", []))
     for a in s.get("augment", []):
-        changed = _changed(a, "augment") if len(a) > 1 else ""
+        own = recorded.get("augment", {}).get(a["name"]) if recorded else None
+        changed = _changed(a, "augment", own) if len(a) > 1 else ""
         if a["name"] in implied and not changed:
             continue
         tag = a["name"] + (f"({changed})" if changed else "")
