@@ -149,6 +149,8 @@ def test_first_non_finite_names_the_first_bad_tensor_in_record_order():
         assert Payload({"a": {"w": ok, "x": t}, "b": {"y": t}}).first_non_finite() == "a/x"
         assert Payload({"a": {"w": ok}, "b": {"y": ok, "z": t}}).first_non_finite() == "b/z"
         assert Payload({"a": {"h": t.half(), "x": t}}).first_non_finite() == "a/h"
+    big = torch.tensor([1e300, -1e300], dtype=torch.float64)  # finite, beyond float32's range
+    assert Payload({"a": {"big": big, "h": torch.ones(2).bfloat16()}}).first_non_finite() is None
 
 
 def test_seed_global_seeds_as_torch_manual_seed_does():

@@ -9,6 +9,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -320,3 +321,30 @@ def test_messages_carry_tensors_out_of_band_bit_exact():
     assert got["view"][0, 0] == 99.0
     assert (got["n"], got["s"]) == (3, "x")
     assert pool_worker.loads(frames)["i"].tolist() == list(range(7))
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "connection"])
+def test_large_messages_arrive_whole_both_ways(monkeypatch, raw):
+    """Buffers larger than the socket's (raw reads on POSIX, one Connection message each
+    elsewhere): a reader in another thread gets every byte, in order, over a fresh
+    uninitialised buffer, and a peer closing mid-message is an EOFError, not a hang."""
+    import threading
+
+    if raw and not pool_worker.RAW:
+        pytest.skip("raw descriptor reads are POSIX-only")
+    monkeypatch.setattr(pool_worker, "RAW", raw)
+    obj = {"big": torch.randn(3, 1 << 20), "small": torch.arange(5), "half": torch.randn(9).half()}
+    a, b = mp.Pipe()
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(v=pool_worker.recv(b)))
+    reader.start()
+    pool_worker.send(a, pool_worker.dumps(obj))
+    reader.join(30)
+    assert all(torch.equal(got["v"][k], obj[k]) for k in obj)
+    if raw:  # the writer dies after the header: the reader must not wait forever
+        frames = pool_worker.dumps({"x": torch.randn(1 << 16)})
+        head = struct.pack("<IQ", 1, frames[1].raw().nbytes)
+        a.send_bytes(head + frames[0])
+        a.close()
+        with pytest.raises(EOFError):
+            pool_worker.recv(b)
