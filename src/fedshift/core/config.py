@@ -176,8 +176,10 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: ExecutionConfig = field(default_factory=ExecutionConfig)
     # Trackers besides metrics.csv and run.log (always written); changes no number.
-    # "tensorboard": scalars per round in <run_dir>/tensorboard (pip install tensorboard).
-    track: list[Literal["tensorboard"]] = field(default_factory=list)
+    # "tensorboard": scalars per round in <run_dir>/tensorboard (pip install tensorboard);
+    # "wandb": the same in a W&B offline run in <run_dir>/wandb (pip install 'fedshift[wandb]');
+    # "mlflow": the same in an MLflow run in <run_dir>/mlflow (pip install 'fedshift[mlflow]').
+    track: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
     out: str = "runs"
     # Parameter grid: dotted key -> list of values; one run per combination.
     sweep: dict = field(default_factory=dict)

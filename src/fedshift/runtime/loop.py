@@ -41,7 +41,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,12 +306,17 @@ class RoundLoop:
             "selected_round": self.selected_round,
         }
 
-    def _atomic_save(self, obj: dict, name: str) -> None:
+    def _atomic_save(self, obj: dict, name: str, then: Callable[[], None] | None = None) -> None:
+        """Write ``obj`` to ``name`` with SIGINT / SIGTERM held off; ``then`` runs once it is
+        written, still held off (the trackers logging the rounds it made durable)."""
         self._saving = True
         try:
             write_checkpoint(obj, self.run_dir / name)
         except OSError as e:  # disk full, read-only: the previous file is intact
             raise write_failed(e, self.run_dir, name, self.identity.checkpointed) from None
+        else:
+            if then is not None:
+                then()
         finally:
             self._saving = False
         if self._pending is not None:  # a signal arrived while writing: act on it now
@@ -319,10 +324,15 @@ class RoundLoop:
             self._on_signal(signum, None)
 
     def save_checkpoint(self) -> None:
-        self._atomic_save(self.state_dict(), CHECKPOINT)
+        self._atomic_save(self.state_dict(), CHECKPOINT, then=self._saved)
+        log.info("checkpoint: round %d saved", self.last_round)
+
+    def _saved(self) -> None:
+        """The checkpoint is written: record it, then the trackers log the rounds it holds."""
         self.identity.checkpointed = self.last_round
         self._last_save = time.monotonic()
-        log.info("checkpoint: round %d saved", self.last_round)
+        if self._tracking is not None:
+            self._tracking.checkpointed(self.last_round)
 
     def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
         ck = read_run_state(self.run_dir, name, map_location=self.device)
@@ -407,7 +417,7 @@ class RoundLoop:
         self.provenance = track.provenance(track.utc_now(), self.last_round if resumed else None)
         log.info("%s", track.describe_start(self, resumed))
         started = time.perf_counter()
-        self._tracking = track.Tracking(self.run_dir, self.cfg.track)
+        self._tracking = track.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
         try:
             with self._signals():
                 if not resumed and self.algo.needs_setup:

@@ -1,10 +1,10 @@
-"""Run tracking and provenance: ``metrics.csv`` always, TensorBoard on request, and the
-``provenance`` block of ``summary.json``.
+"""Run tracking and provenance: ``metrics.csv`` always, TensorBoard, Weights & Biases or MLflow
+on request, and the ``provenance`` block of ``summary.json``.
 
 Trackers see a run round by round (:class:`RoundRecord`: the train loss of every reply, the
 evaluation rows when the round was evaluated, the bytes of the round) and never change it.
-The config key ``track`` lists the optional ones (``track=[tensorboard]``); :class:`CsvTracker`
-always runs:
+The config key ``track`` lists the optional ones (``track=[tensorboard,wandb,mlflow]``);
+:class:`CsvTracker` always runs:
 
 * ``metrics.csv`` next to ``metrics.jsonl``: the same rows (one per evaluated round and
   client), nested keys flattened (``global.val_acc``); rewritten from the checkpoint's rows
@@ -16,9 +16,13 @@ always runs:
   takes it). A resumed run (or one restarted from scratch) writes with ``purge_step`` at its
   first round, so the rounds logged after the checkpoint it resumes from are dropped: no
   step appears twice.
+* ``wandb/`` and ``mlflow/`` (:mod:`fedshift.runtime.track_services`: a W&B offline run, an
+  MLflow run in a SQLite store): the same scalars, each round logged once the checkpoint
+  that covers it is written (:meth:`Tracker.checkpointed`), since neither can drop steps.
 
 Adding a tracker: a :class:`Tracker` subclass in :data:`TRACKERS` and its name in the
-``track`` key's choices (:class:`fedshift.core.config.RunConfig`).
+``track`` key's choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
+imports it in ``open``, never at module level (``fedshift --help`` stays instant).
 
 :func:`provenance` is what produced a run: versions, the git commit of the fedshift source,
 the command line, the host, start and end time. It goes to ``summary.json["provenance"]``,
@@ -85,13 +89,16 @@ class RoundRecord:
 class Tracker:
     """One destination of a run's rounds. ``open`` is called once the run's earlier rows
     are known (``records``: those of the checkpoint a resumed run starts from; ``resumed``:
-    the run continues after round ``last_round``, else it starts from round 1)."""
+    the run continues after round ``last_round``, else it starts from round 1).
+    ``config``: the run's resolved config (:meth:`~fedshift.core.config.RunConfig.to_dict`),
+    when the caller has it."""
 
     #: the pip package the tracker needs (None: none)
     package: ClassVar[str | None] = None
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, config: dict | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.config = config
 
     @classmethod
     def check(cls) -> None:
@@ -100,6 +107,10 @@ class Tracker:
     def open(self, last_round: int, records: list[dict], resumed: bool) -> None: ...
 
     def log_round(self, record: RoundRecord) -> None: ...
+
+    def checkpointed(self, rnd: int) -> None:
+        """The run's checkpoint now holds every round up to ``rnd``: a resume never runs
+        them again. Called with SIGINT / SIGTERM held off, as the checkpoint write is."""
 
     def close(self) -> None: ...
 
@@ -125,8 +136,8 @@ def _cell(v: Any) -> str:
 class CsvTracker(Tracker):
     """``metrics.csv``: the rows of ``metrics.jsonl``, flattened (module docstring)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(run_dir)
+    def __init__(self, run_dir: Path, config: dict | None = None) -> None:
+        super().__init__(run_dir, config)
         self.path = self.run_dir / METRICS_CSV
         self.records: list[dict] = []
         self.columns: list[str] = []
@@ -210,8 +221,8 @@ class TensorBoardTracker(Tracker):
                 "pip install tensorboard (or remove tensorboard from track)"
             )
 
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(run_dir)
+    def __init__(self, run_dir: Path, config: dict | None = None) -> None:
+        super().__init__(run_dir, config)
         self.writer: Any = None
 
     def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
@@ -234,7 +245,8 @@ class TensorBoardTracker(Tracker):
             self.writer = None
 
 
-#: the optional trackers, by their name in the ``track`` key
+#: the optional trackers, by their name in the ``track`` key (``wandb`` and ``mlflow`` are
+#: added by :mod:`fedshift.runtime.track_services`, imported at the end of this module)
 TRACKERS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker}
 
 
@@ -287,11 +299,12 @@ def describe_end(summary: dict) -> str:
 
 class Tracking:
     """The trackers of one run: CSV and those the config's ``track`` names, called together;
-    ``close`` closes every one that opened."""
+    ``close`` closes every one that opened. ``config``: the run's resolved config, for the
+    trackers that record it."""
 
-    def __init__(self, run_dir: Path, names: Iterable[str]) -> None:
-        self.trackers: list[Tracker] = [CsvTracker(run_dir)]
-        self.trackers += [TRACKERS[n](run_dir) for n in dict.fromkeys(names)]
+    def __init__(self, run_dir: Path, names: Iterable[str], config: dict | None = None) -> None:
+        self.trackers: list[Tracker] = [CsvTracker(run_dir, config)]
+        self.trackers += [TRACKERS[n](run_dir, config) for n in dict.fromkeys(names)]
         self._opened: list[Tracker] = []
 
     def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
@@ -302,6 +315,11 @@ class Tracking:
     def log_round(self, record: RoundRecord) -> None:
         for t in self.trackers:
             t.log_round(record)
+
+    def checkpointed(self, rnd: int) -> None:
+        """The checkpoint now holds every round up to ``rnd`` (:meth:`Tracker.checkpointed`)."""
+        for t in self._opened:
+            t.checkpointed(rnd)
 
     def close(self) -> None:
         while self._opened:
@@ -375,3 +393,7 @@ def provenance(started: str, resumed_from: int | None = None) -> dict[str, Any]:
         "end": None,
         "resumed_from": resumed_from,
     }
+
+
+# the W&B and MLflow trackers register themselves in TRACKERS (neither package is imported)
+from fedshift.runtime import track_services as _track_services  # noqa: E402, F401
