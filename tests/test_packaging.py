@@ -28,7 +28,7 @@ from fedshift.core.presets import config_file, packaged_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: import names of packages that only the extras install (flower, digits, mri)
-EXTRA_MODULES = ("flwr", "ray", "tomli_w", "mlxtend", "skimage", "nilearn")
+EXTRA_MODULES = ("flwr", "ray", "tomli_w", "mlxtend", "skimage", "nilearn", "wandb", "mlflow")
 #: what the wheel is built from (copied: an in-tree build leaves build/ with stale files)
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "src", "configs")
 

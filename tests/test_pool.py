@@ -28,9 +28,9 @@ from fedshift.data.base import Split
 from fedshift.runtime import pool as pool_mod
 from fedshift.runtime import pool_worker
 from fedshift.runtime.checkpoint_io import read_checkpoint
-from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.pool import PoolTransport, WorkerPool, assign
 from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunSignal
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 

@@ -40,7 +40,7 @@ RUNNER = textwrap.dedent(
     import sys, torch, yaml
     torch.set_num_threads(1)
     from fedshift.catalog import resolve
-    from fedshift.runtime.loop import RunSignal
+    from fedshift.runtime.stopping import RunSignal
     from fedshift.runtime.simulation import Simulation
     cfg = resolve(yaml.safe_load(open(sys.argv[1])))
     sim = Simulation(cfg, sys.argv[2], progress=False)  # data and model ready: now it runs
@@ -132,8 +132,8 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
     """A signal that arrives while the checkpoint is written acts once it is complete: the
     file on disk is whole and the run stops right after."""
     from fedshift.runtime import loop as loop_mod
-    from fedshift.runtime.loop import RunSignal
     from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.stopping import RunSignal
 
     cfg = toy_cfg("algorithm.name=fedavg", "checkpoint.every=1", rounds=4)
     sim = Simulation(cfg, tmp_path / "s", progress=False)
@@ -144,7 +144,7 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
         real_save(obj, path)
         if obj.get("round") == 2 and "ledger" in obj and not sent:
             sent.append(1)
-            sim._on_signal(signal.SIGTERM, None)  # arrives mid-write
+            sim.gate.handle(signal.SIGTERM, None)  # arrives mid-write
 
     monkeypatch.setattr(loop_mod, "write_checkpoint", save_then_signal)
     with pytest.raises(RunSignal) as info:
@@ -156,15 +156,15 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
 def test_signal_during_the_setup_exchange_saves_nothing(tmp_path):
     """Interrupted between sending the setup statistics and receiving the federation's back,
     a run has no whole state to save: no checkpoint, and --resume starts it again."""
-    from fedshift.runtime.loop import RunSignal
     from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.stopping import RunSignal
 
     cfg = toy_cfg("algorithm.name=fedavg", "augment=[fedrdn]", rounds=2)
     sim = Simulation(cfg, tmp_path / "s", progress=False)
     receive = sim.transport.setup_receive
 
     def interrupted(downs):
-        sim._on_signal(signal.SIGINT, None)
+        sim.gate.handle(signal.SIGINT, None)
         return receive(downs)
 
     sim.transport.setup_receive = interrupted

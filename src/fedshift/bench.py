@@ -55,11 +55,11 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.cores import share_cores
-from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
 from fedshift.runtime.results import run_dir_base
 from fedshift.runtime.rundir import clear_run_dir, hold_lock, hold_run
+from fedshift.runtime.stopping import RunSignal
 
 CELL_FILE = "cell.json"
 MANIFEST = "bench.json"

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.loop import RunSignal
 from fedshift.runtime.results import run_dir_base
 from fedshift.runtime.rundir import (
     LOCK_FILE,
@@ -38,6 +37,7 @@ from fedshift.runtime.rundir import (
     is_empty,
     is_run_dir,
 )
+from fedshift.runtime.stopping import RunSignal
 
 __all__ = ["SweepStopped", "claim_dirs", "planned_dirs", "run_sweep"]
 

@@ -15,7 +15,8 @@ Runs survive interruption:
   ``checkpoint.minutes`` minutes, whichever comes first, and at the last round;
 * SIGINT (Ctrl-C) and SIGTERM save one at once: the round in progress is rolled back to its
   start (server state, the ledger and the sampled clients' state) and the state of the last
-  whole round is written, then :class:`RunSignal` propagates (the CLI exits 130 / 143);
+  whole round is written, then :class:`~fedshift.runtime.stopping.RunSignal` propagates
+  (the CLI exits 130 / 143; :mod:`fedshift.runtime.stopping`);
 * ``selected.pt`` keeps the state at the best scheduled evaluation round (the model selection
   of every scheduled round; the last round is in ``checkpoint.pt``), so protocols evaluate the
   selected model by default.
@@ -37,12 +38,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,36 +66,10 @@ from fedshift.runtime.client import check_reply
 from fedshift.runtime.experiment import build_experiment
 from fedshift.runtime.results import RunResult, finish_run, write_metrics
 from fedshift.runtime.rundir import hold_run
+from fedshift.runtime.stopping import Caught, RunInterrupted, RunSignal, SignalGate
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
 
 log = logging.getLogger("fedshift.runtime")
-
-
-class RunInterrupted(FedshiftError):
-    """Raised by ``stop_after`` to emulate a run killed after a given round (tests, demos)."""
-
-
-class RunSignal(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
-    """SIGINT or SIGTERM arrived; the run saved its last whole round before this propagated.
-
-    A ``BaseException`` (like ``KeyboardInterrupt``) so that no ``except Exception`` on the
-    way swallows it."""
-
-    def __init__(self, signum: int, run_dir: Path, saved_round: int | None) -> None:
-        self.signum = signum
-        self.run_dir = run_dir
-        self.saved_round = saved_round
-        name = signal.Signals(signum).name
-        where = (
-            f"state of round {saved_round} saved in {run_dir / CHECKPOINT}"
-            if saved_round is not None
-            else "nothing to save yet (stopped during set-up)"
-        )
-        super().__init__(f"{name}: {where}; continue with: fedshift run --resume {run_dir}")
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 @dataclass
@@ -159,9 +132,7 @@ class RoundLoop:
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
-        self._saving = False
-        self._stopping = False
-        self._pending: int | None = None
+        self.gate = SignalGate()  # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
         self._last_save = time.monotonic()
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
         self._tracking: track.Tracking | None = None
@@ -309,19 +280,13 @@ class RoundLoop:
     def _atomic_save(self, obj: dict, name: str, then: Callable[[], None] | None = None) -> None:
         """Write ``obj`` to ``name`` with SIGINT / SIGTERM held off; ``then`` runs once it is
         written, still held off (the trackers logging the rounds it made durable)."""
-        self._saving = True
-        try:
-            write_checkpoint(obj, self.run_dir / name)
-        except OSError as e:  # disk full, read-only: the previous file is intact
-            raise write_failed(e, self.run_dir, name, self.identity.checkpointed) from None
-        else:
+        with self.gate.held():
+            try:
+                write_checkpoint(obj, self.run_dir / name)
+            except OSError as e:  # disk full, read-only: the previous file is intact
+                raise write_failed(e, self.run_dir, name, self.identity.checkpointed) from None
             if then is not None:
                 then()
-        finally:
-            self._saving = False
-        if self._pending is not None:  # a signal arrived while writing: act on it now
-            signum, self._pending = self._pending, None
-            self._on_signal(signum, None)
 
     def save_checkpoint(self) -> None:
         self._atomic_save(self.state_dict(), CHECKPOINT, then=self._saved)
@@ -360,28 +325,6 @@ class RoundLoop:
             worked.update(self.sample(r))
         return worked
 
-    # ------------------------------------------------------------------ signals
-    def _on_signal(self, signum: int, frame) -> None:
-        if self._stopping:  # already saving the state to stop: let that finish
-            return
-        if self._saving:  # never cut a checkpoint in half: act once it is written
-            self._pending = signum
-            return
-        raise _Caught(signum)
-
-    @contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGINT / SIGTERM raise :class:`_Caught` in the loop (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
     # ------------------------------------------------------------------ the loop
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
@@ -419,13 +362,13 @@ class RoundLoop:
         started = time.perf_counter()
         self._tracking = track.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
         try:
-            with self._signals():
+            with self.gate.installed():
                 if not resumed and self.algo.needs_setup:
                     self.setup_exchange()
                 write_metrics(self.run_dir, self.records)
                 self._tracking.open(self.last_round, self.records, resumed)
                 self._rounds(stop_after)
-        except _Caught as caught:
+        except Caught as caught:
             saved = self._save_interrupted(started)
             stop = RunSignal(caught.signum, self.run_dir, saved)
             log.info("stopped by %s", stop)
@@ -534,7 +477,7 @@ class RoundLoop:
 
     def _save_interrupted(self, started: float) -> int | None:
         """After a signal: undo the round in progress and save the last whole round."""
-        self._stopping = True
+        self.gate.stopping = True
         if self._undo is not None:
             server, rows = self._undo
             self.server = server
@@ -552,8 +495,3 @@ class RoundLoop:
         """A signal during the setup exchange leaves nothing to save: a half-done exchange
         (statistics sent but not yet received back) must not be checkpointed."""
         return self.setup_complete
-
-
-class _Caught(BaseException):  # noqa: N818
-    def __init__(self, signum: int) -> None:
-        self.signum = signum

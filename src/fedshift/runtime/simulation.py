@@ -36,12 +36,11 @@ from fedshift.runtime.loop import (
     SELECTED,
     LoopOptions,
     RoundLoop,
-    RunInterrupted,
-    RunSignal,
 )
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.pool import PoolTransport, WorkerPool
 from fedshift.runtime.results import RunResult, new_run_dir
+from fedshift.runtime.stopping import RunInterrupted, RunSignal
 from fedshift.runtime.vmap import VmapTransport
 
 __all__ = [
