@@ -109,12 +109,8 @@ def test_packages_import_only_lower_layers():
     assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
 
 
-def test_no_import_cycle_between_packages():
-    """No strongly connected set of more than one package (Tarjan's algorithm)."""
-    edges = _edges()
-    graph: dict[str, set[str]] = defaultdict(set)
-    for a, b in edges:
-        graph[a].add(b)
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of more than one node of ``graph`` (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -142,11 +138,67 @@ def test_no_import_cycle_between_packages():
     for v in sorted(graph):
         if v not in index:
             strongconnect(v)
+    return cycles
+
+
+def test_no_import_cycle_between_packages():
+    """No strongly connected set of more than one package."""
+    edges = _edges()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+    cycles = _cycles(graph)
     text = "; ".join(
         ", ".join(f"{a} -> {b} ({edges[(a, b)][0]})" for a in c for b in c if (a, b) in edges)
         for c in cycles
     )
     assert not cycles, f"import cycles between packages: {text}"
+
+
+def _module_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """Module-level imports between the modules of the package at ``root`` (those a module
+    runs when it is imported; a function's own import is not one), without a package's
+    ``__init__`` importing its own submodules (the registries' idiom: the package imports
+    each method's module, which imports the package's ``register``)."""
+
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    paths = sorted(root.rglob("*.py"))
+    modules = {name_of(p) for p in paths}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in paths:
+        name = name_of(path)
+        init = path.name == "__init__.py"
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t in modules and t != name and not (init and t.startswith(name + ".")):
+                    graph[name].add(t)
+    return graph
+
+
+def test_no_import_cycle_between_modules():
+    """No two modules import each other at module level, directly or through others (a
+    cycle makes the import order matter: a half-initialised module's names are missing)."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, "module import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_module_cycle_check_catches_a_cycle(tmp_path):
+    pkg = tmp_path / "fedshift" / "runtime"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("from fedshift.runtime.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from fedshift.runtime import a\n")
+    assert not _cycles(_module_graph(tmp_path / "fedshift"))  # a function's import: no cycle
+    (pkg / "b.py").write_text("from fedshift.runtime import a\n")
+    assert _cycles(_module_graph(tmp_path / "fedshift"))
 
 
 def test_core_sources_import_only_core():

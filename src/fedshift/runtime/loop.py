@@ -54,7 +54,7 @@ from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
 from fedshift.eval.summary import select_round
-from fedshift.runtime import track
+from fedshift.runtime import track, tracking
 from fedshift.runtime.checkpoint_io import (
     CHECKPOINT,
     SELECTED,
@@ -107,7 +107,7 @@ class RoundLoop:
         progress: bool = True,
         options: LoopOptions | None = None,
     ) -> None:
-        track.check_trackers(cfg.track)  # a missing package fails before anything loads
+        tracking.check_trackers(cfg.track)  # a missing package fails before anything loads
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.transport = transport
@@ -135,7 +135,7 @@ class RoundLoop:
         self.gate = SignalGate()  # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
         self._last_save = time.monotonic()
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
-        self._tracking: track.Tracking | None = None
+        self._tracking: tracking.Tracking | None = None
 
     # ------------------------------------------------------------------ one round
     def sample(self, rnd: int) -> list[str]:
@@ -360,7 +360,7 @@ class RoundLoop:
         self.provenance = track.provenance(track.utc_now(), self.last_round if resumed else None)
         log.info("%s", track.describe_start(self, resumed))
         started = time.perf_counter()
-        self._tracking = track.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
+        self._tracking = tracking.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
         try:
             with self.gate.installed():
                 if not resumed and self.algo.needs_setup:

@@ -20,7 +20,8 @@ The config key ``track`` lists the optional ones (``track=[tensorboard,wandb,mlf
   MLflow run in a SQLite store): the same scalars, each round logged once the checkpoint
   that covers it is written (:meth:`Tracker.checkpointed`), since neither can drop steps.
 
-Adding a tracker: a :class:`Tracker` subclass in :data:`TRACKERS` and its name in the
+Adding a tracker: a :class:`Tracker` subclass in :data:`fedshift.runtime.tracking.TRACKERS`
+and its name in the
 ``track`` key's choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
 imports it in ``open``, never at module level (``fedshift --help`` stays instant).
 
@@ -50,13 +51,10 @@ from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
 
 __all__ = [
-    "TRACKERS",
     "CsvTracker",
     "RoundRecord",
     "TensorBoardTracker",
     "Tracker",
-    "Tracking",
-    "check_trackers",
     "describe_end",
     "describe_start",
     "flatten_row",
@@ -245,21 +243,6 @@ class TensorBoardTracker(Tracker):
             self.writer = None
 
 
-#: the optional trackers, by their name in the ``track`` key (``wandb`` and ``mlflow`` are
-#: added by :mod:`fedshift.runtime.track_services`, imported at the end of this module)
-TRACKERS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker}
-
-
-def check_trackers(names: Iterable[str]) -> None:
-    """Every tracker ``names`` asks for can run here (else a :class:`ConfigError`)."""
-    for name in dict.fromkeys(names):
-        if name not in TRACKERS:
-            raise ConfigError(
-                f"config key 'track': unknown tracker {name!r}; choose from {sorted(TRACKERS)}"
-            )
-        TRACKERS[name].check()
-
-
 def round_record(
     run: Any, rnd: int, train_metrics: dict[str, dict], rows: list[dict] | None, mark: int
 ) -> RoundRecord:
@@ -297,36 +280,6 @@ def describe_end(summary: dict) -> str:
     )
 
 
-class Tracking:
-    """The trackers of one run: CSV and those the config's ``track`` names, called together;
-    ``close`` closes every one that opened. ``config``: the run's resolved config, for the
-    trackers that record it."""
-
-    def __init__(self, run_dir: Path, names: Iterable[str], config: dict | None = None) -> None:
-        self.trackers: list[Tracker] = [CsvTracker(run_dir, config)]
-        self.trackers += [TRACKERS[n](run_dir, config) for n in dict.fromkeys(names)]
-        self._opened: list[Tracker] = []
-
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
-        for t in self.trackers:
-            t.open(last_round, records, resumed)
-            self._opened.append(t)
-
-    def log_round(self, record: RoundRecord) -> None:
-        for t in self.trackers:
-            t.log_round(record)
-
-    def checkpointed(self, rnd: int) -> None:
-        """The checkpoint now holds every round up to ``rnd`` (:meth:`Tracker.checkpointed`)."""
-        for t in self._opened:
-            t.checkpointed(rnd)
-
-    def close(self) -> None:
-        while self._opened:
-            self._opened.pop().close()
-
-
-# ----------------------------------------------------------------------------- provenance
 def utc_now() -> str:
     """The time now, ISO 8601, UTC, to the second (``2026-01-31T12:00:00+00:00``)."""
     return datetime.now(UTC).isoformat(timespec="seconds")
@@ -393,7 +346,3 @@ def provenance(started: str, resumed_from: int | None = None) -> dict[str, Any]:
         "end": None,
         "resumed_from": resumed_from,
     }
-
-
-# the W&B and MLflow trackers register themselves in TRACKERS (neither package is imported)
-from fedshift.runtime import track_services as _track_services  # noqa: E402, F401

@@ -73,7 +73,7 @@ from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json, write_text_atomic
-from fedshift.runtime.track import TRACKERS, RoundRecord, Tracker, flatten_row, round_scalars
+from fedshift.runtime.track import RoundRecord, Tracker, flatten_row, round_scalars
 
 __all__ = ["DurableTracker", "MlflowTracker", "WandbTracker", "wandb_mode"]
 
@@ -409,6 +409,3 @@ class WandbTracker(DurableTracker):
         segment = Path(run.dir).parent.name if getattr(run, "dir", None) else None
         rounds = [self.rounds[0], self.rounds[-1]] if self.rounds else []
         self.state.setdefault("segments", []).append({"dir": segment, "rounds": rounds})
-
-
-TRACKERS.update(mlflow=MlflowTracker, wandb=WandbTracker)
