@@ -288,6 +288,36 @@ def test_flower_resume_without_snapshots_fails_loudly(tmp_path):
         )
 
 
+def test_flower_run_stopped_by_a_signal_continues_on_flower_only(tmp_path, monkeypatch):
+    """A simulation stopped by SIGINT says to continue with `fedshift flower simulate
+    --resume` (it said `fedshift run --resume`), and its checkpoint, which holds no client
+    state (that stays on the nodes), is refused by the native resume (a KeyError before; a
+    silent restart of every client from its initial state would be another run)."""
+    from fedshift.flower.inprocess import InProcessGrid
+    from fedshift.flower.node import build_client_app
+    from fedshift.flower.server import FlowerOptions, FlowerServer
+    from fedshift.flower.transport import GridTransport
+    from fedshift.runtime.stopping import RunSignal
+
+    cfg = toy_cfg("algorithm.name=fedbn", "checkpoint.every=1", rounds=4)
+    opts = FlowerOptions(nodes=3, snapshot_dir=tmp_path / "snap", mode="simulation (in-process)")
+    server = FlowerServer(cfg, tmp_path / "f", opts, progress=False)
+    real = GridTransport.train
+
+    def train(self, rnd, cids, down):
+        if rnd == 3:  # Ctrl-C during round 3: round 2 is saved
+            server.loop.gate.handle(signal.SIGINT, None)
+        return real(self, rnd, cids, down)
+
+    monkeypatch.setattr(GridTransport, "train", train)
+    with pytest.raises(RunSignal) as stop:
+        server.run(InProcessGrid(build_client_app(), 3))
+    assert stop.value.saved_round == 2
+    assert f"continue with: fedshift flower simulate --resume {tmp_path / 'f'}" in str(stop.value)
+    with pytest.raises(FedshiftError, match="holds no client state.*fedshift flower simulate"):
+        resume_experiment(tmp_path / "f", progress=False)
+
+
 # ---------------------------------------------------------------------------- command line
 def test_cli_resume_extends_and_refuses_other_overrides(tmp_path, capsys):
     from fedshift.cli import main

@@ -49,8 +49,17 @@ class FlowerServer:
     def run(self, grid: Grid, resume: bool = False, stop_after: int | None = None) -> RunResult:
         """Run (or with ``resume``, continue from its checkpoint) to ``train.rounds``."""
         transport = GridTransport(grid, self.options)
+        where = self.run_dir
+        hint = (
+            f"fedshift flower simulate --resume {where}"
+            if self.options.mode.startswith("simulation")
+            else f"a Flower run of the same app with the run config resume={where}"
+        )
         options = LoopOptions(
-            min_clients=self.options.min_clients, round_log=True, label_suffix=" (flower)"
+            min_clients=self.options.min_clients,
+            round_log=True,
+            label_suffix=" (flower)",
+            resume_hint=hint,
         )
         self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
         return self.loop.run(resume=resume, stop_after=stop_after)

@@ -84,6 +84,9 @@ class LoopOptions:
     round_log: bool = False
     #: appended to the progress label, e.g. " (flower)"
     label_suffix: str = ""
+    #: how to continue the run after SIGINT / SIGTERM, when not ``fedshift run --resume DIR``
+    #: (the command, with the run directory)
+    resume_hint: str = ""
 
 
 def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
@@ -370,7 +373,7 @@ class RoundLoop:
                 self._rounds(stop_after)
         except Caught as caught:
             saved = self._save_interrupted(started)
-            stop = RunSignal(caught.signum, self.run_dir, saved)
+            stop = RunSignal(caught.signum, self.run_dir, saved, self.options.resume_hint)
             log.info("stopped by %s", stop)
             raise stop from None
         finally:

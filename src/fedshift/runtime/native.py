@@ -20,7 +20,7 @@ from fedshift.data.partition import apply_partition
 from fedshift.runtime.client import evaluate_client, train_client
 from fedshift.runtime.executor import SequentialExecutor
 from fedshift.runtime.experiment import Experiment, init_client_state
-from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
+from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
 
 
 class InProcessTransport:
@@ -94,7 +94,7 @@ class InProcessTransport:
         return self.states
 
     def load_state_dict(self, state: dict | None) -> None:
-        self.states = state or {}
+        self.states = held_client_state(state)
 
     def begin_round(self, cids: list[str]) -> None:
         self._undo = {cid: copy.deepcopy(self.states[cid]) for cid in cids}

@@ -59,7 +59,7 @@ from fedshift.data.base import Federation
 from fedshift.data.partition import apply_partition
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.pool_worker import dumps, recv, send, worker_main
-from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
+from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
 
 __all__ = ["PoolTransport", "WorkerPool", "assign"]
 
@@ -412,7 +412,7 @@ class PoolTransport:
         return {cid: merged[cid] for cid in self.where if cid in merged}
 
     def load_state_dict(self, state: dict | None) -> None:
-        state = state or {}
+        state = held_client_state(state)
         unknown = [cid for cid in state if cid not in self.where]
         if unknown:
             raise FedshiftError(f"client state for unknown client(s) {unknown}")

@@ -30,9 +30,12 @@ class RunSignal(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
     """SIGINT or SIGTERM arrived; the run saved its last whole round before this propagated.
 
     A ``BaseException`` (like ``KeyboardInterrupt``) so that no ``except Exception`` on the
-    way swallows it."""
+    way swallows it. ``resume``: how to continue the run, when not ``fedshift run --resume``
+    (a run on Flower continues on Flower)."""
 
-    def __init__(self, signum: int, run_dir: Path, saved_round: int | None) -> None:
+    def __init__(
+        self, signum: int, run_dir: Path, saved_round: int | None, resume: str = ""
+    ) -> None:
         self.signum = signum
         self.run_dir = run_dir
         self.saved_round = saved_round
@@ -42,7 +45,8 @@ class RunSignal(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
             if saved_round is not None
             else "nothing to save yet (stopped during set-up)"
         )
-        super().__init__(f"{name}: {where}; continue with: fedshift run --resume {run_dir}")
+        how = resume or f"fedshift run --resume {run_dir}"
+        super().__init__(f"{name}: {where}; continue with: {how}")
 
     @property
     def exit_code(self) -> int:

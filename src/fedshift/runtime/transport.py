@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Payload, Tensors
 
 if TYPE_CHECKING:
@@ -64,6 +65,21 @@ class RunIdentity:
     #: after a resume: the clients whose state changed up to ``resume_from`` (set-up or a
     #: round they trained in); each must restore it, the others start from their initial state
     worked: set[str] = field(default_factory=set)
+
+
+def held_client_state(state: dict | None) -> dict:
+    """The client state a checkpoint holds, for a transport that keeps its clients' state
+    (in-process, pool). ``None`` is a checkpoint of a run on Flower, whose clients keep their
+    state on the nodes (per-round snapshots): loading it here would start every client from
+    its initial state, silently another run, so it is refused, naming where to continue."""
+    if state is None:
+        raise FedshiftError(
+            "this checkpoint holds no client state: it was written by a run on Flower, whose "
+            "clients keep their state on the nodes; continue it on Flower (a simulation: "
+            "`fedshift flower simulate --resume RUN_DIR`; a deployment: the run config "
+            "resume=RUN_DIR), not with `fedshift run --resume`"
+        )
+    return state
 
 
 @dataclass
