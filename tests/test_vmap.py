@@ -145,24 +145,22 @@ def test_cuda_run_repeats_bit_for_bit(tmp_path, over):
     assert runs[0].summary["runtime"]["tf32"] is False
 
 
-#: HarmoFL (amplitude normalisation + weight perturbation together) differs between the CPU
-#: and the GPU by 2.5e-3 in one client's round-1 train loss (measured on an H100 and an
-#: H200), while each part alone (``fedavg`` + ``ampnorm``; ``fedsam``) is within 1e-6, and
-#: 1e-7 noise on the rebuilt images on the CPU moves it by 1e-6 only: not explained yet (see
-#: docs/ARCHITECTURE.md). Strict: the day it passes, this mark must go.
-_HARMOFL_GAP = pytest.mark.xfail(strict=True, reason="HarmoFL CPU/GPU gap, not explained yet")
+#: HarmoFL (amplitude normalisation and weight perturbation together) amplifies rounding on
+#: this data: its round-1 train loss moves by up to 1e-2 between two CPU convolution kernels
+#: (oneDNN on and off), 1.5e-4 between one and two threads, and 2.5e-3 between the CPU and a
+#: GPU (an H100 and an H200), while each part alone moves by under 1e-5 in all three. So
+#: HarmoFL is checked on the GPU by its repeat bit for bit (above) and here by its two parts:
+#: amplitude normalisation (``ampnorm``) and weight perturbation (``fedsam``), each measured
+#: within 1e-6 of the CPU on an H200.
+CPU_GPU_RUNS = [
+    *(o for o in GPU_RUNS if "augment=[ffa]" not in o and o != ("algorithm.name=harmofl",)),
+    ("algorithm.name=fedavg", "augment=[ampnorm]"),
+    ("algorithm.name=fedsam",),
+]
 
 
 @CUDA
-@pytest.mark.parametrize(
-    "over",
-    [
-        pytest.param(*[o], marks=_HARMOFL_GAP) if o == ("algorithm.name=harmofl",) else o
-        for o in GPU_RUNS
-        if "augment=[ffa]" not in o
-    ],
-    ids=lambda o: " ".join(o),
-)
+@pytest.mark.parametrize("over", CPU_GPU_RUNS, ids=lambda o: " ".join(o))
 def test_cuda_equals_cpu_up_to_rounding(tmp_path, over):
     """A GPU run computes what the CPU run computes (float32, TF32 off), up to the rounding
     that another summation order gives (:func:`_close`; one round, as for vmap: rounding
