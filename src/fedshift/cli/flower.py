@@ -57,12 +57,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.resume:  # the run's saved config; nothing else may change
         from fedshift.runtime.simulation import saved_config
 
-        given = [f"--{f}" for f in ("new", "overwrite") if getattr(args, f)]
-        if args.config or args.overrides or given:
-            dropped = " and ".join([*(["-c and key=value"] if args.config or args.overrides
-                                      else []), *given])  # fmt: skip
-            raise FedshiftError(f"--resume takes the run's saved config and directory; drop "
-                                f"{dropped}")  # fmt: skip
+        given = [
+            what
+            for what, on in (
+                ("-c and key=value", args.config or args.overrides),
+                ("--new", args.new),
+                ("--overwrite", args.overwrite),
+            )
+            if on
+        ]
+        if given:
+            raise FedshiftError(
+                f"--resume takes the run's saved config and directory; drop {' and '.join(given)}"
+            )
         cfg, run_dir = saved_config(args.resume), Path(args.resume)
     else:
         cfg = _config(args)

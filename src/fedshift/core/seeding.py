@@ -77,7 +77,7 @@ def set_rng_state(state: dict) -> None:
     GPUs."""
     torch.set_rng_state(state["torch"].cpu())
     cuda = state.get("cuda")
-    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+    if cuda and _cuda_available() and torch.cuda.device_count() == len(cuda):
         torch.cuda.set_rng_state_all([t.cpu() for t in cuda])
     n = state["numpy"]
     keys = n["keys"].cpu().numpy().astype(np.uint32)

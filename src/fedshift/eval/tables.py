@@ -131,7 +131,7 @@ def flow_label(s: dict) -> str:
             parts.append(changed)
     implied = set(s.get("implied", []))
     for a in s.get("augment", []):
-        own = recorded.get("augment", {}).get(a["name"]) if recorded else None
+        own = recorded.get("augment", {}).get(a["name"])
         changed = _changed(a, "augment", own) if len(a) > 1 else ""
         if a["name"] in implied and not changed:
             continue
