@@ -153,7 +153,12 @@ def plan(
         skip = ("seed", "algorithm.name", "algorithm")
         # a ``cell`` grid key stands for the dotted keys its mappings set
         keys = list(dict.fromkeys(_grid_keys(grid)))
-        extra = [f"{k}={_fmt(lookup(one, k))}" for k in keys if k not in skip]
+        # a key that this cell of a ``cell`` list does not set keeps the suite's value
+        extra = [
+            f"{k}={_fmt(lookup(one, k))}"
+            for k in keys
+            if k not in skip and lookup(one, k) is not None
+        ]
         head = _fmt(one["algorithm"]) if "algorithm" in keys else cfg.algorithm["name"]
         label = " ".join([head, *extra])
         base = f"{run_dir_base(cfg)}-{digest}"
