@@ -10,6 +10,7 @@ fedshift report RUN_DIR... [--out DIR]                   Markdown + HTML + CSV r
 fedshift protocol cross-site|loco|sweep|rounds|...       the papers' evaluation protocols
 fedshift data build|show|fetch ...                       offline benchmarks
 fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
+fedshift claims [--check] | claims collect ...           the claims ledger from results/
 
 One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report),
 :mod:`fedshift.cli.data`, :mod:`fedshift.cli.protocol` and :mod:`fedshift.cli.flower`.
@@ -33,7 +34,7 @@ import sys
 from pathlib import Path
 
 from fedshift import __version__
-from fedshift.cli import data, flower, protocol, run
+from fedshift.cli import claims, data, flower, protocol, run
 from fedshift.core.errors import FedshiftError
 
 __all__ = ["build_parser", "describe_os_error", "main", "parse"]
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     protocol.add_parser(sub)
     flower.add_parser(sub)
     data.add_parser(sub)
+    claims.add_parser(sub)
     return p
 
 

@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
+from fedshift.core.machine import machine
 
 __all__ = [
     "CsvTracker",
@@ -326,7 +327,9 @@ def provenance(started: str, resumed_from: int | None = None) -> dict[str, Any]:
     """What produced a run, as it starts (``end`` is added when it finishes): versions of
     fedshift, torch, numpy and flwr (from their metadata: Ray is not imported), the git
     commit of the fedshift source (None when not a git checkout), the command line, host,
-    Python and platform, and the start time (ISO, UTC). ``resumed_from``: the round a
+    the machine (CPU model and torch's kernel path for it, cores, GPU:
+    :func:`fedshift.core.machine.machine`), Python and platform, and the start time (ISO,
+    UTC). ``resumed_from``: the round a
     resumed run continued after."""
     import torch
 
@@ -342,6 +345,7 @@ def provenance(started: str, resumed_from: int | None = None) -> dict[str, Any]:
         "git": git_state(Path(fedshift.__file__).parent),
         "command": list(sys.argv),
         "host": socket.gethostname(),
+        "machine": machine(),
         "start": started,
         "end": None,
         "resumed_from": resumed_from,

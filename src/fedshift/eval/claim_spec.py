@@ -1,0 +1,288 @@
+"""The claims files (``claims/<paper>.yaml``) as typed, validated values: a paper, its
+claims, each claim's offline stand-in and the comparisons that test it (the format is
+described in claims/README.md; :mod:`fedshift.eval.claims` evaluates them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedshift.core.config import lookup
+from fedshift.core.errors import FedshiftError
+from fedshift.eval import rubric
+
+KINDS = ("claim", "design", "accounting", "qualitative")
+_CLAIM_KEYS = {
+    "id",
+    "kind",
+    "where",
+    "statement",
+    "paper",
+    "real_suite",
+    "needs",
+    "stand_in",
+    "metric",
+    "compare",
+    "notes",
+    "test",
+    "figure",
+    "accounting",
+}
+_STAND_IN_KEYS = {"suite", "command", "results", "minutes", "paper_rounds", "protocol"}
+_COMPARE_KEYS = {"label", "a", "b", "expect", "margin", "metric", "metric_b", "mean_over"}
+_PAPER_KEYS = {"paper", "venue", "page", "intro", "claims", "notes"}
+
+
+class ClaimsError(FedshiftError):
+    """A claims file that does not parse, or that does not fit the results it names."""
+
+
+# ------------------------------------------------------------------------------ the spec
+@dataclass(frozen=True)
+class Selector:
+    """Runs whose resolved config has these dotted-key values (``augment``: a list of
+    augment names, or of mappings whose keys must match)."""
+
+    values: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, raw: Any, where: str) -> Selector:
+        if not isinstance(raw, dict) or not raw:
+            raise ClaimsError(f"{where}: a run selector is a mapping of dotted config keys")
+        return cls(tuple(sorted((str(k), v) for k, v in raw.items())))
+
+    def matches(self, cfg: dict, summary: dict) -> bool:
+        """Whether a run (its resolved ``cfg`` and ``summary``) is one of these runs. The
+        ``augment`` list is the run's own: without the augments its algorithm implies
+        (FedFA's ffa, HarmoFL's amplitude normalisation) when those keep their defaults; a
+        name in it stands for that augment with its default keys (recorded in the summary)."""
+        defaults = (summary.get("defaults") or {}).get("augment", {})
+        for key, want in self.values:
+            have = lookup(cfg, key, _ABSENT)
+            if key == "augment" and isinstance(have, list):
+                implied = set(summary.get("implied", []))
+                have = [
+                    a for a in have if not (a.get("name") in implied and _is_default(a, defaults))
+                ]
+                if not _same_augments(have, want, defaults):
+                    return False
+            elif not _same(have, want):
+                return False
+        return True
+
+    def label(self) -> str:
+        return " ".join(f"{k}={_short(v)}" for k, v in self.values)
+
+
+_ABSENT = object()
+
+
+def _is_default(aug: dict, defaults: dict) -> bool:
+    own = defaults.get(aug.get("name"))
+    return own is not None and all(aug.get(k) == v for k, v in own.items())
+
+
+def _same_augments(have: list, want: Any, defaults: dict) -> bool:
+    if not isinstance(want, list) or len(want) != len(have):
+        return False
+    for h, w in zip(have, want, strict=True):
+        if isinstance(w, str):
+            if h.get("name") != w or not _is_default(h, defaults):
+                return False
+        elif not _same(h, w):
+            return False
+    return True
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ",".join(_short(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_short(x)}" for k, x in sorted(v.items())) + "}"
+    return str(v)
+
+
+def _same(have: Any, want: Any) -> bool:
+    """``want`` (from a claims file) describes ``have`` (a resolved config value): mappings
+    by the keys ``want`` names, lists item by item, numbers by value (booleans apart)."""
+    if have is _ABSENT:
+        return False
+    if isinstance(want, dict) and isinstance(have, dict):
+        return all(_same(have.get(k, _ABSENT), v) for k, v in want.items())
+    if isinstance(want, list) and isinstance(have, list):
+        return len(want) == len(have) and all(_same(h, w) for h, w in zip(have, want, strict=True))
+    if isinstance(want, bool) or isinstance(have, bool):
+        return want is have
+    if isinstance(want, int | float) and isinstance(have, int | float):
+        return want == have
+    return bool(want == have)
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    label: str
+    a: Selector
+    b: Selector
+    expect: str
+    margin: float
+    metric: str
+    #: the metric of ``b`` when it differs from ``a``'s (e.g. before / after a protocol)
+    metric_b: str
+    mean_over: str | None
+
+
+@dataclass(frozen=True)
+class StandIn:
+    suite: str
+    #: the shell commands that make its results, in order
+    commands: tuple[str, ...]
+    results: tuple[str, ...]
+    minutes: float | None
+    paper_rounds: int | None
+    protocol: str | None
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    id: str
+    kind: str
+    where: str
+    statement: str
+    paper: str
+    real_suite: str | None
+    needs: str | None
+    stand_in: StandIn | None
+    metric: str
+    compare: tuple[CompareSpec, ...]
+    notes: str | None
+    test: str | None
+    figure: str | None
+    accounting: tuple[dict, ...]
+
+
+@dataclass(frozen=True)
+class PaperSpec:
+    key: str
+    paper: str
+    venue: str
+    page: str
+    intro: str
+    notes: str
+    claims: tuple[ClaimSpec, ...]
+
+
+def _need(raw: dict, key: str, where: str, kind: type | tuple = str) -> Any:
+    if key not in raw:
+        raise ClaimsError(f"{where}: '{key}' is missing")
+    if not isinstance(raw[key], kind):
+        raise ClaimsError(f"{where}: '{key}' must be {getattr(kind, '__name__', kind)}")
+    return raw[key]
+
+
+def _only(raw: dict, keys: set[str], where: str) -> None:
+    extra = sorted(set(raw) - keys)
+    if extra:
+        raise ClaimsError(f"{where}: unknown key(s) {extra}; valid: {sorted(keys)}")
+
+
+def _commands(raw: str | list) -> tuple[str, ...]:
+    return tuple(" ".join(str(c).split()) for c in ([raw] if isinstance(raw, str) else raw))
+
+
+def _claim(raw: Any, where: str) -> ClaimSpec:
+    if not isinstance(raw, dict):
+        raise ClaimsError(f"{where}: a claim is a mapping")
+    cid = str(_need(raw, "id", where, (str, int)))
+    where = f"{where} claim {cid}"
+    _only(raw, _CLAIM_KEYS, where)
+    kind = raw.get("kind", "claim")
+    if kind not in KINDS:
+        raise ClaimsError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
+    stand = None
+    if raw.get("stand_in") is not None:
+        s = raw["stand_in"]
+        if not isinstance(s, dict):
+            raise ClaimsError(f"{where}: stand_in is a mapping")
+        _only(s, _STAND_IN_KEYS, f"{where} stand_in")
+        res = s.get("results", [])
+        res = [res] if isinstance(res, str) else list(res)
+        stand = StandIn(
+            suite=str(_need(s, "suite", f"{where} stand_in")),
+            commands=_commands(_need(s, "command", f"{where} stand_in", (str, list))),
+            results=tuple(str(r) for r in res),
+            minutes=s.get("minutes"),
+            paper_rounds=s.get("paper_rounds"),
+            protocol=s.get("protocol"),
+        )
+    metric = str(raw.get("metric", "test"))
+    comps = []
+    for i, c in enumerate(raw.get("compare") or []):
+        cw = f"{where} compare[{i}]"
+        if not isinstance(c, dict):
+            raise ClaimsError(f"{cw}: a comparison is a mapping")
+        _only(c, _COMPARE_KEYS, cw)
+        expect = c.get("expect", "greater")
+        if expect not in rubric.EXPECTS:
+            raise ClaimsError(f"{cw}: expect must be one of {rubric.EXPECTS}, got {expect!r}")
+        comps.append(
+            CompareSpec(
+                label=str(_need(c, "label", cw)),
+                a=Selector.of(c.get("a"), f"{cw} a"),
+                b=Selector.of(c.get("b"), f"{cw} b"),
+                expect=expect,
+                margin=float(c.get("margin", rubric.DEFAULT_MARGIN)),
+                metric=str(c.get("metric", metric)),
+                metric_b=str(c.get("metric_b", c.get("metric", metric))),
+                mean_over=c.get("mean_over"),
+            )
+        )
+    needs = raw.get("needs")
+    if kind == "claim" and not needs and (stand is None or not comps):
+        raise ClaimsError(f"{where}: a counted claim needs a stand_in and comparisons, or 'needs'")
+    if kind == "design" and not raw.get("test"):
+        raise ClaimsError(f"{where}: a design check names its test ('test: tests/...::name')")
+    return ClaimSpec(
+        id=cid,
+        kind=kind,
+        where=str(_need(raw, "where", where)),
+        statement=str(_need(raw, "statement", where)).strip(),
+        paper=str(raw.get("paper", "")).strip(),
+        real_suite=raw.get("real_suite"),
+        needs=needs,
+        stand_in=stand,
+        metric=metric,
+        compare=tuple(comps),
+        notes=(str(raw["notes"]).strip() if raw.get("notes") else None),
+        test=raw.get("test"),
+        figure=raw.get("figure"),
+        accounting=tuple(raw.get("accounting") or ()),
+    )
+
+
+def load_paper(path: Path) -> PaperSpec:
+    """One claims file (:class:`ClaimsError` naming the file and the claim on a bad entry)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ClaimsError(f"{path}: cannot read ({e})") from None
+    where = str(path)
+    if not isinstance(raw, dict):
+        raise ClaimsError(f"{where}: a claims file is a mapping with 'paper' and 'claims'")
+    _only(raw, _PAPER_KEYS, where)
+    claims = tuple(_claim(c, where) for c in _need(raw, "claims", where, list))
+    ids = [c.id for c in claims]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ClaimsError(f"{where}: claim ids {dup} are used twice")
+    return PaperSpec(
+        key=path.stem,
+        paper=str(_need(raw, "paper", where)),
+        venue=str(raw.get("venue", "")),
+        page=str(_need(raw, "page", where)),
+        intro=str(raw.get("intro", "")).strip(),
+        notes=str(raw.get("notes", "")).strip(),
+        claims=claims,
+    )

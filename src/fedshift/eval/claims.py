@@ -1,0 +1,386 @@
+"""The papers' claims as data, evaluated against committed results by one rubric.
+
+``claims/<paper>.yaml`` lists a paper's claims: where the paper makes it (table, figure),
+its statement and numbers, the suite on the paper's data, the offline stand-in (suite,
+command, the ``results/`` folders its runs are committed in), the metric the paper uses and
+the comparisons that test it. :func:`evaluate` reads those files and the runs under
+``results/`` (each run: ``config.yaml``, ``summary.json``, ``metrics.jsonl``) and gives every
+claim its numbers and a verdict by :mod:`fedshift.eval.rubric`; :mod:`fedshift.eval.ledger`
+writes docs/CLAIMS.md and the per-paper pages from the result. Nothing here runs a model.
+
+A claim's ``kind``: ``claim`` (counted: a verdict by the rubric), ``design`` (a test of
+fedshift's own reading of an equation, named by ``test``), ``accounting`` (bytes on the
+wire, read from the runs' ledgers), ``qualitative`` (a figure, by eye). Only ``claim`` rows
+are counted as reproductions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fedshift.eval import rubric
+from fedshift.eval.claim_spec import (
+    ClaimsError,
+    ClaimSpec,
+    CompareSpec,
+    PaperSpec,
+    Selector,
+    load_paper,
+)
+
+
+# --------------------------------------------------------------------------- the results
+@dataclass
+class ResultRun:
+    """One committed run: its folder, resolved config and summary."""
+
+    path: Path
+    cfg: dict
+    summary: dict
+    _rows: list[dict] | None = field(default=None, repr=False)
+
+    @property
+    def seed(self) -> int:
+        return int(self.cfg["seed"])
+
+    @property
+    def rows(self) -> list[dict]:
+        if self._rows is None:
+            text = (self.path / "metrics.jsonl").read_text()
+            self._rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        return self._rows
+
+
+class Results:
+    """The runs under a ``results/`` root, read once per folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._folders: dict[str, list[ResultRun]] = {}
+
+    def runs(self, folder: str) -> list[ResultRun]:
+        if folder not in self._folders:
+            base = self.root / folder
+            found = []
+            for s in sorted(base.rglob("summary.json")) if base.is_dir() else []:
+                if not (s.parent / "config.yaml").is_file():
+                    continue
+                try:
+                    cfg = yaml.safe_load((s.parent / "config.yaml").read_text())
+                    summary = json.loads(s.read_text())
+                except (OSError, ValueError, yaml.YAMLError) as e:
+                    raise ClaimsError(f"{s.parent}: unreadable result ({e})") from None
+                found.append(ResultRun(s.parent, cfg, summary))
+            self._folders[folder] = found
+        return self._folders[folder]
+
+    def source(self, folder: str) -> dict | None:
+        """``results/<folder>/source.json``: the command and machine that produced it."""
+        top = folder.split("/")[0]
+        p = self.root / top / "source.json"
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+# ----------------------------------------------------------------------------- metrics
+def _curve(run: ResultRun, split: str = "val") -> dict[int, float]:
+    """The mean ``split`` (val / test) primary metric over training clients, per evaluated
+    round, of the model the run evaluates."""
+    kind = run.summary.get("evaluated_model", "global")
+    metric = run.summary.get("metric", "acc")
+    by: dict[int, list[float]] = defaultdict(list)
+    for r in run.rows:
+        if kind in r and not r.get("holdout"):
+            by[int(r["round"])].append(float(r[kind][f"{split}_{metric}"]))
+    return {k: statistics.fmean(v) for k, v in sorted(by.items())}
+
+
+def _at(split: str) -> Callable[[ResultRun, str, Path | None], float]:
+    def at(run: ResultRun, arg: str, protocol: Path | None) -> float:
+        curve = _curve(run, split)
+        rnd = int(arg)
+        if rnd not in curve:
+            raise ClaimsError(f"{run.path}: round {rnd} was not evaluated (rounds {list(curve)})")
+        return curve[rnd]
+
+    return at
+
+
+def _drops(split: str) -> Callable[[ResultRun, str, Path | None], float]:
+    def drops(run: ResultRun, arg: str, protocol: Path | None) -> float:
+        vals = list(_curve(run, split).values())
+        return sum(max(0.0, a - b) for a, b in zip(vals, vals[1:], strict=False))
+
+    return drops
+
+
+def _test(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    s = run.summary
+    if not arg:
+        return float(s["test_mean"])
+    if arg in s.get("test_per_client", {}):
+        return float(s["test_per_client"][arg])
+    if arg in s.get("metrics", {}):
+        return float(s["metrics"][arg]["test_mean"])
+    raise ClaimsError(f"{run.path}: no client or metric {arg!r} in its summary")
+
+
+def _target(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    v = run.summary.get("target_test_mean")
+    if v is None:
+        raise ClaimsError(f"{run.path}: no held-out client (target_test_mean)")
+    return float(v)
+
+
+def _protocol_dir(run: ResultRun, protocol: Path | None) -> Path:
+    if protocol is None:
+        raise ClaimsError(f"this metric needs the claim's stand_in.protocol folder ({run.path})")
+    return protocol
+
+
+def _cross_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    p = _protocol_dir(run, protocol) / run.path.name / "cross-site.json"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ClaimsError(f"{p}: {e}") from None
+    metric = data.get("metric", "acc")
+    return float(data["stats"][metric][arg or "off_diagonal_mean"])
+
+
+def _head_finetune(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    p = _protocol_dir(run, protocol) / "head-finetune.json"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ClaimsError(f"{p}: {e}") from None
+    for key, per_client in data["runs"].items():
+        if Path(key).name == run.path.name:
+            vals = [v[arg] for v in per_client.values()]
+            return statistics.fmean(vals)
+    raise ClaimsError(f"{p}: no entry for run {run.path.name}")
+
+
+#: metric name (before ``:``) -> value of one run; the part after ``:`` is the argument
+METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
+    "test": _test,
+    "target": _target,
+    "val_at": _at("val"),
+    "val_drops": _drops("val"),
+    "test_at": _at("test"),
+    "test_drops": _drops("test"),
+    "cross_site": _cross_site,
+    "head_finetune": _head_finetune,
+}
+
+METRIC_WORDS = {
+    "test": "test score at the selected round (mean over clients)",
+    "target": "held-out client's test score at the selected round",
+    "val_at": "mean validation score at round {arg}",
+    "val_drops": "summed round-to-round drops of the mean validation curve",
+    "test_at": "mean test score at round {arg}",
+    "test_drops": "summed round-to-round drops of the mean test curve",
+    "cross_site": "local models on the other clients' test data (off-diagonal mean)",
+    "head_finetune": "test score {arg} retraining the head (mean over clients)",
+}
+
+
+def metric_value(run: ResultRun, metric: str, protocol: Path | None = None) -> float:
+    name, _, arg = metric.partition(":")
+    if name not in METRICS:
+        raise ClaimsError(f"unknown metric {metric!r}; valid: {sorted(METRICS)}")
+    return METRICS[name](run, arg, protocol)
+
+
+def metric_words(metric: str) -> str:
+    name, _, arg = metric.partition(":")
+    text = METRIC_WORDS.get(name, metric)
+    if name == "test" and arg:
+        return f"test score of {arg} at the selected round"
+    if name == "head_finetune":
+        return text.format(arg={"before": "before", "after": "after"}.get(arg, arg))
+    return text.format(arg=arg)
+
+
+# -------------------------------------------------------------------------- evaluation
+@dataclass
+class Group:
+    """The runs a selector picks, one value per seed."""
+
+    label: str
+    values: dict[int, float]
+
+    def cell(self) -> str:
+        if not self.values:
+            return "—"
+        vals = list(self.values.values())
+        m = statistics.fmean(vals)
+        sd = f"{100 * statistics.stdev(vals):.2f}" if len(vals) > 1 else "n/a"
+        return f"{100 * m:.2f} ± {sd}"
+
+
+@dataclass
+class CompareResult:
+    spec: CompareSpec
+    a: Group
+    b: Group
+    result: rubric.Comparison
+
+
+@dataclass
+class ClaimResult:
+    spec: ClaimSpec
+    verdict: str | None  # None for rows that are not counted
+    comparisons: list[CompareResult]
+    rounds: int | None
+    source: dict | None
+    accounting: list[tuple[str, str]]
+    #: whether any run of the stand-in is in results/
+    measured: bool = False
+
+
+def _group(
+    runs: list[ResultRun],
+    sel: Selector,
+    metric: str,
+    mean_over: str | None,
+    protocol: Path | None,
+    where: str,
+) -> Group:
+    by_seed: dict[int, list[ResultRun]] = defaultdict(list)
+    for r in runs:
+        if sel.matches(r.cfg, r.summary):
+            by_seed[r.seed].append(r)
+    values: dict[int, float] = {}
+    sizes = set()
+    for seed, rs in sorted(by_seed.items()):
+        if len(rs) > 1 and not mean_over:
+            names = ", ".join(r.path.name for r in rs)
+            raise ClaimsError(
+                f"{where}: selector {sel.label()} matches {len(rs)} runs of seed {seed} "
+                f"({names}); add keys to tell them apart, or mean_over"
+            )
+        sizes.add(len(rs))
+        values[seed] = statistics.fmean(metric_value(r, metric, protocol) for r in rs)
+    if mean_over and len(sizes) > 1:
+        raise ClaimsError(f"{where}: {sel.label()} has unequal numbers of runs per seed")
+    return Group(sel.label(), values)
+
+
+def _rounds(runs: list[ResultRun]) -> int | None:
+    rounds = {int(r.summary.get("rounds", 0)) for r in runs}
+    return max(rounds) if rounds else None
+
+
+def _accounting(
+    runs: list[ResultRun], items: tuple[dict, ...], where: str
+) -> list[tuple[str, str]]:
+    out = []
+    for i, item in enumerate(items):
+        sel = Selector.of(item.get("select"), f"{where} accounting[{i}]")
+        match = [r for r in runs if sel.matches(r.cfg, r.summary)]
+        if not match:
+            out.append((str(item.get("label", sel.label())), "not measured"))
+            continue
+        r = sorted(match, key=lambda x: x.seed)[0]
+        out.append((str(item.get("label", sel.label())), _bytes_text(r, item.get("records"))))
+    return out
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.2f} KB"
+
+
+def _bytes_text(run: ResultRun, records: list[str] | None) -> str:
+    """Bytes per client per round (upload) of each record, and one-off setup bytes."""
+    s = run.summary
+    clients = max(1, len(s.get("clients", [])) - len(s.get("holdout", [])))
+    rounds = max(1, int(s.get("rounds", 1)))
+    up = s.get("bytes_by_record", {}).get("up", {})
+    parts = []
+    for rec in sorted(up):
+        if records and rec not in records:
+            continue
+        parts.append(f"{rec} {_kb(up[rec] / clients / rounds)}")
+    setup = s.get("bytes_setup_by_direction", {})
+    for direction in sorted(setup):
+        for rec, n in sorted(setup[direction].items()):
+            if records and rec not in records:
+                continue
+            parts.append(f"{rec} (once, {direction}) {_kb(n / clients)}")
+    return "; ".join(parts) + " per client" + ("" if not parts else " per round (upload)")
+
+
+def evaluate_claim(spec: ClaimSpec, results: Results, where: str) -> ClaimResult:
+    where = f"{where} claim {spec.id}"
+    stand = spec.stand_in
+    runs: list[ResultRun] = []
+    if stand is not None:
+        for folder in stand.results:
+            runs += results.runs(folder)
+    protocol = results.root / stand.protocol if stand and stand.protocol else None
+    source = results.source(stand.results[0]) if stand and stand.results else None
+    comps = []
+    for c in spec.compare:
+        cw = f"{where} '{c.label}'"
+        a = _group(runs, c.a, c.metric, c.mean_over, protocol, cw)
+        b = _group(runs, c.b, c.metric_b, c.mean_over, protocol, cw)
+        seeds = sorted(set(a.values) & set(b.values))
+        diffs = [a.values[s] - b.values[s] for s in seeds]
+        comps.append(CompareResult(c, a, b, rubric.judge(diffs, c.expect, c.margin)))
+    verdict: str | None = None
+    if spec.kind == "claim":
+        if spec.needs:
+            verdict = rubric.NOT_RUNNABLE
+        else:
+            verdict = rubric.combine([c.result.verdict for c in comps])
+    acct = _accounting(runs, spec.accounting, where) if spec.accounting else []
+    return ClaimResult(spec, verdict, comps, _rounds(runs), source, acct, bool(runs))
+
+
+@dataclass
+class PaperResult:
+    spec: PaperSpec
+    claims: list[ClaimResult]
+
+    def counts(self) -> dict[str, int]:
+        out = {v: 0 for v in rubric.VERDICTS}
+        for c in self.claims:
+            if c.verdict is not None:
+                out[c.verdict] += 1
+        return out
+
+
+def load_papers(claims_dir: Path) -> list[PaperSpec]:
+    # the five papers first, then the baselines' own claims
+    files = sorted(Path(claims_dir).glob("*.yaml"), key=lambda f: (f.stem == "baselines", f.stem))
+    if not files:
+        raise ClaimsError(f"no claims files (*.yaml) in {claims_dir}")
+    return [load_paper(f) for f in files]
+
+
+def evaluate(claims_dir: Path, results_root: Path) -> list[PaperResult]:
+    """Every paper's claims with their numbers and verdicts (:class:`ClaimsError` on a claims
+    file that does not fit the results)."""
+    results = Results(results_root)
+    out = []
+    for spec in load_papers(claims_dir):
+        where = f"{claims_dir}/{spec.key}.yaml"
+        out.append(PaperResult(spec, [evaluate_claim(c, results, where) for c in spec.claims]))
+    return out
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
