@@ -119,3 +119,36 @@ def test_in_process_suite_leaves_the_callers_torch_threads(tmp_path):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
+    """A cell whose result is committed in results/ (same suite, directory, digest) is
+    copied, not run, unless --fresh; it has no model, which a protocol says."""
+    from fedshift.eval.collect import collect_suite
+    from fedshift.protocols.common import load_run
+
+    monkeypatch.chdir(tmp_path)
+    suite = write_suite(
+        tmp_path, sweep={"algorithm.name": ["fedavg"], "seed": [0, 1]}, train={"rounds": 1}
+    )
+    first = run_suite(suite, workers=1, progress=False)
+    collect_suite(tmp_path / "runs" / "suite", tmp_path / "results", "fedshift bench suite.yaml")
+    assert (tmp_path / "results" / "suite" / "source.json").is_file()
+    assert not list((tmp_path / "results").rglob("*.pt"))  # numbers only, no models
+    again = run_suite(suite, out=str(tmp_path / "b"), workers=1, progress=False)
+    manifest = json.loads((tmp_path / "b" / "suite" / "bench.json").read_text())
+    assert [row["status"] for row in manifest] == ["committed", "committed"]
+    keys = ("test_mean", "val_mean", "best_round", "test_per_client")
+    assert [{k: s[k] for k in keys} for s in again] == [{k: s[k] for k in keys} for s in first]
+    assert all(Path(s["run_dir"]).parent == tmp_path / "b" / "suite" for s in again)
+    with pytest.raises(FedshiftError, match="taken from the committed results.*--fresh"):
+        load_run(again[0]["run_dir"])
+    # --fresh runs them, to the same numbers
+    fresh = run_suite(suite, out=str(tmp_path / "c"), workers=1, progress=False, reuse=False)
+    manifest = json.loads((tmp_path / "c" / "suite" / "bench.json").read_text())
+    assert [row["status"] for row in manifest] == ["ran", "ran"]
+    assert [{k: s[k] for k in keys} for s in fresh] == [{k: s[k] for k in keys} for s in first]
+    # another config (a changed key) is another digest: nothing is taken
+    other = run_suite(suite, ["train.lr=0.02"], out=str(tmp_path / "d"), workers=1,
+                      progress=False)
+    assert all((Path(s["run_dir"]) / "checkpoint.pt").is_file() for s in other)

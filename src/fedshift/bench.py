@@ -8,10 +8,18 @@ cell's resolved config. A cell whose directory holds a readable ``summary.json``
 digest is done and is never run again; a cell killed midway (or whose summary is unreadable)
 continues from its last checkpoint (``checkpoint.every``); anything else starts afresh.
 
+A cell whose finished result is committed in the repository's ``results/`` tree
+(``results/<suite name>/<cell directory>/``, same digest; :mod:`fedshift.eval.collect`) is
+not run either: its ``config.yaml``, ``summary.json``, ``metrics.jsonl`` and ``cell.json``
+are copied into the suite folder and it counts as done (``committed``; it has no
+checkpoint or model, so a protocol that needs its model runs it: ``reuse=False``,
+``fedshift bench --fresh``).
+
 ``bench.json`` in the suite folder lists every cell with what happened to it in this
-invocation (``cached``, ``ran``, ``resumed``, ``failed`` with the reason, ``interrupted``, or
-``pending`` when the suite stopped first); it is rewritten, atomically, as each cell ends. A
-failing cell does not stop the others: the suite runs every cell, then fails naming the failed
+invocation (``cached``, ``committed``, ``ran``, ``resumed``, ``failed`` with the reason,
+``interrupted``, or ``pending`` when the suite stopped first); it is rewritten, atomically,
+as each cell ends. A failing cell does not stop the others: the suite runs every cell, then
+fails naming the failed
 ones. SIGINT / SIGTERM stop the whole suite at once, each running cell saving its last whole
 round first; running the suite again continues it.
 
@@ -184,6 +192,53 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def results_root(results: str | Path | None = None) -> Path | None:
+    """Where committed results are looked up: ``results``, else ``$FEDSHIFT_RESULTS``, else
+    ``./results`` when that folder exists (a checkout of the repository); None: nowhere."""
+    import os
+
+    if results is not None:
+        return Path(results)
+    env = os.environ.get("FEDSHIFT_RESULTS")
+    if env:
+        return Path(env)
+    here = Path("results")
+    return here if here.is_dir() else None
+
+
+def committed_cell(cell: Cell, root: Path | None) -> Path | None:
+    """The committed copy of ``cell`` under ``root`` (same suite, directory and digest, a
+    readable summary), or None."""
+    if root is None:
+        return None
+    src = root / cell.cfg.name / cell.run_dir.name
+    meta = _read_json(src / CELL_FILE)
+    if meta is None or meta.get("digest") != cell.digest:
+        return None
+    if _read_json(src / "summary.json") is None or not (src / "config.yaml").is_file():
+        return None
+    return src
+
+
+def take_committed(cell: Cell, src: Path) -> None:
+    """Copy a committed cell's files into its run directory, marked as taken from
+    ``results/`` (it has no checkpoint: :func:`fedshift.protocols.common.load_run` says so)."""
+    import shutil
+
+    from fedshift.runtime.results import write_text_atomic
+
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    for f in ("config.yaml", "metrics.jsonl"):
+        if (src / f).is_file():
+            shutil.copyfile(src / f, cell.run_dir / f)
+    summary = _read_json(src / "summary.json") or {}
+    summary["run_dir"] = str(cell.run_dir)  # where it lies now (reports, protocols)
+    write_text_atomic(cell.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    meta = _read_json(src / CELL_FILE) or {}
+    meta["committed"] = str(src)
+    write_text_atomic(cell.run_dir / CELL_FILE, json.dumps(meta) + "\n")
+
+
 def cell_status(cell: Cell) -> str:
     """``done`` (a readable summary, this digest), ``partial`` (a checkpoint to resume; also
     when the summary is unreadable) or ``new``."""
@@ -249,16 +304,23 @@ class SuiteStopped(RunSignal):  # noqa: N818 - a signal, like RunSignal
 class _Manifest:
     """``bench.json``: one row per cell, rewritten atomically whenever a row changes."""
 
-    def __init__(self, root: Path, cells: list[Cell], todo: list[Cell]) -> None:
+    def __init__(
+        self, root: Path, cells: list[Cell], todo: list[Cell], committed: list[Cell]
+    ) -> None:
         self.path = root / MANIFEST
         pending = {c.run_dir for c in todo}
+        taken = {c.run_dir for c in committed}
         self.rows = {
             str(c.run_dir): {
                 "label": c.label,
                 "run_dir": str(c.run_dir),
                 "digest": c.digest,
                 "threads": c.cfg.run.threads,
-                "status": "pending" if c.run_dir in pending else "cached",
+                "status": "pending"
+                if c.run_dir in pending
+                else "committed"
+                if c.run_dir in taken
+                else "cached",
             }
             for c in cells
         }
@@ -287,13 +349,17 @@ def run_suite(
     threads: int | None = None,
     oversubscribe: bool = False,
     progress_every_s: float = EVERY_S,
+    reuse: bool = True,
+    results: str | Path | None = None,
 ) -> list[dict]:
     """Run every cell of a suite that is not done yet; returns all cells' summaries (plan
     order). ``threads``: every cell's ``run.threads`` (default: its own, 1 unless set).
     ``oversubscribe``: run an explicit ``workers`` even where suite workers x cell workers x
     threads exceeds the cores (module docstring). ``progress``: rounds and ETAs of the
     running cells on stderr (:class:`~fedshift.runtime.progress.CellProgress`; a status
-    line every ``progress_every_s`` seconds when stderr is not a terminal). Cells that fail
+    line every ``progress_every_s`` seconds when stderr is not a terminal). ``reuse``: take
+    cells committed under ``results`` (:func:`results_root`) instead of running them. Cells
+    that fail
     are recorded in ``bench.json`` and the others run; then a :class:`FedshiftError` names
     the failed ones. A signal stops the suite (:class:`SuiteStopped`)."""
     threads = _check_threads(threads)
@@ -310,8 +376,19 @@ def run_suite(
     )
     with hold_lock(root / SUITE_LOCK, f"suite folder {root}", advice):
         todo = [c for c in cells if cell_status(c) != "done"]
+        committed = []
+        if reuse and todo:
+            where = results_root(results)
+            for c in todo:
+                src = committed_cell(c, where)
+                if src is not None:
+                    with hold_run(c.run_dir):
+                        clear_run_dir(c.run_dir)
+                        take_committed(c, src)
+                    committed.append(c)
+            todo = [c for c in todo if c not in committed]
         n_workers, cell_workers = share_cores(todo, workers, oversubscribe)
-        manifest = _Manifest(root, cells, todo)
+        manifest = _Manifest(root, cells, todo, committed)
         display = CellProgress(
             f"suite {cells[0].cfg.name}",
             [(str(c.run_dir), f"{c.label} s{c.cfg.seed}", c.cfg.train.rounds) for c in cells],

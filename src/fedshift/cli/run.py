@@ -106,6 +106,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         threads=args.threads,
         oversubscribe=args.oversubscribe,
+        reuse=not args.fresh,
+        results=args.results,
     )
     if summaries:
         print_tables(summaries)
@@ -252,6 +254,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run --workers as given even when workers x each cell's run.workers x "
         "run.threads exceeds the cores",
+    )
+    bench.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run every cell here, even one whose result is committed in results/ (with the "
+        "same digest; by default such a cell's numbers are taken, without its model)",
+    )
+    bench.add_argument(
+        "--results",
+        metavar="DIR",
+        help="committed results to take finished cells from (default: $FEDSHIFT_RESULTS, "
+        "else ./results when it exists)",
     )
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)

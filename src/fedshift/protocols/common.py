@@ -132,6 +132,13 @@ def load_run(run_dir: str | Path, weights: str = "selected"):
     if not path.is_dir():
         raise FedshiftError(f"{path} does not exist or is not a folder; give a run directory")
     missing = [f for f in ("config.yaml", CHECKPOINT, "summary.json") if not (path / f).is_file()]
+    taken = _committed_from(path)
+    if missing and taken:
+        raise FedshiftError(
+            f"{path} was taken from the committed results ({taken}): it holds the run's "
+            "numbers but not its model; run its suite again with `fedshift bench SUITE "
+            "--fresh` (or protocol ... --fresh) to train it here"
+        )
     if missing:
         hint = (
             "the run did not finish; continue it with 'fedshift run --resume " + str(path) + "'"
@@ -142,6 +149,15 @@ def load_run(run_dir: str | Path, weights: str = "selected"):
             f"{path} is not a finished fedshift run (no {', '.join(missing)}): {hint}"
         )
     return load_finished(path, weights=weights)
+
+
+def _committed_from(path: Path) -> str | None:
+    """The results/ folder a bench cell was copied from (``cell.json``), or None."""
+    try:
+        meta = json.loads((path / "cell.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta.get("committed") if isinstance(meta, dict) else None
 
 
 def _setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
@@ -182,15 +198,23 @@ def _run_cells(
     workers: int | None,
     threads: int | None,
     progress: bool,
+    reuse: bool = True,
 ) -> list[dict]:
     """Write the expanded suite, run it through bench (cached cells) and return the summaries,
-    each with ``_cfg`` = its cell's resolved config dict."""
+    each with ``_cfg`` = its cell's resolved config dict. ``reuse``: take cells committed in
+    ``results/`` (a protocol that loads the cells' models passes False)."""
     from fedshift.bench import plan, run_suite
 
     write_text_atomic(suite_path, yaml.safe_dump(raw, sort_keys=False))
     cells = plan(suite_path, None, runs_out, threads)
     summaries = run_suite(
-        suite_path, None, out=runs_out, workers=workers, progress=progress, threads=threads
+        suite_path,
+        None,
+        out=runs_out,
+        workers=workers,
+        progress=progress,
+        threads=threads,
+        reuse=reuse,
     )
     for c, s in zip(cells, summaries, strict=True):
         if Path(s["run_dir"]) != c.run_dir:  # run_suite keeps plan order; never mix them up

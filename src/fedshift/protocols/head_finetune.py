@@ -174,7 +174,13 @@ def head_finetune(
             )
     outp = _out_dir(out, "head-finetune")
     summaries = _run_cells(
-        copy.deepcopy(raw), outp / "head-finetune-suite.yaml", runs_out, workers, threads, progress
+        copy.deepcopy(raw),
+        outp / "head-finetune-suite.yaml",
+        runs_out,
+        workers,
+        threads,
+        progress,
+        reuse=False,  # the head is retrained on each cell's model: the cells must hold it
     )
     per_run = {s["run_dir"]: finetune_run(s["run_dir"], epochs, weights) for s in summaries}
     text, data = head_table(per_run, epochs)
