@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install data lint bench clean
+.PHONY: demo test check install data lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,16 +23,28 @@ data: $(STAMP)
 	$(BIN)/fedshift data fetch opencv
 	$(BIN)/fedshift data build digits
 
-# --new: a second `make demo` writes next to the first runs (run directories are never reused silently)
+# --new: a second `make demo` writes next to the first runs (run directories are never reused
+# silently); --jobs 2: FedAvg and FedBN at the same time, each with one torch thread (the same
+# numbers as one after the other)
 demo: data
-	$(BIN)/fedshift run -c configs/demo.yaml --new
+	$(BIN)/fedshift run -c configs/demo.yaml --new --jobs 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# the whole suite, then the tests that compare floats once more on torch's portable CPU
+# kernels (ATEN_CPU_CAPABILITY=default): a tolerance or constant that holds only for this
+# CPU's kernels fails here, not on a user's machine
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
+
+# the everyday loop: everything but the process-level tests (Flower deployment and Ray
+# simulations, worker pools, kill / signal / resume of real processes, packaging)
+check: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -m "not process"
 
 bench: data
 	$(BIN)/python benchmarks/engine_overhead.py

@@ -99,6 +99,29 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, cpus) + 1
 
 
+#: the process-level tests (node id prefixes): Flower deployments and Ray simulations, worker
+#: pools, real processes killed, signalled and resumed, wheels built and installed. ``make
+#: check`` (the everyday loop) leaves them out; ``make test`` (and CI) runs them.
+PROCESS = (
+    "tests/test_flower_deploy.py",
+    "tests/test_flower.py::test_flower_simulation_engine_equals_native",
+    "tests/test_flower.py::test_client_errors_and_bad_nodes_are_reported",
+    "tests/test_flower.py::test_node_state_can_live_on_disk",
+    "tests/test_pool.py",
+    "tests/test_packaging.py",
+    "tests/test_tracking_services.py",
+    "tests/test_resume.py::test_signal_at_a_random_moment",
+    "tests/test_resume.py::test_flower_",
+    "tests/test_hardening_bench.py::test_item2_",
+    "tests/test_hardening_bench.py::test_item4_",
+    "tests/test_hardening_bench.py::test_item6_",
+    "tests/test_hardening_bench.py::test_item7_",
+    "tests/test_bench.py::test_parallel_workers_match_sequential",
+    "tests/test_bench.py::test_cli_bench",
+    "tests/test_ux.py::test_long_runs_run_jobs_equal_sequential",
+    "tests/test_ux.py::test_long_runs_flower_simulate",
+)
+
 #: a test that compares floats by tolerance: it holds on every CPU only if its tolerance
 #: comes from float rounding, not from one machine's numbers (``numerics`` marker)
 _FLOAT_COMPARISON = re.compile(r"\b(approx|allclose|assert_close|isclose)\(")
@@ -116,7 +139,8 @@ def _compares_floats(item) -> bool:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``slow`` first (a stable sort: otherwise in file order), so that no
-    worker starts a long test while the others are running out of work. Every test that
+    worker starts a long test while the others are running out of work. :data:`PROCESS`
+    tests are marked ``process``. Every test that
     compares floats by a tolerance is marked ``numerics`` as well as those marked by hand:
     ``make test`` runs them a second time on another CPU kernel path
     (``ATEN_CPU_CAPABILITY=default``), so that a tolerance or constant that only holds for
@@ -124,6 +148,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.get_closest_marker("numerics") is None and _compares_floats(item):
             item.add_marker(pytest.mark.numerics)
+        if item.nodeid.startswith(PROCESS):
+            item.add_marker(pytest.mark.process)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
