@@ -293,7 +293,7 @@ def _accounting(
             out.append((str(item.get("label", sel.label())), "not measured"))
             continue
         r = sorted(match, key=lambda x: x.seed)[0]
-        out.append((str(item.get("label", sel.label())), _bytes_text(r, item.get("records"))))
+        out.append((str(item.get("label", sel.label())), _bytes_text(r)))
     return out
 
 
@@ -301,24 +301,31 @@ def _kb(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.2f} KB"
 
 
-def _bytes_text(run: ResultRun, records: list[str] | None) -> str:
-    """Bytes per client per round (upload) of each record, and one-off setup bytes."""
-    s = run.summary
-    clients = max(1, len(s.get("clients", [])) - len(s.get("holdout", [])))
+def comm_numbers(s: dict) -> dict[str, float]:
+    """Bytes per training client: ``up`` / ``down`` per round (the setup exchange of round 0
+    apart), ``setup_up`` / ``setup_down`` once, and the model's size."""
+    clients = max(1, len(s.get("clients", [])) - len(s.get("holdout", []) or []))
     rounds = max(1, int(s.get("rounds", 1)))
-    up = s.get("bytes_by_record", {}).get("up", {})
-    parts = []
-    for rec in sorted(up):
-        if records and rec not in records:
-            continue
-        parts.append(f"{rec} {_kb(up[rec] / clients / rounds)}")
     setup = s.get("bytes_setup_by_direction", {})
-    for direction in sorted(setup):
-        for rec, n in sorted(setup[direction].items()):
-            if records and rec not in records:
-                continue
-            parts.append(f"{rec} (once, {direction}) {_kb(n / clients)}")
-    return "; ".join(parts) + " per client" + ("" if not parts else " per round (upload)")
+    return {
+        "up": (s.get("bytes_up", 0) - setup.get("up", 0)) / clients / rounds,
+        "down": (s.get("bytes_down", 0) - setup.get("down", 0)) / clients / rounds,
+        "setup_up": setup.get("up", 0) / clients,
+        "setup_down": setup.get("down", 0) / clients,
+        "model": s.get("model_bytes", 0),
+    }
+
+
+def _bytes_text(run: ResultRun) -> str:
+    """What one client sends and receives, per round and once, next to the model's size."""
+    s = run.summary
+    c = comm_numbers(s)
+    recs = sorted({k for d in s.get("bytes_by_record", {}).values() for k in d})
+    return (
+        f"per client and round {_kb(c['up'])} up, {_kb(c['down'])} down; once (setup) "
+        f"{_kb(c['setup_up'])} up, {_kb(c['setup_down'])} down; model {_kb(c['model'])}; "
+        f"records: {', '.join(recs)}"
+    )
 
 
 def evaluate_claim(spec: ClaimSpec, results: Results, where: str) -> ClaimResult:

@@ -15,6 +15,7 @@ from fedshift.eval.claims import (
     PaperResult,
     ResultRun,
     Results,
+    comm_numbers,
     fmt_p,
     metric_words,
 )
@@ -265,9 +266,17 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
             if c not in clients:
                 clients.append(c)
     metric = runs[0].summary.get("metric_label", "accuracy") if runs else "accuracy"
+    held = any(r.summary.get("target_test_mean") is not None for r in runs)
     out += [
-        f"Test {metric} (%) at the round model selection picked (mean validation), "
-        "mean over seeds per client; the mean over clients as mean ± std over seeds.",
+        f"Test {metric} (%) at the round model selection picked (mean validation over the "
+        "training clients), mean over seeds per client; their mean as mean ± std over seeds"
+        + (
+            "; held-out: the clients that never trained (federation.holdout), not in the mean"
+            if held
+            else ""
+        )
+        + ". KB: what one client uploads per round (all records; the setup exchange apart), "
+        "and once at setup.",
         "",
     ]
     rows = []
@@ -282,13 +291,35 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
                 if c in r.summary.get("test_per_client", {})
             ]
             per_client.append(f"{100 * statistics.fmean(vals):.2f}" if vals else "—")
-        means = [float(r.summary["test_mean"]) for r in rs]
-        sd = f"{100 * statistics.stdev(means):.2f}" if len(means) > 1 else "n/a"
-        rows.append(
-            [label, str(len(rs)), *per_client, f"{100 * statistics.fmean(means):.2f} ± {sd}"]
-        )
-    out.append(_table(["runs", "seeds", *clients, "mean"], rows))
+        row = [label, str(len(rs)), *per_client, _pm([float(r.summary["test_mean"]) for r in rs])]
+        if held:
+            row.append(
+                _pm(
+                    [
+                        float(r.summary["target_test_mean"])
+                        for r in rs
+                        if r.summary.get("target_test_mean") is not None
+                    ]
+                )
+            )
+        row += list(_bytes_per_round(rs[0].summary))
+        rows.append(row)
+    header = ["runs", "seeds", *clients, "mean"] + (["held-out"] if held else [])
+    out.append(_table(header + ["KB up / round", "KB setup"], rows))
     return "\n".join(out).rstrip() + "\n"
+
+
+def _pm(values: list[float]) -> str:
+    if not values:
+        return "—"
+    sd = f"{100 * statistics.stdev(values):.2f}" if len(values) > 1 else "n/a"
+    return f"{100 * statistics.fmean(values):.2f} ± {sd}"
+
+
+def _bytes_per_round(s: dict) -> tuple[str, str]:
+    """KB one training client uploads per round (setup apart), and once at setup."""
+    c = comm_numbers(s)
+    return f"{c['up'] / 1e3:.2f}", f"{c['setup_up'] / 1e3:.2f}"
 
 
 def render(claims_dir: Path, results_root: Path) -> dict[str, str]:
