@@ -222,7 +222,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and k not in ("algorithm",) and not prefix.startswith("algorithm"):
+        if isinstance(v, dict):
             out.update(_flat(v, key + "."))
         else:
             out[key] = _compact(v)
@@ -233,15 +233,41 @@ def _compact(v: object) -> str:
     if isinstance(v, list):
         return "[" + ",".join(_compact(x) for x in v) + "]"
     if isinstance(v, dict):
-        if set(v) == {"name"}:
-            return str(v["name"])
         return "{" + ",".join(f"{k}:{_compact(x)}" for k, x in v.items()) + "}"
     return str(v)
 
 
-def flow_key(cfg: dict) -> dict[str, str]:
-    """Everything in a resolved config that can change a run's numbers, but the seed."""
-    return {k: v for k, v in _flat(cfg).items() if k.split(".")[0] not in _NOT_RESULTS}
+def _component(section: dict, defaults: dict | None) -> str:
+    """``name`` or ``name(k=v,...)`` with the keys that differ from the component's
+    defaults (recorded in the run's summary)."""
+    changed = [
+        f"{k}={_compact(v)}"
+        for k, v in section.items()
+        if k != "name" and (defaults is None or defaults.get(k) != v)
+    ]
+    return section.get("name", "?") + (f"({','.join(changed)})" if changed else "")
+
+
+def flow_key(cfg: dict, summary: dict) -> dict[str, str]:
+    """Everything in a resolved config that can change a run's numbers, but the seed: the
+    algorithm and each augment of its own as ``name(non-default keys)`` (the augments an
+    algorithm implies at their defaults left out), every other key flattened."""
+    defaults = summary.get("defaults") or {}
+    implied = set(summary.get("implied", []))
+    aug_defaults = defaults.get("augment", {})
+    out = {"algorithm": _component(cfg.get("algorithm", {}), defaults.get("algorithm"))}
+    augs = [
+        _component(a, aug_defaults.get(a.get("name")))
+        for a in cfg.get("augment") or []
+        if not (
+            a.get("name") in implied
+            and _component(a, aug_defaults.get(a.get("name"))) == a.get("name")
+        )
+    ]
+    out["augment"] = "+".join(augs) if augs else "-"
+    rest = {k: v for k, v in cfg.items() if k not in ("algorithm", "augment", *_NOT_RESULTS)}
+    out.update(_flat(rest))
+    return out
 
 
 def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> str:
@@ -250,7 +276,7 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
     groups: dict[tuple, list[ResultRun]] = defaultdict(list)
     keys: dict[tuple, dict[str, str]] = {}
     for r in runs:
-        fk = flow_key(r.cfg)
+        fk = flow_key(r.cfg, r.summary)
         t = tuple(sorted(fk.items()))
         groups[t].append(r)
         keys[t] = fk
