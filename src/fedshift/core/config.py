@@ -448,11 +448,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read YAML (optional; a bare name such as ``demo`` is a config shipped with fedshift,
     :mod:`fedshift.core.presets`) and apply ``key=value`` overrides; returns the raw dict."""
     raw = load_yaml(config_file(path)) if path else {}
+    return apply_overrides(raw, overrides)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | None = None) -> dict:
+    """``raw`` (changed in place and returned) with the ``key=value`` overrides applied, in
+    order. ``sweep.<key>=[...]`` sets a sweep grid key. An explicit value on a key the sweep
+    grid varies replaces that key's sweep (:func:`replace_swept`): ``-c demo.yaml
+    algorithm.name=fedbn`` runs FedBN only, for every command and ``fedshift.run`` alike."""
     for item in overrides or []:
         key, value = parse_override(item)
         if key.startswith("sweep."):  # sweep keys are dotted names themselves
-            raw.setdefault("sweep", {})[key.removeprefix("sweep.")] = value
+            grid = raw.get("sweep")
+            if not isinstance(grid, dict):
+                grid = raw["sweep"] = {}
+            grid[key.removeprefix("sweep.")] = value
             continue
+        replace_swept(raw, key, value)
         head = key.split(".")[0]
         section = raw.get(head)
         renamed = isinstance(section, dict) and section.get("name") != value
@@ -461,6 +473,70 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             continue
         set_dotted(raw, key, value)
     return raw
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether dotted keys ``a`` and ``b`` name the same value, or one holds the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def replace_swept(raw: dict, key: str, value: Any) -> None:
+    """The explicit ``key=value`` replaces what ``raw``'s sweep grid says about ``key``: a grid
+    key equal to ``key``, inside it (``train.lr`` for ``train``) or holding it (``algorithm``
+    for ``algorithm.name``) leaves the grid; in the ``cell`` mappings such keys give way to
+    ``key: value`` (cells that become the same are one cell). A grid left empty is removed."""
+    grid = raw.get("sweep")
+    if not isinstance(grid, dict):
+        return
+    for k in list(grid):
+        if k == "cell" and isinstance(grid[k], list):
+            cells: list = []
+            for c in grid[k]:
+                if isinstance(c, dict) and any(_overlaps(dk, key) for dk in c):
+                    c = {dk: dv for dk, dv in c.items() if not _overlaps(dk, key)}
+                    c[key] = copy.deepcopy(value)
+                if c not in cells:
+                    cells.append(c)
+            grid[k] = cells
+        elif _overlaps(k, key):
+            del grid[k]
+    if not grid:
+        del raw["sweep"]
+
+
+#: top-level config keys that change no number of a run: its name and output folder, the
+#: sweep grid (expanded before a run), how this machine executes it (``run``: see
+#: :func:`number_config` for its keys that do count) and trackers
+NO_NUMBER_KEYS = ("name", "out", "sweep", "run", "track")
+#: the ``run`` keys that do change numbers (in the last bits): :func:`number_config` keeps
+#: them, at its top level, when they are not at their defaults
+EXECUTION_KEYS = ("threads", "executor", "deterministic", "tf32")
+
+
+def number_config(d: dict, threads: int | None = None) -> dict:
+    """The part of a resolved config (:meth:`RunConfig.to_dict`, or a run's ``config.yaml``
+    read as data) that decides a run's numbers: everything but :data:`NO_NUMBER_KEYS` and
+    the checkpoint cadence (``checkpoint`` becomes ``{}``), plus ``threads`` (the torch
+    thread count, default ``run.threads``) when not 1, ``executor`` when not sequential,
+    ``deterministic`` when off and ``tf32`` when on: these change the last bits. Suite cells
+    are keyed by its digest (``fedshift.bench.config_digest``); reports group runs by it
+    (:mod:`fedshift.eval.tables`)."""
+    execution = d.get("run") or {}
+    out = copy.deepcopy({k: v for k, v in d.items() if k not in NO_NUMBER_KEYS})
+    threads = int(execution.get("threads", 1)) if threads is None else threads
+    # when a run saves its state does not change its results (the empty section keeps the
+    # digests of suites cached before checkpoint.minutes existed)
+    out["checkpoint"] = {}
+    if threads != 1:
+        out["threads"] = threads
+    # the vectorised executor sums in another order (results equal up to float rounding)
+    if execution.get("executor", "sequential") != "sequential":
+        out["executor"] = execution["executor"]
+    if not execution.get("deterministic", True):
+        out["deterministic"] = False
+    if execution.get("tf32", False):  # TensorFloat-32 on a GPU: other numbers
+        out["tf32"] = True
+    return out
 
 
 def expand_sweep(raw: dict, source: str = "config") -> list[dict]:
@@ -512,6 +588,38 @@ def _set_sweep_value(one: dict, k: str, v: Any) -> None:
             one[head] = {"name": v}
             return
     set_dotted(one, k, v)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{dotted key: value}`` (empty sections and lists are values)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+#: what :func:`config_diff` shows for a key one of the configs does not have
+NOT_SET = "(not set)"
+
+
+def config_diff(old: dict, new: dict) -> list[tuple[str, str, str]]:
+    """``(dotted key, old value, new value)``, values as short text (:data:`NOT_SET` for a
+    key one side lacks), for every key whose value differs between two nested configs:
+    ``old``'s keys first, then those only ``new`` has."""
+    a, b = flatten(old), flatten(new)
+    gone = object()
+
+    def shown(flat: dict, key: str) -> str:
+        return short_repr(flat[key]) if key in flat else NOT_SET
+
+    return [
+        (k, shown(a, k), shown(b, k))
+        for k in [*a, *(k for k in b if k not in a)]
+        if a.get(k, gone) != b.get(k, gone)
+    ]
 
 
 def dump_config(cfg: RunConfig, path: Path) -> None:
