@@ -195,6 +195,7 @@ def _recorded_config(s: dict) -> dict:
     gone): algorithm, augments, model, partition, rounds and the federation keys it kept."""
     fed = {k: s[k] for k in ("holdout", "data_fraction", "weighting") if k in s}
     cfg: dict[str, Any] = {
+        "seed": s["seed"],
         "algorithm": s.get("algorithm_config") or {"name": s["algorithm"]},
         "augment": s.get("augment", []),
         "model": {"name": s.get("model", "?"), **(s.get("model_weights") or {})},
