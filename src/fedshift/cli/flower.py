@@ -132,7 +132,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
     cfg = _config(args)
     try:
         clients: int | None = len(client_names(cfg))
-    except (FedshiftError, OSError) as e:  # the data lives on the sites, not here
+    except (FedshiftError, OSError, ValueError) as e:  # the data is on the sites, not here
         if args.nodes is None:
             raise FedshiftError(
                 f"cannot load the config's dataset here to count its clients ({e}); give "

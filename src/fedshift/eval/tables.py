@@ -205,6 +205,8 @@ def _recorded_config(s: dict) -> dict:
     }
     if s.get("threads", 1) != 1:
         cfg["threads"] = s["threads"]
+    if s.get("_setting"):  # a protocol's setting column (its keys' values), if it has one
+        cfg["_setting"] = s["_setting"]
     return cfg
 
 
@@ -260,16 +262,24 @@ def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow
 
     The configs come from each summary (:func:`run_config`); when one of the runs has none,
     every run is compared on what the summaries record (:func:`_recorded_config`). Two runs
-    with the same config and seed are one run twice: a :class:`FedshiftError` names both."""
+    with the same config and seed are one run twice: a :class:`FedshiftError` names both
+    (and, where the configs are not recorded, says so)."""
     complete = all(run_config(s) is not None for s in summaries)
     flats = [_identity(s, complete) for s in summaries]
     seen: dict[str, dict] = {}
     for s, f in zip(summaries, flats, strict=True):
         key = json.dumps(f, sort_keys=True, default=str)
-        if key in seen:
+        if key in seen and complete:
             raise FedshiftError(
                 f"{_where(seen[key])} and {_where(s)} are the same config and seed run twice: "
                 "report one of them (give the run folders to report one by one)"
+            )
+        if key in seen:
+            raise FedshiftError(
+                f"{_where(seen[key])} and {_where(s)} look like the same config and seed run "
+                "twice, but their configs are not recorded (summaries of an older fedshift, "
+                "without the config.yaml of their run folder), so fedshift cannot tell them "
+                "apart: report them from their run folders, or one of them"
             )
         seen[key] = s
 
@@ -277,7 +287,7 @@ def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow
         return any(k == x or k.startswith(x + ".") or x.startswith(k + ".") for x in shown)
 
     def own(k: str) -> bool:  # keys flow_label speaks for, the seed, and the table's columns
-        return k.split(".")[0] in ("algorithm", "augment", "seed") or column(k)
+        return k.split(".")[0] in ("algorithm", "augment", "seed", "_setting") or column(k)
 
     keys = list(dict.fromkeys(k for f in flats for k in f if not own(k)))
     missing = object()

@@ -151,8 +151,9 @@ def rounds_to_threshold(
             "first_round": reached,
         }
         per_run.append(rec)
-    # rows: the runs of one config over seeds, the --by key apart (its own column)
-    group_flows(summaries, shown=(by,))
+    # rows: the runs of one config over seeds, the --by key apart (its own column; for a
+    # partition key the whole partition, which decides the clients the column counts)
+    group_flows(summaries, shown=("partition",) if by.startswith("partition.") else (by,))
     for s, rec in zip(summaries, per_run, strict=True):
         rec["flow"] = s["_flow"].label
         groups[(s["algorithm"], rec["flow"], json.dumps(rec["by"], default=str))].append(rec)
