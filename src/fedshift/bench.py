@@ -1,7 +1,9 @@
 """Experiment suites: a grid of runs with cached cells, parallel workers and live progress.
 
 A suite file is an ordinary run config whose ``sweep`` grid spans any config keys (dataset,
-partition, algorithm, augment, seed, ...). ``fedshift bench SUITE.yaml`` expands the grid,
+partition, algorithm, augment, seed, ...); ``key=value`` overrides apply to every cell, and one
+on a swept key replaces that key's sweep (:func:`~fedshift.core.config.apply_overrides`, as
+for every command). ``fedshift bench SUITE.yaml`` expands the grid,
 validates every cell before running any, and gives each cell a stable directory
 ``<out>/<name>/<algorithm>-<dataset>-seed<k>-<hash>`` where ``hash`` is a digest of the
 cell's resolved config. A cell whose directory holds a readable ``summary.json`` with the same

@@ -198,7 +198,12 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 def _experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.rounds=20")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value overrides, e.g. train.rounds=20 (one on a key the config sweeps "
+        "replaces that key's sweep: one run)",
+    )
     p.add_argument(
         "--min-clients",
         type=int,
