@@ -54,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.catalog import resolve
-from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup, number_config
+from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
+from fedshift.core.identity import number_config
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.catalog import registry_for
-from fedshift.core.config import flatten, load_yaml, number_config
+from fedshift.core.config import load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.identity import flatten, number_config
 from fedshift.eval.stats import mean_std, paired_ttest
 
 
@@ -252,7 +253,7 @@ class Flow:
 
 def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow, list[dict]]:
     """The runs of one table grouped into rows: runs share a row only when their configs are
-    the same but for the seed (:func:`~fedshift.core.config.number_config`: name, output
+    the same but for the seed (:func:`~fedshift.core.identity.number_config`: name, output
     folder, execution and checkpoint cadence change no number). Each row's label shows the
     keys in which the table's runs differ (``fedavg train.lr=0.1``): those of the algorithm
     and augments as :func:`flow_label` writes them, any other as ``key=value``; ``shown``:

@@ -12,9 +12,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedshift.core.config import EXECUTION_KEYS, RunConfig, flatten, number_config
+from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
+from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import summarize
 from fedshift.runtime.rundir import (
@@ -81,7 +82,7 @@ def run_dir_name(cfg: RunConfig) -> str:
 
 def run_digest(cfg: RunConfig) -> str:
     """A digest of the run's config that decides its numbers
-    (:func:`~fedshift.core.config.number_config`) without its seed and ``train.rounds`` (a
+    (:func:`~fedshift.core.identity.number_config`) without its seed and ``train.rounds`` (a
     run extended to more rounds with ``--resume`` stays the same run, in the same folder)."""
     d = number_config(cfg.to_dict())
     d.pop("seed", None)

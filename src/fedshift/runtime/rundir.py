@@ -142,8 +142,9 @@ def compare_config(path: Path, new: dict, extend: bool = True) -> str:
     another config, with every differing key (``key: there -> new``); ``extend``: say how
     ``fedshift run --resume`` extends it. ``""`` when ``path`` holds no readable
     ``config.yaml``."""
-    from fedshift.core.config import EXECUTION_KEYS, config_diff, load_yaml, number_config
+    from fedshift.core.config import load_yaml
     from fedshift.core.errors import ConfigError
+    from fedshift.core.identity import EXECUTION_KEYS, config_diff, number_config
 
     try:
         old = load_yaml(path / "config.yaml")

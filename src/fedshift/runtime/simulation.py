@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 
 from fedshift.catalog import resolve
-from fedshift.core.config import NOT_SET, RunConfig, config_diff, load_yaml
+from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json
+from fedshift.core.identity import NOT_SET, config_diff
 from fedshift.data.base import Federation
 from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.cores import resolve_workers
