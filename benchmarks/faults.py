@@ -137,7 +137,12 @@ def resume(run_dir: Path) -> subprocess.CompletedProcess:
 
 
 def run_dir_of(out: Path) -> Path:
-    return out / NAME / "fedavg-toyshift-seed0"
+    """The directory `fedshift run` gives the BASE config under ``out``."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.runtime.results import run_dir_name
+
+    return out / NAME / run_dir_name(resolve(load_config(None, BASE)))
 
 
 def rounds_done(run_dir: Path) -> int:

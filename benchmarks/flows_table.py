@@ -3,8 +3,10 @@
     python benchmarks/flows_table.py runs/table1 [more run roots...] [--md OUT.md]
                                      [--reference fedavg/+fedrdn] [--by KEY]
 
-Every ``summary.json`` below the given folders is read; runs are grouped by (algorithm,
-augment flow); per-client test scores are averaged over seeds; the average is given as
+Every ``summary.json`` below the given folders is read; runs are grouped into flows (the runs
+of one config over seeds, :func:`fedshift.eval.tables.group_flows`, as ``fedshift report``
+does: runs that differ in any other key are rows of their own, labelled with the keys);
+per-client test scores are averaged over the row's seeds; the average is given as
 mean ± std over seeds with its change against the algorithm's base flow and the paired t-test
 p-value (pairs matched by seed). Model selection: best mean validation primary metric (never
 test). ``--by federation.data_fraction`` (any dotted config key) gives one table per value of
@@ -19,11 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from fedshift.core.config import lookup
 from fedshift.eval.summary import load_summaries, selection_rule
-from fedshift.eval.tables import comm_table, flows_table, metric_caption
+from fedshift.eval.tables import comm_table, flows_table, metric_caption, run_config
 
 
 def main() -> int:
@@ -49,8 +49,7 @@ def main() -> int:
     else:
         groups: dict[str, list[dict]] = {}
         for s in summaries:
-            cfg = yaml.safe_load((Path(s["run_dir"]) / "config.yaml").read_text())
-            groups.setdefault(str(lookup(cfg, args.by)), []).append(s)
+            groups.setdefault(str(lookup(run_config(s) or {}, args.by)), []).append(s)
         text = "\n\n".join(
             f"### {args.by} = {value}\n\n{tables(group, args.reference)}"
             for value, group in sorted(groups.items())

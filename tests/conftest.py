@@ -33,6 +33,14 @@ def make_cfg():
     return toy_cfg
 
 
+def toy_dir(*overrides: str) -> str:
+    """The run directory name ``fedshift run`` gives :func:`toy_cfg` with ``overrides``
+    (``train.rounds`` and ``name`` do not enter it)."""
+    from fedshift.runtime.results import run_dir_name
+
+    return run_dir_name(toy_cfg(*overrides))
+
+
 #: the summary keys that must not differ between two runs that should be the same run
 #: (resumed vs uninterrupted, extended vs longer, Flower vs native)
 RESULT_KEYS = (

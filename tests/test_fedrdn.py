@@ -205,7 +205,7 @@ def test_nonsense_combinations(make_cfg):
 def test_flows_table_delta_against_the_same_algorithm_settings():
     """Table 1 compares each flow with the same algorithm at the paper's settings (FedProx mu
     0.001, App. A.2): the Δ of 'mu=0.001 +fedrdn' is taken against 'mu=0.001'."""
-    from fedshift.eval.tables import base_flow, flow_label, flows_table
+    from fedshift.eval.tables import Flow, flow_label, flows_table
 
     def s(augs, seed, acc):
         return {
@@ -222,9 +222,15 @@ def test_flows_table_delta_against_the_same_algorithm_settings():
     runs = [s([], k, 0.80 + 0.01 * k) for k in range(3)]
     runs += [s(["fedrdn"], k, 0.85 + 0.01 * k + 0.001 * k * k) for k in range(3)]
     assert flow_label(runs[0]) == "mu=0.001" and flow_label(runs[3]) == "mu=0.001 +fedrdn"
-    assert base_flow("mu=0.001 +fedrdn") == "mu=0.001" and base_flow("+fedrdn") == "base"
-    assert base_flow("perturbation=False") == "base" and base_flow("+flip_rotate") == "base"
-    assert base_flow("+flip_rotate +fedrdn") == "+flip_rotate"  # the Office suites' flows
+    def bases(*variant: str, context: tuple[str, ...] = ()) -> list[str]:
+        return Flow("fedprox", context, variant).bases()
+
+    assert bases("mu=0.001", "+fedrdn") == ["mu=0.001", "base"] and bases("+fedrdn") == ["base"]
+    assert bases("perturbation=False") == ["base"] and bases("+flip_rotate") == ["base"]
+    assert bases("+flip_rotate", "+fedrdn")[0] == "+flip_rotate"  # the Office suites' flows
+    # with other keys set apart (train.lr=0.1), Δ compares with the same keys only
+    assert bases("+fedrdn", context=("train.lr=0.1",)) == ["train.lr=0.1"]
+    assert bases(context=("train.lr=0.1",)) == []
     row = next(line for line in flows_table(runs).splitlines() if "+fedrdn" in line)
     assert "+5.17" in row
 

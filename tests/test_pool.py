@@ -29,6 +29,7 @@ from fedshift.runtime import pool as pool_mod
 from fedshift.runtime import pool_worker
 from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.pool import PoolTransport, WorkerPool, assign
+from fedshift.runtime.results import run_dir_name
 from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
 from fedshift.runtime.stopping import RunSignal
 
@@ -256,7 +257,7 @@ def test_killed_pool_run_resumes_to_the_uninterrupted_numbers(tmp_path, pool):
     ]  # fmt: skip  (conftest's toy_cfg on the CLI)
     cmd = [sys.executable, "-m", "fedshift", "run", *args, "--workers", "2", "--quiet"]
     proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "runs")], stderr=subprocess.PIPE)
-    run_dir = tmp_path / "runs/test/scaffold-toyshift-seed0"
+    run_dir = tmp_path / "runs/test" / run_dir_name(cfg)
     deadline = time.monotonic() + 120
     saved = -1
     while saved < 2 and time.monotonic() < deadline and proc.poll() is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import metric_rows, results_of, toy_cfg
+from conftest import metric_rows, results_of, toy_cfg, toy_dir
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.runtime.checkpoint_io import read_checkpoint
@@ -325,7 +325,7 @@ def test_cli_resume_extends_and_refuses_other_overrides(tmp_path, capsys):
     over = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t",
             "algorithm.name=fedavg", f"out={tmp_path}"]  # fmt: skip
     assert main(["run", *over, "train.rounds=2", "--quiet"]) == 0
-    run_dir = tmp_path / "t" / "fedavg-toyshift-seed0"
+    run_dir = tmp_path / "t" / toy_dir()
     assert main(["run", "--resume", str(run_dir), "train.lr=0.5"]) == 2
     assert "only override it takes is train.rounds=N" in capsys.readouterr().err
     assert main(["run", "--resume", str(run_dir), "train.rounds=4", "--quiet"]) == 0

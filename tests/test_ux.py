@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import results_of
+from conftest import results_of, toy_dir
 
 from fedshift.bench import run_suite
 from fedshift.cli import main
@@ -82,7 +82,7 @@ def test_long_runs_run_jobs_equal_sequential(tmp_path, monkeypatch, capsys):
     assert main(["run", *over, "--out", str(tmp_path / "seq"), "--quiet"]) == 0
     assert main(["run", *over, "--out", str(tmp_path / "par"), "--quiet", "--jobs", "2"]) == 0
     seq, par = _summaries(tmp_path / "seq/t"), _summaries(tmp_path / "par/t")
-    assert sorted(par) == ["fedavg-toyshift-seed0", "fedavg-toyshift-seed1"] and par == seq
+    assert sorted(par) == [toy_dir("seed=0"), toy_dir("seed=1")] and par == seq
     assert main(["run", *over, "run.threads=2", "--out", str(tmp_path / "y"), "--jobs", "2"]) == 2
     err = capsys.readouterr().err
     assert "--jobs 2 x 2 cores per run" in err and "use --jobs 1" in err
@@ -91,7 +91,7 @@ def test_long_runs_run_jobs_equal_sequential(tmp_path, monkeypatch, capsys):
 def test_long_runs_existing_run_dir_says_so_and_offers_three_ways(tmp_path, capsys):
     """Re-running a config silently made `-2` instead of naming the run that exists."""
     over = [*TOY, "train.rounds=1", "--out", str(tmp_path), "--quiet"]
-    run_dir = tmp_path / "t/fedavg-toyshift-seed0"
+    run_dir = tmp_path / "t" / toy_dir()
     assert main(["run", *over]) == 0
     first = json.loads((run_dir / "summary.json").read_text())
     capsys.readouterr()
@@ -101,13 +101,13 @@ def test_long_runs_existing_run_dir_says_so_and_offers_three_ways(tmp_path, caps
     assert f"fedshift run --resume {run_dir}" in err and "--overwrite" in err and "--new" in err
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [run_dir.name]
     assert main(["run", *over, "--new"]) == 0  # the old behaviour, asked for
-    assert (tmp_path / "t/fedavg-toyshift-seed0-2/summary.json").is_file()
+    assert (tmp_path / "t" / f"{run_dir.name}-2" / "summary.json").is_file()
     (run_dir / "stale.txt").write_text("from the old run")
     assert main(["run", *over, "--overwrite"]) == 0
     again = json.loads((run_dir / "summary.json").read_text())
     assert not (run_dir / "stale.txt").exists() and results_of(again) == results_of(first)
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [run_dir.name, f"{run_dir.name}-2"]
-    other = tmp_path / "o/t/fedavg-toyshift-seed0"  # not a run: --overwrite leaves it alone
+    other = tmp_path / "o/t" / toy_dir()  # not a run: --overwrite leaves it alone
     other.mkdir(parents=True)
     (other / "notes.txt").write_text("mine")
     assert main(["run", *TOY, "train.rounds=1", "--out", str(tmp_path / "o"), "--overwrite"]) == 2
@@ -121,7 +121,7 @@ def test_long_runs_flower_simulate_existing_run_dir_says_so_too(tmp_path, capsys
     itself."""
     pytest.importorskip("flwr")
     over = [*TOY, "train.rounds=1", "--out", str(tmp_path), "--quiet", "--engine", "in-process"]
-    run_dir = tmp_path / "t/fedavg-toyshift-seed0"
+    run_dir = tmp_path / "t" / toy_dir()
     assert main(["flower", "simulate", *over]) == 0
     first = json.loads((run_dir / "summary.json").read_text())
     capsys.readouterr()
@@ -131,7 +131,7 @@ def test_long_runs_flower_simulate_existing_run_dir_says_so_too(tmp_path, capsys
     assert f"`fedshift flower simulate --resume {run_dir}`" in err and "--new" in err
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [run_dir.name]
     assert main(["flower", "simulate", *over, "--new"]) == 0
-    assert (tmp_path / "t/fedavg-toyshift-seed0-2/summary.json").is_file()
+    assert (tmp_path / "t" / f"{run_dir.name}-2" / "summary.json").is_file()
     (run_dir / "stale.txt").write_text("from the old run")
     assert main(["flower", "simulate", *over, "--overwrite"]) == 0
     again = json.loads((run_dir / "summary.json").read_text())

@@ -35,7 +35,7 @@ __all__ = ["LoadedRun", "load_run", "run"]
 
 def _raw_config(config: Any, overrides: list[str]) -> tuple[dict, str]:
     """The raw nested config of ``config`` with ``overrides`` applied, and its source name."""
-    from fedshift.core.config import RunConfig, load_config, merge
+    from fedshift.core.config import RunConfig, apply_overrides, load_config
 
     if config is None or isinstance(config, str | Path):
         source = str(config) if config is not None else "defaults"
@@ -49,11 +49,8 @@ def _raw_config(config: Any, overrides: list[str]) -> tuple[dict, str]:
             "fedshift.run(config): expected a dict of config keys, the path of a YAML config "
             f"file or a RunConfig, got {type(config).__name__}"
         )
-    given = load_config(None, overrides)
-    raw = merge(base, {k: v for k, v in given.items() if k != "sweep"})
-    if given.get("sweep"):
-        raw["sweep"] = {**(base.get("sweep") or {}), **given["sweep"]}
-    return raw, source
+    # the overrides as on the command line: a value given for a swept key replaces its sweep
+    return apply_overrides(base, overrides), source
 
 
 def run(
@@ -63,17 +60,29 @@ def run(
     out: str | Path | None = None,
     progress: bool = False,
     workers: int | str | None = None,
+    exists: str = "error",
 ) -> RunResult:
     """Run one experiment to the end; returns its :class:`~fedshift.runtime.results.RunResult`
     (``run_dir`` and ``summary``, the content of ``summary.json``).
 
     ``config``: a nested dict, the path of a YAML file or a ``RunConfig`` (None: the defaults);
-    ``overrides``: ``key=value`` strings applied on top (``["train.rounds=2"]``); ``out``: the
+    ``overrides``: ``key=value`` strings applied on top (``["train.rounds=2"]``; as on the
+    command line, a value for a key the config sweeps replaces that key's sweep); ``out``: the
     root folder of run directories (default: the config's ``out``); ``progress``: progress
     bars on stderr; ``workers``: processes running the clients (``run.workers``). A config
-    with a ``sweep`` grid is refused: run its cells one by one (or ``fedshift run -c``)."""
+    whose ``sweep`` grid still makes several runs is refused: run its cells one by one (or
+    ``fedshift run -c``).
+
+    The run directory is named as ``fedshift run`` names it
+    (:func:`~fedshift.runtime.results.run_dir_name`), and a directory that holds a run
+    already is handled as there: ``exists="error"`` (the default) raises
+    :class:`~fedshift.runtime.rundir.RunDirExists` saying what it holds and how its config
+    differs; ``"overwrite"`` deletes it and runs again (``--overwrite``); ``"new"`` runs into
+    the next free ``-2``, ``-3``... (``--new``)."""
     from fedshift.catalog import resolve
     from fedshift.core.config import expand_sweep
+    from fedshift.runtime.results import claim_dirs, release
+    from fedshift.runtime.rundir import clear_run_dir, hold_run
     from fedshift.runtime.simulation import run_experiment
 
     if isinstance(overrides, str):
@@ -84,13 +93,21 @@ def run(
     raw, source = _raw_config(config, list(overrides or []))
     cells = expand_sweep(raw, source)
     if len(cells) != 1:
+        keys = ", ".join(raw.get("sweep") or {})
         raise ConfigError(
-            f"{source}: its sweep grid makes {len(cells)} runs, and fedshift.run runs one; "
-            "remove 'sweep' and call fedshift.run once per cell (with overrides), or run the "
-            "grid with fedshift run -c FILE"
+            f"{source}: its sweep grid makes {len(cells)} runs ({keys}), and fedshift.run "
+            "runs one: give each swept key one value as an override (key=value replaces the "
+            "key's sweep), or run the grid with fedshift run -c FILE"
         )
     cfg = resolve(cells[0], source)
-    return run_experiment(cfg, out=out, progress=progress, workers=workers)
+    [run_dir] = claim_dirs([cfg], out, exists, "fedshift.run")
+    try:
+        with hold_run(run_dir):
+            if exists == "overwrite":
+                clear_run_dir(run_dir)
+            return run_experiment(cfg, run_dir=run_dir, progress=progress, workers=workers)
+    finally:
+        release([run_dir])  # a run that could not even start leaves no empty directory
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Experiment suites: a grid of runs with cached cells, parallel workers and live progress.
 
 A suite file is an ordinary run config whose ``sweep`` grid spans any config keys (dataset,
-partition, algorithm, augment, seed, ...). ``fedshift bench SUITE.yaml`` expands the grid,
+partition, algorithm, augment, seed, ...); ``key=value`` overrides apply to every cell, and one
+on a swept key replaces that key's sweep (:func:`~fedshift.core.config.apply_overrides`, as
+for every command). ``fedshift bench SUITE.yaml`` expands the grid,
 validates every cell before running any, and gives each cell a stable directory
 ``<out>/<name>/<algorithm>-<dataset>-seed<k>-<hash>`` where ``hash`` is a digest of the
 cell's resolved config. A cell whose directory holds a readable ``summary.json`` with the same
@@ -62,6 +64,7 @@ from typing import Any
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
+from fedshift.core.identity import number_config
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
@@ -90,22 +93,7 @@ def config_digest(cfg: RunConfig, threads: int | None = None) -> str:
     not how many processes run its clients): the resolved config and, when not 1, the torch
     thread count (``threads``, default: the config's ``run.threads``; 1 adds nothing, so
     digests of suites cached before threads counted stay valid)."""
-    threads = cfg.run.threads if threads is None else threads
-    d = cfg.to_dict()
-    for k in ("name", "out", "sweep", "run", "track"):  # track: trackers change no number
-        d.pop(k, None)
-    # when a run saves its state does not change its results (the empty section keeps the
-    # digests of suites cached before checkpoint.minutes existed)
-    d["checkpoint"] = {}
-    if threads != 1:
-        d["threads"] = threads
-    # the vectorised executor sums in another order (results equal up to float rounding)
-    if cfg.run.executor != "sequential":
-        d["executor"] = cfg.run.executor
-    if not cfg.run.deterministic:
-        d["deterministic"] = False
-    if cfg.run.tf32:  # TensorFloat-32 on a GPU: other numbers
-        d["tf32"] = True
+    d = number_config(cfg.to_dict(), threads)
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 

@@ -34,14 +34,18 @@ def _config(args: argparse.Namespace):
     from fedshift.catalog import resolve
     from fedshift.core.config import expand_sweep, load_config
 
-    raw = load_config(args.config, args.overrides)
-    if raw.get("sweep"):
-        n = len(expand_sweep(raw, args.config or "defaults"))
+    source = args.config or "defaults"
+    raw = load_config(args.config, args.overrides)  # key=value on a swept key replaces it
+    cells = expand_sweep(raw, source)
+    if len(cells) != 1:
+        keys = ", ".join(raw.get("sweep") or {})
         raise FedshiftError(
-            f"the config has a sweep grid ({n} runs); `fedshift flower` runs one experiment: "
-            "fix the swept keys with key=value (or use `fedshift bench` natively)"
+            f"the config has a sweep grid ({len(cells)} runs over {keys}); `fedshift flower` "
+            "runs one experiment: give each swept key one value with key=value (it replaces "
+            "the key's sweep), or run the grid natively with `fedshift run -c` / `fedshift "
+            "bench`"
         )
-    return resolve(raw, args.config or "defaults")
+    return resolve(cells[0], source)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -119,10 +123,36 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
-    from fedshift.flower.deploy import write_app
+    """Write the Flower App; its ServerApp waits for one SuperNode per client of the config
+    and its local simulation federation has that many (``--nodes`` where the config's data
+    is not on this machine to count them)."""
+    from fedshift.flower.deploy import local_federation, write_app
+    from fedshift.flower.simulate import client_names
 
-    path = write_app(Path(args.dir), _config(args), _options(args), out=args.out)
-    print(f"Flower App: {path} (submit it with `flwr run {path} <federation>`)")
+    cfg = _config(args)
+    try:
+        clients: int | None = len(client_names(cfg))
+    except (FedshiftError, OSError, ValueError) as e:  # the data is on the sites, not here
+        if args.nodes is None:
+            raise FedshiftError(
+                f"cannot load the config's dataset here to count its clients ({e}); give "
+                "--nodes N, one SuperNode per client"
+            ) from None
+        clients = None
+    if clients is not None and args.nodes is not None and args.nodes != clients:
+        raise FedshiftError(
+            f"--nodes {args.nodes}: the config's federation has {clients} clients, and "
+            f"fedshift runs one client per SuperNode; give --nodes {clients} (or leave it out)"
+        )
+    nodes = int(args.nodes or clients)  # type: ignore[arg-type]
+    options = _options(args)
+    options.nodes = nodes
+    path = write_app(Path(args.dir), cfg, options, out=args.out, local_nodes=nodes)
+    print(
+        f"Flower App: {path}, for {nodes} SuperNodes (one per client). `flwr run {path}` runs "
+        f"it on a local simulation of {nodes} SuperNodes (its pinned federation "
+        f"{local_federation(nodes)}); `flwr run {path} <connection>` submits it to a SuperLink"
+    )
     return 0
 
 
@@ -168,7 +198,12 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 def _experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.rounds=20")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value overrides, e.g. train.rounds=20 (one on a key the config sweeps "
+        "replaces that key's sweep: one run)",
+    )
     p.add_argument(
         "--min-clients",
         type=int,
@@ -231,7 +266,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     app = fsub.add_parser("app", help="write the Flower App (FAB source) of a config")
     app.add_argument("dir", help="output folder")
     _experiment_args(app)
-    app.add_argument("--nodes", type=int, help="SuperNodes the ServerApp waits for")
+    app.add_argument(
+        "--nodes",
+        type=int,
+        help="SuperNodes the ServerApp waits for: one per client of the config (default: the "
+        "config's clients, counted from its dataset; needed where the data is not here)",
+    )
     app.add_argument("--out", help="run folder on the SuperLink machine (default: runs)")
     app.set_defaults(fn=_cmd_app)
 

@@ -199,7 +199,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``run``, ``bench``, ``list`` and ``report`` to the main parser's subcommands."""
     run = sub.add_parser("run", help="run an experiment config (and its sweep grid)")
     run.add_argument("-c", "--config", help="YAML config file, or a shipped config's name (demo)")
-    run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value overrides, e.g. train.lr=0.05 (one on a key the config sweeps replaces "
+        "that key's sweep)",
+    )
     run.add_argument("--out", help="root folder for run directories (config key 'out')")
     run.add_argument(
         "--resume",
@@ -236,7 +241,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "suite", help="suite YAML (a run config with a sweep grid), or a shipped suite's name"
     )
-    bench.add_argument("overrides", nargs="*", help="key=value overrides for every cell")
+    bench.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value overrides for every cell (one on a swept key replaces its sweep)",
+    )
     bench.add_argument("--out", help="root folder for run directories (config key 'out')")
     bench.add_argument(
         "--workers",

@@ -1,12 +1,14 @@
 """``fedshift run``'s runs: where each goes (and what happens when its directory is taken),
 one after another or ``--jobs N`` at a time.
 
-Run directories: ``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, and ``-2``, ``-3``...
-for the runs of one sweep that share that name (another ``train.lr``, say). When a run's
-directory exists already, ``fedshift run`` stops before running anything and names each such
-directory with what it holds (:class:`~fedshift.runtime.rundir.RunDirExists`), offering
-``fedshift run --resume DIR``, ``--overwrite`` (the old run is deleted, holding its lock, just
-before the new one starts in it) and ``--new`` (the next free ``-2``, ``-3``... as before).
+Run directories: ``<out>/<name>/<algorithm>-<dataset>[-<key=value>...]-seed<seed>-<digest>``
+(:func:`~fedshift.runtime.results.run_dir_name`: what sets the run apart from the defaults,
+and a digest of its config), so the runs of a sweep never share one. When a run's directory
+exists already, ``fedshift run`` stops before running anything and names each such directory
+with what it holds and how its ``config.yaml`` differs from the new config
+(:class:`~fedshift.runtime.rundir.RunDirExists`), offering ``fedshift run --resume DIR``,
+``--overwrite`` (the old run is deleted, holding its lock, just before the new one starts in
+it) and ``--new`` (the next free ``-2``, ``-3``...).
 
 ``--jobs N`` runs a sweep's runs in N worker processes (:mod:`fedshift.runtime.parallel`,
 as ``fedshift bench`` does), each with the config's ``run.threads`` torch threads, so the
@@ -17,26 +19,16 @@ every running run and of the sweep (:class:`~fedshift.runtime.progress.CellProgr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.results import run_dir_base
-from fedshift.runtime.rundir import (
-    LOCK_FILE,
-    RunDirExists,
-    claim_run_dir,
-    clear_run_dir,
-    hold_run,
-    is_empty,
-    is_run_dir,
-)
+from fedshift.runtime.results import claim_dirs, planned_dirs, release
+from fedshift.runtime.rundir import clear_run_dir, hold_run
 from fedshift.runtime.stopping import RunSignal
 
 __all__ = ["SweepStopped", "claim_dirs", "planned_dirs", "run_sweep"]
@@ -65,63 +57,6 @@ class SweepStopped(RunSignal):  # noqa: N818 - a signal, like RunSignal
             f"them with: {how} (`fedshift bench` keeps a suite's finished cells and "
             "continues the rest by itself)",
         )
-
-
-def planned_dirs(cfgs: list[RunConfig], out: str | None) -> list[Path]:
-    """Each run's directory: ``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, the second
-    and later runs of the sweep with the same name ``-2``, ``-3``..."""
-    seen: Counter[Path] = Counter()
-    dirs = []
-    for cfg in cfgs:
-        base = run_dir_base(cfg)
-        path = Path(out or cfg.out) / cfg.name / base
-        seen[path] += 1
-        dirs.append(path if seen[path] == 1 else path.with_name(f"{base}-{seen[path]}"))
-    return dirs
-
-
-def claim_dirs(
-    cfgs: list[RunConfig], out: str | None, exists: str, command: str = "fedshift run"
-) -> list[Path]:
-    """Claim every run's directory before any runs (``exists``: ``error``, ``overwrite`` or
-    ``new``, :func:`~fedshift.runtime.rundir.claim_run_dir`); with ``error``, every taken one
-    is named in one :class:`RunDirExists` (whose advice names ``command``); ``overwrite``
-    deletes only run directories."""
-    planned = planned_dirs(cfgs, out)
-    taken = [p for p in planned if p.exists() and not is_empty(p)]
-    if exists == "error" and taken:
-        raise RunDirExists(taken, command)
-    if exists == "overwrite":
-        foreign = [p for p in taken if not p.is_dir() or not is_run_dir(p)]
-        if foreign:
-            raise FedshiftError(
-                f"--overwrite deletes fedshift run directories only, and {foreign[0]} is not "
-                "one (no config.yaml): move it away, or choose another --out or name"
-            )
-    claimed: list[Path] = []
-    try:
-        for cfg, p in zip(cfgs, planned, strict=True):
-            if exists == "new":  # the next free name, as runs claiming one by one get
-                base = run_dir_base(cfg)
-                claimed.append(claim_run_dir(p.parent, base, "new"))
-            else:
-                claimed.append(claim_run_dir(p.parent, p.name, exists))
-    except BaseException:
-        release(claimed)
-        raise
-    return claimed
-
-
-def release(dirs: list[Path]) -> None:
-    """Remove the claimed directories no run wrote into (empty but for a lock file), unless
-    another process holds one (it is starting a run there)."""
-    for p in dirs:
-        with contextlib.suppress(OSError, FedshiftError):
-            if is_empty(p):
-                with hold_run(p):
-                    if is_empty(p):
-                        (p / LOCK_FILE).unlink(missing_ok=True)
-                        p.rmdir()
 
 
 def run_sweep(

@@ -448,11 +448,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read YAML (optional; a bare name such as ``demo`` is a config shipped with fedshift,
     :mod:`fedshift.core.presets`) and apply ``key=value`` overrides; returns the raw dict."""
     raw = load_yaml(config_file(path)) if path else {}
+    return apply_overrides(raw, overrides)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | None = None) -> dict:
+    """``raw`` (changed in place and returned) with the ``key=value`` overrides applied, in
+    order. ``sweep.<key>=[...]`` sets a sweep grid key. An explicit value on a key the sweep
+    grid varies replaces that key's sweep (:func:`replace_swept`): ``-c demo.yaml
+    algorithm.name=fedbn`` runs FedBN only, for every command and ``fedshift.run`` alike."""
     for item in overrides or []:
         key, value = parse_override(item)
         if key.startswith("sweep."):  # sweep keys are dotted names themselves
-            raw.setdefault("sweep", {})[key.removeprefix("sweep.")] = value
+            grid = raw.get("sweep")
+            if not isinstance(grid, dict):
+                grid = raw["sweep"] = {}
+            grid[key.removeprefix("sweep.")] = value
             continue
+        replace_swept(raw, key, value)
         head = key.split(".")[0]
         section = raw.get(head)
         renamed = isinstance(section, dict) and section.get("name") != value
@@ -461,6 +473,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             continue
         set_dotted(raw, key, value)
     return raw
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether dotted keys ``a`` and ``b`` name the same value, or one holds the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def replace_swept(raw: dict, key: str, value: Any) -> None:
+    """The explicit ``key=value`` replaces what ``raw``'s sweep grid says about ``key``: a grid
+    key equal to ``key``, inside it (``train.lr`` for ``train``) or holding it (``algorithm``
+    for ``algorithm.name``) leaves the grid; in the ``cell`` mappings such keys give way to
+    ``key: value`` (cells that become the same are one cell). A grid left empty is removed."""
+    grid = raw.get("sweep")
+    if not isinstance(grid, dict):
+        return
+    for k in list(grid):
+        if k == "cell" and isinstance(grid[k], list):
+            cells: list = []
+            for c in grid[k]:
+                if isinstance(c, dict) and any(_overlaps(dk, key) for dk in c):
+                    c = {dk: dv for dk, dv in c.items() if not _overlaps(dk, key)}
+                    c[key] = copy.deepcopy(value)
+                if c not in cells:
+                    cells.append(c)
+            grid[k] = cells
+        elif _overlaps(k, key):
+            del grid[k]
+    if not grid:
+        del raw["sweep"]
 
 
 def expand_sweep(raw: dict, source: str = "config") -> list[dict]:

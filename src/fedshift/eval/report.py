@@ -5,13 +5,16 @@ Every ``summary.json`` below the given folders is one run. Runs are grouped by d
 each dataset the report has
 
 * the per-client table of each metric of the task, shaped like the papers' (FedRDN's Table 1/2,
-  FedFA's and HarmoFL's per-site tables): one row per (algorithm, flow), per-client test score
-  averaged over seeds, the average ± std over seeds, the change against the same algorithm's
-  base flow with its direction (↑/↓) and the paired t-test p-value against it, and with
+  FedFA's and HarmoFL's per-site tables): one row per flow, the runs of one config over seeds
+  (runs that differ in any other key, ``train.lr`` say, are rows of their own, labelled with
+  the differing keys: :func:`~fedshift.eval.tables.group_flows`), per-client test score
+  averaged over the row's seeds, the average ± std over the same seeds, the change against
+  the same algorithm's base flow with its direction (↑/↓) and the paired t-test p-value
+  against it, and with
   ``--reference ALGO[/FLOW]`` the paired t-test p-value against that row (FedRDN's appendix B);
   segmentation gets foreground Dice and mean Dice including background, each labelled;
 * convergence curves: the mean over clients of the validation and test primary metric per
-  round, averaged over seeds, one curve per (algorithm, flow);
+  round, averaged over seeds, one curve per row of the tables;
 * the communication cost per client and round, from the ledger, next to the model's size;
 * the model-selection rule, stated under every table.
 
@@ -41,10 +44,11 @@ from fedshift.core.files import atomic_output, read_json, write_text_atomic  # n
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,
-    flow_label,
     flows_rows,
+    group_flows,
     metric_caption,
     partition_label,
+    row_label,
     scores,
 )
 
@@ -86,8 +90,10 @@ def load_runs(roots: list[str | Path]) -> list[dict]:
 
 
 def _curves(runs: list[dict]) -> dict[str, dict[int, tuple[float, float]]]:
-    """Per (algorithm, flow) label: round -> (val, test) mean over clients of the primary
-    metric of the evaluated model, averaged over the runs (seeds) that evaluated that round."""
+    """Per flow (the rows of the tables, :func:`~fedshift.eval.tables.group_flows`): round ->
+    (val, test) mean over clients of the primary metric of the evaluated model, averaged over
+    the runs (seeds) that evaluated that round."""
+    group_flows(runs)
     acc: dict[str, dict[int, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for s in runs:
         path = Path(s["_dir"]) / "metrics.jsonl"
@@ -117,8 +123,7 @@ def _curves(runs: list[dict]) -> dict[str, dict[int, tuple[float, float]]]:
 
 
 def _label(s: dict) -> str:
-    flow = flow_label(s)
-    return s["algorithm"] + ("" if flow == "base" else f" {flow}")
+    return row_label(s)
 
 
 def convergence_png(runs: list[dict]) -> bytes:
@@ -241,6 +246,7 @@ def build_report(
     files: dict[str, Path] = {}
     for name, group in sorted(_datasets(runs).items()):
         _check_same_clients(name, group)
+        group_flows(group)  # the rows: runs of one config over seeds (every table below)
         first = group[0]
         seeds = sorted({s["seed"] for s in group})
         rule = selection_rule(first.get("metric_label", "accuracy"))
@@ -294,7 +300,7 @@ def build_report(
                 base = {
                     "dataset": name,
                     "algorithm": s["algorithm"],
-                    "flow": flow_label(s),
+                    "flow": s["_flow"].label,
                     "seed": s["seed"],
                     "metric": metric,
                     "model": s["evaluated_model"],

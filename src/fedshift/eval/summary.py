@@ -148,6 +148,8 @@ def summarize(sim) -> dict[str, Any]:
         "model_params": n_params,
         "model_bytes": model_bytes,
         "run_dir": str(sim.run_dir),
+        # the resolved config (config.yaml's content): reports group runs by it, seeds apart
+        "config": cfg.to_dict(),
     }
     if cfg.model.get("weights"):  # pretrained weights: the file, its SHA-256, skipped keys
         meta["model_weights"] = {k: v for k, v in cfg.model.items() if k.startswith("weights")}
@@ -167,9 +169,14 @@ def summarize(sim) -> dict[str, Any]:
 
 
 def load_summaries(roots) -> list[dict[str, Any]]:
-    """Every ``summary.json`` below the given folders, in path order."""
+    """Every ``summary.json`` below the given folders, in path order, each with ``_dir`` = its
+    folder (where the run's ``config.yaml`` is)."""
     from pathlib import Path
 
     from fedshift.core.files import read_json
 
-    return [read_json(p) for r in roots for p in sorted(Path(r).rglob("summary.json"))]
+    return [
+        {**read_json(p), "_dir": str(p.parent)}
+        for r in roots
+        for p in sorted(Path(r).rglob("summary.json"))
+    ]

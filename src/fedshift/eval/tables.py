@@ -6,10 +6,18 @@ including background); :func:`metric_caption` names what a table shows."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from fedshift.catalog import registry_for
+from fedshift.core.config import load_yaml
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.identity import flatten, number_config
 from fedshift.eval.stats import mean_std, paired_ttest
 
 
@@ -77,15 +85,10 @@ def runs_table(summaries: list[dict], metric: str | None = None) -> str:
     return grid(header, rows)
 
 
-def group_key(s: dict) -> str:
-    return s.get("label") or s["algorithm"]
-
-
 def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
-    """Mean ± std over seeds per algorithm (per client and mean), when any has >1 seed."""
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for s in summaries:
-        groups[group_key(s)].append(s)
+    """Mean ± std over seeds per flow (:func:`group_flows`: per client and mean), when any
+    has more than one seed."""
+    groups = {f.name: g for f, g in group_flows(summaries).items()}
     if all(len(g) < 2 for g in groups.values()):
         return None
     clients = summaries[0]["clients"]
@@ -118,14 +121,20 @@ def _changed(section: dict, kind: str, recorded: dict | None = None) -> str:
     return ",".join(diff)
 
 
-def flow_label(s: dict) -> str:
+def flow_label(s: dict, skip: tuple[str, ...] = ()) -> str:
     """How a run differs from its algorithm's plain form (FedRDN's Table 1 "flows"): ``base``,
     or non-default algorithm keys and augments, e.g. ``+fedrdn``, ``ffa(variant=fedfa-r)``,
-    ``perturbation=False``. An algorithm's own (implied) augment with default keys is base."""
+    ``perturbation=False``. An algorithm's own (implied) augment with default keys is base.
+    ``skip``: ``algorithm.<key>`` keys a table shows in a column of its own.
+
+    This is the algorithm's part of a table row's label only: :func:`group_flows` adds the
+    other keys in which the runs of one table differ."""
     parts = []
     recorded = s.get("defaults") or {}
     algo = s.get("algorithm_config")
     if algo:
+        hidden = {k.split(".", 1)[1] for k in skip if k.startswith("algorithm.")}
+        algo = {k: v for k, v in algo.items() if k not in hidden}
         changed = _changed(algo, "algorithm", recorded.get("algorithm"))
         if changed:
             parts.append(changed)
@@ -154,31 +163,184 @@ def parse_reference(reference: str | None) -> tuple[str, str] | None:
     return algo, flow or "base"
 
 
-def base_flow(flow: str) -> str:
-    """The flow a row's Δ is taken against: the same flow without its last added augment
-    (``mu=0.001 +fedrdn`` -> ``mu=0.001``, ``+flip_rotate +fedrdn`` -> ``+flip_rotate``:
-    FedRDN's Table 1 compares a flow with the same algorithm settings and base augmentation
-    without it), ``base`` when nothing remains or no augment was added."""
-    tokens = flow.split(" ")
-    if not tokens[-1].startswith("+"):  # no added augment last: an algorithm variant
-        return "base"
-    return " ".join(tokens[:-1]) or "base"
+def short_value(v: Any) -> str:
+    """A config value in a label, without spaces: ``[a,b]``, ``ffa(p=0.1)``, ``0.1``."""
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(short_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        rest = ",".join(f"{k}={short_value(x)}" for k, x in v.items() if k != "name")
+        return f"{v.get('name', '?')}({rest})" if rest else str(v.get("name", v))
+    return str(v).replace(" ", "_")
+
+
+def run_config(s: dict) -> dict | None:
+    """The resolved config of the run a summary belongs to, as a nested dict: the summary's
+    own ``config`` (written since fedshift records it), else the ``config.yaml`` next to it
+    (``_dir`` / ``run_dir``), read as YAML data; None when neither is there."""
+    for key in ("config", "_cfg", "_config"):
+        if isinstance(s.get(key), dict):
+            return s[key]
+    for key in ("_dir", "run_dir"):
+        path = Path(str(s.get(key) or "")) / "config.yaml"
+        if s.get(key) and path.is_file():
+            try:
+                s["_config"] = load_yaml(path)
+            except ConfigError:
+                return None
+            return s["_config"]
+    return None
+
+
+def _recorded_config(s: dict) -> dict:
+    """What a summary written without its config says about it (older runs whose folder is
+    gone): algorithm, augments, model, partition, rounds and the federation keys it kept."""
+    fed = {k: s[k] for k in ("holdout", "data_fraction", "weighting") if k in s}
+    cfg: dict[str, Any] = {
+        "seed": s["seed"],
+        "algorithm": s.get("algorithm_config") or {"name": s["algorithm"]},
+        "augment": s.get("augment", []),
+        "model": {"name": s.get("model", "?"), **(s.get("model_weights") or {})},
+        "partition": s.get("partition") or {"name": "none"},
+        "train": {"rounds": s.get("rounds")},
+        "federation": fed,
+    }
+    if s.get("threads", 1) != 1:
+        cfg["threads"] = s["threads"]
+    if s.get("_setting"):  # a protocol's setting column (its keys' values), if it has one
+        cfg["_setting"] = s["_setting"]
+    return cfg
+
+
+def _identity(s: dict, complete: bool) -> dict[str, Any]:
+    """The run's keys that decide its numbers, flattened (its seed included)."""
+    if complete:
+        return flatten(number_config(run_config(s) or {}))
+    return flatten(_recorded_config(s))
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A table row's runs: one config, any number of seeds. ``label`` is ``base`` or the
+    keys that set it apart, ``context`` (keys outside the algorithm's own in which the table's
+    runs differ, e.g. ``train.lr=0.1``) then ``variant`` (:func:`flow_label`'s tokens)."""
+
+    algorithm: str
+    context: tuple[str, ...]
+    variant: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return " ".join([*self.context, *self.variant]) or "base"
+
+    @property
+    def name(self) -> str:
+        """The algorithm and its flow, e.g. ``fedavg train.lr=0.1 +fedrdn`` (``fedavg``)."""
+        return self.algorithm + ("" if self.label == "base" else f" {self.label}")
+
+    def bases(self) -> list[str]:
+        """The labels of the rows this one's Δ is taken against, best first: the same flow
+        without its last added augment (FedRDN's Table 1 compares a flow with the same
+        algorithm settings and base augmentation without it), else the algorithm's base with
+        the same context (``train.lr=0.1``); none for that base itself."""
+        own = Flow(self.algorithm, self.context, ())
+        out = []
+        if self.variant and self.variant[-1].startswith("+"):
+            out.append(Flow(self.algorithm, self.context, self.variant[:-1]).label)
+        if self.variant:
+            out.append(own.label)
+        return list(dict.fromkeys(out))
+
+
+def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow, list[dict]]:
+    """The runs of one table grouped into rows: runs share a row only when their configs are
+    the same but for the seed (:func:`~fedshift.core.identity.number_config`: name, output
+    folder, execution and checkpoint cadence change no number). Each row's label shows the
+    keys in which the table's runs differ (``fedavg train.lr=0.1``): those of the algorithm
+    and augments as :func:`flow_label` writes them, any other as ``key=value``; ``shown``:
+    dotted keys the table shows in columns of its own (a partition, a swept key), left out of
+    labels and of the grouping. Sets ``s["_flow"]`` (the row's :class:`Flow`) on every
+    summary; rows in first-seen order.
+
+    The configs come from each summary (:func:`run_config`); when one of the runs has none,
+    every run is compared on what the summaries record (:func:`_recorded_config`). Two runs
+    with the same config and seed are one run twice: a :class:`FedshiftError` names both
+    (and, where the configs are not recorded, says so)."""
+    complete = all(run_config(s) is not None for s in summaries)
+    flats = [_identity(s, complete) for s in summaries]
+    seen: dict[str, dict] = {}
+    for s, f in zip(summaries, flats, strict=True):
+        key = json.dumps(f, sort_keys=True, default=str)
+        if key in seen and complete:
+            raise FedshiftError(
+                f"{_where(seen[key])} and {_where(s)} are the same config and seed run twice: "
+                "report one of them (give the run folders to report one by one)"
+            )
+        if key in seen:
+            raise FedshiftError(
+                f"{_where(seen[key])} and {_where(s)} look like the same config and seed run "
+                "twice, but their configs are not recorded (summaries of an older fedshift, "
+                "without the config.yaml of their run folder), so fedshift cannot tell them "
+                "apart: report them from their run folders, or one of them"
+            )
+        seen[key] = s
+
+    def column(k: str) -> bool:  # a key the table shows in a column of its own
+        return any(k == x or k.startswith(x + ".") or x.startswith(k + ".") for x in shown)
+
+    def own(k: str) -> bool:  # keys flow_label speaks for, the seed, and the table's columns
+        return k.split(".")[0] in ("algorithm", "augment", "seed", "_setting") or column(k)
+
+    keys = list(dict.fromkeys(k for f in flats for k in f if not own(k)))
+    missing = object()
+    varying = [
+        k
+        for k in keys
+        if len({json.dumps(f.get(k, missing), default=str) for f in flats}) > 1
+    ]
+    groups: dict[Flow, list[dict]] = {}
+    identity: dict[Flow, str] = {}
+    for s, f in zip(summaries, flats, strict=True):
+        context = tuple(f"{k}={short_value(f[k])}" for k in varying if k in f)
+        variant = tuple(t for t in flow_label(s, shown).split(" ") if t != "base")
+        flow = Flow(s["algorithm"], context, variant)
+        rest = {k: v for k, v in f.items() if k != "seed" and not column(k)}
+        ident = json.dumps(rest, sort_keys=True, default=str)
+        if flow in identity and identity[flow] != ident:  # labels alike, configs not
+            flow = Flow(flow.algorithm, (*context, f"config={_digest(ident)}"), variant)
+        identity.setdefault(flow, ident)
+        groups.setdefault(flow, []).append(s)
+        s["_flow"] = flow
+    return groups
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def _where(s: dict) -> str:
+    return str(s.get("_dir") or s.get("run_dir") or f"{s['algorithm']} seed {s['seed']}")
+
+
+def row_label(s: dict) -> str:
+    """A summary's row name after :func:`group_flows`: ``fedavg train.lr=0.1 +fedrdn``."""
+    flow = s.get("_flow")
+    return flow.name if isinstance(flow, Flow) else s["algorithm"]
 
 
 def flows_rows(
     summaries: list[dict], metric: str | None = None, reference: str | None = None
 ) -> tuple[list[str], list[list[str]]]:
-    """FedRDN's Table 1/2 shape: one row per (algorithm, flow) with per-client test score
-    (%, mean over seeds), the average ± std over seeds, the change against the algorithm's
-    base flow (with its direction) and the paired t-test p-value against it (pairs matched by
-    seed); with ``reference`` (``ALGO`` or ``ALGO/FLOW``) also the paired t-test p-value
-    against that row (FedRDN's appendix B)."""
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for s in summaries:
-        groups[(s["algorithm"], flow_label(s))].append(s)
+    """FedRDN's Table 1/2 shape: one row per flow (:func:`group_flows`: the runs of one config
+    over seeds) with per-client test score (%, mean over the row's seeds), the average ± std
+    over the same seeds, the change against the algorithm's base flow (with its direction) and
+    the paired t-test p-value against it (pairs matched by seed); with ``reference``
+    (``ALGO`` or ``ALGO/FLOW``) also the paired t-test p-value against that row (FedRDN's
+    appendix B)."""
+    groups = group_flows(summaries)
+    by_label = {(f.algorithm, f.label): f for f in groups}
     ref_key = parse_reference(reference)
-    if ref_key is not None and ref_key not in groups:
-        have = ", ".join(f"{a}/{f}" for a, f in sorted(groups))
+    if ref_key is not None and ref_key not in by_label:
+        have = ", ".join(f"{a}/{f}" for a, f in sorted(by_label))
         raise ValueError(f"reference {reference!r} is not among the runs ({have})")
 
     def by_seed(g: list[dict]) -> dict[int, float]:
@@ -189,12 +351,14 @@ def flows_rows(
     if ref_key is not None:
         header.append(f"p vs {ref_key[0]}/{ref_key[1]}")
     rows = []
-    for (algo, flow), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "base")):
+    for flow in sorted(groups, key=_flow_order):
+        g = groups[flow]
         seeds = by_seed(g)
         m = mean_std(list(seeds.values()))[0]
-        base = groups.get((algo, base_flow(flow))) or groups.get((algo, "base"))
+        base = next((groups[by_label[(flow.algorithm, b)]] for b in flow.bases()
+                     if (flow.algorithm, b) in by_label), None)  # fmt: skip
         delta, p = "", ""
-        if base and flow != "base":
+        if base:
             base_seeds = by_seed(base)
             delta = _delta(100 * (m - mean_std(list(base_seeds.values()))[0]))
             pv = paired_ttest(seeds, base_seeds)
@@ -203,15 +367,21 @@ def flows_rows(
             _fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g))
             for c in clients
         ]
-        row = [algo, flow, str(len(g)), *cells, mean_std_cell(list(seeds.values())), delta, p]
+        row = [flow.algorithm, flow.label, str(len(g)), *cells,
+               mean_std_cell(list(seeds.values())), delta, p]  # fmt: skip
         if ref_key is not None:
             pr = ""
-            if (algo, flow) != ref_key:
-                pv = paired_ttest(seeds, by_seed(groups[ref_key]))
+            if (flow.algorithm, flow.label) != ref_key:
+                pv = paired_ttest(seeds, by_seed(groups[by_label[ref_key]]))
                 pr = "" if pv is None else f"{pv:.3f}"
             row.append(pr)
         rows.append(row)
     return header, rows
+
+
+def _flow_order(flow: Flow) -> tuple:
+    """Rows by algorithm, each algorithm's base (with the same context) first."""
+    return (flow.algorithm, flow.context, bool(flow.variant), flow.variant)
 
 
 def flows_table(
@@ -222,11 +392,9 @@ def flows_table(
 
 
 def comm_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Communication per (algorithm, flow): bytes per client per round (up, down; the setup
+    """Communication per flow (:func:`group_flows`): bytes per client per round (up, down; the setup
     exchange of round 0 excluded and shown apart, per client) next to the model's size."""
-    groups: dict[tuple[str, str], dict] = {}
-    for s in summaries:
-        groups.setdefault((s["algorithm"], flow_label(s)), s)
+    groups = {(f.algorithm, f.label): g[0] for f, g in group_flows(summaries).items()}
     header = [
         "algorithm",
         "flow",
@@ -278,15 +446,17 @@ def partition_label(s: dict) -> str:
 
 
 def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
-    """DisTrans's Table 1/4 shape: one row per (algorithm, flow), one column per partition
+    """DisTrans's Table 1/4 shape: one row per flow (:func:`group_flows`, the partition
+    apart), one column per partition
     (with its DH), cells = test accuracy mean ± std over seeds and, in brackets, the paired
     t-test p-value against the ``reference`` algorithm's base flow on the same partition."""
     groups: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
     dhs: dict[str, float] = {}
-    for s in summaries:
-        col = partition_label(s)
-        dhs[col] = s.get("dh") if s.get("dh") is not None else -1.0
-        groups[(s["algorithm"], flow_label(s), col)][s["seed"]] = s["test_mean"]
+    for flow, runs in group_flows(summaries, shown=("partition",)).items():
+        for s in runs:
+            col = partition_label(s)
+            dhs[col] = s.get("dh") if s.get("dh") is not None else -1.0
+            groups[(flow.algorithm, flow.label, col)][s["seed"]] = s["test_mean"]
     cols = sorted(dhs, key=lambda c: dhs[c])
     rows_keys = sorted({(a, f) for a, f, _ in groups}, key=lambda k: (k[0] != reference, k))
     rows = []

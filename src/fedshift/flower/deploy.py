@@ -157,9 +157,25 @@ def make_node_keys(folder: Path, names: list[str]) -> dict[str, tuple[Path, Path
 
 
 # ---------------------------------------------------------------------------- the app
-def write_app(folder: Path, cfg: RunConfig, options: FlowerOptions, out: str | None = None) -> Path:
+def local_federation(nodes: int) -> str:
+    """The name of the local simulation federation a Flower App pins to ``nodes``."""
+    return f"fedshift-local-{nodes}"
+
+
+def write_app(
+    folder: Path,
+    cfg: RunConfig,
+    options: FlowerOptions,
+    out: str | None = None,
+    local_nodes: int | None = None,
+) -> Path:
     """A Flower App folder for ``flwr run``: a ``pyproject.toml`` naming fedshift's
-    ServerApp/ClientApp, its run config holding ``cfg`` and ``options``."""
+    ServerApp/ClientApp, its run config holding ``cfg`` and ``options``. ``local_nodes``: pin
+    the app's local simulation federation (what a plain ``flwr run DIR`` runs on; Flower's
+    own default has 2 SuperNodes) to that many SuperNodes, one per client of the config
+    (``fedshift flower app``). Flower 1.41 moves such a federation, on the app's first
+    ``flwr run``, into the user's Flower config as the SuperLink connection
+    :func:`local_federation` (made the default) and comments it out in the app."""
     folder.mkdir(parents=True, exist_ok=True)
     run_config = dict(RUN_CONFIG_DEFAULTS)
     run_config.update(
@@ -197,11 +213,25 @@ def write_app(folder: Path, cfg: RunConfig, options: FlowerOptions, out: str | N
             },
         },
     }
-    (folder / "pyproject.toml").write_text(tomli_w.dumps(project))
-    (folder / "README.md").write_text(
+    readme = (
         f"# {name}\n\nA fedshift experiment as a Flower App, written by `fedshift flower app`."
         "\nSubmit it with `flwr run . <connection>`; see fedshift's docs/DEPLOY.md.\n"
     )
+    if local_nodes is not None:
+        local = local_federation(local_nodes)
+        project["tool"]["flwr"]["federations"] = {  # type: ignore[index]
+            "default": local,
+            local: {"options": {"num-supernodes": int(local_nodes)}},
+        }
+        readme += (
+            f"\n`flwr run .` runs it on a local simulation of {local_nodes} SuperNodes, one per "
+            f"client of the config (the federation `{local}` this pyproject.toml pins; Flower "
+            "moves it into your Flower config as a SuperLink connection of that name, made the "
+            "default, on the first `flwr run`). fedshift refuses a run whose SuperNodes do not "
+            "cover the config's clients, before round 1.\n"
+        )
+    (folder / "pyproject.toml").write_text(tomli_w.dumps(project))
+    (folder / "README.md").write_text(readme)
     return folder
 
 

@@ -164,9 +164,13 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
         cid = settings.client
     elif settings.partition is not None:
         if not 0 <= settings.partition < len(fed.clients):
+            of = context.node_config.get("num-partitions")
             raise ConfigError(
-                f"SuperNode partition-id={settings.partition}: the federation has "
-                f"{len(fed.clients)} clients"
+                f"SuperNode partition-id={settings.partition}"
+                + (f" of {of} SuperNodes" if of is not None else "")
+                + f": the config's federation has {len(fed.clients)} clients "
+                f"({', '.join(fed.client_names)}); fedshift runs one client per SuperNode, so "
+                f"run it with {len(fed.clients)} SuperNodes"
             )
         cid = fed.clients[settings.partition].name
     else:
@@ -281,6 +285,9 @@ def hello(msg: Message, context: Context) -> Message:
         "num_train": len(rt.data.train),
         "num_val": len(rt.data.val),
         "num_test": len(rt.data.test),
+        # the clients of the federation this node loaded (all of them, unless the node loads
+        # only its own site): the ServerApp checks that every one has its SuperNode
+        "federation": list(fed.client_names),
     }
     if fed.info.get("dh") is not None:
         info["dh"] = float(fed.info["dh"])

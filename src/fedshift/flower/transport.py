@@ -229,6 +229,7 @@ class GridTransport:
                 f"several SuperNodes claim client(s) {dup}: give each SuperNode its own "
                 "--node-config client=..."
             )
+        check_federation(infos)
         first = infos[0].info
         for i in infos[1:]:
             for k in ("dataset", "task", "classes", "input_shape"):
@@ -319,6 +320,29 @@ class GridTransport:
             "min_clients": self.options.min_clients,
             "eval_bytes": self.eval_bytes,
         }
+
+
+def check_federation(infos: list[ClientInfo]) -> None:
+    """Refuse, before round 1, a run whose SuperNodes do not cover the config's federation:
+    each node reports the clients of the federation it loaded (all of them where it loads the
+    whole dataset, as in a simulation, where Flower numbers the nodes ``partition-id``), and
+    fedshift trains one client per node, so a client without a node would silently not take
+    part (Flower's default local simulation starts 2 SuperNodes, whatever the config has)."""
+    federation: list[str] = []
+    for i in infos:
+        federation += [str(c) for c in i.info.get("federation", []) if c not in federation]
+    connected = {i.name for i in infos}
+    missing = [c for c in federation if c not in connected]
+    if missing:
+        n = len(federation)
+        raise FedshiftError(
+            f"{len(infos)} SuperNode(s) connected, but the config's federation has {n} clients "
+            f"({', '.join(federation)}); fedshift runs one client per SuperNode, and "
+            f"{', '.join(missing)} would have none. Run it with {n} SuperNodes: a Flower App "
+            f"written by `fedshift flower app` pins its local federation to {n} "
+            f"(or: flwr run APP_DIR --federation-config \"num-supernodes={n}\"); in a "
+            "deployment, start one SuperNode per client (--node-config client=...)"
+        )
 
 
 def send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:

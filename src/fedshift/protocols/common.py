@@ -25,7 +25,7 @@ import yaml
 from fedshift.core.config import lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
-from fedshift.eval.tables import flow_label, mean_std_cell
+from fedshift.eval.tables import flow_label, group_flows, mean_std_cell, short_value
 
 #: ``cross-site --pipeline``: whose input-pipeline state the data goes through
 PIPELINES = ("data", "model")
@@ -90,15 +90,6 @@ def _save(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, 
     write_text_atomic(md, f"# {title}\n\n{text}\n")
     write_text_atomic(js, json.dumps(_jsonable(data), indent=2) + "\n")
     return {"md": md, "json": js}
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, list):
-        return "[" + ",".join(_short(x) for x in v) + "]"
-    if isinstance(v, dict):
-        rest = ",".join(f"{k}={_short(x)}" for k, x in v.items() if k != "name")
-        return f"{v.get('name', '?')}({rest})" if rest else str(v.get("name", v))
-    return str(v)
 
 
 def _lookup_missing(tree: dict, dotted: str) -> Any:
@@ -174,8 +165,18 @@ def _setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     ]
 
 
+def _label_rows(summaries: list[dict], columns: Iterable[str] = ()) -> None:
+    """Group the runs of a protocol's table into rows (:func:`~fedshift.eval.tables.
+    group_flows`, as every table of fedshift): the keys of the ``setting`` column
+    (:func:`_with_settings`) and the table's own ``columns`` are left out of the flow labels;
+    any other key in which the runs differ makes rows of its own."""
+    shown = tuple(summaries[0].get("_shown", ())) if summaries else ()
+    group_flows(summaries, shown=(*shown, *columns))
+
+
 def _row_key(s: dict) -> tuple[str, str, str]:
-    return (s["algorithm"], flow_label(s), s.get("_setting", ""))
+    """(algorithm, flow, setting) of a run, after :func:`_label_rows`."""
+    return (s["_flow"].algorithm, s["_flow"].label, s.get("_setting", ""))
 
 
 def _row_order(key: tuple[str, str, str]) -> tuple:
@@ -225,4 +226,5 @@ def _run_cells(
 
 def _with_settings(summaries: list[dict], keys: list[str]) -> None:
     for s in summaries:
-        s["_setting"] = " ".join(f"{k}={_short(_lookup_missing(s['_cfg'], k))}" for k in keys)
+        s["_setting"] = " ".join(f"{k}={short_value(_lookup_missing(s['_cfg'], k))}" for k in keys)
+        s["_shown"] = tuple(keys)

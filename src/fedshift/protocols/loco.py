@@ -23,6 +23,7 @@ from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
     ProtocolResult,
     _expand,
+    _label_rows,
     _out_dir,
     _pct,
     _pm,
@@ -132,6 +133,7 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
     if not summaries:
         raise FedshiftError("loco: no cells")
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+    _label_rows(summaries, ["federation.holdout"])  # the held-out client is the columns
     for s in summaries:
         hold = s.get("holdout") or []
         if len(hold) != 1 or s.get("target_test_mean") is None:

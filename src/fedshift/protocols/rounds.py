@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import read_json
-from fedshift.eval.tables import flow_label, grid
+from fedshift.eval.tables import grid, group_flows
 from fedshift.protocols.common import (
     _MISSING,
     DASH,
@@ -106,7 +106,7 @@ def rounds_to_threshold(
         raise FedshiftError(f"--split {split!r}: choose val or test")
     ths = parse_thresholds(thresholds)
     runs = _find_runs(roots)
-    per_run = []
+    per_run, summaries = [], []
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for d in tqdm(runs, desc="rounds", disable=not progress, leave=False):
         for f in ("config.yaml", "metrics.jsonl"):
@@ -138,10 +138,11 @@ def rounds_to_threshold(
         if not curve:
             raise FedshiftError(f"{d}/metrics.jsonl has no evaluated rounds of the {kind} model")
         reached = {t: first_round_reaching(curve, t) for t in ths}
+        s["_dir"], s["_config"] = str(d), cfg
+        summaries.append(s)
         rec = {
             "run_dir": str(d),
             "algorithm": s["algorithm"],
-            "flow": flow_label(s),
             "by": value,
             "seed": s["seed"],
             "kind": kind,
@@ -150,7 +151,12 @@ def rounds_to_threshold(
             "first_round": reached,
         }
         per_run.append(rec)
-        groups[(s["algorithm"], rec["flow"], json.dumps(value, default=str))].append(rec)
+    # rows: the runs of one config over seeds, the --by key apart (its own column; for a
+    # partition key the whole partition, which decides the clients the column counts)
+    group_flows(summaries, shown=("partition",) if by.startswith("partition.") else (by,))
+    for s, rec in zip(summaries, per_run, strict=True):
+        rec["flow"] = s["_flow"].label
+        groups[(s["algorithm"], rec["flow"], json.dumps(rec["by"], default=str))].append(rec)
     first = per_run[0]
     label = _metric_label(runs[0], first["metric"])
 

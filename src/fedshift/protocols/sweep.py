@@ -26,6 +26,7 @@ from fedshift.protocols.common import (  # noqa: E402
     _MISSING,
     ProtocolResult,
     _expand,
+    _label_rows,
     _lookup_missing,
     _out_dir,
     _pm,
@@ -125,16 +126,6 @@ def sweep(
     return ProtocolResult("sweep", text, data, files)
 
 
-def _without_swept(s: dict, key: str) -> dict:
-    """``s`` as the row label sees it: a swept algorithm key (``algorithm.rho``) is the
-    column, not part of the row's flow (else every value would be a row of its own)."""
-    section, _, param = key.partition(".")
-    if section != "algorithm" or param not in (s.get("algorithm_config") or {}):
-        return s
-    algo = {k: v for k, v in s["algorithm_config"].items() if k != param}
-    return {**s, "algorithm_config": algo}
-
-
 def sweep_table(summaries: list[dict], key: str, labels: list[str]) -> tuple[str, dict]:
     """Rows (algorithm, flow[, setting]) x columns = the swept values (``s["_value"]``), cells
     = mean ± std over seeds of the selected round's test score (every metric in the data)."""
@@ -144,8 +135,9 @@ def sweep_table(summaries: list[dict], key: str, labels: list[str]) -> tuple[str
     metric, label = first.get("metric", "acc"), first.get("metric_label", "accuracy")
     others = list(first.get("metrics", {}))
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+    _label_rows(summaries, [key])  # the swept key is the columns, not part of a row's flow
     for s in summaries:
-        groups[_row_key(_without_swept(s, key))][s["_value"]][s["seed"]] = s
+        groups[_row_key(s)][s["_value"]][s["seed"]] = s
     with_setting = any(k[2] for k in groups)
     header = ["algorithm", "flow", *(["setting"] if with_setting else []), "seeds"]
     header += [f"{key}={v}" for v in labels]

@@ -5,15 +5,28 @@ temporary file, then renamed), so a reader never sees half of one."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
+from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import summarize
-from fedshift.runtime.rundir import claim_run_dir
+from fedshift.runtime.rundir import (
+    EXISTS,
+    LOCK_FILE,
+    RunDirExists,
+    claim_run_dir,
+    hold_run,
+    is_empty,
+    is_run_dir,
+)
 from fedshift.runtime.track import utc_now
 
 
@@ -24,19 +37,189 @@ class RunResult:
 
 
 def new_run_dir(cfg: RunConfig, out: str | Path | None = None, exists: str = "new") -> Path:
-    """A new, empty directory ``<out>/<name>/<algorithm>-<dataset>-seed<seed>``, with
-    ``-2``, ``-3``... if taken; created here, atomically, so two runs started together never
-    get the same one (:func:`~fedshift.runtime.rundir.claim_run_dir`, whose ``exists`` says
-    what a taken name does instead: ``error`` or ``overwrite``)."""
+    """A new, empty directory ``<out>/<name>/<run_dir_name(cfg)>``, with ``-2``, ``-3``... if
+    taken; created here, atomically, so two runs started together never get the same one
+    (:func:`~fedshift.runtime.rundir.claim_run_dir`, whose ``exists`` says what a taken name
+    does instead: ``error`` or ``overwrite``)."""
     root = Path(out or cfg.out) / cfg.name
-    return claim_run_dir(root, run_dir_base(cfg), exists)
+    return claim_run_dir(root, run_dir_name(cfg), exists)
 
 
 def run_dir_base(cfg: RunConfig) -> str:
-    """A run's folder name, ``<algorithm>-<dataset>-seed<seed>``; a plug-in's
-    ``module:Class`` algorithm name has its colon as a dot (not allowed on Windows)."""
-    algo = cfg.algorithm["name"].replace(":", ".")
-    return f"{algo}-{cfg.dataset['name']}-seed{cfg.seed}"
+    """``<algorithm>-<dataset>-seed<seed>``: the head of a suite cell's folder name (``fedshift
+    bench`` appends the cell's config digest); a plug-in's ``module:Class`` algorithm name has
+    its colon as a dot (not allowed on Windows)."""
+    return f"{_algo(cfg)}-{cfg.dataset['name']}-seed{cfg.seed}"
+
+
+def _algo(cfg: RunConfig) -> str:
+    return str(cfg.algorithm["name"]).replace(":", ".")
+
+
+#: the longest readable part of a run directory's name (the digest keeps names unique)
+MAX_READABLE = 80
+
+
+def run_dir_name(cfg: RunConfig) -> str:
+    """A run's folder name: ``<algorithm>-<dataset>[-<key=value>...]-seed<seed>-<digest>``.
+
+    The ``key=value`` parts are what sets the run apart from the defaults
+    (:func:`config_changes`: ``fedavg-digits-train.lr=0.1-seed0-1a2b3c4d5e``), cut to
+    :data:`MAX_READABLE` characters (``+N`` says how many more keys differ); the digest
+    (:func:`run_digest`) covers every key that changes a number, so runs of different configs
+    never share a name, and the runs of one config that differ only in the seed share their
+    digest. Suite cells keep their own names (``fedshift.bench``)."""
+    tokens = [f"{k}={_name_value(v)}" for k, v in config_changes(cfg)]
+    shown: list[str] = []
+    for i, t in enumerate(tokens):
+        if len("-".join([*shown, t])) > MAX_READABLE:
+            shown.append(f"+{len(tokens) - i}")
+            break
+        shown.append(t)
+    parts = [_algo(cfg), str(cfg.dataset["name"]), *shown, f"seed{cfg.seed}", run_digest(cfg)]
+    return "-".join(parts)
+
+
+def run_digest(cfg: RunConfig) -> str:
+    """A digest of the run's config that decides its numbers
+    (:func:`~fedshift.core.identity.number_config`) without its seed and ``train.rounds`` (a
+    run extended to more rounds with ``--resume`` stays the same run, in the same folder)."""
+    d = number_config(cfg.to_dict())
+    d.pop("seed", None)
+    d.get("train", {}).pop("rounds", None)
+    blob = json.dumps(d, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _name_value(v: object) -> str:
+    if isinstance(v, list | tuple):
+        return ",".join(_name_value(x) for x in v) or "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    text = str(v)
+    if isinstance(v, str) and ("/" in text or "\\" in text):
+        text = Path(text).name  # a file: its name
+    return _UNSAFE.sub("_", text)
+
+
+#: characters a folder name keeps (no shell or Windows specials, no spaces)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._,+=-]")
+
+
+def config_changes(cfg: RunConfig) -> list[tuple[str, object]]:
+    """``(dotted key, value)`` of every key of a resolved config that decides numbers and
+    differs from the defaults: the component's own keys against its defaults
+    (``algorithm.mu``), another model or partition (``model``), the augments beyond the
+    algorithm's own (``augment``, with their changed keys as ``augment.<name>.<key>``), the
+    fixed sections' keys (``train.lr``), and the execution keys that change the last bits
+    (``threads``, ``executor``...). Not the algorithm and dataset names, the seed or
+    ``train.rounds`` (a run's folder names those apart or not at all)."""
+    from fedshift.eval.tables import component_defaults
+
+    d = number_config(cfg.to_dict())
+    base = number_config(RunConfig().to_dict())
+    out: list[tuple[str, object]] = []
+    for section in ("algorithm", "augment", "dataset", "model", "partition"):
+        given, default = d.pop(section), base.pop(section)
+        if section == "augment":
+            out += _augment_changes(cfg, given)
+            continue
+        if section in ("model", "partition") and given.get("name") != default.get("name"):
+            out.append((section, given["name"]))
+        own = component_defaults(given, section)
+        for k, v in given.items():
+            if k != "name" and not k.endswith("_sha256") and (k not in own or own[k] != v):
+                out.append((f"{section}.{k}", v))
+    flat, flat_base = flatten(d), flatten(base)
+    for k, v in flat.items():
+        if k in ("seed", "train.rounds"):
+            continue
+        if k not in flat_base or flat_base[k] != v:
+            # number_config's execution keys (threads...) are run.* keys in a config
+            out.append((f"run.{k}" if k in EXECUTION_KEYS else k, v))
+    return out
+
+
+def _augment_changes(cfg: RunConfig, augments: list[dict]) -> list[tuple[str, object]]:
+    """The augments a run adds to its algorithm's own, and the changed keys of each."""
+    from fedshift.catalog import registry_for
+    from fedshift.eval.tables import component_defaults
+
+    entry = registry_for("algorithm").entry(cfg.algorithm["name"])
+    keys = {k: v for k, v in cfg.algorithm.items() if k != "name"}
+    params = entry.params(**keys) if entry.params is not None else None
+    implied = set(entry.obj.implied_augments(params))
+    names, changed = [], []
+    for a in augments:
+        own = component_defaults(a, "augment")
+        diff = [(f"augment.{a['name']}.{k}", v) for k, v in a.items()
+                if k != "name" and own.get(k) != v]  # fmt: skip
+        if a["name"] not in implied:
+            names.append(a["name"])
+        changed += diff
+    return ([("augment", "+".join(names))] if names else []) + changed
+
+
+def planned_dirs(cfgs: list[RunConfig], out: str | Path | None) -> list[Path]:
+    """Each run's directory, ``<out>/<name>/<run_dir_name>``; two runs of one sweep with the
+    same config and seed are refused (they would be one run twice)."""
+    dirs: list[Path] = []
+    for cfg in cfgs:
+        path = Path(out or cfg.out) / cfg.name / run_dir_name(cfg)
+        if path in dirs:
+            raise FedshiftError(
+                f"the sweep has the same config and seed twice ({path.name}): remove the "
+                "duplicate value from the sweep"
+            )
+        dirs.append(path)
+    return dirs
+
+
+def claim_dirs(
+    cfgs: list[RunConfig],
+    out: str | Path | None,
+    exists: str,
+    command: str = "fedshift run",
+) -> list[Path]:
+    """Claim every run's directory before any runs (``exists``: ``error``, ``overwrite`` or
+    ``new``, :func:`~fedshift.runtime.rundir.claim_run_dir`). With ``error``, every taken one
+    is named in one :class:`~fedshift.runtime.rundir.RunDirExists`, with how its stored
+    config differs from the new one (its advice names ``command``: ``fedshift run``,
+    ``fedshift flower simulate``, ``fedshift.run``); ``overwrite`` deletes only run
+    directories; ``new`` takes the next free ``-2``, ``-3``..."""
+    if exists not in EXISTS:
+        raise FedshiftError(f"exists must be one of {', '.join(EXISTS)}, got {exists!r}")
+    planned = planned_dirs(cfgs, out)
+    taken = [(p, c) for p, c in zip(planned, cfgs, strict=True) if p.exists() and not is_empty(p)]
+    if exists == "error" and taken:
+        raise RunDirExists([p for p, _ in taken], command, [c.to_dict() for _, c in taken])
+    if exists == "overwrite":
+        foreign = [p for p, _ in taken if not p.is_dir() or not is_run_dir(p)]
+        if foreign:
+            raise FedshiftError(
+                f"--overwrite deletes fedshift run directories only, and {foreign[0]} is not "
+                "one (no config.yaml): move it away, or choose another --out or name"
+            )
+    claimed: list[Path] = []
+    try:
+        for p in planned:  # "new": the next free name, as runs claiming one by one get
+            claimed.append(claim_run_dir(p.parent, p.name, exists))
+    except BaseException:
+        release(claimed)
+        raise
+    return claimed
+
+
+def release(dirs: list[Path]) -> None:
+    """Remove the claimed directories no run wrote into (empty but for a lock file), unless
+    another process holds one (it is starting a run there)."""
+    for p in dirs:
+        with contextlib.suppress(OSError, FedshiftError):
+            if is_empty(p):
+                with hold_run(p):
+                    if is_empty(p):
+                        (p / LOCK_FILE).unlink(missing_ok=True)
+                        p.rmdir()
 
 
 def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "LOCK_FILE",
     "RunDirExists",
     "claim_run_dir",
+    "compare_config",
     "describe_run_dir",
     "clear_run_dir",
     "hold_lock",
@@ -134,25 +135,79 @@ def is_run_dir(path: Path) -> bool:
     return is_empty(path) or (path / "config.yaml").is_file()
 
 
+def compare_config(path: Path, new: dict, extend: bool = True) -> str:
+    """How the config stored in run directory ``path`` (its ``config.yaml``) compares with
+    ``new`` (a resolved config as a dict), in words: the same config, the same up to keys that
+    change no number, up to ``train.rounds`` (the run can be extended to the new count), or
+    another config, with every differing key (``key: there -> new``); ``extend``: say how
+    ``fedshift run --resume`` extends it. ``""`` when ``path`` holds no readable
+    ``config.yaml``."""
+    from fedshift.core.config import load_yaml
+    from fedshift.core.errors import ConfigError
+    from fedshift.core.identity import EXECUTION_KEYS, config_diff, number_config
+
+    try:
+        old = load_yaml(path / "config.yaml")
+    except (ConfigError, OSError):
+        return ""
+    located = ("name", "out", "sweep")  # where the run is, not what it is
+    diff = [d for d in config_diff(old, new) if d[0].split(".")[0] not in located]
+    numbers = {k for k, _, _ in config_diff(number_config(old), number_config(new))}
+    numbers = {f"run.{k}" if k in EXECUTION_KEYS else k for k in numbers}
+    shown = "; ".join(f"{k}: {a} -> {b}" for k, a, b in diff)
+    if not diff:
+        return "with the same config"
+    if not numbers & {k for k, _, _ in diff}:
+        return f"with the same config up to keys that change no number ({shown})"
+    if {k for k, _, _ in diff} & numbers == {"train.rounds"}:
+        rounds = next(b for k, _, b in diff if k == "train.rounds")
+        how = (
+            f"; `fedshift run --resume {path} train.rounds={rounds}` extends it to the "
+            f"numbers of a new run of {rounds} rounds"
+            if extend
+            else ""
+        )
+        return f"with the same config but train.rounds ({shown}{how})"
+    return f"with another config, which differs from this one in {shown}"
+
+
 class RunDirExists(FedshiftError):
     """The run directories a new run would write hold something already: the message names
-    each with what it holds, and the three ways on (resume it, ``--overwrite``, ``--new``)."""
+    each with what it holds and, given the new ``configs`` (one per path), how its stored
+    config differs (:func:`compare_config`), and the three ways on (resume it, overwrite,
+    new). ``command`` is the command the advice names: ``fedshift run`` (the default) and
+    ``fedshift flower simulate`` take ``--overwrite`` / ``--new``; ``fedshift.run`` (the
+    Python API) ``exists="overwrite"`` / ``exists="new"``."""
 
-    def __init__(self, paths: list[Path], command: str = "fedshift run") -> None:
+    def __init__(
+        self,
+        paths: list[Path],
+        command: str = "fedshift run",
+        configs: list[dict] | None = None,
+    ) -> None:
         self.paths = list(paths)
-        each = "; ".join(f"{p} holds {describe_run_dir(p)}" for p in self.paths)
+        flower = command == "fedshift flower simulate"
+        notes = (
+            [compare_config(p, c, not flower) for p, c in zip(self.paths, configs, strict=True)]
+            if configs is not None
+            else [""] * len(self.paths)
+        )
+        each = "; ".join(
+            f"{p} holds {describe_run_dir(p)}" + (f" {n}" if n else "")
+            for p, n in zip(self.paths, notes, strict=True)
+        )
         one = len(self.paths) == 1
         it = "it" if one else "them"
-        resume = (
-            f"`{command} --resume {self.paths[0]}`"
-            if one
-            else f"`{command} --resume DIR` for each"
-        )
+        cli = "fedshift flower simulate" if flower else "fedshift run"
+        resume = f"`{cli} --resume {self.paths[0]}`" if one else f"`{cli} --resume DIR` for each"
+        if command.startswith("fedshift."):  # the Python API
+            overwrite, new = f"{command}(..., exists='overwrite')", f"{command}(..., exists='new')"
+        else:
+            overwrite, new = "the same command with --overwrite", "with --new"
         super().__init__(
-            f"{each}. This config was run there before; choose: {resume} to continue "
-            f"(or, with train.rounds=N, extend) {it}; the same command with --overwrite to "
-            f"delete {it} and run again; or with --new to run into a new directory next to "
-            f"{'it' if one else 'each'} (-2, -3...)"
+            f"{each}. Choose: {resume} to continue (or, with train.rounds=N, extend) {it}; "
+            f"{overwrite} to delete {it} and run again; or {new} to run into a new directory "
+            f"next to {'it' if one else 'each'} (-2, -3...)"
         )
 
 

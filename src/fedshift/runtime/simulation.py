@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,6 +27,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json
+from fedshift.core.identity import NOT_SET, config_diff
 from fedshift.data.base import Federation
 from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.cores import resolve_workers
@@ -189,23 +189,6 @@ def _yaml_config(run_dir: Path) -> RunConfig:
     return resolve(load_yaml(path), source=str(path))
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-_GONE = object()
-
-
-def _shown(flat: dict[str, Any], key: str) -> str:
-    return repr(flat[key]) if key in flat else "(not set)"
-
-
 def resume_config(
     run_dir: str | Path, rounds: int | None = None, extend: bool = True
 ) -> tuple[RunConfig, int | None]:
@@ -232,14 +215,12 @@ def resume_config(
     ck = read_run_state(run_dir, map_location="cpu")
     started, trained = ck["config"], int(ck["round"])
     where = f"{run_dir / 'config.yaml'}"
-    old, new = _flat(started), _flat(cfg.to_dict())
     changed = [
-        f"{k}: {_shown(old, k)} -> {_shown(new, k)}"
-        for k in [*old, *(k for k in new if k not in old)]
+        f"{k}: {was} -> {now}"
+        for k, was, now in config_diff(started, cfg.to_dict())
         if k not in (*RESUME_FREE, "train.rounds")
-        and old.get(k, _GONE) != new.get(k, _GONE)
         # a run started before the ``run`` section existed: its threads were never recorded
-        and not (k.startswith("run.") and k not in old)
+        and not (k.startswith("run.") and was == NOT_SET)
     ]
     if changed:
         raise ConfigError(
@@ -263,8 +244,8 @@ def resume_config(
             f"change them; {restore}, or extend the run with: "
             f"fedshift run --resume {run_dir} train.rounds={target}"
         )
+    changes = target != original or cfg.train.rounds != original
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, rounds=original))
-    changes = target != original or new["train.rounds"] != original
     return cfg, (target if changes else None)
 
 

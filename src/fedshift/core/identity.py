@@ -1,0 +1,81 @@
+"""What of a config decides a run's numbers, and how two configs differ.
+
+:func:`number_config` is the part of a resolved config that changes results: suite cells are
+keyed by its digest (``fedshift.bench.config_digest``), run directories carry a digest of it
+(:func:`fedshift.runtime.results.run_dir_name`) and reports group runs by it
+(:func:`fedshift.eval.tables.group_flows`). :func:`config_diff` lists the keys in which two
+configs differ (a resumed run against its checkpoint, a run directory against a new run).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fedshift.core.yamlsafe import short_repr
+
+#: top-level config keys that change no number of a run: its name and output folder, the
+#: sweep grid (expanded before a run), how this machine executes it (``run``: see
+#: :func:`number_config` for its keys that do count) and trackers
+NO_NUMBER_KEYS = ("name", "out", "sweep", "run", "track")
+#: the ``run`` keys that do change numbers (in the last bits): :func:`number_config` keeps
+#: them, at its top level, when they are not at their defaults
+EXECUTION_KEYS = ("threads", "executor", "deterministic", "tf32")
+
+
+def number_config(d: dict, threads: int | None = None) -> dict:
+    """The part of a resolved config (:meth:`RunConfig.to_dict`, or a run's ``config.yaml``
+    read as data) that decides a run's numbers: everything but :data:`NO_NUMBER_KEYS` and
+    the checkpoint cadence (``checkpoint`` becomes ``{}``), plus ``threads`` (the torch
+    thread count, default ``run.threads``) when not 1, ``executor`` when not sequential,
+    ``deterministic`` when off and ``tf32`` when on: these change the last bits. Suite cells
+    are keyed by its digest (``fedshift.bench.config_digest``); reports group runs by it
+    (:mod:`fedshift.eval.tables`)."""
+    execution = d.get("run") or {}
+    out = copy.deepcopy({k: v for k, v in d.items() if k not in NO_NUMBER_KEYS})
+    threads = int(execution.get("threads", 1)) if threads is None else threads
+    # when a run saves its state does not change its results (the empty section keeps the
+    # digests of suites cached before checkpoint.minutes existed)
+    out["checkpoint"] = {}
+    if threads != 1:
+        out["threads"] = threads
+    # the vectorised executor sums in another order (results equal up to float rounding)
+    if execution.get("executor", "sequential") != "sequential":
+        out["executor"] = execution["executor"]
+    if not execution.get("deterministic", True):
+        out["deterministic"] = False
+    if execution.get("tf32", False):  # TensorFloat-32 on a GPU: other numbers
+        out["tf32"] = True
+    return out
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{dotted key: value}`` (empty sections and lists are values)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+#: what :func:`config_diff` shows for a key one of the configs does not have
+NOT_SET = "(not set)"
+
+
+def config_diff(old: dict, new: dict) -> list[tuple[str, str, str]]:
+    """``(dotted key, old value, new value)``, values as short text (:data:`NOT_SET` for a
+    key one side lacks), for every key whose value differs between two nested configs:
+    ``old``'s keys first, then those only ``new`` has."""
+    a, b = flatten(old), flatten(new)
+    gone = object()
+
+    def shown(flat: dict, key: str) -> str:
+        return short_repr(flat[key]) if key in flat else NOT_SET
+
+    return [
+        (k, shown(a, k), shown(b, k))
+        for k in [*a, *(k for k in b if k not in a)]
+        if a.get(k, gone) != b.get(k, gone)
+    ]
