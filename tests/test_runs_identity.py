@@ -138,10 +138,11 @@ def test_run_directories_name_what_sets_the_run_apart(lr_sweep):
     # train.rounds is left out: a run extended with --resume keeps its directory
     assert run_dir_name(toy_cfg(rounds=2)) == run_dir_name(toy_cfg(rounds=9))
     # suite cells keep their names: <algorithm>-<dataset>-seed<k>-<config digest>
-    suite = Path(__file__).parents[1] / "configs/suites/baselines_digits.yaml"
+    # (fedrdn_table1's first cell: its digest at 199aa57, committed in results/)
+    suite = Path(__file__).parents[1] / "configs/suites/fedrdn_table1.yaml"
     cell = plan(suite)[0]
     assert cell.run_dir.name == f"fedavg-digits-seed0-{config_digest(cell.cfg)}"
-    assert cell.run_dir.name == "fedavg-digits-seed0-f2e4e6001c"
+    assert cell.run_dir.name == "fedavg-digits-seed0-4fe1b2d40c"
 
 
 def test_an_existing_run_directory_is_compared_with_the_new_config(tmp_path, capsys):
