@@ -1,0 +1,386 @@
+# ruff: noqa: E501  (a table of commands: one entry per line reads best)
+"""Every command of README.md and docs/*.md, marked: run by tests/test_docs.py (with the small
+overrides that make it cheap), run by another named test, or not run and why.
+
+A command a document gains without a mark here fails ``test_every_doc_command_is_marked``,
+which prints a stub to paste; a mark whose command left the documents fails too. Marks:
+
+* :class:`Run`: tests/test_docs.py runs it in a scratch folder (``configs/`` and
+  ``benchmarks/`` linked in, an empty data cache), in document order, as written plus
+  ``add`` (the cheap overrides), with the words of ``sub`` replaced (None: dropped) and
+  ``*`` patterns expanded as the shell does; ``before``: commands that make its inputs.
+* :class:`Tested`: another test runs it (``test`` must exist); ``how`` says with what.
+* :class:`Long`: not run, it takes ``duration`` on 2 CPU cores, which the document states
+  next to the command (checked).
+* :class:`NotRun`: not run, for ``reason``: a remote SuperLink, data the user keeps, a GPU,
+  a download, a server that runs until stopped, or the output of a long command before it.
+* :class:`Synopsis`: a syntax summary with placeholders (``DIR``, ``N``, ``<run>``, ``...``;
+  checked), never a command as written.
+* :class:`Prose`: a command or option named in a sentence, not a command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: the Digits benchmark made cheap: its two domains that build from package data in a second,
+#: 40 training images per client
+DIGITS = (
+    "dataset.domains=[mnist,optdigits]",
+    "dataset.train_size=40",
+    "dataset.val_size=20",
+    "dataset.test_size=20",
+)
+#: a run of one round on the cheap Digits
+CHEAP = (*DIGITS, "train.rounds=1")
+#: a suite or protocol grid: one seed, one process
+CHEAP_GRID = (*CHEAP, "sweep.seed=[0]", "--workers", "1")
+
+
+@dataclass(frozen=True)
+class Run:
+    add: tuple[str, ...] = ()
+    sub: dict[str, str | None] = field(default_factory=dict)
+    before: tuple[str, ...] = ()
+    why: str = ""  # why the overrides, where they are more than "cheaper"
+    #: a known failure that another change fixes (the test xfails while it fails)
+    xfail: str = ""
+
+
+@dataclass(frozen=True)
+class Tested:
+    test: str  # tests/test_x.py::test_name
+    how: str
+
+
+@dataclass(frozen=True)
+class Long:
+    duration: str  # as the document states it, e.g. "36 min"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NotRun:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Synopsis:
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Prose:
+    note: str = ""
+
+
+Mark = Run | Tested | Long | NotRun | Synopsis | Prose
+
+# reasons used more than once
+REMOTE = "needs a SuperLink and SuperNodes on other machines (tests/test_flower_deploy.py runs the same commands on 127.0.0.1)"
+NETWORK = "installs packages from PyPI (CI installs [dev], which holds every extra)"
+GPU = "needs a CUDA GPU (benchmarks/gpu_check.sh runs it on one)"
+SERVER = "starts a server that runs until stopped"
+SETUP = "sets up the shell; the doc test runs fedshift from the environment it runs in"
+
+
+def after(command: str) -> NotRun:
+    """Reads the output of ``command``, which is too long to run here (a :class:`Long`)."""
+    return NotRun(f"reads the runs of `{command}`")
+
+
+
+
+# fmt: off
+MARKS: dict[str, Mark] = {
+    # ------------------------------------------------------------------------- README.md
+    "make demo": Long("about 5 minutes", "4 min 39 s from a fresh clone (docs/RESULTS.md)"),
+    "make test": Long("about 9 minutes", "the whole suite: what CI runs"),
+    ". .venv/bin/activate": NotRun(SETUP),
+    "fedshift list": Run(),
+    "fedshift config show -c configs/demo.yaml": Run(),
+    "fedshift run -c configs/demo.yaml": Run(CHEAP),
+    "fedshift run -c configs/demo.yaml --jobs 2": Run(
+        (*CHEAP, "--out", "runs-jobs"), why="its own --out: the same runs as the line before"
+    ),
+    "fedshift run algorithm.name=fedprox algorithm.mu=0.01 train.rounds=100 model.name=digitmodel":
+        Run(DIGITS, {"train.rounds=100": "train.rounds=1"}),
+    "fedshift run -c configs/demo.yaml 'sweep.seed=[0,1,2]'": Run((*CHEAP, "--out", "runs-seeds")),
+    "fedshift run --resume runs/demo/fedbn-digits-seed0": Run(
+        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*"},
+        why="the directory `fedshift run -c configs/demo.yaml` made (its name carries the overrides)",
+    ),
+    "fedshift run --resume runs/demo/fedbn-digits-seed0 train.rounds=80": Run(
+        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*", "train.rounds=80": "train.rounds=2"},
+    ),
+    "fedshift data show digits --out montage.png": Run(DIGITS),
+    "fedshift bench configs/suites/fraug_table2.yaml": Run(CHEAP_GRID),
+    "fedshift report runs/fraug_table2 --reference fedavg --screenshot": Run(
+        sub={"--screenshot": None},
+        why="--screenshot needs a headless Chromium, which CI does not have",
+    ),
+    "fedshift data fetch fashion-mnist": NotRun(
+        "downloads Debian's dataset-fashion-mnist (~31 MB) with apt-get; tests/test_fashion.py "
+        "runs the fetch on a package it builds"
+    ),
+    "fedshift run dataset.name=fashion-mnist partition.name=classes partition.classes_per_client=2 "
+    "algorithm.name=distrans train.lr=0.005": Long("DISTRANS_MIN"),
+    "fedshift run dataset.name=brain-mri model.name=unet algorithm.name=fedfa train.optimizer=adam "
+    "train.lr=0.001 train.batch_size=16 train.rounds=50": Long("BRAIN_MIN"),
+    "fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1": Long("~45 min"),
+    "python benchmarks/flows_table.py runs/brain_mri_table": after(
+        "fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1"
+    ),
+    "python benchmarks/seg_figure.py runs/brain_mri_table/*-seed0-* --channel 1 --out sites.png":
+        after("fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1"),
+    "fedshift run dataset.name=prostate dataset.root=/data/ProstateMRI model.name=unet "
+    "algorithm.name=harmofl train.optimizer=adam train.lr=0.0001 train.rounds=500": NotRun(
+        "needs the prostate MRI data on disk (docs/DATASETS.md)"
+    ),
+    "fedshift protocol cross-site runs/x/local-digits-seed0": Run(
+        sub={"runs/x/local-digits-seed0": "runs/x/local-*"},
+        before=("fedshift run name=x algorithm.name=local " + " ".join(CHEAP),),
+    ),
+    "fedshift protocol loco -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedrdn]'":
+        Run(CHEAP_GRID),
+    "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
+    "0.1,0.25,0.5,1": Run(CHEAP_GRID),
+    "fedshift protocol sweep -c configs/demo.yaml --key train.local_epochs --values 1,2,5,10":
+        Run((*CHEAP_GRID, "--out", "protocol-sweep-epochs")),
+    "fedshift protocol rounds runs/distrans_dh --thresholds 0.5,0.6": Run(
+        before=("fedshift run -c configs/demo.yaml name=distrans_dh train.rounds=2 eval.every=1 "
+                + " ".join(DIGITS),),
+        why="a two-round sweep stands in for the suite's runs",
+    ),
+    "fedshift protocol tsne runs/x/local-digits-seed0 runs/x/fedavg-digits-seed0": Run(
+        sub={"runs/x/local-digits-seed0": "runs/x/local-*", "runs/x/fedavg-digits-seed0": "runs/x/fedavg-*"},
+        before=("fedshift run name=x algorithm.name=fedavg " + " ".join(CHEAP),),
+    ),
+    "fedshift flower simulate -c configs/demo.yaml algorithm.name=fedbn": Tested(
+        "tests/test_flower.py::test_flower_simulation_engine_equals_native",
+        "Flower's Ray engine on toyshift (Ray's start-up alone takes about 30 s)",
+    ),
+    "fedshift flower local -c configs/demo.yaml algorithm.name=fedfa": Tested(
+        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on toyshift",
+    ),
+    "fedshift flower certs certs/ --host superlink.example.org": Run(),
+    "fedshift flower keys keys/ site1": Run(),
+    "fedshift flower submit -c my.yaml --superlink superlink.example.org:8000 --root-cert "
+    "certs/ca.crt --nodes 6": NotRun(REMOTE),
+    "apt-get download": Prose(),
+    "pip install .": Tested(
+        "tests/test_packaging.py::test_readme_pip_path_in_a_fresh_venv",
+        "the wheel `pip install .` builds, installed into a fresh venv",
+    ),
+    "fedshift run -c demo": Run((*CHEAP, "--out", "runs-by-name")),
+    "fedshift bench fedrdn_table1": Run(CHEAP_GRID),
+    "fedshift --version": Run(),
+    "fedshift run --resume DIR": Synopsis(),
+    "pip install 'fedshift[tensorboard]'": NotRun(NETWORK),
+    "tensorboard --logdir runs": NotRun(SERVER),
+    "fedshift run dataset.name=toyshift model.name=lenet5 train.rounds=30 "
+    "'sweep.algorithm.name=[fedavg,scaffold]' 'track=[tensorboard]'": Run(
+        sub={"train.rounds=30": "train.rounds=2"}
+    ),
+    "pip install 'fedshift[wandb]'": NotRun(NETWORK),
+    "pip install 'fedshift[mlflow]'": NotRun(NETWORK),
+    "wandb sync <run>/wandb/offline-run-*": Synopsis("uploads to W&B's servers"),
+    "mlflow ui --backend-store-uri sqlite:///<run>/mlflow/mlflow.db": Synopsis(SERVER),
+    "fedshift run --workers N": Synopsis(),
+    "bash benchmarks/gpu_check.sh": NotRun(GPU),
+    "fedshift run --resume": Prose(),
+    "fedshift run --jobs N": Synopsis(),
+    "python benchmarks/faults.py": Long("~6 min"),
+    "fedshift run algorithm.name=fedbn 'augment=[fedrdn]'": Run(CHEAP),
+    "fedshift run algorithm.name=fedfa 'augment=[fedrdn]'": Run(CHEAP),
+    "sudo apt-get install dataset-fashion-mnist": NotRun(
+        "installs a Debian package (root, network); `fedshift data fetch fashion-mnist` is the "
+        "alternative without installing"
+    ),
+    "fedshift bench SUITE": Synopsis(),
+    # -------------------------------------------------------------------- ARCHITECTURE.md
+    "fedshift bench SUITE.yaml": Synopsis(),
+    "fedshift report RUN_DIR... [--reference ALGO[/FLOW]] [--screenshot]": Synopsis(),
+    "fedshift protocol ...": Synopsis(),
+    # -------------------------------------------------------------------------- DEPLOY.md
+    "fedshift flower local -c configs/demo.yaml algorithm.name=fedbn": Tested(
+        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "the same local deployment on toyshift, FedBN and FedFA",
+    ),
+    "fedshift flower certs certs/ --host superlink.example.org --host 10.0.0.5": Run(),
+    "flower-superlink --host 0.0.0.0 --port 8000 --ssl-ca-certfile certs/ca.crt --ssl-certfile "
+    "certs/server.pem --ssl-keyfile certs/server.key --enable-supernode-auth "
+    "--disable-runtime-dependency-installation --database superlink.db": NotRun(REMOTE),
+    "flwr supernode register keys/site1.pub fedshift --name site1": NotRun(REMOTE),
+    "flwr supernode ls fedshift": NotRun(REMOTE),
+    "flower-supernode --superlink superlink.example.org:8000 --root-certificates ca.crt "
+    "--auth-supernode-private-key keys/site1 --node-config \"client='BIDMC' "
+    "dataset.root='/data/ProstateMRI' state-dir='/var/lib/fedshift'\"": NotRun(
+        REMOTE + "; and the site's prostate data"
+    ),
+    "fedshift flower submit -c configs/my_prostate.yaml train.rounds=100 --superlink "
+    "superlink.example.org:8000 --root-cert certs/ca.crt --nodes 6 --out /srv/fedshift/runs":
+        NotRun(REMOTE),
+    "make install": NotRun("creates .venv and installs [dev] from PyPI (`make test` does it first)"),
+    "pip install -e '.[flower]'": NotRun(NETWORK),
+    "uv sync": Prose("what Flower would do without --disable-runtime-dependency-installation"),
+    "flwr run": Prose(),
+    "fedshift flower app DIR -c CONFIG --nodes 6": Synopsis(),
+    "flwr run DIR fedshift": Synopsis(REMOTE),
+    "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0'\"": Synopsis(REMOTE),
+    "fedshift flower simulate --resume RUN_DIR": Synopsis(),
+    "python benchmarks/flower_vs_native.py -c CONFIG": Synopsis(),
+    # ----------------------------------------------------------------------- EXTENDING.md
+    "example: mymethods.py": Tested(
+        "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+        "the module written from this page, run by module:Class name",
+    ),
+    "example: myaugments.py": Tested(
+        "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+        "the module written from this page, run by module:Class name",
+    ),
+    "python -m fedshift run algorithm.name=mymethods:FadingProx algorithm.mu=0.05 "
+    "dataset.name=toyshift train.rounds=2": Tested(
+        "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+        "this command, with the method and the augment of this page",
+    ),
+    "python -m fedshift run 'augment=[\"myaugments:Jitter\"]' dataset.name=toyshift train.rounds=2":
+        Tested(
+            "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+            "this command, with the method and the augment of this page",
+        ),
+    "python -m fedshift": Prose(),
+    "PYTHONPATH=. fedshift run ...": Synopsis(),
+    # ------------------------------------------------------------------------- RESULTS.md
+    "fedshift run -c configs/demo.yaml 'sweep.seed=[0,1,2]' run.threads=2": Long("SEEDS_MIN"),
+    "python benchmarks/engine_overhead.py": Long("ENGINE_MIN"),
+    "python benchmarks/scaling.py": Long("~6 min"),
+    "python benchmarks/executors.py --clients 10,100 --rounds 2": Long("EXEC_MIN"),
+    "python benchmarks/executors.py --device cuda --clients 10,100 --rounds 3": NotRun(GPU),
+    "python benchmarks/executors.py --device cuda --clients 10,100 --rounds 3 --train-size 50000":
+        NotRun(GPU),
+    "python benchmarks/flower_vs_native.py -c configs/demo.yaml algorithm.name=fedbn "
+    "train.rounds=10 'sweep={}'": Long("about 3 min", "the table's three wall times plus warm-ups"),
+    "python benchmarks/determinism.py": Long("DET_MIN"),
+    "fedshift bench configs/suites/fedrdn_table1.yaml --workers 2 --threads 1 --out runs": Long("18 min"),
+    "python benchmarks/flows_table.py runs/table1 --reference fedavg/+fedrdn": after(
+        "fedshift bench configs/suites/fedrdn_table1.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift protocol sweep -c configs/suites/fedrdn_fig2_digits.yaml --key train.local_epochs "
+    "--values 1,2,5 --workers 2 --threads 1 --out protocol-fedrdn-fig2": Long("17 min"),
+    "fedshift bench configs/suites/fedrdn_table3_digits.yaml --workers 2 --threads 1 --out runs":
+        Long("5 min"),
+    "for d in runs/fedrdn_table3_digits/*/; do fedshift protocol cross-site \"$d\" --kind local "
+    "--out \"protocol-cross-site/$(basename \"$d\")\"; done": Long("1-2 min"),
+    "python benchmarks/cross_site_table.py protocol-cross-site --reference base --png xsite.png":
+        after("fedshift bench configs/suites/fedrdn_table3_digits.yaml --workers 2 --threads 1 --out runs"),
+    "python benchmarks/cross_site_table.py protocol-cross-site --reference +fedrdn":
+        after("fedshift bench configs/suites/fedrdn_table3_digits.yaml --workers 2 --threads 1 --out runs"),
+    "fedshift protocol tsne runs/fedrdn_table3_digits/fedavg-digits-seed0-4fe1b2d40c "
+    "runs/fedrdn_table3_digits/fedavg-digits-seed0-35bc986be1 --labels \"FedAvg,FedAvg + FedRDN\"":
+        after("fedshift bench configs/suites/fedrdn_table3_digits.yaml --workers 2 --threads 1 --out runs"),
+    "fedshift bench configs/suites/fedrdn_table2_brain.yaml --workers 2 --threads 1 --out runs":
+        Long("17 min"),
+    "python benchmarks/flows_table.py runs/fedrdn_table2_brain --reference fedavg/+fedrdn": after(
+        "fedshift bench configs/suites/fedrdn_table2_brain.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift bench configs/suites/fedfa_variants.yaml --workers 2 --threads 1 --out runs":
+        Long("7 min"),
+    "python benchmarks/flows_table.py runs/fedfa_variants --reference fedavg": after(
+        "fedshift bench configs/suites/fedfa_variants.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift bench configs/suites/fedfa_table6_augment.yaml --workers 2 --threads 1": Long(
+        "~13 min", "estimated (docs/parts/fedfa-claims.md)"
+    ),
+    "fedshift bench configs/suites/fedfa_table8_stages.yaml --workers 2 --threads 1": Long(
+        "~9 min", "estimated (docs/parts/fedfa-claims.md)"
+    ),
+    "python benchmarks/flows_table.py runs/fedfa_table6_augment --reference fedavg/+ffa": after(
+        "fedshift bench configs/suites/fedfa_table6_augment.yaml --workers 2 --threads 1"
+    ),
+    "python benchmarks/flows_table.py runs/fedfa_table8_stages --reference fedavg/+ffa": after(
+        "fedshift bench configs/suites/fedfa_table8_stages.yaml --workers 2 --threads 1"
+    ),
+    "fedshift bench configs/suites/fedfa_fig2_fraction.yaml --workers 2 --threads 1": Long(
+        "~7 min", "estimated (docs/parts/fedfa-claims.md)"
+    ),
+    "python benchmarks/flows_table.py runs/fedfa_fig2_fraction --by federation.data_fraction "
+    "--reference fedavg/base": after(
+        "fedshift bench configs/suites/fedfa_fig2_fraction.yaml --workers 2 --threads 1"
+    ),
+    "fedshift protocol loco -c configs/suites/fedfa_table4_loco.yaml --out runs/fedfa_table4 "
+    "--workers 2 --threads 1": Long("24 min"),
+    "fedshift bench configs/suites/fedfa_table3_labelskew.yaml --workers 2 --threads 1 --out runs":
+        Long("9 min"),
+    "python benchmarks/label_skew_table.py runs/fedfa_table3_labelskew": after(
+        "fedshift bench configs/suites/fedfa_table3_labelskew.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift bench configs/suites/harmofl_ablation.yaml --workers 2 --threads 1": Long("6 min"),
+    "python benchmarks/flows_table.py runs/harmofl_ablation --reference harmofl": after(
+        "fedshift bench configs/suites/harmofl_ablation.yaml --workers 2 --threads 1"
+    ),
+    "fedshift protocol sweep -c configs/suites/harmofl_fig5b.yaml --key train.local_epochs "
+    "--values 1,4 --workers 2 --threads 1 --out protocol-harmofl-fig5b": Long(
+        "~13 min", "estimated (docs/parts/harmofl-claims.md)"
+    ),
+    "fedshift protocol sweep -c configs/suites/harmofl_ablation.yaml --key algorithm.rho --values "
+    "1,0.5,0.05,0.005 'sweep={seed: [0,1,2]}' --workers 2 --threads 1 --out protocol-harmofl-fig5c":
+        Long("~10 min", "estimated (docs/parts/harmofl-claims.md)"),
+    "fedshift bench configs/suites/harmofl_table1.yaml --workers 2 --threads 1 --out runs": Long(
+        "~15 min", "estimated (docs/parts/harmofl-claims.md)"
+    ),
+    "python benchmarks/flows_table.py runs/harmofl_table1": after(
+        "fedshift bench configs/suites/harmofl_table1.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift bench configs/suites/harmofl_holdout.yaml --workers 2 --threads 1 --out runs":
+        Long("4 min"),
+    "python benchmarks/flows_table.py runs/harmofl_holdout --reference fedavg": after(
+        "fedshift bench configs/suites/harmofl_holdout.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift bench configs/suites/fraug_table2.yaml --workers 2 --threads 1 --out runs":
+        Long("36 min"),
+    "python benchmarks/flows_table.py runs/fraug_table2 --reference fraug": after(
+        "fedshift bench configs/suites/fraug_table2.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift protocol head-finetune -c configs/suites/fraug_table1_digits.yaml --workers 2 "
+    "--threads 1": Long("HF_MIN"),
+    "fedshift bench configs/suites/distrans_dh.yaml --workers 2 --threads 1 --out runs":
+        Long("46 min"),
+    "python benchmarks/label_skew_table.py runs/distrans_dh": after(
+        "fedshift bench configs/suites/distrans_dh.yaml --workers 2 --threads 1 --out runs"
+    ),
+    "fedshift bench configs/suites/fraug_ablation.yaml --workers 2 --threads 1 --out runs":
+        Long("33 min"),
+    "python benchmarks/flows_table.py runs/fraug_ablation --reference 'fraug/ramp_gamma=0.1'":
+        after("fedshift bench configs/suites/fraug_ablation.yaml --workers 2 --threads 1 --out runs"),
+    "fedshift bench configs/suites/fraug_long.yaml --workers 2 --threads 1": Long("14 min"),
+    "python benchmarks/flows_table.py runs/fraug_long": after(
+        "fedshift bench configs/suites/fraug_long.yaml --workers 2 --threads 1"
+    ),
+    "fedshift bench configs/suites/distrans_long.yaml --workers 2 --threads 1": Long("18 min"),
+    "python benchmarks/label_skew_table.py runs/distrans_long": after(
+        "fedshift bench configs/suites/distrans_long.yaml --workers 2 --threads 1"
+    ),
+    "fedshift report runs/brain_mri_table --reference fedavg --screenshot": after(
+        "fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1"
+    ),
+    "fedshift bench configs/suites/digits_methods.yaml --workers 2 --threads 1": Long("DM_MIN"),
+    "fedshift report runs/fraug_table2 runs/digits_methods --reference fedavg --screenshot": after(
+        "fedshift bench configs/suites/digits_methods.yaml --workers 2 --threads 1"
+    ),
+    "git checkout 134fa5d": Prose("the commit an older measurement was made at"),
+    "apt-get download opencv-doc": Prose(),
+    "STEPS=profile bash benchmarks/gpu_check.sh": NotRun(GPU),
+    "python benchmarks/determinism.py device=cuda dataset.name=fashion-mnist "
+    "partition.name=dirichlet partition.clients=10 model.name=cnn train.rounds=40 eval.every=5":
+        NotRun(GPU),
+    "fedshift report ... --screenshot": Synopsis(),
+    "fedshift data show brain-mri": Run(
+        ("sites=2", "size=32", "--out", "brain.png"), why="two sites at 32 px"
+    ),
+    "fedshift report runs/brain_mri_table runs/brain_mri_baselines": after(
+        "fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1"
+    ),
+}
+# fmt: on
