@@ -113,7 +113,10 @@ def _shell_commands(lines: list[tuple[int, str]], every_line: bool) -> list[tupl
         if loop is not None:
             loop[1].append(code)
             if code.split()[:1] == ["done"]:
-                out.append((loop[0], "; ".join(c for c in loop[1] if c)))
+                text = ""
+                for part in (c for c in loop[1] if c):
+                    text += part if not text else (" " if text.endswith(" do") else "; ") + part
+                out.append((loop[0], text))
                 loop = None
             continue
         if not code:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from doc_commands import ROOT, Found, find_commands
-from doc_marks import MARKS, Long, NotRun, Prose, Run, Synopsis, Tested
+from doc_marks import MARKS, ByTest, Long, NotRun, Prose, Run, Synopsis
 
 #: a placeholder of a synopsis: an upper-case word (DIR, N, RUN_DIR), <run>, or ...
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]*\b|<[^>]+>|\.\.\.")
@@ -52,7 +52,8 @@ def found() -> list[Found]:
 
 def test_every_doc_command_is_marked(found):
     """Each command is marked; each mark's command is still in a document; each mark is
-    consistent: a long command's duration is stated next to it, a synopsis has
+    consistent: a long command's duration is stated next to it in every code block that
+    shows it (prose that mentions it is not checked), a synopsis has
     placeholders, a named test exists, a substituted word is in the command."""
     texts = {f.text for f in found}
     unmarked = {f.text: f for f in found if f.text not in MARKS}
@@ -68,11 +69,11 @@ def test_every_doc_command_is_marked(found):
     for f in found:
         mark = MARKS[f.text]
         where = f"{f.doc}:{f.line} `{f.text}`"
-        if isinstance(mark, Long) and mark.duration not in _context(f):
+        if isinstance(mark, Long) and f.kind == "block" and mark.duration not in _context(f):
             problems.append(f"{where}: the document does not state its duration {mark.duration!r}")
         if isinstance(mark, Synopsis) and not PLACEHOLDER.search(f.text):
             problems.append(f"{where}: marked a synopsis but has no placeholder")
-        if isinstance(mark, Tested) and not _test_exists(mark.test):
+        if isinstance(mark, ByTest) and not _test_exists(mark.test):
             problems.append(f"{where}: {mark.test} does not exist")
         if isinstance(mark, NotRun) and mark.reason.startswith("reads the runs of `"):
             before = mark.reason.split("`")[1]
@@ -90,7 +91,7 @@ def test_the_marks_are_kinds_the_documents_explain():
     """Each mark is one of the kinds tests/doc_marks.py describes, with a reason where one
     is needed."""
     for text, mark in MARKS.items():
-        assert isinstance(mark, Run | Tested | Long | NotRun | Synopsis | Prose), text
+        assert isinstance(mark, Run | ByTest | Long | NotRun | Synopsis | Prose), text
         if isinstance(mark, NotRun):
             assert len(mark.reason) > 10, text
         if isinstance(mark, Long):
