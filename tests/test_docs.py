@@ -4,9 +4,11 @@ tests/doc_commands.py says) is marked in tests/doc_marks.py, and the commands ma
 its mark adds (one round, one seed, two small digit domains).
 
 A command added to a document without a mark fails ``test_every_doc_command_is_marked``; to
-see the commands that need one, with a stub to paste into tests/doc_marks.py::
+see the commands that need one, with a stub to paste into tests/doc_marks.py, and the whole
+list (every command, where it is, run or not and why)::
 
     .venv/bin/python tests/test_docs.py
+    .venv/bin/python tests/test_docs.py --list
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def _python(f: Found, mark: Run, examples: dict[str, str]) -> tuple[int, str, li
     """A Python snippet with the text substitutions of its mark, in this process, with the
     document's other examples written as modules into the current folder."""
     for name, code in examples.items():
-        if name.endswith(".py") and name != f.text.split(": ", 1)[1]:
+        if name.endswith(".py") and "/" not in name and name != f.text.split(": ", 1)[1]:
             Path(name).write_text(code)
     code = f.context
     for old, new in mark.sub.items():
@@ -221,6 +223,36 @@ def test_doc_commands_run(doc, workdir, one_thread):
         pytest.xfail("; ".join(MARKS[f.text].xfail for f in RUNS[doc] if MARKS[f.text].xfail))
 
 
-if __name__ == "__main__":  # the commands that still need a mark, as stubs to paste
-    missing = {f.text: f for f in find_commands() if f.text not in MARKS}
-    print("\n".join(_stub(f) for f in missing.values()) or "every command is marked")
+def describe(mark: object) -> str:
+    """One line saying how a command is covered."""
+    if isinstance(mark, Run):
+        extra = " ".join([*mark.add, *(f"{k}->{v}" for k, v in mark.sub.items())])
+        why = f"; {mark.why}" if mark.why else ""
+        return "run here" + (f" (+ {extra})" if extra else "") + why
+    if isinstance(mark, ByTest):
+        return f"run by {mark.test}: {mark.how}"
+    if isinstance(mark, Long):
+        note = f" ({mark.note})" if mark.note else ""
+        return f"not run: takes {mark.duration} on 2 cores{note}"
+    if isinstance(mark, NotRun):
+        return f"not run: {mark.reason}"
+    if isinstance(mark, Synopsis):
+        return "a synopsis with placeholders" + (f" ({mark.note})" if mark.note else "")
+    return "named in prose" + (f" ({mark.note})" if getattr(mark, "note", "") else "")
+
+
+if __name__ == "__main__":
+    # no argument: the commands that still need a mark, as stubs to paste;
+    # --list: every command, where it is and how it is covered
+    found = find_commands()
+    if "--list" in sys.argv:
+        where = defaultdict(list)
+        for f in found:
+            where[f.text].append(f"{f.doc}:{f.line}")
+        for text, places in where.items():
+            mark = MARKS.get(text)
+            how = describe(mark) if mark else "NOT MARKED"
+            print(f"{text}\n    {', '.join(places)}\n    {how}")
+    else:
+        missing = {f.text: f for f in found if f.text not in MARKS}
+        print("\n".join(_stub(f) for f in missing.values()) or "every command is marked")
