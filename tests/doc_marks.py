@@ -184,6 +184,10 @@ MARKS: dict[str, Mark] = {
         (*CHEAP_GRID, "sweep.augment=[[fedrdn]]"), why="one of its four augment columns"
     ),
     "fedshift --version": Run(),
+    "python tests/test_docs.py --list": ByTest(
+        "tests/test_docs.py::test_the_list_prints_every_command_and_how_it_is_covered",
+        "as written, from the clone's root",
+    ),
     "fedshift run --resume DIR": Synopsis(),
     "pip install 'fedshift[tensorboard]'": NotRun(NETWORK),
     "pip install fedshift-*.whl": ByTest(

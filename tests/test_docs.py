@@ -100,6 +100,20 @@ def test_the_marks_are_kinds_the_documents_explain():
             assert re.search(r"\d", mark.duration), f"{text}: {mark.duration!r} is no duration"
 
 
+def test_the_list_prints_every_command_and_how_it_is_covered(found):
+    """`python tests/test_docs.py --list` (the README points to it): every command, where it
+    is and how it is covered."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "tests/test_docs.py", "--list"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "NOT MARKED" not in out.stdout
+    for f in found:
+        assert f"{f.text}\n" in out.stdout and f"{f.doc}:{f.line}" in out.stdout
+
+
 # ------------------------------------------------------------------------------- running
 def _expand(words: list[str]) -> list[str]:
     """``*`` patterns expanded as the shell does (sorted; kept as written if nothing
