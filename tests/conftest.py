@@ -128,6 +128,7 @@ PROCESS = (
     "tests/test_bench.py::test_cli_bench",
     "tests/test_ux.py::test_long_runs_run_jobs_equal_sequential",
     "tests/test_ux.py::test_long_runs_flower_simulate",
+    "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
 )
 
 #: a test that compares floats by tolerance: it holds on every CPU only if its tolerance

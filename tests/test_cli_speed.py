@@ -27,7 +27,8 @@ def test_building_the_parser_imports_no_heavy_library():
 
 def test_help_imports_no_heavy_library():
     """``--help`` of the top level and of every command group (argparse exits after it)."""
-    for argv in ([], ["protocol"], ["protocol", "tsne"], ["flower"], ["data"], ["run"]):
+    helps = ([], ["protocol"], ["protocol", "tsne"], ["flower"], ["data"], ["run"], ["export"])
+    for argv in (*helps, ["docs"]):
         code = (
             "import sys, contextlib, io\n"
             "from fedshift.cli import main\n"
@@ -42,7 +43,7 @@ def test_python_m_fedshift_cli_help():
         [sys.executable, "-m", "fedshift.cli", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0
-    assert "{run,bench,list,config,report,protocol,flower,data}" in out.stdout
+    assert "{run,bench,list,config,report,protocol,flower,data,claims,export,docs}" in out.stdout
 
 
 def test_protocol_choices_match_the_protocols():

@@ -317,33 +317,96 @@ def test_missing_opencv_names_the_fetch_command(tmp_path, no_system_opencv):
     assert not (pool_dir(params) / "mnist_x.npy").exists()  # fails before building anything
 
 
-def test_fetch_opencv_downloads_retries_after_update_and_cleans_up(tmp_path, monkeypatch):
-    calls = []
+@pytest.fixture
+def apt_tools(monkeypatch):
+    """apt-get, dpkg-deb and tar present (the commands themselves are faked by each test)."""
+    real = shutil.which
+    monkeypatch.setattr(
+        debian.shutil, "which", lambda n: f"/usr/bin/{n}" if n in debian.TOOLS else real(n)
+    )
+
+
+def _fake_apt(calls: list, lists_current: bool):
+    """``debian.run`` standing in for apt-get: ``download`` succeeds once the package lists
+    are current (from the start, or after an ``update``)."""
+    state = {"current": lists_current}
 
     def fake_run(cmd, cwd):
-        calls.append(cmd)
-        ok = cmd[1] == "update" or len(calls) > 1
-        if cmd[1] == "download" and ok:
+        calls.append(cmd[1])
+        if cmd[1] == "update":
+            state["current"] = True
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        if state["current"]:
             (cwd / "opencv-doc_4.6.0_all.deb").write_bytes(b"deb")
-        return subprocess.CompletedProcess(cmd, 0 if ok else 100, "", "E: unable to locate")
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return subprocess.CompletedProcess(cmd, 100, "", "E: Unable to locate package opencv-doc")
 
-    def fake_extract(deb, workdir):
-        assert deb.is_file()
-        png = workdir / "digits.png"
-        Image.fromarray(_fake_sheet()).save(png)
-        return png
+    return fake_run
 
-    monkeypatch.setattr(debian, "run", fake_run)
-    monkeypatch.setattr(ds, "extract_opencv_png", fake_extract)
+
+def _fake_extract(deb, workdir):
+    assert deb.is_file()
+    png = workdir / "digits.png"
+    Image.fromarray(_fake_sheet()).save(png)
+    return png
+
+
+def test_fetch_opencv_downloads_and_cleans_up_without_apt_update(tmp_path, monkeypatch, apt_tools):
+    """`apt-get download` only (never `apt-get update` unasked); the sheet lands in the cache,
+    the .deb and the temporary folder are gone; a second fetch downloads nothing."""
+    calls: list = []
+    monkeypatch.setattr(debian, "run", _fake_apt(calls, lists_current=True))
+    monkeypatch.setattr(ds, "extract_opencv_png", _fake_extract)
     dest = fetch_opencv(tmp_path)
     assert dest == tmp_path / "sources" / "opencv" / "digits.png"
-    assert [c[1] for c in calls] == ["download", "update", "download"]
+    assert calls == ["download"]
     assert ds.read_opencv_sheet(dest).shape == (1000, 2000)
     assert not list(tmp_path.rglob("*.deb")) and not list(tmp_path.rglob(".fetch-*"))
-    assert fetch_opencv(tmp_path) == dest and len(calls) == 3  # cached: no new download
+    assert fetch_opencv(tmp_path) == dest and calls == ["download"]  # cached
 
 
-def test_fetch_opencv_failure_is_a_missing_source(tmp_path, monkeypatch):
+def test_fetch_opencv_with_old_lists_says_how_to_update_and_apt_update_does(
+    tmp_path, monkeypatch, apt_tools, capsys
+):
+    """Package lists that lack the package: the error names `sudo apt-get update` and
+    --apt-update, and runs no update itself; `fedshift data fetch opencv --apt-update`
+    updates, then downloads."""
+    from fedshift.cli import main
+
+    calls: list = []
+    monkeypatch.setattr(debian, "run", _fake_apt(calls, lists_current=False))
+    monkeypatch.setattr(ds, "extract_opencv_png", _fake_extract)
+    with pytest.raises(MissingSourceError, match=r"sudo apt-get update.*--apt-update") as err:
+        fetch_opencv(tmp_path)
+    assert "Unable to locate package" in str(err.value)
+    assert calls == ["download"]
+    calls.clear()
+    assert main(["data", "fetch", "opencv", "--cache", str(tmp_path), "--apt-update"]) == 0
+    assert calls == ["update", "download"]
+    assert "opencv digits sheet:" in capsys.readouterr().out
+
+
+def test_fetch_without_apt_says_what_it_needs_and_how_to_do_without(tmp_path, monkeypatch, capsys):
+    """On a system without apt-get (or dpkg-deb, tar), `fedshift data fetch` runs nothing and
+    says what it needs and where to put the files by hand, for both fetchable sources."""
+    from fedshift.cli import main
+
+    real = shutil.which
+    monkeypatch.setattr(debian.shutil, "which", lambda n: None if n == "apt-get" else real(n))
+    monkeypatch.setattr(debian, "run", lambda cmd, cwd: pytest.fail(f"ran {cmd}"))
+    assert main(["data", "fetch", "opencv", "--cache", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "needs apt-get, dpkg-deb, tar (a Debian or Ubuntu system)" in err
+    assert "this system has no apt-get" in err
+    assert str(tmp_path / "sources" / "opencv" / "digits.png") in err
+    assert "dataset.domains=[mnist,mnistm,optdigits,synth]" in err
+    assert main(["data", "fetch", "fashion-mnist", "--cache", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "dataset-fashion-mnist needs apt-get" in err
+    assert "train-images-idx3-ubyte.gz" in err and "dataset.data_dir" in err
+
+
+def test_fetch_opencv_failure_is_a_missing_source(tmp_path, monkeypatch, apt_tools):
     def failing(cmd, cwd):
         return subprocess.CompletedProcess(cmd, 100, "", "E: no network")
 

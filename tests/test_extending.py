@@ -33,7 +33,7 @@ TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "nam
 def example(filename: str) -> str:
     """The code block that follows ``<!-- example: FILENAME -->`` in docs/EXTENDING.md."""
     text = GUIDE.read_text(encoding="utf-8")
-    m = re.search(rf"<!-- example: {re.escape(filename)} -->\s*```python\n(.*?)```", text, re.S)
+    m = re.search(rf"<!-- example: {re.escape(filename)} -->\s*```\w*\n(.*?)```", text, re.S)
     assert m, f"docs/EXTENDING.md has no example block for {filename}"
     return m.group(1)
 
@@ -228,3 +228,94 @@ def test_extending_import_fedshift_stays_light():
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ------------------------------------------------------------------- a plug-in package
+def _site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+@pytest.mark.slow
+def test_extending_plugin_package_from_the_guide_installs_lists_and_runs(tmp_path):
+    """docs/EXTENDING.md's package, written from the guide's text (pyproject.toml, the
+    method, augment and model modules in a src layout, its contract tests), built into a
+    wheel and installed into a fresh virtual environment: `fedshift list` shows its three
+    components as plug-ins, a run names them by their short names, and the package's tests
+    (fedshift.testing's checks) pass there."""
+    pkg = tmp_path / "fedshift-mylab"
+    files = {
+        "pyproject.toml": example("fedshift-mylab/pyproject.toml"),
+        "src/mylab/__init__.py": "",
+        "src/mylab/methods.py": example("mymethods.py"),
+        "src/mylab/augments.py": example("myaugments.py"),
+        "src/mylab/models.py": example("fedshift-mylab/src/mylab/models.py"),
+        "tests/test_contract.py": example("fedshift-mylab/tests/test_contract.py"),
+    }
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    tree = GUIDE.read_text(encoding="utf-8")
+    assert all(Path(rel).name in tree for rel in files)  # the guide's tree names each file
+
+    # the wheel, built offline with this environment's setuptools (what `pip install .` does)
+    pip = [sys.executable, "-m", "pip"]
+    build = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    out = subprocess.run([*build, "-w", tmp_path / "dist", pkg], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (wheel,) = (tmp_path / "dist").glob("fedshift_mylab-0.1.0-*.whl")
+
+    # a fresh venv that sees this environment's packages (fedshift, torch) as a site dir,
+    # the plug-in installed into it alone
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    vpy = venv / "bin" / "python"
+    here = _site_packages(Path(sys.executable))
+    (_site_packages(vpy) / "outer.pth").write_text(f"import site; site.addsitedir({str(here)!r})\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run(
+        [*pip, "--python", vpy, "install", "-q", "--no-deps", "--no-index", wheel],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    work = tmp_path / "work"  # no plug-in module here: only the installed package has them
+    work.mkdir()
+
+    def fedshift_cmd(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [vpy, "-m", "fedshift", *args], cwd=work, env=env, capture_output=True, text=True
+        )
+
+    out = fedshift_cmd("list")
+    assert out.returncode == 0, out.stderr
+    lines = {ln.split()[0]: ln for ln in out.stdout.splitlines() if ln.startswith("  ")}
+    assert "(plug-in: mylab.methods)" in lines["fadingprox"] and "mu=0.1" in lines["fadingprox"]
+    assert "(plug-in: mylab.augments)" in lines["jitter"] and "strength=0.2" in lines["jitter"]
+    assert "(plug-in: mylab.models)" in lines["mynet"] and "width=16" in lines["mynet"]
+
+    run = ["run", "algorithm.name=fadingprox", "augment=[jitter]", "model.name=mynet"]
+    out = fedshift_cmd(*run, "dataset.name=toyshift", "train.rounds=2", "--quiet", "--out", "r")
+    assert out.returncode == 0, out.stderr
+    (summary_path,) = (work / "r").rglob("summary.json")
+    s = json.loads(summary_path.read_text())
+    assert s["algorithm"] == "fadingprox" and s["rounds"] == 2
+    assert [a["name"] for a in s["augment"]] == ["jitter"]
+    assert s["algorithm_config"] == {"name": "fadingprox", "bn_policy": "global", "mu": 0.1,
+                                     "decay": 0.5}  # fmt: skip
+
+    tests = subprocess.run(
+        [vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests"],
+        cwd=pkg,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+    assert "3 passed" in tests.stdout

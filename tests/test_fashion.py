@@ -178,11 +178,13 @@ def test_fetch_extracts_the_package_files_into_the_cache(tmp_path, monkeypatch, 
     subprocess.run(["dpkg-deb", "--build", str(root), str(deb)], check=True, capture_output=True)
     calls = []
 
-    def fake_download(package, workdir):
+    def fake_download(package, workdir, update=False):
+        assert not update  # never apt-get update unasked
         calls.append(package)
         return Path(shutil.copy(deb, workdir))
 
     monkeypatch.setattr(fm, "apt_download", fake_download)
+    monkeypatch.setattr(fm, "require_tools", lambda package, manual: None)
     cache = tmp_path / "cache"
     assert main(["data", "fetch", "fashion-mnist", "--cache", str(cache)]) == 0
     folder = cache / "fashion-mnist"
@@ -201,6 +203,7 @@ def test_failed_download_names_the_install_command(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 100, "", "E: Unable to locate package")
 
     monkeypatch.setattr(debian, "run", fake_run)
+    monkeypatch.setattr(debian.shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(MissingSourceError, match="sudo apt-get install dataset-fashion-mnist"):
         fm.fetch_fashion(tmp_path)
 

@@ -33,6 +33,7 @@ LAYERS = {
     "bench": 8,
     "protocols": 9,
     "api": 9,
+    "testing": 9,
     "cli": 10,
     "__main__": 11,
 }

@@ -10,6 +10,7 @@ import importlib.metadata as md
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: import names of packages that only the extras install (flower, digits, mri)
 EXTRA_MODULES = ("flwr", "ray", "tomli_w", "mlxtend", "skimage", "nilearn", "wandb", "mlflow")
 #: what the wheel is built from (copied: an in-tree build leaves build/ with stale files)
-BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "src", "configs")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src", "configs", "docs")
+#: the HTML comment in front of the README's pip block
+PIP_PATH = "<!-- pip path:"
 
 
 def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
@@ -173,9 +176,8 @@ def _link_site(dists: list[md.Distribution], folder: Path) -> None:
                 (folder / top).symlink_to(site / top)
 
 
-def _build_wheel(tmp_path: Path) -> Path:
-    """``pip wheel`` of a copy of this tree (no deps, no network, this environment's
-    setuptools)."""
+def _copy_tree(tmp_path: Path) -> Path:
+    """A copy of what the packages are built from (:data:`BUILD_INPUTS`)."""
     src = tmp_path / "src-tree"
     src.mkdir()
     for name in BUILD_INPUTS:
@@ -184,11 +186,31 @@ def _build_wheel(tmp_path: Path) -> Path:
             shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(ROOT / name, src / name)
+    return src
+
+
+def _pip_wheel(source: Path, dist: Path) -> Path:
+    """``pip wheel`` of ``source`` (a folder or an sdist; no deps, no network, this
+    environment's setuptools) into ``dist``."""
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-    out = _run([*cmd, "--no-index", "-w", tmp_path / "dist", src])
+    out = _run([*cmd, "--no-index", "-w", dist, source])
     assert out.returncode == 0, _fails_with(out)
-    (wheel,) = (tmp_path / "dist").glob("fedshift-*.whl")
+    (wheel,) = dist.glob("fedshift-*.whl")
     return wheel
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    """The wheel of a copy of this tree."""
+    return _pip_wheel(_copy_tree(tmp_path), tmp_path / "dist")
+
+
+def _readme_pip_path() -> list[str]:
+    """The commands of the README's pip block (the bash block after its ``<!-- pip path``
+    comment), comments dropped."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    at = text.index(PIP_PATH)
+    block = text[at:].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [ln.split("  #", 1)[0].strip() for ln in block.splitlines() if ln.strip()]
 
 
 @pytest.mark.slow
@@ -205,6 +227,18 @@ def test_wheel_runs_in_a_clean_venv_without_extras(tmp_path):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert f"Version: {fedshift.__version__}" in metadata
     assert "License-Expression: Apache-2.0" in metadata
+    # what an index shows: classifiers, keywords, the README as the description
+    lines = metadata.splitlines()
+    classifiers = [ln.split(": ", 1)[1] for ln in lines if ln.startswith("Classifier:")]
+    assert "Programming Language :: Python :: 3.11" in classifiers
+    assert "Topic :: Scientific/Engineering :: Artificial Intelligence" in classifiers
+    assert any(c.startswith("Development Status ::") for c in classifiers)
+    keywords = next(ln for ln in metadata.splitlines() if ln.startswith("Keywords:"))
+    assert "federated learning" in keywords and "feature skew" in keywords
+    assert "Description-Content-Type: text/markdown" in metadata
+    # the guides ship inside the package (`fedshift docs NAME`); the tests do not
+    guides = {f"fedshift/docs/{p.name}" for p in ROOT.glob("docs/*.md")}
+    assert guides <= names and not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
     # a venv seeing only the wheel's core dependencies (linked from this environment: no
     # second torch download), not the extras' packages
@@ -249,3 +283,47 @@ def test_wheel_runs_in_a_clean_venv_without_extras(tmp_path):
     out = _run([fedshift_cli, "flower", "certs", "certs"], **kw)
     assert out.returncode == 2, _fails_with(out)
     assert "pip install 'fedshift[flower]'" in out.stderr
+
+    # the README's pip path, as written: `pip install .` is the wheel installed above; the
+    # other commands run with the venv's fedshift, outside any clone
+    steps = _readme_pip_path()
+    assert steps[0].startswith("pip install .") and len(steps) >= 3, steps
+    env_path = {**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+    readme = work / "readme"
+    readme.mkdir()
+    outputs = {}
+    for step in steps[1:]:
+        argv = shlex.split(step)
+        assert argv[0] == "fedshift", step
+        out = _run([venv / "bin" / "fedshift", *argv[1:]], cwd=readme, env=env_path)
+        assert out.returncode == 0, f"README pip path: `{step}`\n{_fails_with(out)}"
+        outputs[step] = out.stdout
+    assert list(readme.glob("runs/*/*/summary.json")), "the README's first run wrote no run"
+    # the guides and the error messages that point to them work from the installed package
+    out = _run([fedshift_cli, "docs", "extending"], **kw)
+    assert out.returncode == 0 and out.stdout.startswith("# Extending fedshift"), _fails_with(out)
+    out = _run([fedshift_cli, "docs", "extending", "--path"], **kw)
+    assert out.stdout.strip() == str(site / "fedshift" / "docs" / "EXTENDING.md")
+    out = _run([fedshift_cli, "run", "algorithm.name=nosuchmethod"], **kw)
+    assert out.returncode == 2 and "`fedshift docs extending`" in out.stderr, _fails_with(out)
+
+
+def test_sdist_builds_the_same_wheel_and_ships_no_tests(tmp_path):
+    """The sdist holds what builds the package and no tests (they need the repository:
+    conftest.py, docs/, benchmarks/, the Makefile); the wheel built from it has exactly the
+    files of the wheel built from the tree."""
+    import tarfile
+
+    src = _copy_tree(tmp_path)
+    code = "import setuptools.build_meta as b, sys; print(b.build_sdist(sys.argv[1]))"
+    out = _run([sys.executable, "-c", code, tmp_path / "sdist"], cwd=src)
+    assert out.returncode == 0, _fails_with(out)
+    (sdist,) = (tmp_path / "sdist").glob("fedshift-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        members = [m.split("/", 1)[1] for m in tf.getnames() if "/" in m]
+    assert not [m for m in members if m.startswith(("tests", "benchmarks"))]
+    assert {"src/fedshift/docs/EXTENDING.md", "src/fedshift/configs/demo.yaml"} <= set(members)
+    from_sdist = _pip_wheel(sdist, tmp_path / "dist-sdist")
+    from_tree = _pip_wheel(src, tmp_path / "dist-tree")
+    with zipfile.ZipFile(from_sdist) as a, zipfile.ZipFile(from_tree) as b:
+        assert sorted(a.namelist()) == sorted(b.namelist())

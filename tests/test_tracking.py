@@ -156,7 +156,7 @@ def test_track_key_changes_no_digest():
 
 # ---------------------------------------------------------------------------- TensorBoard
 def test_tensorboard_missing_package_names_the_install(tmp_path, monkeypatch):
-    """track=[tensorboard] without the package: a ConfigError saying pip install tensorboard."""
+    """track=[tensorboard] without the package: a ConfigError naming the extra to install."""
     cfg = toy_cfg("track=[tensorboard]", rounds=1)
     real = importlib.util.find_spec
 
@@ -164,7 +164,7 @@ def test_tensorboard_missing_package_names_the_install(tmp_path, monkeypatch):
         return None if name == "tensorboard" else real(name, *args, **kwargs)
 
     monkeypatch.setattr(track.importlib.util, "find_spec", find_spec)
-    with pytest.raises(ConfigError, match=r"'track'.*pip install tensorboard"):
+    with pytest.raises(ConfigError, match=r"'track'.*pip install 'fedshift\[tensorboard\]'"):
         run_experiment(cfg, run_dir=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 

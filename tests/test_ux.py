@@ -54,6 +54,23 @@ def test_long_runs_bench_shows_rounds_and_eta_inside_cells(tmp_path, capsys, wor
             assert re.search(line + "suite ETA", err), err
     assert re.search(r"cell 1/2 \(fedavg s0\): round 3/3, ETA 0 s, suite ETA", err)
     assert "2/2 cells done" in err
+    assert "suite suite: cell 1/2 (fedavg s0): started" in err  # before its first round
+
+
+def test_long_runs_head_finetune_shows_progress_after_its_suite(tmp_path, capsys):
+    """`fedshift protocol head-finetune` printed nothing while it trained the heads (minutes
+    on Digits): each run of step 2 now says when it starts and ends, with an ETA."""
+    over = [*TOY, "train.rounds=1", "federation.data_fraction=0.5", "sweep.seed=[0,1]"]
+    out = ["--out", str(tmp_path / "p"), "--runs", str(tmp_path / "r"), "--epochs", "1"]
+    assert main(["protocol", "head-finetune", *over, *out]) == 0
+    text = capsys.readouterr()
+    head = "fedshift: head-finetune: "
+    lines = [ln[len(head) :] for ln in text.out.splitlines() if ln.startswith(head)]
+    assert lines[0].startswith("step 1, 2 run(s)")
+    assert re.match(r"step 2, run 1/2 \(.+\): training the heads of 3 clients", lines[1])
+    assert re.match(r"run 1/2 done, mean gain [-+]\d+\.\d\d points; ETA", lines[2])
+    assert lines[-1].startswith("run 2/2 done")
+    assert "started" in text.err  # the suite's cells, from bench's progress
 
 
 def test_long_runs_progress_bars_on_a_terminal():

@@ -13,6 +13,9 @@ the command line, and checks it the same way (a :class:`~fedshift.core.errors.Co
 names the key and the fix). :func:`load_run` reads a run directory's text files only
 (``config.yaml``, ``summary.json``, ``metrics.jsonl``): nothing is unpickled and no plug-in
 is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation.
+:func:`export_model` writes a run's trained model as a plain ``state_dict`` (loadable with
+``torch.load(path, weights_only=True)``) plus a JSON description; :func:`load_exported`
+builds that model again and loads the weights.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
     from fedshift.runtime.results import RunResult
     from fedshift.runtime.simulation import Simulation
 
-__all__ = ["LoadedRun", "load_run", "run"]
+__all__ = ["LoadedRun", "export_model", "load_exported", "load_run", "run"]
 
 
 def _raw_config(config: Any, overrides: list[str]) -> tuple[dict, str]:
@@ -173,3 +176,29 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     summary_path = path / "summary.json"
     summary = read_json(summary_path) if summary_path.is_file() else None
     return LoadedRun(path, config, summary, _read_metrics(path / "metrics.jsonl"))
+
+
+def export_model(
+    run_dir: str | Path,
+    out: str | Path,
+    weights: str = "selected",
+    client: str | None = None,
+    kind: str | None = None,
+):
+    """Write a finished run's evaluated model (at the ``selected`` round, or the ``last``) as
+    a plain ``state_dict`` to ``out`` (``torch.load(out, weights_only=True)`` reads it) and
+    its description (model config, classes, input normalisation, where it came from) to
+    ``out`` with the suffix ``.json``; ``client`` picks the personalised model of runs that
+    keep one per client. Returns an :class:`~fedshift.runtime.export.ExportedModel`. As
+    ``fedshift export``; see :mod:`fedshift.runtime.export`."""
+    from fedshift.runtime.export import export_model as _export
+
+    return _export(run_dir, out, weights, client, kind)
+
+
+def load_exported(path: str | Path, device: str = "cpu"):
+    """The model :func:`export_model` wrote to ``path``, built again with fedshift and
+    loaded with its weights (``weights_only=True``), in eval mode."""
+    from fedshift.runtime.export import load_exported as _load
+
+    return _load(path, device)

@@ -11,9 +11,12 @@ fedshift protocol cross-site|loco|sweep|rounds|...       the papers' evaluation 
 fedshift data build|show|fetch ...                       offline benchmarks
 fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
 fedshift claims [--check] | claims collect ...           the claims ledger from results/
+fedshift export RUN_DIR --out model.pt                   the trained model as a plain state_dict
+fedshift docs [GUIDE]                                    the guides shipped with fedshift
 
 One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report),
-:mod:`fedshift.cli.data`, :mod:`fedshift.cli.protocol` and :mod:`fedshift.cli.flower`.
+:mod:`fedshift.cli.data`, :mod:`fedshift.cli.protocol`, :mod:`fedshift.cli.flower`,
+:mod:`fedshift.cli.export` and :mod:`fedshift.cli.docs`.
 Building the parser imports only the standard library: every handler imports what it needs
 (torch, the registries, Flower...) when it runs, so ``fedshift --help`` and a mistyped command
 answer at once. ``tests/test_cli_speed.py`` keeps it that way.
@@ -34,7 +37,7 @@ import sys
 from pathlib import Path
 
 from fedshift import __version__
-from fedshift.cli import claims, data, flower, protocol, run
+from fedshift.cli import claims, data, docs, export, flower, protocol, run
 from fedshift.core.errors import FedshiftError
 
 __all__ = ["build_parser", "describe_os_error", "main", "parse"]
@@ -51,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_parser(sub)
     data.add_parser(sub)
     claims.add_parser(sub)
+    export.add_parser(sub)
+    docs.add_parser(sub)
     return p
 
 

@@ -27,9 +27,9 @@ def _cmd_data(args: argparse.Namespace) -> int:
     if args.action == "fetch":
         cache = Path(args.cache) if args.cache else None
         if args.name == "opencv":
-            print(f"opencv digits sheet: {digits.fetch_opencv(cache)}")
+            print(f"opencv digits sheet: {digits.fetch_opencv(cache, args.apt_update)}")
         elif args.name == "fashion-mnist":
-            print(f"fashion-mnist files: {fashion.fetch_fashion(cache)}")
+            print(f"fashion-mnist files: {fashion.fetch_fashion(cache, args.apt_update)}")
         else:
             raise FedshiftError(
                 f"nothing to fetch for {args.name!r}; fetchable: fashion-mnist, opencv"
@@ -97,4 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--force", action="store_true", help="rebuild even if cached")
     data.add_argument("--out", help="montage PNG path for 'show'")
     data.add_argument("--cache", help="cache folder for 'fetch' (default: $FEDSHIFT_CACHE)")
+    data.add_argument(
+        "--apt-update",
+        action="store_true",
+        help="'fetch': run `apt-get update` (root) before `apt-get download`; never done "
+        "unasked. 'fetch' needs apt-get, dpkg-deb and tar (Debian/Ubuntu)",
+    )
     data.set_defaults(fn=_cmd_data)

@@ -63,8 +63,10 @@ def _cmd_loco(args: argparse.Namespace) -> int:
 
 
 def _cmd_head_finetune(args: argparse.Namespace) -> int:
+    from fedshift.core.logs import console
     from fedshift.protocols import head_finetune
 
+    console()  # its progress lines between the suite's cells and the table
     return _print(
         head_finetune(
             args.config,
@@ -75,6 +77,7 @@ def _cmd_head_finetune(args: argparse.Namespace) -> int:
             args.out,
             args.runs,
             not args.quiet,
+            args.weights,
         )
     )
 

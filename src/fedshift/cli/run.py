@@ -132,12 +132,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from fedshift.algorithms import ALGORITHMS
-    from fedshift.augment import AUGMENTS
+    # the registries through the catalog: importing it lets them load installed plug-ins
+    # (in a fresh process nothing else has imported it yet when `fedshift list` runs)
+    from fedshift.catalog import ALGORITHMS, AUGMENTS, DATASETS, MODELS, PARTITIONS
     from fedshift.cli.keys import config_sections, one_line
-    from fedshift.data import DATASETS
-    from fedshift.data.partition import PARTITIONS
-    from fedshift.models import MODELS
 
     sections = (
         ("algorithms", ALGORITHMS),

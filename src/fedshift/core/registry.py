@@ -34,7 +34,7 @@ from fedshift.core.errors import ConfigError
 T = TypeVar("T")
 
 #: where a user reads how to write and name a plug-in
-GUIDE = "docs/EXTENDING.md"
+GUIDE = "`fedshift docs extending`"
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,7 @@ def write_app(
     }
     readme = (
         f"# {name}\n\nA fedshift experiment as a Flower App, written by `fedshift flower app`."
-        "\nSubmit it with `flwr run . <connection>`; see fedshift's docs/DEPLOY.md.\n"
+        "\nSubmit it with `flwr run . <connection>`; see `fedshift docs deploy`.\n"
     )
     if local_nodes is not None:
         local = local_federation(local_nodes)
@@ -261,7 +261,7 @@ def flower_bin(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if found is None:
-        raise FedshiftError(f"{name} not found: install flwr (`pip install flwr==1.41.0`)")
+        raise FedshiftError(f"{name} not found: install Flower (`pip install 'fedshift[flower]'`)")
     return found
 
 
@@ -350,7 +350,7 @@ def insecure_warning(superlink: str) -> str:
         "can read or alter them or pose as the SuperLink (a SuperLink that accepts this was "
         "started with --insecure, so its SuperNodes' model updates are unencrypted too). Use "
         "it only on a trusted local network or for testing; otherwise pass --root-cert CA.crt "
-        "(`fedshift flower certs` makes one; docs/DEPLOY.md)"
+        "(`fedshift flower certs` makes one; `fedshift docs deploy`)"
     )
 
 

@@ -31,6 +31,8 @@ The extractor's BN layers stay in eval mode (the extractor is fixed, so are its 
 from __future__ import annotations
 
 import copy
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,15 @@ from fedshift.protocols.common import (
     _save,
     load_run,
 )
+from fedshift.runtime.progress import fmt_duration
+
+LOG = logging.getLogger("fedshift.protocols")
+
+
+def _say(msg: str) -> None:
+    """A progress line: on the terminal under the CLI (``fedshift: ...``), to the
+    ``fedshift.protocols`` logger for a program that runs the protocol as a library."""
+    LOG.info(msg, extra={"console": True})
 
 
 def _optimizer(params: list[torch.nn.Parameter], train: Any) -> torch.optim.Optimizer:
@@ -173,6 +184,8 @@ def head_finetune(
                 "set federation.data_fraction below 1 (FRAug Table 1: 0.1)"
             )
     outp = _out_dir(out, "head-finetune")
+    say = _say if progress else lambda msg: None
+    say(f"head-finetune: step 1, {len(cfgs)} run(s) of {source} (finished cells are reused)")
     summaries = _run_cells(
         copy.deepcopy(raw),
         outp / "head-finetune-suite.yaml",
@@ -182,7 +195,21 @@ def head_finetune(
         progress,
         reuse=False,  # the head is retrained on each cell's model: the cells must hold it
     )
-    per_run = {s["run_dir"]: finetune_run(s["run_dir"], epochs, weights) for s in summaries}
+    per_run = {}
+    started = time.monotonic()
+    for i, s in enumerate(summaries, 1):
+        name = Path(s["run_dir"]).name
+        say(
+            f"head-finetune: step 2, run {i}/{len(summaries)} ({name}): training the heads of "
+            f"{len(s['test_per_client'])} clients for {epochs} epochs"
+        )
+        per_run[s["run_dir"]] = finetune_run(s["run_dir"], epochs, weights)
+        gains = [c["after"] - c["before"] for c in per_run[s["run_dir"]].values()]
+        left = (time.monotonic() - started) / i * (len(summaries) - i)
+        say(
+            f"head-finetune: run {i}/{len(summaries)} done, mean gain "
+            f"{100 * sum(gains) / len(gains):+.2f} points; ETA {fmt_duration(left)}"
+        )
     text, data = head_table(per_run, epochs)
     data["suite"] = str(outp / "head-finetune-suite.yaml")
     files = _save(outp, "head-finetune", "Prediction-head finetuning (FRAug Table 1)", text, data)

@@ -7,9 +7,9 @@ The cells report ``("start", key, rounds)`` and ``("round", key, round, rounds)`
 
 * on a terminal: one bar for the set (cells done) and one bar per running cell (its rounds,
   its ETA; the set's ETA on the set's bar);
-* elsewhere (a log file, a pipe): a status line per running cell at most every ``every_s``
-  seconds, ``suite demo: cell 3/12 (fedbn s1): round 17/50, ETA 4 min, suite ETA 38 min``,
-  and one line as each cell ends; no bars.
+* elsewhere (a log file, a pipe): one line as each cell starts, a status line per running
+  cell at most every ``every_s`` seconds, ``suite demo: cell 3/12 (fedbn s1): round 17/50,
+  ETA 4 min, suite ETA 38 min``, and one line as each cell ends; no bars.
 
 A cell's ETA is its remaining rounds at the pace of its rounds so far (in this invocation);
 the set's ETA is the rounds left in running and pending cells at the pace of all the rounds
@@ -144,6 +144,8 @@ class CellProgress:
         if r is not None:
             return r
         r = self.running[key] = _Running(rounds)
+        if self.lines:  # a cell that sets up for minutes (data to build) is seen to start
+            self._print(f"cell {self.index[key]}/{self.total} ({self.labels[key]}): started")
         if self.bar is not None:
             used = {x.slot for x in self.running.values()}
             r.slot = next(i for i in range(1, len(used) + 2) if i not in used)

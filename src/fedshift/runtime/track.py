@@ -217,7 +217,7 @@ class TensorBoardTracker(Tracker):
         if problem:
             raise ConfigError(
                 f"config key 'track': tensorboard is asked for but {problem}; "
-                "pip install tensorboard (or remove tensorboard from track)"
+                "pip install 'fedshift[tensorboard]' (or remove tensorboard from track)"
             )
 
     def __init__(self, run_dir: Path, config: dict | None = None) -> None:

@@ -595,9 +595,20 @@ def build_opencv(seed: int, cache_dir: Path) -> Pool:
     return Pool(gray_to_rgb(x), y, [source])
 
 
-def download_opencv_deb(workdir: Path) -> Path:
-    """``apt-get download opencv-doc`` into ``workdir`` (after one ``apt-get update`` retry)."""
-    return debian.apt_download("opencv-doc", workdir)
+def opencv_by_hand(cache_dir: Path) -> str:
+    """How to put the sheet in place without apt (for error messages)."""
+    return (
+        "copy OpenCV's digits sheet (samples/data/digits.png in OpenCV's source tree, "
+        f"{OPENCV_MEMBER.removeprefix('./')} in Debian's opencv-doc) to "
+        f"{opencv_cache_png(cache_dir)}, or leave 'opencv' out of dataset.domains "
+        "(dataset.domains=[mnist,mnistm,optdigits,synth])"
+    )
+
+
+def download_opencv_deb(workdir: Path, update: bool = False) -> Path:
+    """``apt-get download opencv-doc`` into ``workdir`` (``apt-get update`` first only when
+    ``update``)."""
+    return debian.apt_download("opencv-doc", workdir, update=update)
 
 
 def extract_opencv_png(deb: Path, workdir: Path) -> Path:
@@ -605,21 +616,24 @@ def extract_opencv_png(deb: Path, workdir: Path) -> Path:
     return debian.extract_deb_members(deb, [OPENCV_MEMBER], workdir)[0]
 
 
-def fetch_opencv(cache_dir: Path | None = None) -> Path:
+def fetch_opencv(cache_dir: Path | None = None, update: bool = False) -> Path:
     """Fetch OpenCV's digits sheet into ``<cache>/sources/opencv/digits.png`` and return it.
 
-    Runs ``apt-get download opencv-doc`` in a temporary folder (one ``apt-get update`` and a
-    retry if that fails), extracts only ``digits.png`` with ``dpkg-deb --fsys-tarfile | tar``,
+    Runs ``apt-get download opencv-doc`` in a temporary folder (after ``apt-get update`` only
+    when ``update``), extracts only ``digits.png`` with ``dpkg-deb --fsys-tarfile | tar``,
     checks it, moves it into the cache and deletes the ``.deb``. A sheet already in the cache
-    is returned as is.
+    is returned as is. Without apt-get, dpkg-deb or tar: a :class:`MissingSourceError` saying
+    how to put the sheet there by hand.
     """
-    dest = opencv_cache_png(cache.cache_dir(cache_dir))
+    root = cache.cache_dir(cache_dir)
+    dest = opencv_cache_png(root)
     if dest.is_file():
         return dest
+    debian.require_tools("opencv-doc", opencv_by_hand(root))
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
         workdir = Path(tmp)
-        deb = download_opencv_deb(workdir)
+        deb = download_opencv_deb(workdir, update)
         try:
             png = extract_opencv_png(deb, workdir)
         finally:

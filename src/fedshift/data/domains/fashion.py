@@ -36,7 +36,7 @@ from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.common import cache
-from fedshift.data.common.debian import apt_download, extract_deb_members
+from fedshift.data.common.debian import apt_download, extract_deb_members, require_tools
 from fedshift.data.common.sampling import class_quota, split_indices
 from fedshift.data.common.seeding import seeded_rng
 
@@ -245,20 +245,31 @@ def load_fashion(params: FashionParams) -> Federation:
     return Federation(NAME, [client], list(CLASSES), INPUT_SHAPE, info)
 
 
-def fetch_fashion(cache_dir: Path | None = None) -> Path:
+def by_hand(dest: Path) -> str:
+    """How to put the files in place without apt (for error messages)."""
+    return (
+        f"put the four files of the Fashion-MNIST release ({', '.join(ALL_FILES)}) into "
+        f"{dest}, or into a folder you name with dataset.data_dir=..."
+    )
+
+
+def fetch_fashion(cache_dir: Path | None = None, update: bool = False) -> Path:
     """Fetch the four Fashion-MNIST files into ``<cache>/fashion-mnist`` and return it.
 
-    Runs ``apt-get download dataset-fashion-mnist`` (~31 MB) in a temporary folder, extracts
-    only the IDX files, checks that they read, moves them into place and deletes the ``.deb``.
-    A complete folder is returned as is.
+    Runs ``apt-get download dataset-fashion-mnist`` (~31 MB; after ``apt-get update`` only
+    when ``update``) in a temporary folder, extracts only the IDX files, checks that they
+    read, moves them into place and deletes the ``.deb``. A complete folder is returned as
+    is. Without apt-get, dpkg-deb or tar: a :class:`MissingSourceError` saying how to put the
+    files there by hand.
     """
     dest = cache_folder(cache_dir)
     if _complete(dest):
         return dest
+    require_tools(PACKAGE, by_hand(dest))
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".fetch-") as tmp:
         workdir = Path(tmp)
-        deb = apt_download(PACKAGE, workdir)
+        deb = apt_download(PACKAGE, workdir, update=update)
         try:
             members = [f"{MEMBER_DIR}/{f}" for f in ALL_FILES]
             paths = extract_deb_members(deb, members, workdir)

@@ -1,0 +1,269 @@
+"""A trained model out of fedshift: ``fedshift export RUN_DIR --out model.pt``.
+
+fedshift's own files (``checkpoint.pt``, ``selected.pt``) carry an integrity header and the
+whole run's state; an export is what another program wants instead:
+
+* ``model.pt``: the evaluated model's ``state_dict`` and nothing else (an ordered dict of CPU
+  tensors written by ``torch.save``), loadable with ``torch.load(path, weights_only=True)``
+  and ``model.load_state_dict(...)``;
+* ``model.json`` next to it: what the weights belong to, enough to build the model again:
+  the ``model`` config section, the number of classes, the input shape and the task, the
+  class names, the input normalisation the model was trained with (images in [0, 1], then
+  ``(x - mean) / std`` per channel), the run's algorithm and augments, where the weights come
+  from (run directory, ``selected`` or ``last`` round, client, model kind) and the SHA-256 of
+  ``model.pt``.
+
+Which model: the one the run's tables evaluate (its first model kind): the global model, or,
+for runs that keep client-local tensors (FedBN, local training), a client's personalised
+model (``client=``, required then). ``weights="selected"`` (default) is the round model
+selection picked on validation, ``"last"`` the final round.
+
+:func:`load_exported` builds the model with fedshift (the base model, and the wrapper or
+layers the run's algorithm and augments add) and loads the weights. Where ``plain`` is true
+in ``model.json``, the weights load into the base model class alone
+(``fedshift.models.build_model(model, num_classes, input_shape, task)``). Augments that
+transform inputs at evaluation (``eval_transforms``: FedRDN's client statistics, HarmoFL's
+amplitude) are not part of the weights: apply them yourself, or evaluate inside fedshift.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fedshift
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.files import atomic_output, read_json, write_text_atomic
+
+__all__ = ["EXPORT_FORMAT", "ExportedModel", "build_exported", "export_model", "load_exported"]
+
+#: the ``format`` field of ``model.json``
+EXPORT_FORMAT = "fedshift-export/1"
+MODEL_KINDS = ("personal", "global")
+
+
+@dataclasses.dataclass
+class ExportedModel:
+    """An export: the state-dict file, its JSON description and that description's content."""
+
+    path: Path
+    config_path: Path
+    config: dict[str, Any]
+
+
+def config_path_for(path: str | Path) -> Path:
+    """``model.pt`` -> ``model.json`` (the description written next to the weights)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        raise FedshiftError(
+            f"--out {path}: name the weights file (e.g. model.pt); its description is written "
+            "next to it as a .json"
+        )
+    return path.with_suffix(".json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pick(sim: Any, client: str | None, kind: str | None) -> tuple[str, str | None]:
+    """The model kind and client to export (see the module docstring)."""
+    kind = kind or sim.kinds[0]
+    if kind not in MODEL_KINDS:
+        raise ConfigError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
+    if kind not in sim.kinds:
+        raise FedshiftError(f"this run has no {kind} model (it evaluates {', '.join(sim.kinds)})")
+    clients = list(sim.train_clients)
+    if kind == "global":
+        if client is not None:
+            raise FedshiftError(
+                f"this run's global model is one model for every client; drop --client "
+                f"{client} (or ask for --kind personal where the run keeps one)"
+            )
+        return kind, None
+    if client is None:
+        if len(clients) != 1:
+            raise FedshiftError(
+                "this run keeps a personalised model per client; choose one with --client "
+                f"NAME: {', '.join(clients)}"
+            )
+        client = clients[0]
+    if client not in clients:
+        raise FedshiftError(f"no client {client!r} in this run; its clients: {', '.join(clients)}")
+    return kind, client
+
+
+def _eval_transforms(sim: Any) -> list[str]:
+    """The augments whose ``eval_batch`` changes inputs at evaluation."""
+    from fedshift.augment.base import Augment
+
+    return [a.name for a in sim.exp.augments if type(a).eval_batch is not Augment.eval_batch]
+
+
+def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the base model's state dict (no algorithm wrapper, no augment)."""
+    from fedshift.models import build_model
+
+    section = _model_section(cfg.to_dict()["model"])
+    model = build_model(section, fed.num_classes, fed.input_shape, fed.task)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _model_section(section: dict) -> dict:
+    """The ``model`` section without the pretrained-weights keys (the export replaces them)."""
+    from fedshift.models.weights import WEIGHT_KEYS
+
+    out = copy.deepcopy(section)
+    for k in WEIGHT_KEYS:
+        out.pop(k, None)
+    return out
+
+
+def export_model(
+    run_dir: str | Path,
+    out: str | Path,
+    weights: str = "selected",
+    client: str | None = None,
+    kind: str | None = None,
+) -> ExportedModel:
+    """Write the run's evaluated model as a plain ``state_dict`` to ``out`` and its
+    description to ``out`` with the suffix ``.json`` (see the module docstring); returns
+    both paths and the description. Imports the run's plug-ins and reads its checkpoint:
+    use it on run directories you trust (as ``fedshift.load_run(...).rebuild()``)."""
+    from fedshift.core.config import lookup
+    from fedshift.runtime.simulation import load_finished
+
+    out = Path(out)
+    desc_path = config_path_for(out)
+    if out.is_dir():
+        raise FedshiftError(f"--out {out} is a folder; give a file name such as {out}/model.pt")
+    if not (Path(run_dir) / "summary.json").is_file():
+        raise FedshiftError(
+            f"{run_dir} is not a finished fedshift run (no summary.json): give the folder of "
+            "one finished run, or finish it first (fedshift run --resume DIR)"
+        )
+    sim = load_finished(run_dir, weights=weights)
+    kind, client = _pick(sim, client, kind)
+    state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
+    tensors = OrderedDict((k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp:
+        torch.save(tensors, tmp)
+    cfg, fed = sim.cfg, sim.fed
+    summary = read_json(Path(run_dir) / "summary.json")
+    rnd = int(summary["best_round"]) if weights == "selected" else int(sim.last_round)
+    raw = cfg.to_dict()
+    desc = {
+        "format": EXPORT_FORMAT,
+        "fedshift": fedshift.__version__,
+        "torch": torch.__version__,
+        "state_dict": out.name,
+        "sha256": _sha256(out),
+        "model": _model_section(raw["model"]),
+        "num_classes": fed.num_classes,
+        "input_shape": list(fed.input_shape),
+        "task": fed.task,
+        "classes": list(fed.classes),
+        "input": {
+            "range": [0.0, 1.0],
+            "mean": list(lookup(raw, "input.mean")),
+            "std": list(lookup(raw, "input.std")),
+            "normalized_by_augment": sim.pipeline.normalize is None,
+        },
+        "plain": _base_shapes(cfg, fed) == {k: tuple(v.shape) for k, v in tensors.items()},
+        "module": f"{type(sim.model).__module__}:{type(sim.model).__qualname__}",
+        "algorithm": raw["algorithm"],
+        "augment": raw["augment"],
+        "eval_transforms": _eval_transforms(sim),
+        "source": {
+            "run_dir": str(Path(run_dir).resolve()),
+            "dataset": fed.name,
+            "seed": cfg.seed,
+            "weights": weights,
+            "round": rnd,
+            "kind": kind,
+            "client": client,
+        },
+        "config": raw,
+    }
+    write_text_atomic(desc_path, json.dumps(desc, indent=2) + "\n")
+    return ExportedModel(out, desc_path, desc)
+
+
+def _stub_federation(desc: dict) -> Any:
+    """A federation without data that has the export's classes, input shape, task and
+    client names: what the algorithms' ``wrap_model`` reads."""
+    from fedshift.data.base import ClientData, Federation, Split
+
+    shape = tuple(desc["input_shape"])
+    task = desc["task"]
+
+    def empty() -> Split:
+        y_shape = (0, *shape[1:]) if task == "segmentation" else (0,)
+        return Split(torch.zeros((0, *shape)), torch.zeros(y_shape, dtype=torch.long))
+
+    names = desc["config"].get("federation", {}).get("holdout", []) or []
+    client = desc["source"].get("client")
+    clients = [ClientData(n, empty(), empty(), empty()) for n in {client, *names} if n]
+    clients = clients or [ClientData("client", empty(), empty(), empty())]
+    return Federation(desc["source"]["dataset"], clients, list(desc["classes"]), shape, {}, task)
+
+
+def build_exported(desc: dict) -> torch.nn.Module:
+    """The model an export describes, freshly built (random weights): the base model,
+    wrapped by the run's algorithm and with its augments' layers attached, as in the run."""
+    from fedshift.algorithms import ALGORITHMS
+    from fedshift.augment import build_augments
+    from fedshift.models import build_model
+
+    if desc.get("format") != EXPORT_FORMAT:
+        raise FedshiftError(
+            f"not a fedshift export description (format {desc.get('format')!r}, expected "
+            f"{EXPORT_FORMAT!r})"
+        )
+    shape = tuple(desc["input_shape"])
+    model = build_model(desc["model"], int(desc["num_classes"]), shape, desc["task"])
+    if desc.get("plain"):
+        return model
+    algo = dict(desc["algorithm"])
+    entry = ALGORITHMS.entry(algo.pop("name"), key="algorithm.name")
+    params = entry.params(**algo) if entry.params is not None else None
+    model = entry.obj.wrap_model(params, model, _stub_federation(desc))
+    for a in build_augments(desc["augment"], int(desc["source"]["seed"]), int(desc["num_classes"])):
+        a.attach(model)
+    return model
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The exported model, built by :func:`build_exported` from ``path``'s ``.json`` and
+    loaded with the weights of ``path`` (read with ``weights_only=True``; the file's SHA-256
+    checked against the description), in eval mode on ``device``."""
+    path = Path(path)
+    desc_path = config_path_for(path)
+    if not desc_path.is_file():
+        raise FedshiftError(f"{path}: its description {desc_path} is missing")
+    desc = read_json(desc_path)
+    digest = _sha256(path)
+    if digest != desc.get("sha256"):
+        raise FedshiftError(
+            f"{path} has SHA-256 {digest[:16]}..., its description {desc_path} names "
+            f"{str(desc.get('sha256'))[:16]}...: the two files do not belong together"
+        )
+    model = build_exported(desc)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise FedshiftError(f"{path} does not fit the model {desc_path} describes: {e}") from None
+    return model.to(device).eval()

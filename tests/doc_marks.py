@@ -1,0 +1,380 @@
+# ruff: noqa: E501  (a table of commands: one entry per line reads best)
+"""Every command of README.md and docs/*.md, marked: run by tests/test_docs.py (with the small
+overrides that make it cheap), run by another named test, or not run and why.
+
+A command a document gains without a mark here fails ``test_every_doc_command_is_marked``,
+which prints a stub to paste; a mark whose command left the documents fails too. Marks:
+
+* :class:`Run`: tests/test_docs.py runs it in a scratch folder (``configs/`` and
+  ``benchmarks/`` linked in, an empty data cache), in document order, as written plus
+  ``add`` (the cheap overrides), with the words of ``sub`` replaced (None: dropped) and
+  ``*`` patterns expanded as the shell does; ``before``: commands that make its inputs.
+* :class:`ByTest`: another test runs it (``test`` must exist); ``how`` says with what.
+* :class:`Long`: not run, it takes ``duration`` on 2 CPU cores, which every code block that
+  shows the command states next to it (checked).
+* :class:`NotRun`: not run, for ``reason``: a remote SuperLink, data the user keeps, a GPU,
+  a download, a server that runs until stopped, or the output of a long command before it.
+* :class:`Synopsis`: a syntax summary with placeholders (``DIR``, ``N``, ``<run>``, ``...``;
+  checked), never a command as written.
+* :class:`Prose`: a command or option named in a sentence, not a command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: the Digits benchmark made cheap: its two domains that build from package data in a second,
+#: 40 training images per client
+DIGITS = (
+    "dataset.domains=[mnist,optdigits]",
+    "dataset.train_size=40",
+    "dataset.val_size=20",
+    "dataset.test_size=20",
+)
+#: a run of one round on the cheap Digits
+CHEAP = (*DIGITS, "train.rounds=1")
+#: a suite or protocol grid: one seed, one process
+CHEAP_GRID = (*CHEAP, "sweep.seed=[0]", "--workers", "1")
+
+
+@dataclass(frozen=True)
+class Run:
+    add: tuple[str, ...] = ()
+    sub: dict[str, str | None] = field(default_factory=dict)
+    before: tuple[str, ...] = ()
+    why: str = ""  # why the overrides, where they are more than "cheaper"
+    #: a known failure that another change fixes (the test xfails while it fails)
+    xfail: str = ""
+
+
+@dataclass(frozen=True)
+class ByTest:
+    test: str  # tests/test_x.py::test_name
+    how: str
+
+
+@dataclass(frozen=True)
+class Long:
+    duration: str  # as the document states it, e.g. "36 min"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NotRun:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Synopsis:
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Prose:
+    note: str = ""
+
+
+Mark = Run | ByTest | Long | NotRun | Synopsis | Prose
+
+# reasons used more than once
+REMOTE = "needs a SuperLink and SuperNodes on other machines (tests/test_flower_deploy.py runs the same commands on 127.0.0.1)"
+NETWORK = "installs packages from PyPI (CI installs [dev], which holds every extra)"
+GPU = "needs a CUDA GPU (benchmarks/gpu_check.sh runs it on one)"
+SERVER = "starts a server that runs until stopped"
+SETUP = "sets up the shell; the doc test runs fedshift from the environment it runs in"
+#: a results run of docs/RESULTS.md whose duration that document does not state yet
+LEDGER = (
+    "a results run of the claims ledger (tens of minutes to hours on 2 cores; `fedshift bench` "
+    "reuses the cells committed in results/, --fresh reruns them); docs/RESULTS.md does not "
+    "state its duration yet: when it does, make this a Long mark"
+)
+#: a duration estimated from measured per-round or per-cell times (docs/RESULTS.md's scaling
+#: table, docs/parts/*-claims.md), not from a timed run of the whole command
+EST = "estimated from measured per-round times"
+
+
+def after(command: str) -> NotRun:
+    """Reads the output of ``command``, which is too long to run here (a :class:`Long`)."""
+    return NotRun(f"reads the runs of `{command}`")
+
+
+
+
+# fmt: off
+MARKS: dict[str, Mark] = {
+    # ------------------------------------------------------------------------- README.md
+    "make demo": NotRun(
+        "creates .venv, builds the Digits data (apt-get download) and trains two 40-round runs: "
+        "minutes on 2 cores, the time README.md's `make demo` paragraph gives"
+    ),
+    "make test": NotRun("the whole test suite, which this test is part of (CI runs it)"),
+    ". .venv/bin/activate": NotRun(SETUP),
+    "fedshift list": Run(),
+    "fedshift config show -c configs/demo.yaml": Run(),
+    "fedshift run -c configs/demo.yaml": Run(CHEAP),
+    "fedshift run -c configs/demo.yaml --jobs 2": ByTest(
+        "tests/test_ux.py::test_long_runs_run_jobs_equal_sequential",
+        "`fedshift run --jobs 2` on a two-run sweep (two worker processes: too slow to repeat here)",
+    ),
+    "fedshift run algorithm.name=fedprox algorithm.mu=0.01 train.rounds=100 model.name=digitmodel":
+        Run(DIGITS, {"train.rounds=100": "train.rounds=1"}),
+    "fedshift run -c configs/demo.yaml 'sweep.seed=[0,1,2]'": Run((*CHEAP, "--out", "runs-seeds")),
+    "fedshift run --resume runs/demo/fedbn-digits-seed0": Run(
+        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*"},
+        why="the directory `fedshift run -c configs/demo.yaml` made (its name carries the overrides)",
+    ),
+    "fedshift run --resume runs/demo/fedbn-digits-seed0 train.rounds=80": Run(
+        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*", "train.rounds=80": "train.rounds=2"},
+    ),
+    "fedshift data show digits --out montage.png": Run(DIGITS),
+    "fedshift bench configs/suites/fraug_table2.yaml": Run(
+        (*CHEAP_GRID, "sweep.algorithm.name=[fedavg,fraug]"), why="two of its eight algorithms"
+    ),
+    "fedshift report runs/fraug_table2 --reference fedavg --screenshot": Run(
+        sub={"--screenshot": None},
+        why="--screenshot needs a headless Chromium, which CI does not have",
+    ),
+    "fedshift data fetch fashion-mnist": NotRun(
+        "downloads Debian's dataset-fashion-mnist (~31 MB) with apt-get; tests/test_fashion.py "
+        "runs the fetch on a package it builds"
+    ),
+    "fedshift run dataset.name=fashion-mnist partition.name=classes partition.classes_per_client=2 "
+    "algorithm.name=distrans train.lr=0.005": Long("about 27 min", "measured: 32 s a round on a busy 2-core machine"),
+    "fedshift run dataset.name=brain-mri model.name=unet algorithm.name=fedfa train.optimizer=adam "
+    "train.lr=0.001 train.batch_size=16 train.rounds=50": Long("about 18 min", "measured: 22 s a round on a busy 2-core machine"),
+    "fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1": Long("~45 min"),
+    "python benchmarks/flows_table.py runs/brain_mri_table": after(
+        "fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1"
+    ),
+    "python benchmarks/seg_figure.py runs/brain_mri_table/*-seed0-* --channel 1 --out sites.png":
+        after("fedshift bench configs/suites/brain_mri_table.yaml --workers 2 --threads 1"),
+    "fedshift run dataset.name=prostate dataset.root=/data/ProstateMRI model.name=unet "
+    "algorithm.name=harmofl train.optimizer=adam train.lr=0.0001 train.rounds=500": NotRun(
+        "needs the prostate MRI data on disk (docs/DATASETS.md)"
+    ),
+    "fedshift protocol cross-site runs/x/local-digits-seed0": Run(
+        sub={"runs/x/local-digits-seed0": "runs/x/local-*"},
+        before=("fedshift run name=x algorithm.name=local " + " ".join(CHEAP),),
+    ),
+    "fedshift protocol loco -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedrdn]'":
+        Run(CHEAP_GRID),
+    "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
+    "0.1,0.25,0.5,1": Run((*CHEAP_GRID, "sweep.algorithm.name=[fedbn]")),
+    "fedshift protocol sweep -c configs/demo.yaml --key train.local_epochs --values 1,2,5,10":
+        Run((*CHEAP_GRID, "sweep.algorithm.name=[fedbn]", "--out", "protocol-sweep-epochs")),
+    "fedshift protocol rounds runs/distrans_dh --thresholds 0.5,0.6": Run(
+        before=("fedshift run -c configs/demo.yaml name=distrans_dh train.rounds=2 eval.every=1 "
+                + " ".join(DIGITS),),
+        why="a two-round sweep stands in for the suite's runs",
+    ),
+    "fedshift protocol tsne runs/x/local-digits-seed0 runs/x/fedavg-digits-seed0": Run(
+        sub={"runs/x/local-digits-seed0": "runs/x/local-*", "runs/x/fedavg-digits-seed0": "runs/x/fedavg-*"},
+        before=("fedshift run name=x algorithm.name=fedavg " + " ".join(CHEAP),),
+    ),
+    "fedshift flower simulate -c configs/demo.yaml algorithm.name=fedbn": ByTest(
+        "tests/test_flower.py::test_flower_simulation_engine_equals_native",
+        "Flower's Ray engine on toyshift (Ray's start-up alone takes about 30 s)",
+    ),
+    "fedshift flower local -c configs/demo.yaml algorithm.name=fedfa": ByTest(
+        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on toyshift",
+    ),
+    "fedshift flower certs certs/ --host superlink.example.org": Run(),
+    "fedshift flower keys keys/ site1": Run(),
+    "fedshift flower submit -c my.yaml --superlink superlink.example.org:8000 --root-cert "
+    "certs/ca.crt --nodes 6": NotRun(REMOTE),
+    "apt-get download": Prose(),
+    "pip install .": ByTest(
+        "tests/test_packaging.py::test_wheel_runs_in_a_clean_venv_without_extras",
+        "the wheel `pip install .` builds, installed into a fresh venv",
+    ),
+    "fedshift run -c demo": Run((*CHEAP, "--out", "runs-by-name")),
+    "fedshift bench fedrdn_table1": Run(
+        (*CHEAP_GRID, "sweep.augment=[[fedrdn]]"), why="one of its four augment columns"
+    ),
+    "fedshift --version": Run(),
+    "python tests/test_docs.py --list": ByTest(
+        "tests/test_docs.py::test_the_list_prints_every_command_and_how_it_is_covered",
+        "as written, from the clone's root",
+    ),
+    "fedshift run --resume DIR": Synopsis(),
+    "pip install 'fedshift[tensorboard]'": NotRun(NETWORK),
+    "pip install fedshift-*.whl": ByTest(
+        "tests/test_packaging.py::test_wheel_runs_in_a_clean_venv_without_extras",
+        "the wheel built from this tree, installed into a fresh venv",
+    ),
+    "fedshift run dataset.name=toyshift train.rounds=5": ByTest(
+        "tests/test_packaging.py::test_wheel_runs_in_a_clean_venv_without_extras",
+        "as written, in a fresh venv holding the wheel, outside the clone",
+    ),
+    "fedshift docs": Run(),
+    "fedshift docs extending": Run(),
+    "sudo apt-get update": NotRun("changes the system's package lists (root, network)"),
+    "apt-get update": Prose("what --apt-update runs"),
+    "pip install 'fedshift[digits]'": NotRun(NETWORK),
+    "fedshift data fetch opencv": NotRun(
+        "downloads Debian's opencv-doc with apt-get; tests/test_digits.py runs the fetch with a "
+        "stand-in apt-get"
+    ),
+    "fedshift data build digits": Run(
+        ("domains=[mnist,optdigits]",), why="the two domains that need no download"
+    ),
+    "fedshift export RUN_DIR --out model.pt": Synopsis(),
+    "tensorboard --logdir runs": NotRun(SERVER),
+    "fedshift run dataset.name=toyshift model.name=lenet5 train.rounds=30 "
+    "'sweep.algorithm.name=[fedavg,scaffold]' 'track=[tensorboard]'": Run(
+        sub={"train.rounds=30": "train.rounds=2"}
+    ),
+    "pip install 'fedshift[wandb]'": NotRun(NETWORK),
+    "pip install 'fedshift[mlflow]'": NotRun(NETWORK),
+    "wandb sync <run>/wandb/offline-run-*": Synopsis("uploads to W&B's servers"),
+    "mlflow ui --backend-store-uri sqlite:///<run>/mlflow/mlflow.db": Synopsis(SERVER),
+    "fedshift run --workers N": Synopsis(),
+    "bash benchmarks/gpu_check.sh": NotRun(GPU),
+    "fedshift run --resume": Prose(),
+    "fedshift run --jobs N": Synopsis(),
+    "python benchmarks/faults.py": Long("~6 min"),
+    "fedshift run algorithm.name=fedbn 'augment=[fedrdn]'": Run(CHEAP),
+    "fedshift run algorithm.name=fedfa 'augment=[fedrdn]'": Run(CHEAP),
+    "sudo apt-get install dataset-fashion-mnist": NotRun(
+        "installs a Debian package (root, network); `fedshift data fetch fashion-mnist` is the "
+        "alternative without installing"
+    ),
+    "fedshift bench SUITE": Synopsis(),
+    # -------------------------------------------------------------------- ARCHITECTURE.md
+    "fedshift bench SUITE.yaml": Synopsis(),
+    "fedshift report RUN_DIR... [--reference ALGO[/FLOW]] [--screenshot]": Synopsis(),
+    "fedshift protocol ...": Synopsis(),
+    # -------------------------------------------------------------------------- DEPLOY.md
+    "fedshift flower local -c configs/demo.yaml algorithm.name=fedbn": ByTest(
+        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "the same local deployment on toyshift, FedBN and FedFA",
+    ),
+    "fedshift flower certs certs/ --host superlink.example.org --host 10.0.0.5": Run(),
+    "flower-superlink --host 0.0.0.0 --port 8000 --ssl-ca-certfile certs/ca.crt --ssl-certfile "
+    "certs/server.pem --ssl-keyfile certs/server.key --enable-supernode-auth "
+    "--disable-runtime-dependency-installation --database superlink.db": NotRun(REMOTE),
+    "flwr supernode register keys/site1.pub fedshift --name site1": NotRun(REMOTE),
+    "flwr supernode ls fedshift": NotRun(REMOTE),
+    "flower-supernode --superlink superlink.example.org:8000 --root-certificates ca.crt "
+    "--auth-supernode-private-key keys/site1 --node-config \"client='BIDMC' "
+    "dataset.root='/data/ProstateMRI' state-dir='/var/lib/fedshift'\"": NotRun(
+        REMOTE + "; and the site's prostate data"
+    ),
+    "fedshift flower submit -c configs/my_prostate.yaml train.rounds=100 --superlink "
+    "superlink.example.org:8000 --root-cert certs/ca.crt --nodes 6 --out /srv/fedshift/runs":
+        NotRun(REMOTE),
+    "make install": NotRun("creates .venv and installs [dev] from PyPI (`make test` does it first)"),
+    "pip install -e '.[flower]'": NotRun(NETWORK),
+    "uv sync": Prose("what Flower would do without --disable-runtime-dependency-installation"),
+    "flwr run": Prose(),
+    "fedshift flower app DIR -c CONFIG --nodes 6": Synopsis(),
+    "flwr run DIR fedshift": Synopsis(REMOTE),
+    "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0'\"": Synopsis(REMOTE),
+    "fedshift flower simulate --resume RUN_DIR": Synopsis(),
+    "python benchmarks/flower_vs_native.py -c CONFIG": Synopsis(),
+    # ----------------------------------------------------------------------- EXTENDING.md
+    "example: mymethods.py": ByTest(
+        "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+        "the module written from this page, run by module:Class name",
+    ),
+    "example: myaugments.py": ByTest(
+        "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+        "the module written from this page, run by module:Class name",
+    ),
+    "python -m fedshift run algorithm.name=mymethods:FadingProx algorithm.mu=0.05 "
+    "dataset.name=toyshift train.rounds=2": ByTest(
+        "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+        "this command, with the method and the augment of this page",
+    ),
+    "python -m fedshift run 'augment=[\"myaugments:Jitter\"]' dataset.name=toyshift train.rounds=2":
+        ByTest(
+            "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+            "this command, with the method and the augment of this page",
+        ),
+    "python -m fedshift": Prose(),
+    "example: fedshift-mylab/src/mylab/models.py": ByTest(
+        "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
+        "the package built from this page, installed into a fresh venv, run by name",
+    ),
+    "pip install -e .": ByTest(
+        "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
+        "the package's wheel installed into a fresh venv (what `pip install .` does)",
+    ),
+    "fedshift run algorithm.name=fadingprox 'augment=[jitter]' model.name=mynet "
+    "dataset.name=toyshift train.rounds=2": ByTest(
+        "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
+        "as written, in the venv the package is installed in",
+    ),
+    "example: fedshift-mylab/tests/test_contract.py": ByTest(
+        "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
+        "run with pytest in the package's venv",
+    ),
+    "fedshift export runs/demo/fedavg-digits-seed0 --out model.pt": Run(
+        sub={"runs/demo/fedavg-digits-seed0": "runs/demo/fedavg-*"},
+        before=("fedshift run -c configs/demo.yaml " + " ".join(CHEAP),),
+    ),
+    "fedshift export runs/demo/fedbn-digits-seed0 --client mnist --out fedbn-mnist.pt": Run(
+        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*"}
+    ),
+    "example: export.py": Run(),
+    "example: from-python": Run(
+        sub={
+            '"algorithm.name=mymethods:FadingProx"]': '"algorithm.name=mymethods:FadingProx", '
+            + ", ".join(f'"{w}"' for w in CHEAP)
+            + "]"
+        },
+        xfail="issue 27 item 3 (another branch): fedshift.run refuses an override of a swept key",
+    ),
+    "PYTHONPATH=. fedshift run ...": Synopsis(),
+    # ------------------------------------------------------------------------- RESULTS.md
+    "python benchmarks/engine_overhead.py": Long("~4 min", "the table's timings: 5 x 2 runs of ~19 s, plus a warm-up"),
+    "python benchmarks/scaling.py": Long("~6 min"),
+    "python benchmarks/executors.py --clients 10,100 --rounds 2": Long("~2 min", EST),
+    "python benchmarks/executors.py --device cuda --clients 10,100 --rounds 3": NotRun(GPU),
+    "python benchmarks/executors.py --device cuda --clients 10,100 --rounds 3 --train-size 50000":
+        NotRun(GPU),
+    "python benchmarks/flower_vs_native.py -c configs/demo.yaml algorithm.name=fedbn "
+    "train.rounds=10 'sweep={}'": Long("about 3 min", "the table's three wall times plus warm-ups"),
+    "python benchmarks/determinism.py": Long("~3 min", EST),
+    "STEPS=profile bash benchmarks/gpu_check.sh": NotRun(GPU),
+    "python benchmarks/determinism.py device=cuda dataset.name=fashion-mnist "
+    "partition.name=dirichlet partition.clients=10 model.name=cnn train.rounds=40 eval.every=5":
+        NotRun(GPU),
+    # ---------------------------------------- RESULTS.md: the suites behind the claims ledger
+    'make check': NotRun("the test suite without its process-level tests (`make test` is the whole suite, which CI runs)"),
+    'fedshift claims collect runs/SUITE --command "..."': Synopsis(),
+    'python benchmarks/kernel_paths.py': NotRun(LEDGER),
+    "fedshift bench configs/demo.yaml 'sweep.seed=[0,1,2]' --workers 2": NotRun(LEDGER),
+    'fedshift bench configs/suites/fedbn_digits_paper.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fraug_table2_paper.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedrdn_table1.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedrdn_table2_brain.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedrdn_table3_digits.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol cross-site RUN --kind local': Synopsis(),
+    'fedshift bench configs/suites/fedrdn_table4_digits.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol sweep -c configs/suites/fedrdn_fig2_digits.yaml --key train.local_epochs --values 1,2,5 --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedfa_table1.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedfa_table3_labelskew.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol loco -c configs/suites/fedfa_table4_loco.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedfa_variants.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedfa_table6_augment.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedfa_table8_stages.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedfa_fig2_fraction.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/brain_mri_table.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/harmofl_table1.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/harmofl_ablation.yaml --workers 2': NotRun(LEDGER),
+    "fedshift protocol sweep -c configs/suites/harmofl_ablation.yaml --key algorithm.rho --values 1,0.5,0.05,0.005 'sweep={seed: [0, 1, 2]}' --workers 2": NotRun(LEDGER),
+    'fedshift protocol sweep -c configs/suites/harmofl_fig5b.yaml --key train.local_epochs --values 1,4 --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/harmofl_holdout.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol head-finetune -c configs/suites/fraug_table1_digits.yaml --workers 2': Long("about 3 min", "measured: 2 min 41 s on a busy 2-core machine, Digits cached"),
+    'fedshift bench configs/suites/fraug_table2.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fraug_ablation.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fraug_fig2_fraction.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/distrans_dh.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/distrans_fig4_alpha.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/distrans_fig5_epochs.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/baselines_digits.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/digits_methods.yaml --workers 2': NotRun(LEDGER),
+}
+# fmt: on
