@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 install: $(STAMP)
 
+# fetch refreshes apt's package lists (--apt-update, needs root) only when apt-get download
+# cannot find the package without it: what a fresh machine needs, and nothing otherwise
 data: $(STAMP)
-	$(BIN)/fedshift data fetch opencv
+	$(BIN)/fedshift data fetch opencv || $(BIN)/fedshift data fetch opencv --apt-update
 	$(BIN)/fedshift data build digits
 
 # --new: a second `make demo` writes next to the first runs (run directories are never reused
