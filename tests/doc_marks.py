@@ -119,12 +119,13 @@ MARKS: dict[str, Mark] = {
     "fedshift run algorithm.name=fedprox algorithm.mu=0.01 train.rounds=100 model.name=digitmodel":
         Run(DIGITS, {"train.rounds=100": "train.rounds=1"}),
     "fedshift run -c configs/demo.yaml 'sweep.seed=[0,1,2]'": Run((*CHEAP, "--out", "runs-seeds")),
-    "fedshift run --resume runs/demo/fedbn-digits-seed0": Run(
-        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*"},
+    "fedshift run --resume runs/demo/fedbn-digits-eval.every=2-seed0-41995a81c1": Run(
+        sub={"runs/demo/fedbn-digits-eval.every=2-seed0-41995a81c1": "runs/demo/fedbn-*"},
         why="the directory `fedshift run -c configs/demo.yaml` made (its name carries the overrides)",
     ),
-    "fedshift run --resume runs/demo/fedbn-digits-seed0 train.rounds=80": Run(
-        sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*", "train.rounds=80": "train.rounds=2"},
+    "fedshift run --resume runs/demo/fedbn-digits-eval.every=2-seed0-41995a81c1 train.rounds=80": Run(
+        sub={"runs/demo/fedbn-digits-eval.every=2-seed0-41995a81c1": "runs/demo/fedbn-*",
+             "train.rounds=80": "train.rounds=2"},
     ),
     "fedshift data show digits --out montage.png": Run(DIGITS),
     "fedshift bench configs/suites/fraug_table2.yaml": Run(
@@ -152,8 +153,8 @@ MARKS: dict[str, Mark] = {
     "algorithm.name=harmofl train.optimizer=adam train.lr=0.0001 train.rounds=500": NotRun(
         "needs the prostate MRI data on disk (docs/DATASETS.md)"
     ),
-    "fedshift protocol cross-site runs/x/local-digits-seed0": Run(
-        sub={"runs/x/local-digits-seed0": "runs/x/local-*"},
+    "fedshift protocol cross-site runs/x/local-digits-seed0-04ae00ffd9": Run(
+        sub={"runs/x/local-digits-seed0-04ae00ffd9": "runs/x/local-*"},
         before=("fedshift run name=x algorithm.name=local " + " ".join(CHEAP),),
     ),
     "fedshift protocol loco -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedrdn]'":
@@ -167,8 +168,9 @@ MARKS: dict[str, Mark] = {
                 + " ".join(DIGITS),),
         why="a two-round sweep stands in for the suite's runs",
     ),
-    "fedshift protocol tsne runs/x/local-digits-seed0 runs/x/fedavg-digits-seed0": Run(
-        sub={"runs/x/local-digits-seed0": "runs/x/local-*", "runs/x/fedavg-digits-seed0": "runs/x/fedavg-*"},
+    "fedshift protocol tsne runs/x/local-digits-seed0-04ae00ffd9 runs/x/fedavg-digits-seed0-575922a992": Run(
+        sub={"runs/x/local-digits-seed0-04ae00ffd9": "runs/x/local-*",
+             "runs/x/fedavg-digits-seed0-575922a992": "runs/x/fedavg-*"},
         before=("fedshift run name=x algorithm.name=fedavg " + " ".join(CHEAP),),
     ),
     "fedshift flower simulate -c configs/demo.yaml algorithm.name=fedbn": ByTest(
@@ -209,7 +211,6 @@ MARKS: dict[str, Mark] = {
     ),
     "fedshift docs": Run(),
     "fedshift docs extending": Run(),
-    "sudo apt-get update": NotRun("changes the system's package lists (root, network)"),
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(
@@ -270,7 +271,8 @@ MARKS: dict[str, Mark] = {
     "flwr run": Prose(),
     "fedshift flower app DIR -c CONFIG --nodes 6": Synopsis(),
     "flwr run DIR fedshift": Synopsis(REMOTE),
-    "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0'\"": Synopsis(REMOTE),
+    "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0-<digest>'\"": Synopsis(REMOTE),
+    "flwr run DIR": Synopsis("runs the generated app on Flower's local simulation: tests/test_runs_identity.py checks the app's pinned federation"),
     "fedshift flower simulate --resume RUN_DIR": Synopsis(),
     "python benchmarks/flower_vs_native.py -c CONFIG": Synopsis(),
     # ----------------------------------------------------------------------- EXTENDING.md
@@ -324,7 +326,6 @@ MARKS: dict[str, Mark] = {
             + ", ".join(f'"{w}"' for w in CHEAP)
             + "]"
         },
-        xfail="issue 27 item 3 (another branch): fedshift.run refuses an override of a swept key",
     ),
     "PYTHONPATH=. fedshift run ...": Synopsis(),
     # ------------------------------------------------------------------------- RESULTS.md
