@@ -58,7 +58,14 @@ from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
 from fedshift.runtime.results import run_dir_base
-from fedshift.runtime.rundir import clear_run_dir, hold_lock, hold_run
+from fedshift.runtime.rundir import (
+    NotClearable,
+    check_clearable,
+    clear_run_dir,
+    hold_lock,
+    hold_run,
+    is_empty,
+)
 from fedshift.runtime.stopping import RunSignal
 
 CELL_FILE = "cell.json"
@@ -204,11 +211,15 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
     threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)
     path = Path(run_dir)
+    if path.exists() and not is_empty(path):  # before the lock file marks it as a run
+        check_clearable(path, "bench")  # a link or a folder fedshift did not make: refused
+    elif path.is_symlink():
+        raise NotClearable(path, "a symbolic link", "bench")
     with hold_run(path):
         cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")
         status = cell_status(Cell(cfg, label, path, digest))
-        if status == "new":
-            clear_run_dir(path)  # a stale or foreign directory: start clean
+        if status == "new":  # a stale cell (another digest): start clean; foreign: refused
+            clear_run_dir(path, "bench")
         meta = {"digest": digest, "label": label, "threads": threads}
         write_text_atomic(path / CELL_FILE, json.dumps(meta) + "\n")
         report("start", run_dir, cfg.train.rounds)

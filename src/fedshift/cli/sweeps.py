@@ -31,11 +31,11 @@ from fedshift.runtime.results import run_dir_base
 from fedshift.runtime.rundir import (
     LOCK_FILE,
     RunDirExists,
+    check_clearable,
     claim_run_dir,
     clear_run_dir,
     hold_run,
     is_empty,
-    is_run_dir,
 )
 from fedshift.runtime.stopping import RunSignal
 
@@ -86,18 +86,16 @@ def claim_dirs(
     """Claim every run's directory before any runs (``exists``: ``error``, ``overwrite`` or
     ``new``, :func:`~fedshift.runtime.rundir.claim_run_dir`); with ``error``, every taken one
     is named in one :class:`RunDirExists` (whose advice names ``command``); ``overwrite``
-    deletes only run directories."""
+    deletes only directories fedshift made, never through a symbolic link
+    (:func:`~fedshift.runtime.rundir.check_clearable`): one that is not stops every run."""
     planned = planned_dirs(cfgs, out)
     taken = [p for p in planned if p.exists() and not is_empty(p)]
     if exists == "error" and taken:
         raise RunDirExists(taken, command)
     if exists == "overwrite":
-        foreign = [p for p in taken if not p.is_dir() or not is_run_dir(p)]
-        if foreign:
-            raise FedshiftError(
-                f"--overwrite deletes fedshift run directories only, and {foreign[0]} is not "
-                "one (no config.yaml): move it away, or choose another --out or name"
-            )
+        for p in planned:  # nothing is deleted unless every one of them may be
+            if p.is_symlink() or (p.exists() and not is_empty(p)):
+                check_clearable(p)
     claimed: list[Path] = []
     try:
         for cfg, p in zip(cfgs, planned, strict=True):
