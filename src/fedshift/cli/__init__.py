@@ -69,7 +69,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run a command line; returns the exit code (2 for a :class:`FedshiftError`, printed as
     one line on stderr)."""
+    from fedshift.core.consent import allow_in_this_process
+
     args = parse(argv)
+    allow_in_this_process(bool(getattr(args, "allow_plugins", False)))  # --allow-plugins
     try:
         return args.fn(args)
     except FedshiftError as e:
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fedshift: stopped by {e}", file=sys.stderr)
         return int(code)
+    finally:
+        allow_in_this_process(False)
 
 
 def _file_in_the_way(path: Path) -> Path | None:

@@ -145,6 +145,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
+    from fedshift.core.consent import plugin_names
     from fedshift.eval.tables import print_tables
     from fedshift.flower.deploy import LocalDeployment
     from fedshift.flower.simulate import client_names
@@ -154,7 +155,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
     base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-"))
     out = Path(args.out or "runs").resolve()
     print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
-    with LocalDeployment(base, [{"client": n} for n in names], tls=not args.insecure) as dep:
+    # the user's own config, run on the user's own machine: its plug-ins are theirs
+    mine = bool(plugin_names(cfg.to_dict()))
+    nodes = [{"client": n} for n in names]
+    with LocalDeployment(base, nodes, tls=not args.insecure, allow_plugins=mine) as dep:
         _, status, log = dep.submit(cfg, _options(args), out, log=print)
     marker = "fedshift: run directory "
     run_dir = next((ln.split(marker, 1)[1].strip() for ln in log.splitlines() if marker in ln), "")
@@ -187,7 +191,7 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from fedshift.cli.run import add_exists_options
+    from fedshift.cli.run import add_allow_plugins, add_exists_options
 
     fl = sub.add_parser("flower", help="run on Flower: simulation and deployment")
     fsub = fl.add_subparsers(dest="flower_command", required=True)
@@ -211,6 +215,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="continue a stopped simulation from its checkpoint (clients from their snapshots)",
     )
     add_exists_options(sim)
+    add_allow_plugins(sim)
     sim.set_defaults(fn=_cmd_simulate)
 
     certs = fsub.add_parser("certs", help="self-signed CA + SuperLink TLS certificate")

@@ -96,17 +96,23 @@ def _resume_rounds(args: argparse.Namespace) -> int | None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from fedshift.bench import run_suite
+    from fedshift.core.config import load_config
+    from fedshift.core.consent import plugin_names, untrusted
     from fedshift.eval.tables import print_tables
 
-    summaries = run_suite(
-        args.suite,
-        args.overrides,
-        out=args.out,
-        workers=args.workers,
-        progress=not args.quiet,
-        threads=args.threads,
-        oversubscribe=args.oversubscribe,
-    )
+    # a suite may come from anyone: its plug-in names need --allow-plugins, the ones given
+    # here as key=value do not (fedshift.core.consent)
+    given = {name for _, name in plugin_names(load_config(None, args.overrides))}
+    with untrusted(f"suite {args.suite}", [load_config(args.suite, args.overrides)], given):
+        summaries = run_suite(
+            args.suite,
+            args.overrides,
+            out=args.out,
+            workers=args.workers,
+            progress=not args.quiet,
+            threads=args.threads,
+            oversubscribe=args.oversubscribe,
+        )
     if summaries:
         print_tables(summaries)
         print(f"\nsuite folder: {Path(summaries[0]['run_dir']).parent}")
@@ -193,6 +199,18 @@ def add_exists_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_allow_plugins(p: argparse.ArgumentParser) -> None:
+    """``--allow-plugins``: import the ``module:Class`` plug-ins that a config from elsewhere
+    names (a run directory, a suite: :mod:`fedshift.core.consent`)."""
+    p.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="import the plug-ins (module:Class names) that a run directory's config.yaml or "
+        "a suite names; a plug-in name runs its module's code, so only for sources you trust "
+        "(also: FEDSHIFT_ALLOW_PLUGINS=1)",
+    )
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``run``, ``bench``, ``list`` and ``report`` to the main parser's subcommands."""
     run = sub.add_parser("run", help="run an experiment config (and its sweep grid)")
@@ -227,6 +245,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "the cores hold); results do not depend on it",
     )
     add_exists_options(run)
+    add_allow_plugins(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
 
@@ -253,6 +272,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="run --workers as given even when workers x each cell's run.workers x "
         "run.threads exceeds the cores",
     )
+    add_allow_plugins(bench)
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)
 

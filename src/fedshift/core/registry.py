@@ -29,9 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from fedshift.core import consent
 from fedshift.core.errors import ConfigError
 
 T = TypeVar("T")
+
+#: every registry made, for :func:`registered_anywhere`
+_REGISTRIES: list[Registry] = []
+
+
+def registered_anywhere(name: str) -> bool:
+    """Whether ``name`` is registered in some registry (a plug-in imported already)."""
+    return any(name in r for r in _REGISTRIES)
 
 #: where a user reads how to write and name a plug-in
 GUIDE = "docs/EXTENDING.md"
@@ -54,6 +63,7 @@ class Registry(Generic[T]):
         #: plug-ins: the class they must subclass and their entry-point group (None: none)
         self._base: type | None = None
         self._group: str | None = None
+        _REGISTRIES.append(self)
 
     def register(
         self, name: str, params: type | None = None, description: str = ""
@@ -127,6 +137,7 @@ class Registry(Generic[T]):
         a name that is neither is left for :meth:`entry`'s unknown-name error."""
         where = f"config key '{key}': " if key else ""
         if ":" in name:
+            consent.require(name, key)  # a name from elsewhere needs the user's yes
             obj = load_object(name, f"{where}{self.kind} {name!r}")
             self._add_plugin(name, obj, f"{where}{self.kind} {name!r}")
             return
@@ -143,8 +154,8 @@ class Registry(Generic[T]):
         what = f"{where}{self.kind} {name!r} (entry point {values[0]!r} in '{self._group}')"
         try:
             obj = found[0].load()
-        except Exception as e:  # the plug-in's own import failed
-            raise ConfigError(f"{what}: loading it failed: {type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:  # the plug-in's own import failed (or exited)
+            raise ConfigError(f"{what}: loading it failed: {_failure(e)}") from e
         self._add_plugin(name, obj, what)
 
     def _entry_points(self, name: str) -> list[Any]:
@@ -190,9 +201,10 @@ def load_object(spec: str, what: str) -> Any:
             f"{what}: importing module {module_name!r} failed: {e} (a module it imports is "
             "not installed in this environment)"
         ) from e
-    except Exception as e:  # the module's own code failed (a syntax error, an exception)
+    except (Exception, SystemExit) as e:  # its own code failed (an error, or sys.exit)
+        where = _origin(module_name)
         raise ConfigError(
-            f"{what}: importing module {module_name!r} failed: {type(e).__name__}: {e}"
+            f"{what}: importing module {module_name!r}{where} failed: {_failure(e)}"
         ) from e
     obj: Any = module
     for part in attr.split("."):
@@ -205,6 +217,23 @@ def load_object(spec: str, what: str) -> Any:
             )
         obj = getattr(obj, part)
     return obj
+
+
+def _failure(e: BaseException) -> str:
+    """What went wrong while a plug-in module was imported."""
+    if isinstance(e, SystemExit):
+        return (
+            f"it called sys.exit({e.code!r}) while being imported (a plug-in module must "
+            "define its classes, not run a program: move that code under "
+            "`if __name__ == '__main__':`)"
+        )
+    return f"{type(e).__name__}: {e}"
+
+
+def _origin(module_name: str) -> str:
+    """`` (path/to/module.py)``: where the module's top-level package is on Python's path."""
+    path = consent.locate(module_name)
+    return f" ({path})" if path else ""
 
 
 def _path_hint(module_name: str) -> str:

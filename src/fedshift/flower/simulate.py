@@ -85,7 +85,7 @@ def simulate(
     if engine == "in-process":
         from fedshift.flower.inprocess import InProcessGrid
 
-        grid = InProcessGrid(build_client_app(), nodes)
+        grid = InProcessGrid(build_client_app(trust_server=True), nodes)
         server = FlowerServer(cfg, run_dir, options, progress)
         return server.run(grid, resume=resume, stop_after=stop_after)
 
@@ -109,7 +109,7 @@ def simulate(
     }
     server_app = build_server_app(cfg, run_dir, options, results, progress, resume, stop_after)
     # one torch thread per CPU Ray reserves for a ClientApp
-    client_app = build_client_app(threads=max(1, int(cpus_per_client)))
+    client_app = build_client_app(threads=max(1, int(cpus_per_client)), trust_server=True)
     run_simulation(server_app, client_app, nodes, backend_config=backend)
     if results and isinstance(results[0], BaseException):
         raise results[0]

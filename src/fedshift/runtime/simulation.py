@@ -26,6 +26,7 @@ import torch
 
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
+from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json
 from fedshift.data.base import Federation
@@ -183,10 +184,14 @@ def saved_config(run_dir: str | Path) -> RunConfig:
 
 
 def _yaml_config(run_dir: Path) -> RunConfig:
+    """A run directory's ``config.yaml``, resolved; a plug-in it names is imported only with
+    the user's yes (a run directory may come from anyone: :mod:`fedshift.core.consent`)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise FedshiftError(f"{run_dir} is not a fedshift run directory (no config.yaml)")
-    return resolve(load_yaml(path), source=str(path))
+    raw = load_yaml(path)
+    with untrusted(str(path), [raw]):
+        return resolve(raw, source=str(path))
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
