@@ -87,6 +87,9 @@ class LoopOptions:
     #: how to continue the run after SIGINT / SIGTERM, when not ``fedshift run --resume DIR``
     #: (the command, with the run directory)
     resume_hint: str = ""
+    #: the run's signal gate, when its signals arrive elsewhere (a loop in a thread of its
+    #: own: :meth:`~fedshift.runtime.stopping.SignalGate.forwarded`); None: its own
+    gate: SignalGate | None = None
 
 
 def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
@@ -135,7 +138,8 @@ class RoundLoop:
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
-        self.gate = SignalGate()  # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
+        # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
+        self.gate = self.options.gate or SignalGate()
         self._last_save = time.monotonic()
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
         self._tracking: tracking.Tracking | None = None
@@ -366,6 +370,7 @@ class RoundLoop:
         self._tracking = tracking.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
         try:
             with self.gate.installed():
+                self.gate.poll()
                 if not resumed and self.algo.needs_setup:
                     self.setup_exchange()
                 write_metrics(self.run_dir, self.records)
@@ -425,6 +430,7 @@ class RoundLoop:
         )
         self._t0 = time.perf_counter()
         for rnd in bar:
+            self.gate.poll()  # a signal recorded for a loop in another thread
             mark = len(self.ledger.rows)  # the round's first ledger row
             self._undo = (copy.deepcopy(self.server), mark)
             self.transport.begin_round(self.sample(rnd))
