@@ -186,13 +186,25 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _summary(path: Path) -> dict | None:
+    """A cell's ``summary.json`` if readable and as fedshift writes it
+    (:func:`~fedshift.eval.summary.check_summary`), else None (the cell runs again)."""
+    from fedshift.eval.summary import check_summary
+
+    s = _read_json(path)
+    try:
+        return None if s is None else check_summary(s, path)
+    except FedshiftError:
+        return None
+
+
 def cell_status(cell: Cell) -> str:
     """``done`` (a readable summary, this digest), ``partial`` (a checkpoint to resume; also
     when the summary is unreadable) or ``new``."""
     meta = _read_json(cell.run_dir / CELL_FILE)
     if meta is None or meta.get("digest") != cell.digest:
         return "new"
-    if _read_json(cell.run_dir / "summary.json") is not None:
+    if _summary(cell.run_dir / "summary.json") is not None:
         return "done"
     if (cell.run_dir / "checkpoint.pt").is_file():
         return "partial"
@@ -359,7 +371,7 @@ def run_suite(
         )
     summaries = []
     for c in cells:
-        s = _read_json(c.run_dir / "summary.json")
+        s = _summary(c.run_dir / "summary.json")
         if s is None:
             raise FedshiftError(f"{c.run_dir / 'summary.json'} is unreadable; run the suite again")
         s["label"] = c.label

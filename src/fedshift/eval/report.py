@@ -37,8 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
-from fedshift.core.files import atomic_output, read_json, write_text_atomic  # noqa: E402
-from fedshift.eval.summary import selection_rule  # noqa: E402
+from fedshift.core.files import atomic_output, write_text_atomic  # noqa: E402
+from fedshift.eval.summary import read_summary, selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,
     flow_label,
@@ -77,7 +77,7 @@ def load_runs(roots: list[str | Path]) -> list[dict]:
         if not root.exists():
             raise FedshiftError(f"{root} does not exist")
         for path in sorted(root.rglob("summary.json")):
-            s = read_json(path)
+            s = read_summary(path)  # checked: a hand-edited one is an error naming it
             s["_dir"] = str(path.parent)
             runs.append(s)
     if not runs:

@@ -58,6 +58,8 @@ from fedshift.runtime import track, tracking
 from fedshift.runtime.checkpoint_io import (
     CHECKPOINT,
     SELECTED,
+    check_selected,
+    config_digest,
     read_run_state,
     write_checkpoint,
     write_failed,
@@ -308,6 +310,8 @@ class RoundLoop:
 
     def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
         ck = read_run_state(self.run_dir, name, map_location=self.device)
+        if name == SELECTED:  # after checkpoint.pt: it must be this run's state
+            check_selected(ck, self.run_dir / name, self.identity.key, self.cfg.to_dict())
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])
@@ -476,6 +480,9 @@ class RoundLoop:
                 self.selected_round = rnd
                 state = {"round": rnd, "server": self.server}
                 state["clients"] = self.transport.state_dict()
+                # whose state this is: a selected.pt copied from another run is refused
+                state["run_key"] = self.identity.key
+                state["config_digest"] = config_digest(self.cfg.to_dict())
                 self._atomic_save(state, SELECTED)
 
     def _checkpoint_due(self, rnd: int) -> bool:

@@ -28,8 +28,8 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.files import read_json
 from fedshift.data.base import Federation
+from fedshift.eval.summary import read_summary
 from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.loop import (
@@ -320,7 +320,7 @@ def load_finished(
             f"{run_dir} has not finished (no summary.json), so no round is selected yet; "
             "use the last weights (--weights last) or finish it (fedshift run --resume)"
         )
-    best = int(read_json(summary_path)["best_round"])
+    best = read_summary(summary_path)["best_round"]  # checked: the file and field named
     if best == sim.last_round:
         return sim
     if not (run_dir / SELECTED).is_file():
