@@ -109,6 +109,18 @@ def _file_in_the_way(path: Path) -> Path | None:
     return None
 
 
+def _in_data_cache(name: str | None) -> Path | None:
+    """The data cache folder (``$FEDSHIFT_CACHE`` or ``~/.cache/fedshift``) holding the
+    path ``name``, if it does."""
+    if not name:
+        return None
+    from fedshift.data.common.cache import cache_dir
+
+    root = cache_dir().expanduser().absolute()
+    path = Path(name).expanduser().absolute()
+    return root if path == root or root in path.parents else None
+
+
 def describe_os_error(e: OSError) -> str:
     """One line for an ``OSError``: the file it concerns, what went wrong, and the fix."""
     name = None if e.filename is None else str(e.filename)
@@ -129,6 +141,16 @@ def describe_os_error(e: OSError) -> str:
                 "choose another --out (or move the file away)"
             )
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        cache = _in_data_cache(name)
+        if cache is not None:  # not a run's folder: --out would change nothing
+            return (
+                f"{head}: fedshift's data cache ({cache}) is not writable here, and the "
+                "dataset keeps the data it prepares there. Point FEDSHIFT_CACHE (or the "
+                "dataset's cache_dir key) at a writable folder, or fix that folder's "
+                "permissions"
+            )
+        if name and Path(name).is_file() and not os.access(name, os.R_OK):
+            return f"{head}: this file cannot be read: fix its permissions (or copy it)"
         return (
             f"{head}: cannot write or read here. Choose a writable folder with --out (or "
             "fix the permissions of that path)"

@@ -49,6 +49,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     claims one: an existing directory of the same config stops the command naming what it
     holds, unless ``--overwrite`` (deleted, holding its lock, just before the run) or
     ``--new`` (the next free ``-2``, ``-3``...)."""
+    from fedshift.cli.run import announce_out
     from fedshift.cli.sweeps import claim_dirs, release
     from fedshift.eval.tables import print_tables
     from fedshift.flower.simulate import simulate
@@ -73,6 +74,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         cfg, run_dir = saved_config(args.resume), Path(args.resume)
     else:
         cfg = _config(args)
+        announce_out(args.config, args.overrides, args.out)
         exists = "overwrite" if args.overwrite else "new" if args.new else "error"
         [run_dir] = claim_dirs([cfg], args.out, exists, "fedshift flower simulate")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from fedshift.cli import keys
@@ -42,6 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     source = args.config or "defaults"
     flags = [f"run.{k}={v}" for k in ("workers", "threads") if (v := getattr(args, k)) is not None]
     raw = load_config(args.config, [*args.overrides, *flags])
+    announce_out(args.config, args.overrides, args.out)
     grid = raw.get("sweep") or {}
     raws = expand_sweep(raw, source)
     # validate every cell before running any, so a typo fails in a second, not an hour in
@@ -60,6 +62,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for s in summaries:
         print(f"  {s['run_dir']}")
     return 0
+
+
+def announce_out(config: str | None, overrides: list[str], out_flag: str | None) -> None:
+    """An ``out:`` key inside a config file sends the runs somewhere other than ``./runs``
+    without a word on the command line: say where, before anything runs (not when --out or
+    an ``out=`` override chose it here)."""
+    if out_flag or not config:
+        return
+    from fedshift.core.config import load_yaml
+    from fedshift.core.presets import config_file
+
+    out = load_yaml(config_file(config)).get("out")
+    if out is None or any(o.split("=", 1)[0].strip() == "out" for o in overrides):
+        return
+    where = Path(str(out)).expanduser().resolve()
+    print(
+        f"fedshift: run directories go under {where} (key 'out' in {config}; --out DIR "
+        "chooses another)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _workers(text: str) -> int | str:
@@ -102,6 +125,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     # a suite may come from anyone: its plug-in names need --allow-plugins, the ones given
     # here as key=value do not (fedshift.core.consent)
+    announce_out(args.suite, args.overrides, args.out)
     given = {name for _, name in plugin_names(load_config(None, args.overrides))}
     with untrusted(f"suite {args.suite}", [load_config(args.suite, args.overrides)], given):
         summaries = run_suite(

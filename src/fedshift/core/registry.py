@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from fedshift.core import consent
+from fedshift.core.contract import check_component_class
 from fedshift.core.errors import ConfigError
 
 T = TypeVar("T")
@@ -63,6 +64,7 @@ class Registry(Generic[T]):
         #: plug-ins: the class they must subclass and their entry-point group (None: none)
         self._base: type | None = None
         self._group: str | None = None
+        self._plugins: set[str] = set()
         _REGISTRIES.append(self)
 
     def register(
@@ -175,9 +177,15 @@ class Registry(Generic[T]):
                 f"{what} is a {kind}, not a subclass of {base.__module__}.{base.__qualname__}; "
                 f"{_article(self.kind)} {self.kind} must subclass it (see {GUIDE})"
             )
+        check_component_class(obj, base, what)  # Params a dataclass, overrides callable
         if hasattr(base, "name") and "name" not in vars(obj):
             obj.name = name  # type: ignore[attr-defined]
         self.add(name, obj, getattr(obj, "Params", None))
+        self._plugins.add(name)
+
+    def is_plugin(self, name: str) -> bool:
+        """Whether ``name`` was registered as a plug-in (not built in)."""
+        return name in self._plugins
 
 
 def load_object(spec: str, what: str) -> Any:

@@ -260,8 +260,9 @@ _FIELDS_CHECKED: dict[str, tuple[str, Any]] = {
     "server": ("a dict (the server state)", lambda v: isinstance(v, dict)),
     "clients": (
         "a dict of client states, or None (a run on Flower)",
-        lambda v: v is None
-        or (isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())),
+        lambda v: (
+            v is None or (isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()))
+        ),
     ),
     "run_key": ("the run's id (text)", lambda v: isinstance(v, str) and v != ""),
     "ledger": (
@@ -279,13 +280,35 @@ _FIELDS_CHECKED: dict[str, tuple[str, Any]] = {
     "wall_s": ("a number of seconds >= 0", lambda v: _is_number(v) and v >= 0),
     "config": (
         "the run's resolved config (a dict with 'train.rounds')",
-        lambda v: isinstance(v, dict)
-        and isinstance(v.get("train"), dict)
-        and _is_int(v["train"].get("rounds")),
+        lambda v: (
+            isinstance(v, dict)
+            and isinstance(v.get("train"), dict)
+            and _is_int(v["train"].get("rounds"))
+        ),
     ),
     "selected_round": ("a round number or None", lambda v: v is None or (_is_int(v) and v >= 1)),
 }
 _SELECTED_FIELDS = ("round", "server", "clients", "run_key", "config_digest")
+
+
+def _non_finite(tree: Any, where: str) -> str | None:
+    """The path of the first floating tensor holding NaN or inf in nested dicts / lists."""
+    if isinstance(tree, torch.Tensor):
+        if tree.is_floating_point() and tree.numel() and not bool(torch.isfinite(tree).all()):
+            return where
+        return None
+    items = (
+        tree.items()
+        if isinstance(tree, dict)
+        else enumerate(tree)
+        if isinstance(tree, list | tuple)
+        else ()
+    )
+    for key, value in items:
+        found = _non_finite(value, f"{where}/{key}")
+        if found is not None:
+            return found
+    return None
 
 
 def check_run_state(state: Any, path: Path, selected: bool = False, fix: str = "") -> None:
@@ -321,6 +344,13 @@ def check_run_state(state: Any, path: Path, selected: bool = False, fix: str = "
             want, ok = "a whole number >= 1", lambda v: _is_int(v) and v >= 1
         if not ok(value):
             raise bad(field, want, value)
+    for field in ("server", "clients"):
+        where = _non_finite(state[field], field)
+        if where is not None:  # a run stops at a non-finite update: it never saves one
+            raise CheckpointError(
+                f"{path}: field {field!r} holds NaN or inf (at {where}), which no state "
+                f"fedshift saves does{end}"
+            )
     if not selected:
         rounds = state["config"]["train"]["rounds"]
         if state["round"] > rounds:
