@@ -254,7 +254,8 @@ def _path_hint(module_name: str) -> str:
     if here and str(cwd) not in on_path:
         return (
             f"It is in the current folder {cwd}, which is not on Python's path when you run "
-            "the 'fedshift' command: run PYTHONPATH=. fedshift ..., or python -m fedshift ..."
+            f"the 'fedshift' command: run PYTHONPATH={cwd} fedshift ..., or python -m "
+            "fedshift ... (which looks there last)"
         )
     shown = [p for p in sys.path if p][:6]
     more = ", ..." if len(sys.path) > len(shown) else ""
