@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from fedshift.core import consent
-from fedshift.core.contract import check_component_class
 from fedshift.core.errors import ConfigError
 
 T = TypeVar("T")
@@ -177,6 +176,8 @@ class Registry(Generic[T]):
                 f"{what} is a {kind}, not a subclass of {base.__module__}.{base.__qualname__}; "
                 f"{_article(self.kind)} {self.kind} must subclass it (see {GUIDE})"
             )
+        from fedshift.core.contract import check_component_class  # torch: only for plug-ins
+
         check_component_class(obj, base, what)  # Params a dataclass, overrides callable
         if hasattr(base, "name") and "name" not in vars(obj):
             obj.name = name  # type: ignore[attr-defined]
