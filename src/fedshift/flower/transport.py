@@ -35,6 +35,7 @@ import yaml
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
+from flwr.superlink.grid.http_grid import HttpGrid
 
 import fedshift
 from fedshift.core.config import RunConfig
@@ -358,13 +359,16 @@ def send_and_receive(
     replies: list[Message] = []
     end = time.monotonic() + timeout
     wait = PULL_FIRST
+    # a SuperLink over the network: up to PULL_MAX between pulls; the in-memory grid of a
+    # simulation is cheap to ask, so no longer than Flower's own 0.1 s
+    cap = PULL_MAX if isinstance(grid, HttpGrid) else 0.1
     while pending:
         stop_check()
         remaining = end - time.monotonic()
         if remaining <= 0:
             break
         time.sleep(min(wait, remaining))
-        wait = min(wait * 1.5, PULL_MAX)
+        wait = min(wait * 1.5, cap)
         got = list(grid.pull_messages(pending))
         replies.extend(got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
