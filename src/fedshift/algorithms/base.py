@@ -352,7 +352,7 @@ class Algorithm:
         loss = ctx.task.loss(ctx.model(x), y)
         extra = self.penalty(ctx)
         if extra is not None:
-            expect(extra, torch.Tensor | float | int, self, "penalty", "a scalar tensor or None")
+            expect(extra, (torch.Tensor, float, int), self, "penalty", "a scalar tensor or None")
         return loss if extra is None else loss + extra
 
     def penalty(self, ctx: ClientContext) -> torch.Tensor | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from types import UnionType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from fedshift.core.context import ClientContext
@@ -268,7 +269,7 @@ def expect(value: Any, check: Any, owner: object, hook: str, want: str) -> Any:
     """``value``, returned by ``owner.hook``, if it passes ``check`` (a type or tuple of
     types, or a predicate); else a :class:`ContractError` naming the class, the hook, what it
     returned and ``want``."""
-    ok = isinstance(value, check) if isinstance(check, type | tuple) else check(value)
+    ok = isinstance(value, check) if isinstance(check, type | tuple | UnionType) else check(value)
     if not ok:
         got = "None" if value is None else f"a {type(value).__name__}"
         shape = getattr(value, "shape", None)
