@@ -302,6 +302,8 @@ def checkpoint_case(how: str) -> Callable[[Path], Result]:
 
 
 def selected_copied(tmp: Path) -> Result:
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
     a = finished(tmp / "a")
     b = finished(tmp / "b")
     shutil.copy(b / "selected.pt", a / "selected.pt")
