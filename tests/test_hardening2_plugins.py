@@ -211,3 +211,31 @@ def test_load_run_rebuild_needs_allow_plugins(tmp_path, monkeypatch, fresh_regis
     del sys.modules["fsconsent_b"]
     monkeypatch.setenv("FEDSHIFT_ALLOW_PLUGINS", "1")  # the environment's yes
     assert run.rebuild().last_round == 1 and imports(tmp_path) == 2
+
+
+def test_every_place_a_config_names_a_plugin_is_listed(tmp_path, monkeypatch, fresh_registries):
+    """The listing finds module:Class names in every section and grid that takes one, and
+    the registry refuses an import inside an untrusted scope even for a name the listing was
+    not shown (the backstop)."""
+    from fedshift.core.consent import plugin_names, untrusted
+
+    raw = {
+        "algorithm": {"name": "a.b:Algo"},
+        "model": {"name": "m:Net", "width": 3},
+        "augment": ["fedrdn", {"name": "x:Aug", "p": 0.5}],
+        "sweep": {
+            "algorithm.name": ["fedavg", "s:One"],
+            "augment": [["y:Two"], []],
+            "cell": [{"model.name": "c:Three", "train.lr": 0.1}],
+        },
+    }
+    names = {n for _, n in plugin_names(raw)}
+    assert names == {"a.b:Algo", "m:Net", "x:Aug", "s:One", "y:Two", "c:Three"}
+    (tmp_path / "fsconsent_c.py").write_text(plugin_source())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with untrusted("somewhere"), pytest.raises(ConfigError, match="somewhere names plug-in code"):
+        ALGORITHMS.get("fsconsent_c:Algo")
+    assert imports(tmp_path) == 0
+    with untrusted("somewhere", trusted={"fsconsent_c:Algo"}):  # the user gave this name
+        assert ALGORITHMS.get("fsconsent_c:Algo").__name__ == "Algo"
+    assert imports(tmp_path) == 1

@@ -123,7 +123,7 @@ def plugin_names(raw: dict) -> list[tuple[str, str]]:
     def dotted(key: str, value: object) -> None:
         if key in ("algorithm.name", "model.name", "algorithm", "model"):
             section(key, value)
-        elif key == "augment" or key.startswith("augment"):
+        elif key == "augment":
             augments(key, value)
 
     if not isinstance(raw, dict):
