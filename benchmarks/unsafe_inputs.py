@@ -249,7 +249,12 @@ def ray_signal(sig: signal.Signals) -> Callable[[Path], Result]:
                 break
             time.sleep(0.05)
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=600)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:  # the signal did not stop it: a hang
+            proc.kill()
+            out, _ = proc.communicate()
+            return Result(False, crashed(out), note=f"still running 300 s after {sig.name}")
         code = 128 + int(sig)
         saved = (run_dir / "checkpoint.pt").is_file()
         ok = proc.returncode == code and saved and "flower simulate --resume" in out
