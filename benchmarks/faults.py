@@ -24,8 +24,17 @@ results), results identical to the uninterrupted run, data lost (a recovered run
 metric rows are missing, doubled or different, or a run with no results at all). Exit status
 1 if any data was lost or any result differs.
 
+A second table (``--part inputs``; :mod:`unsafe_inputs`) feeds the commands unsafe inputs
+(issue 28): symbolic links and foreign folders where a run directory goes, plug-in names in
+run directories and suites from elsewhere, SIGINT / SIGTERM to a simulation on Ray,
+checkpoints, ``selected.pt`` and ``summary.json`` with wrong content, sizes that cannot fit
+in memory, CSV formulas. Its columns: cases, handled as intended, tracebacks, files outside
+``--out`` lost, code run unasked; exit status 1 unless the last two are 0 and every case is
+as intended.
+
     python benchmarks/faults.py                 # 20 kills, ~4 minutes on 2 cores
     python benchmarks/faults.py --kills 5 --seed 1
+    python benchmarks/faults.py --part inputs   # the unsafe inputs only, ~5 minutes
 """
 
 from __future__ import annotations
@@ -286,7 +295,42 @@ def main() -> int:
     ap.add_argument("--signals", type=int, default=3, help="SIGINT and SIGTERM trials each")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
     ap.add_argument("--json", help="also write the table as JSON here")
+    ap.add_argument(
+        "--part",
+        choices=("all", "faults", "inputs"),
+        default="all",
+        help="faults: kills, signals, disk, concurrency; inputs: unsafe inputs (issue 28)",
+    )
+    ap.add_argument("--no-ray", action="store_true", help="inputs: skip the two Ray cases")
     args = ap.parse_args()
+    bad = 0
+    if args.part in ("all", "faults"):
+        bad |= faults(args)
+    if args.part in ("all", "inputs"):
+        bad |= inputs(args)
+    return bad
+
+
+def inputs(args: argparse.Namespace) -> int:
+    """The unsafe-inputs table (:mod:`unsafe_inputs`); 1 if anything was lost or ran."""
+    import unsafe_inputs
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as name:
+        log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+        log("unsafe inputs:")
+        rows = unsafe_inputs.run_cases(Path(name), ray=not args.no_ray, log=log)
+    print(f"\nunsafe inputs against `fedshift` (issue 28), {time.perf_counter() - t0:.0f} s\n")
+    print(unsafe_inputs.table(rows))
+    if args.json:
+        path = Path(args.json).with_suffix(".inputs.json")
+        path.write_text(json.dumps({k: vars(r) for k, r in rows.items()}, indent=2) + "\n")
+    total = [(r.lost, r.ran, r.cases - r.intended) for r in rows.values()]
+    return 1 if any(any(t) for t in total) else 0
+
+
+def faults(args: argparse.Namespace) -> int:
+    """The kill / signal / disk / concurrency table; 1 if data was lost or results differ."""
     rng = random.Random(args.seed)
     table: dict[str, Tally] = {}
     skipped: dict[str, str] = {}

@@ -20,6 +20,7 @@ from fedshift.algorithms import ALGORITHMS
 from fedshift.augment import AUGMENTS
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
+from fedshift.core.consent import allowed
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.models import MODELS
 
@@ -88,10 +89,14 @@ def test_extending_module_class_name_resumes_and_runs_from_python(plugins, tmp_p
     straight = fedshift.run(cfg, [*over, "train.rounds=3"], out=tmp_path / "a")
     short = fedshift.run(cfg, [*over, "train.rounds=2"], out=tmp_path / "b")
     assert straight.summary["algorithm"] == "mymethods:FadingProx"
-    # a fresh registry, as in a new process: the name in config.yaml is imported again
+    # a fresh registry, as in a new process: the name in config.yaml is imported again,
+    # with the user's yes (a run directory's config may come from anyone: issue 28)
     ALGORITHMS._entries.pop("mymethods:FadingProx")
     AUGMENTS._entries.pop("myaugments:Jitter")
-    resumed = resume_experiment(short.run_dir, progress=False, rounds=3)
+    with pytest.raises(ConfigError, match="names plug-in code"):
+        resume_experiment(short.run_dir, progress=False, rounds=3)
+    with allowed():
+        resumed = resume_experiment(short.run_dir, progress=False, rounds=3)
     assert results_of(resumed.summary) == results_of(straight.summary)
     assert ALGORITHMS.get("mymethods:FadingProx").name == "mymethods:FadingProx"
 

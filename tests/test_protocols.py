@@ -411,7 +411,13 @@ def fake_run(root: Path, name: str, seed: int, clients_key: int | None, means: d
         "metric_labels": {"acc": "accuracy"},
         "evaluated_model": "global",
         "clients": names,
-    }
+        # the rest of what every summary.json holds (checked when read: issue 28)
+        "dataset": "toyshift", "model": "lenet5", "rounds": max(means), "best_round": max(means),
+        "val_mean": 0.95, "test_mean": sum(means[max(means)]) / len(names),
+        "val_per_client": dict.fromkeys(names, 0.95),
+        "test_per_client": dict(zip(names, means[max(means)], strict=True)),
+        "bytes_up": 0, "bytes_down": 0,
+    }  # fmt: skip
     (d / "summary.json").write_text(json.dumps(summary))
     lines = []
     for rnd, accs in means.items():

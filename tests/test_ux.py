@@ -128,7 +128,7 @@ def test_long_runs_existing_run_dir_says_so_and_offers_three_ways(tmp_path, caps
     other.mkdir(parents=True)
     (other / "notes.txt").write_text("mine")
     assert main(["run", *TOY, "train.rounds=1", "--out", str(tmp_path / "o"), "--overwrite"]) == 2
-    assert "not one (no config.yaml)" in capsys.readouterr().err
+    assert "not a fedshift run directory" in capsys.readouterr().err
     assert (other / "notes.txt").read_text() == "mine"
 
 

@@ -1,5 +1,25 @@
+"""``python -m fedshift``: the ``fedshift`` command.
+
+``python -m`` puts the current folder first on Python's path, ahead of the standard library
+and the installed packages, so a ``.py`` file lying in that folder (a shared or downloaded
+one) named like a module fedshift imports (``yaml.py``, ``torch.py``...) would run in its
+place. The current folder is moved to the end of the path instead: a plug-in module there is
+still found by its ``module:Class`` name (docs/EXTENDING.md), and it can shadow nothing.
+"""
+
+import os
 import sys
 
-from fedshift.cli import main
+
+def _current_folder_last() -> None:
+    here = {"", ".", os.getcwd()}
+    mine = [p for p in sys.path if p in here]
+    if mine:
+        sys.path[:] = [p for p in sys.path if p not in here] + [os.getcwd()]
+
+
+_current_folder_last()
+
+from fedshift.cli import main  # noqa: E402 - after the path is fixed
 
 sys.exit(main())

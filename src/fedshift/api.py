@@ -20,6 +20,7 @@ builds that model again and loads the weights.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import dataclass
@@ -129,14 +130,18 @@ class LoadedRun:
     def finished(self) -> bool:
         return self.summary is not None
 
-    def rebuild(self, weights: str = "selected") -> Simulation:
+    def rebuild(self, weights: str = "selected", allow_plugins: bool = False) -> Simulation:
         """The run rebuilt for evaluation from its saved state (the federation, the model and
         every client's state at the ``selected`` round, or the ``last``):
-        :func:`~fedshift.runtime.simulation.load_finished`. This imports the run's plug-ins
-        and unpickles its checkpoint: use it on run directories you trust."""
+        :func:`~fedshift.runtime.simulation.load_finished`. Its checkpoint is read without
+        running code (tensors and plain data only); a plug-in its config names
+        (``module:Class``) is code, imported only with ``allow_plugins=True`` (a run
+        directory may come from anyone: :mod:`fedshift.core.consent`)."""
+        from fedshift.core.consent import allowed
         from fedshift.runtime.simulation import load_finished
 
-        return load_finished(self.run_dir, weights=weights)
+        with allowed() if allow_plugins else contextlib.nullcontext():
+            return load_finished(self.run_dir, weights=weights)
 
 
 def _read_metrics(path: Path) -> list[dict]:

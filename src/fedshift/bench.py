@@ -69,7 +69,14 @@ from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
 from fedshift.runtime.results import run_dir_base
-from fedshift.runtime.rundir import clear_run_dir, hold_lock, hold_run
+from fedshift.runtime.rundir import (
+    NotClearable,
+    check_clearable,
+    clear_run_dir,
+    hold_lock,
+    hold_run,
+    is_empty,
+)
 from fedshift.runtime.stopping import RunSignal
 
 CELL_FILE = "cell.json"
@@ -180,6 +187,18 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _summary(path: Path) -> dict | None:
+    """A cell's ``summary.json`` if readable and as fedshift writes it
+    (:func:`~fedshift.eval.summary.check_summary`), else None (the cell runs again)."""
+    from fedshift.eval.summary import check_summary
+
+    s = _read_json(path)
+    try:
+        return None if s is None else check_summary(s, path)
+    except FedshiftError:
+        return None
+
+
 def results_root(results: str | Path | None = None) -> Path | None:
     """Where committed results are looked up: ``results``, else ``$FEDSHIFT_RESULTS``, else
     ``./results`` when that folder exists (a checkout of the repository); None: nowhere."""
@@ -203,7 +222,7 @@ def committed_cell(cell: Cell, root: Path | None) -> Path | None:
     meta = _read_json(src / CELL_FILE)
     if meta is None or meta.get("digest") != cell.digest:
         return None
-    if _read_json(src / "summary.json") is None or not (src / "config.yaml").is_file():
+    if _summary(src / "summary.json") is None or not (src / "config.yaml").is_file():
         return None
     return src
 
@@ -233,7 +252,7 @@ def cell_status(cell: Cell) -> str:
     meta = _read_json(cell.run_dir / CELL_FILE)
     if meta is None or meta.get("digest") != cell.digest:
         return "new"
-    if _read_json(cell.run_dir / "summary.json") is not None:
+    if _summary(cell.run_dir / "summary.json") is not None:
         return "done"
     if (cell.run_dir / "checkpoint.pt").is_file():
         return "partial"
@@ -252,11 +271,15 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
     threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)
     path = Path(run_dir)
+    if path.exists() and not is_empty(path):  # before the lock file marks it as a run
+        check_clearable(path, "bench")  # a link or a folder fedshift did not make: refused
+    elif path.is_symlink():
+        raise NotClearable(path, "a symbolic link", "bench")
     with hold_run(path):
         cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")
         status = cell_status(Cell(cfg, label, path, digest))
-        if status == "new":
-            clear_run_dir(path)  # a stale or foreign directory: start clean
+        if status == "new":  # a stale cell (another digest): start clean; foreign: refused
+            clear_run_dir(path, "bench")
         meta = {"digest": digest, "label": label, "threads": threads}
         write_text_atomic(path / CELL_FILE, json.dumps(meta) + "\n")
         report("start", run_dir, cfg.train.rounds)
@@ -418,7 +441,7 @@ def run_suite(
         )
     summaries = []
     for c in cells:
-        s = _read_json(c.run_dir / "summary.json")
+        s = _summary(c.run_dir / "summary.json")
         if s is None:
             raise FedshiftError(f"{c.run_dir / 'summary.json'} is unreadable; run the suite again")
         s["label"] = c.label

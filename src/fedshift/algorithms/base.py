@@ -33,7 +33,7 @@ import torch
 
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
-from fedshift.core.contract import Reply, State
+from fedshift.core.contract import Reply, State, expect
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
@@ -176,6 +176,10 @@ def _restore_bn_stats(model: torch.nn.Module, saved: list) -> None:
 
 
 # ----------------------------------------------------------------------------- the contract
+def _scalar(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
 class Algorithm:
     """Base class. Subclasses override the hooks they need; see FedAvg for the plain flow."""
 
@@ -347,6 +351,8 @@ class Algorithm:
         there by ``local_update``."""
         loss = ctx.task.loss(ctx.model(x), y)
         extra = self.penalty(ctx)
+        if extra is not None:
+            expect(extra, (torch.Tensor, float, int), self, "penalty", "a scalar tensor or None")
         return loss if extra is None else loss + extra
 
     def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
@@ -363,11 +369,12 @@ class Algorithm:
         model = ctx.model
         model.train()
         opt = self.make_optimizer(ctx, state)
+        expect(opt, torch.optim.Optimizer, self, "make_optimizer", "a torch.optim.Optimizer")
         total = torch.zeros((), device=ctx.device)
         steps = 0
         for x, y in ctx.batches():
             opt.zero_grad(set_to_none=True)
-            loss = self.loss(ctx, x, y)
+            loss = expect(self.loss(ctx, x, y), _scalar, self, "loss", "a scalar tensor")
             loss.backward()
             if self.sam_rho:
                 self.sam_second_pass(ctx, x, y, self.sam_rho)

@@ -14,13 +14,24 @@ from __future__ import annotations
 from fedshift.algorithms.base import Algorithm
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
-from fedshift.core.contract import Reply, State
+from fedshift.core.contract import ContractError, Reply, State, expect
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
+#: what the hooks return, in the words of the contract (core/contract.py)
+STATE = "a dict (the state: tensors, numbers, strings and nested dicts/lists of those)"
+PAY = "a Payload"
+WEIGHTS = "a dict of tensors (a state dict) or None"
+
 
 def _merge(into: dict[str, Tensors], extra: Records, who: str) -> None:
+    if not isinstance(extra, dict):
+        got = "None" if extra is None else f"a {type(extra).__name__}"
+        raise ContractError(
+            f"augment {who!r} returned {got} for its records; it must return a dict of "
+            "records (name -> dict of tensors), {} for none (see docs/EXTENDING.md)"
+        )
     clash = set(into) & set(extra)
     if clash:
         raise ValueError(f"{who} sends record(s) {sorted(clash)} that already exist in the payload")
@@ -53,10 +64,12 @@ class Composition:
         return any(a.needs_setup for a in self.augments)
 
     def global_weights(self, server: State) -> Tensors | None:
-        return self.algo.global_weights(server)
+        w = self.algo.global_weights(server)
+        return w if w is None else expect(w, dict, self.algo, "global_weights", WEIGHTS)
 
     def personal_weights(self, server: State, state: State) -> Tensors | None:
-        return self.algo.personal_weights(server, state)
+        w = self.algo.personal_weights(server, state)
+        return w if w is None else expect(w, dict, self.algo, "personal_weights", WEIGHTS)
 
     def server_view(self, server: State, cid: str) -> State:
         return self.algo.server_view(server, cid)
@@ -66,15 +79,18 @@ class Composition:
 
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
-        server = self.algo.init_server(model)
+        server = expect(self.algo.init_server(model), dict, self.algo, "init_server", STATE)
         for a in self.augments:
-            server[aug_key(a)] = a.init_server(model)
+            server[aug_key(a)] = expect(a.init_server(model), dict, a, "init_server", STATE)
         return server
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         state = self.algo.init_client(cid, data, model)
+        expect(state, dict, self.algo, "init_client", STATE)
         for a in self.augments:
-            state[aug_key(a)] = a.init_client(cid, data, model)
+            state[aug_key(a)] = expect(
+                a.init_client(cid, data, model), dict, a, "init_client", STATE
+            )
         return state
 
     # -- setup exchange ----------------------------------------------------------------------
@@ -100,7 +116,7 @@ class Composition:
 
     # -- rounds ------------------------------------------------------------------------------
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
-        down = self.algo.broadcast(server, rnd, cid)
+        down = expect(self.algo.broadcast(server, rnd, cid), Payload, self.algo, "broadcast", PAY)
         for a in self.augments:
             _merge(down.records, a.broadcast(server[aug_key(a)], rnd, cid), a.name)
         return down
@@ -108,6 +124,7 @@ class Composition:
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         self.before_local(ctx, down, state)
         up = self.algo.local_update(ctx, down, state)
+        expect(up, Payload, self.algo, "local_update", f"{PAY} (build it with self.reply)")
         return self.after_local(ctx, state, up)
 
     def before_local(self, ctx: ClientContext, down: Payload, state: State) -> None:

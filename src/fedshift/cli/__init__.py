@@ -76,7 +76,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run a command line; returns the exit code (2 for a :class:`FedshiftError`, printed as
     one line on stderr)."""
+    from fedshift.core.consent import allow_in_this_process
+
     args = parse(argv)
+    allow_in_this_process(bool(getattr(args, "allow_plugins", False)))  # --allow-plugins
     try:
         return args.fn(args)
     except FedshiftError as e:
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fedshift: stopped by {e}", file=sys.stderr)
         return int(code)
+    finally:
+        allow_in_this_process(False)
 
 
 def _file_in_the_way(path: Path) -> Path | None:
@@ -109,6 +114,18 @@ def _file_in_the_way(path: Path) -> Path | None:
         except OSError:
             return None
     return None
+
+
+def _in_data_cache(name: str | None) -> Path | None:
+    """The data cache folder (``$FEDSHIFT_CACHE`` or ``~/.cache/fedshift``) holding the
+    path ``name``, if it does."""
+    if not name:
+        return None
+    from fedshift.data.common.cache import cache_dir
+
+    root = cache_dir().expanduser().absolute()
+    path = Path(name).expanduser().absolute()
+    return root if path == root or root in path.parents else None
 
 
 def describe_os_error(e: OSError) -> str:
@@ -131,6 +148,16 @@ def describe_os_error(e: OSError) -> str:
                 "choose another --out (or move the file away)"
             )
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        cache = _in_data_cache(name)
+        if cache is not None:  # not a run's folder: --out would change nothing
+            return (
+                f"{head}: fedshift's data cache ({cache}) is not writable here, and the "
+                "dataset keeps the data it prepares there. Point FEDSHIFT_CACHE (or the "
+                "dataset's cache_dir key) at a writable folder, or fix that folder's "
+                "permissions"
+            )
+        if name and Path(name).is_file() and not os.access(name, os.R_OK):
+            return f"{head}: this file cannot be read: fix its permissions (or copy it)"
         return (
             f"{head}: cannot write or read here. Choose a writable folder with --out (or "
             "fix the permissions of that path)"

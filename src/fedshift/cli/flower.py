@@ -53,6 +53,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     claims one: an existing directory of the same config stops the command naming what it
     holds, unless ``--overwrite`` (deleted, holding its lock, just before the run) or
     ``--new`` (the next free ``-2``, ``-3``...)."""
+    from fedshift.cli.run import announce_out
     from fedshift.cli.sweeps import claim_dirs, release
     from fedshift.eval.tables import print_tables
     from fedshift.flower.simulate import simulate
@@ -77,6 +78,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         cfg, run_dir = saved_config(args.resume), Path(args.resume)
     else:
         cfg = _config(args)
+        announce_out(args.config, args.overrides, args.out)
         exists = "overwrite" if args.overwrite else "new" if args.new else "error"
         [run_dir] = claim_dirs([cfg], args.out, exists, "fedshift flower simulate")
     try:
@@ -175,6 +177,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
+    from fedshift.core.consent import plugin_names
     from fedshift.eval.tables import print_tables
     from fedshift.flower.deploy import LocalDeployment
     from fedshift.flower.simulate import client_names
@@ -184,7 +187,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
     base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-"))
     out = Path(args.out or "runs").resolve()
     print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
-    with LocalDeployment(base, [{"client": n} for n in names], tls=not args.insecure) as dep:
+    # the user's own config, run on the user's own machine: its plug-ins are theirs
+    mine = bool(plugin_names(cfg.to_dict()))
+    nodes = [{"client": n} for n in names]
+    with LocalDeployment(base, nodes, tls=not args.insecure, allow_plugins=mine) as dep:
         _, status, log = dep.submit(cfg, _options(args), out, log=print)
     marker = "fedshift: run directory "
     run_dir = next((ln.split(marker, 1)[1].strip() for ln in log.splitlines() if marker in ln), "")
@@ -222,7 +228,7 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from fedshift.cli.run import add_exists_options
+    from fedshift.cli.run import add_allow_plugins, add_exists_options
 
     fl = sub.add_parser("flower", help="run on Flower: simulation and deployment")
     fsub = fl.add_subparsers(dest="flower_command", required=True)
@@ -246,6 +252,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="continue a stopped simulation from its checkpoint (clients from their snapshots)",
     )
     add_exists_options(sim)
+    add_allow_plugins(sim)
     sim.set_defaults(fn=_cmd_simulate)
 
     certs = fsub.add_parser("certs", help="self-signed CA + SuperLink TLS certificate")

@@ -150,6 +150,8 @@ def _suite_args(p: argparse.ArgumentParser) -> None:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``fedshift protocol {cross-site,loco,sweep,rounds,head-finetune,tsne}`` to the
     ``sub``-commands of the main parser; each sets ``fn`` to a handler returning the exit code."""
+    from fedshift.cli.run import add_allow_plugins
+
     p = sub.add_parser(
         "protocol",
         help="the papers' evaluation protocols "
@@ -179,6 +181,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "after one more round of its own training (FedRDN Table 3)",
     )
     _weights_arg(cs)
+    add_allow_plugins(cs)
     common(cs, "cross-site")
     cs.set_defaults(fn=_cmd_cross_site)
 
@@ -223,5 +226,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ts.add_argument("--split", choices=SPLITS, default="test")
     ts.add_argument("--labels", help="comma-separated panel titles (default: run labels)")
     _weights_arg(ts)
+    add_allow_plugins(ts)
     common(ts, "tsne")
     ts.set_defaults(fn=_cmd_tsne)

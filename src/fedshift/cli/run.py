@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from fedshift.cli import keys
@@ -42,6 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     source = args.config or "defaults"
     flags = [f"run.{k}={v}" for k in ("workers", "threads") if (v := getattr(args, k)) is not None]
     raw = load_config(args.config, [*args.overrides, *flags])
+    announce_out(args.config, args.overrides, args.out)
     grid = raw.get("sweep") or {}
     raws = expand_sweep(raw, source)
     # validate every cell before running any, so a typo fails in a second, not an hour in
@@ -60,6 +62,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for s in summaries:
         print(f"  {s['run_dir']}")
     return 0
+
+
+def announce_out(config: str | None, overrides: list[str], out_flag: str | None) -> None:
+    """An ``out:`` key inside a config file sends the runs somewhere other than ``./runs``
+    without a word on the command line: say where, before anything runs (not when --out or
+    an ``out=`` override chose it here)."""
+    if out_flag or not config:
+        return
+    from fedshift.core.config import load_yaml
+    from fedshift.core.presets import config_file
+
+    out = load_yaml(config_file(config)).get("out")
+    if out is None or any(o.split("=", 1)[0].strip() == "out" for o in overrides):
+        return
+    where = Path(str(out)).expanduser().resolve()
+    print(
+        f"fedshift: run directories go under {where} (key 'out' in {config}; --out DIR "
+        "chooses another)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _workers(text: str) -> int | str:
@@ -96,19 +119,26 @@ def _resume_rounds(args: argparse.Namespace) -> int | None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from fedshift.bench import run_suite
+    from fedshift.core.config import load_config
+    from fedshift.core.consent import plugin_names, untrusted
     from fedshift.eval.tables import print_tables
 
-    summaries = run_suite(
-        args.suite,
-        args.overrides,
-        out=args.out,
-        workers=args.workers,
-        progress=not args.quiet,
-        threads=args.threads,
-        oversubscribe=args.oversubscribe,
-        reuse=not args.fresh,
-        results=args.results,
-    )
+    # a suite may come from anyone: its plug-in names need --allow-plugins, the ones given
+    # here as key=value do not (fedshift.core.consent)
+    announce_out(args.suite, args.overrides, args.out)
+    given = {name for _, name in plugin_names(load_config(None, args.overrides))}
+    with untrusted(f"suite {args.suite}", [load_config(args.suite, args.overrides)], given):
+        summaries = run_suite(
+            args.suite,
+            args.overrides,
+            out=args.out,
+            workers=args.workers,
+            progress=not args.quiet,
+            threads=args.threads,
+            oversubscribe=args.oversubscribe,
+            reuse=not args.fresh,
+            results=args.results,
+        )
     if summaries:
         print_tables(summaries)
         print(f"\nsuite folder: {Path(summaries[0]['run_dir']).parent}")
@@ -193,6 +223,18 @@ def add_exists_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_allow_plugins(p: argparse.ArgumentParser) -> None:
+    """``--allow-plugins``: import the ``module:Class`` plug-ins that a config from elsewhere
+    names (a run directory, a suite: :mod:`fedshift.core.consent`)."""
+    p.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="import the plug-ins (module:Class names) that a run directory's config.yaml or "
+        "a suite names; a plug-in name runs its module's code, so only for sources you trust "
+        "(also: FEDSHIFT_ALLOW_PLUGINS=1)",
+    )
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``run``, ``bench``, ``list`` and ``report`` to the main parser's subcommands."""
     run = sub.add_parser("run", help="run an experiment config (and its sweep grid)")
@@ -232,6 +274,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "the cores hold); results do not depend on it",
     )
     add_exists_options(run)
+    add_allow_plugins(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(fn=_cmd_run)
 
@@ -274,6 +317,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="committed results to take finished cells from (default: $FEDSHIFT_RESULTS, "
         "else ./results when it exists)",
     )
+    add_allow_plugins(bench)
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(fn=_cmd_bench)
 

@@ -6,7 +6,8 @@ plus the keys of that component's own parameter dataclass (found through the reg
 Every error names the offending key (and the file it came from) and lists the valid choices.
 
 Values: a float key takes any number, or a string Python's ``float()`` reads (YAML 1.1 reads
-``1e-3`` and ``5e-4`` without a dot as strings); every float must be finite (no nan / inf).
+``1e-3`` and ``5e-4`` without a dot as strings); every float must be finite (no nan / inf)
+and, unless 0, within float32's range (``train.lr=1e300`` would be inf in the arithmetic).
 Numeric fields with a valid range declare it once, as field metadata
 (:mod:`fedshift.core.bounds`: ``lr: float = bounded(0.01, gt=0)``); :func:`build_dataclass`
 checks it for the fixed sections below and for every component's parameter dataclass alike,
@@ -46,6 +47,10 @@ from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, sho
 
 #: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
 MAX_SWEEP_CELLS = 10_000
+#: the magnitudes a float config key may have besides 0: float32's largest and smallest
+#: normal numbers (every value ends up in float32 arithmetic: 1e300 would be inf there)
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 @dataclass
@@ -224,6 +229,14 @@ def _to_float(value: Any, key: str) -> float | None:
         return None
     if not math.isfinite(out):
         raise _NotFinite(f"config key '{key}' must be a finite number, got {short_repr(value)}")
+    if out != 0 and not FLOAT32_TINY <= abs(out) <= FLOAT32_MAX:
+        what = "overflows" if abs(out) > FLOAT32_MAX else "underflows"
+        raise _NotFinite(
+            f"config key '{key}' = {short_repr(value)} {what} float32, the precision models "
+            f"and data are computed in (magnitudes from {FLOAT32_TINY:.2g} to "
+            f"{FLOAT32_MAX:.2g}): the run would compute with inf or 0 instead; give a value "
+            "in that range (and in the key's own range: fedshift list)"
+        )
     return out
 
 

@@ -56,13 +56,35 @@ class InputPipeline:
         self, x: torch.Tensor, y: torch.Tensor, state: dict | None, g: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         for a in self.augments:
-            x, y = a.train_batch(x, y, state[aug_key(a)], g)  # type: ignore[index]
+            out = a.train_batch(x, y, state[aug_key(a)], g)  # type: ignore[index]
+            if not _batch(out):
+                _broken(out, a, "train_batch", "a tuple (x, y) of tensors of one batch size")
+            x, y = out
         return (self.normalize(x) if self.normalize else x), y
 
     def eval(self, x: torch.Tensor, state: dict | None) -> torch.Tensor:
         for a in self.augments:
-            x = a.eval_batch(x, state[aug_key(a)])  # type: ignore[index]
+            out = a.eval_batch(x, state[aug_key(a)])  # type: ignore[index]
+            if not (isinstance(out, torch.Tensor) and out.shape == x.shape):
+                _broken(out, a, "eval_batch", f"a tensor of the batch's shape {tuple(x.shape)}")
+            x = out
         return self.normalize(x) if self.normalize else x
+
+
+def _batch(out: Any) -> bool:
+    return (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and all(isinstance(t, torch.Tensor) for t in out)
+        and out[0].shape[:1] == out[1].shape[:1]
+    )
+
+
+def _broken(value: Any, owner: object, hook: str, want: str) -> None:
+    """An augment's hook broke the contract: the error (contract.py imports this module)."""
+    from fedshift.core.contract import expect
+
+    expect(value, lambda v: False, owner, hook, want)
 
 
 @dataclass

@@ -38,9 +38,13 @@ types are named for type checkers only.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from types import UnionType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from fedshift.core.context import ClientContext
+from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Payload, Tensors
 
 if TYPE_CHECKING:  # types only: core imports nothing above it
@@ -53,7 +57,16 @@ State = dict[str, Any]
 #: one client's answer to a broadcast, as the server receives it: (client id, up payload)
 Reply = tuple[str, Payload]
 
-__all__ = ["AlgorithmSpec", "FederatedAlgorithm", "Reply", "State", "Tensors"]
+__all__ = [
+    "AlgorithmSpec",
+    "ContractError",
+    "FederatedAlgorithm",
+    "Reply",
+    "State",
+    "Tensors",
+    "check_component_class",
+    "expect",
+]
 
 
 @runtime_checkable
@@ -230,3 +243,106 @@ class AlgorithmSpec(Protocol):
     def personal_weights(self, server: State, state: State) -> Tensors | None: ...
 
     def server_view(self, server: State, cid: str) -> State: ...
+
+
+# ---------------------------------------------------------------------------- checks
+# A plug-in is checked against the contract twice: its class when it is registered
+# (:func:`check_component_class`: ``Params`` a dataclass, every overridden method callable
+# as the base class's is), and what its hooks return when they run (:func:`expect`): a
+# break is a :class:`ContractError` naming the class, the member and what was expected,
+# not a traceback from deep inside a round.
+
+#: where a plug-in author reads the contract
+GUIDE = "docs/EXTENDING.md"
+
+
+class ContractError(FedshiftError):
+    """A component (usually a plug-in) breaks the contract of its base class."""
+
+
+def _who(owner: object) -> str:
+    cls = owner if isinstance(owner, type) else type(owner)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def expect(value: Any, check: Any, owner: object, hook: str, want: str) -> Any:
+    """``value``, returned by ``owner.hook``, if it passes ``check`` (a type or tuple of
+    types, or a predicate); else a :class:`ContractError` naming the class, the hook, what it
+    returned and ``want``."""
+    ok = isinstance(value, check) if isinstance(check, type | tuple | UnionType) else check(value)
+    if not ok:
+        got = "None" if value is None else f"a {type(value).__name__}"
+        shape = getattr(value, "shape", None)
+        if shape is not None:
+            got += f" of shape {tuple(shape)}"
+        raise ContractError(
+            f"{_who(owner)}.{hook} returned {got}, but fedshift needs {want} (see the "
+            f"contract in {GUIDE})"
+        )
+    return value
+
+
+def _kind(member: Any) -> str:
+    if isinstance(member, classmethod):
+        return "classmethod"
+    if isinstance(member, staticmethod):
+        return "staticmethod"
+    if isinstance(member, property):
+        return "property"
+    if inspect.isfunction(member):
+        return "method"
+    return "attribute"
+
+
+def _callable_as(base_fn: Any, fn: Any) -> bool:
+    """Whether ``fn`` accepts the positional arguments ``base_fn`` declares (self or cls
+    included: both are the plain functions)."""
+    try:
+        base_sig, sig = inspect.signature(base_fn), inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True  # a builtin or C function: nothing to compare
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    n = sum(1 for p in base_sig.parameters.values() if p.kind in kinds)
+    try:
+        sig.bind(*([None] * n))
+    except TypeError:
+        return False
+    return True
+
+
+def check_component_class(cls: type, base: type, what: str) -> None:
+    """The static part of a plug-in's contract, checked when it is registered: its
+    ``Params`` (if any) is a dataclass, and every method of ``base`` it overrides is of the
+    same kind (method, classmethod, staticmethod, property) and takes the arguments fedshift
+    passes to it. Raises :class:`ContractError` naming the member and the fix."""
+    params = getattr(cls, "Params", None)
+    if params is not None and not (isinstance(params, type) and dataclasses.is_dataclass(params)):
+        shown = params.__name__ if isinstance(params, type) else repr(params)[:60]
+        raise ContractError(
+            f"{what}: its Params ({shown}) must be a @dataclass whose fields are the "
+            f"component's config keys, with types and defaults (see {GUIDE})"
+        )
+    for name, member in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        base_member = inspect.getattr_static(base, name, None)
+        if base_member is None:
+            continue
+        kb, kc = _kind(base_member), _kind(member)
+        if kb == "attribute":
+            continue
+        if kb != kc:
+            raise ContractError(
+                f"{what}: {name} is a {kc} here but a {kb} in {base.__qualname__}, which is "
+                f"how fedshift calls it; define it as a {kb} (see {GUIDE})"
+            )
+        if kb == "property":
+            continue
+        base_fn = getattr(base_member, "__func__", base_member)
+        fn = getattr(member, "__func__", member)
+        if not _callable_as(base_fn, fn):
+            raise ContractError(
+                f"{what}: {name}{inspect.signature(fn)} cannot take the arguments fedshift "
+                f"passes, as to {base.__qualname__}.{name}{inspect.signature(base_fn)}; give "
+                f"it the same parameters (see {GUIDE})"
+            )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,19 @@ def read_json(path: str | Path) -> Any:
             "Rerun or resume the run that writes it (`fedshift run --resume DIR`; a bench "
             "suite: run the same `fedshift bench` again), or remove that run directory"
         ) from None
+
+
+#: a spreadsheet takes a cell that starts with one of these as a formula (and runs it)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf(inity)?|nan)", re.IGNORECASE)
+
+
+def csv_safe(value: Any) -> Any:
+    """A CSV cell that no spreadsheet runs as a formula: text starting with ``=``, ``+``,
+    ``-``, ``@`` (or a tab / carriage return) gets a leading apostrophe, which spreadsheets
+    show as text and do not evaluate (OWASP's "CSV injection" advice); numbers, and text that
+    is a number (``-0.5``), stay as they are. A client, dataset or run folder name comes from
+    files a user may have received, so every CSV fedshift writes goes through it."""
+    if isinstance(value, str) and value.startswith(FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value

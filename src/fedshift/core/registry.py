@@ -29,9 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from fedshift.core import consent
 from fedshift.core.errors import ConfigError
 
 T = TypeVar("T")
+
+#: every registry made, for :func:`registered_anywhere`
+_REGISTRIES: list[Registry] = []
+
+
+def registered_anywhere(name: str) -> bool:
+    """Whether ``name`` is registered in some registry (a plug-in imported already)."""
+    return any(name in r for r in _REGISTRIES)
 
 #: where a user reads how to write and name a plug-in
 GUIDE = "`fedshift docs extending`"
@@ -54,6 +63,8 @@ class Registry(Generic[T]):
         #: plug-ins: the class they must subclass and their entry-point group (None: none)
         self._base: type | None = None
         self._group: str | None = None
+        self._plugins: set[str] = set()
+        _REGISTRIES.append(self)
 
     def register(
         self, name: str, params: type | None = None, description: str = ""
@@ -127,6 +138,7 @@ class Registry(Generic[T]):
         a name that is neither is left for :meth:`entry`'s unknown-name error."""
         where = f"config key '{key}': " if key else ""
         if ":" in name:
+            consent.require(name, key)  # a name from elsewhere needs the user's yes
             obj = load_object(name, f"{where}{self.kind} {name!r}")
             self._add_plugin(name, obj, f"{where}{self.kind} {name!r}")
             return
@@ -143,8 +155,8 @@ class Registry(Generic[T]):
         what = f"{where}{self.kind} {name!r} (entry point {values[0]!r} in '{self._group}')"
         try:
             obj = found[0].load()
-        except Exception as e:  # the plug-in's own import failed
-            raise ConfigError(f"{what}: loading it failed: {type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:  # the plug-in's own import failed (or exited)
+            raise ConfigError(f"{what}: loading it failed: {_failure(e)}") from e
         self._add_plugin(name, obj, what)
 
     def _entry_points(self, name: str) -> list[Any]:
@@ -164,9 +176,17 @@ class Registry(Generic[T]):
                 f"{what} is a {kind}, not a subclass of {base.__module__}.{base.__qualname__}; "
                 f"{_article(self.kind)} {self.kind} must subclass it (see {GUIDE})"
             )
+        from fedshift.core.contract import check_component_class  # torch: only for plug-ins
+
+        check_component_class(obj, base, what)  # Params a dataclass, overrides callable
         if hasattr(base, "name") and "name" not in vars(obj):
             obj.name = name  # type: ignore[attr-defined]
         self.add(name, obj, getattr(obj, "Params", None))
+        self._plugins.add(name)
+
+    def is_plugin(self, name: str) -> bool:
+        """Whether ``name`` was registered as a plug-in (not built in)."""
+        return name in self._plugins
 
 
 def load_object(spec: str, what: str) -> Any:
@@ -190,9 +210,10 @@ def load_object(spec: str, what: str) -> Any:
             f"{what}: importing module {module_name!r} failed: {e} (a module it imports is "
             "not installed in this environment)"
         ) from e
-    except Exception as e:  # the module's own code failed (a syntax error, an exception)
+    except (Exception, SystemExit) as e:  # its own code failed (an error, or sys.exit)
+        where = _origin(module_name)
         raise ConfigError(
-            f"{what}: importing module {module_name!r} failed: {type(e).__name__}: {e}"
+            f"{what}: importing module {module_name!r}{where} failed: {_failure(e)}"
         ) from e
     obj: Any = module
     for part in attr.split("."):
@@ -207,6 +228,23 @@ def load_object(spec: str, what: str) -> Any:
     return obj
 
 
+def _failure(e: BaseException) -> str:
+    """What went wrong while a plug-in module was imported."""
+    if isinstance(e, SystemExit):
+        return (
+            f"it called sys.exit({e.code!r}) while being imported (a plug-in module must "
+            "define its classes, not run a program: move that code under "
+            "`if __name__ == '__main__':`)"
+        )
+    return f"{type(e).__name__}: {e}"
+
+
+def _origin(module_name: str) -> str:
+    """`` (path/to/module.py)``: where the module's top-level package is on Python's path."""
+    path = consent.locate(module_name)
+    return f" ({path})" if path else ""
+
+
 def _path_hint(module_name: str) -> str:
     """How to make ``module_name`` importable: its folder on ``PYTHONPATH``; which folders
     Python searches now."""
@@ -217,7 +255,8 @@ def _path_hint(module_name: str) -> str:
     if here and str(cwd) not in on_path:
         return (
             f"It is in the current folder {cwd}, which is not on Python's path when you run "
-            "the 'fedshift' command: run PYTHONPATH=. fedshift ..., or python -m fedshift ..."
+            f"the 'fedshift' command: run PYTHONPATH={cwd} fedshift ..., or python -m "
+            "fedshift ... (which looks there last)"
         )
     shown = [p for p in sys.path if p][:6]
     more = ", ..." if len(sys.path) > len(shown) else ""

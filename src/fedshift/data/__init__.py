@@ -148,10 +148,19 @@ def dataset_task(name: str) -> str:
 def load_dataset(section: dict, partition: dict | None = None) -> Federation:
     """Load the dataset of a resolved ``dataset`` config section, then apply the resolved
     ``partition`` section (label skew across simulated clients; ``none`` by default)."""
+    from fedshift.core.memory import check_fits
     from fedshift.data.partition import apply_partition
 
     entry = DATASETS.entry(section["name"], key="dataset.name")
     params = entry.params(**{k: v for k, v in section.items() if k != "name"})
+    estimate = getattr(params, "memory_bytes", None)  # generated data: known before it exists
+    if callable(estimate):
+        keys = ", ".join(f"dataset.{k}={v}" for k, v in section.items() if k != "name")
+        check_fits(
+            estimate(),
+            f"dataset {section['name']!r} ({keys})",
+            "lower dataset.train_size / val_size / test_size (or clients)",
+        )
     fed = entry.obj(params)
     if fed.task != dataset_task(section["name"]):
         raise AssertionError(f"dataset {section['name']!r} loaded a {fed.task} federation")

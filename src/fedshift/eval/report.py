@@ -40,8 +40,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
-from fedshift.core.files import atomic_output, read_json, write_text_atomic  # noqa: E402
-from fedshift.eval.summary import selection_rule  # noqa: E402
+from fedshift.core.files import atomic_output, csv_safe, write_text_atomic  # noqa: E402
+from fedshift.eval.summary import read_summary, selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,
     flows_rows,
@@ -81,7 +81,7 @@ def load_runs(roots: list[str | Path]) -> list[dict]:
         if not root.exists():
             raise FedshiftError(f"{root} does not exist")
         for path in sorted(root.rglob("summary.json")):
-            s = read_json(path)
+            s = read_summary(path)  # checked: a hand-edited one is an error naming it
             s["_dir"] = str(path.parent)
             runs.append(s)
     if not runs:
@@ -318,9 +318,9 @@ def build_report(
     )
     write_text_atomic(html_path, page)
     with atomic_output(csv_path) as tmp, open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        w.writerows(csv_rows)
+        w = csv.writer(f)  # every cell escaped against formulas (csv_safe)
+        w.writerow([csv_safe(k) for k in csv_rows[0]])
+        w.writerows([csv_safe(v) for v in row.values()] for row in csv_rows)
     files.update({"md": md_path, "html": html_path, "csv": csv_path})
     return files
 

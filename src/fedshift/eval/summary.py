@@ -3,7 +3,9 @@ foreground Dice for segmentation), then test at that round, for every metric of 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from fedshift.core.tasks import TASKS
@@ -169,14 +171,116 @@ def summarize(sim) -> dict[str, Any]:
 
 
 def load_summaries(roots) -> list[dict[str, Any]]:
-    """Every ``summary.json`` below the given folders, in path order, each with ``_dir`` = its
-    folder (where the run's ``config.yaml`` is)."""
+    """Every ``summary.json`` below the given folders, in path order, each checked
+    (:func:`read_summary`) and with ``_dir`` = its folder (where the run's ``config.yaml``
+    is)."""
     from pathlib import Path
 
-    from fedshift.core.files import read_json
-
     return [
-        {**read_json(p), "_dir": str(p.parent)}
+        {**read_summary(p), "_dir": str(p.parent)}
         for r in roots
         for p in sorted(Path(r).rglob("summary.json"))
     ]
+
+
+# ---------------------------------------------------------------------------- schema
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _scores(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and _finite(x) for k, x in v.items())
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+#: field -> (what it must be, check): the fields of ``summary.json`` that reports, tables
+#: and protocols read (:func:`check_summary`); optional ones may be missing or null
+SUMMARY_FIELDS: dict[str, tuple[str, Any]] = {
+    "algorithm": ("a name (text)", _text),
+    "dataset": ("a name (text)", _text),
+    "model": ("a name (text)", _text),
+    "seed": ("a whole number >= 0", _whole),
+    "rounds": ("a whole number >= 1", lambda v: _whole(v, 1)),
+    "clients": (
+        "a non-empty list of client names",
+        lambda v: isinstance(v, list) and v != [] and all(_text(c) for c in v),
+    ),
+    "metric": ("a metric name (text)", _text),
+    "evaluated_model": ("'global' or 'personal'", lambda v: v in ("global", "personal")),
+    "best_round": ("a whole number >= 0", _whole),
+    "val_mean": ("a finite number", _finite),
+    "test_mean": ("a finite number", _finite),
+    "test_per_client": ("a mapping of client names to finite numbers", _scores),
+    "val_per_client": ("a mapping of client names to finite numbers", _scores),
+    "bytes_up": ("a whole number of bytes >= 0", _whole),
+    "bytes_down": ("a whole number of bytes >= 0", _whole),
+}
+#: optional fields (missing or null is fine)
+SUMMARY_OPTIONAL: dict[str, tuple[str, Any]] = {
+    "final_test_mean": ("a finite number", _finite),
+    "metrics": (
+        "a mapping of metric names to score blocks",
+        lambda v: isinstance(v, dict) and all(isinstance(b, dict) for b in v.values()),
+    ),
+    "metric_labels": ("a mapping of metric names to labels", lambda v: isinstance(v, dict)),
+    "algorithm_config": ("a mapping (the algorithm's keys)", lambda v: isinstance(v, dict)),
+    "partition": ("a mapping (the partition's keys)", lambda v: isinstance(v, dict)),
+    "augment": ("a list of augments", lambda v: isinstance(v, list)),
+    "defaults": ("a mapping", lambda v: isinstance(v, dict)),
+    "holdout": ("a list of client names", lambda v: isinstance(v, list)),
+    "target_test_mean": ("a finite number", _finite),
+    "bytes_by_record": ("a mapping", lambda v: isinstance(v, dict)),
+    "bytes_setup": ("a whole number of bytes >= 0", _whole),
+    "wall_s": ("a number of seconds >= 0", lambda v: _finite(v) and v >= 0),
+    "label": ("text", lambda v: isinstance(v, str)),
+}
+
+
+def check_summary(s: Any, path: Any) -> dict[str, Any]:
+    """``s`` (the content of the ``summary.json`` at ``path``) has the fields fedshift writes,
+    of the right types and consistent (the selected round within the run's rounds, a score
+    for every client): one :class:`~fedshift.core.errors.FedshiftError` names the file and
+    the first field that is not. Returns ``s``."""
+    from fedshift.core.errors import FedshiftError
+
+    end = (
+        "; it was not written by fedshift or was edited. Write it again from the run's "
+        f"checkpoint (fedshift run --resume {Path(str(path)).parent}), or leave that run out"
+    )
+
+    def bad(field: str, want: str, got: Any) -> FedshiftError:
+        shown = type(got).__name__ if isinstance(got, dict | list) else repr(got)[:60]
+        return FedshiftError(f"{path}: field {field!r} must be {want}, got {shown}{end}")
+
+    if not isinstance(s, dict):
+        raise FedshiftError(f"{path}: expected a JSON object, got {type(s).__name__}{end}")
+    for field, (want, ok) in SUMMARY_FIELDS.items():
+        if field not in s:
+            raise FedshiftError(f"{path}: field {field!r} is missing{end}")
+        if not ok(s[field]):
+            raise bad(field, want, s[field])
+    for field, (want, ok) in SUMMARY_OPTIONAL.items():
+        if s.get(field) is not None and not ok(s[field]):
+            raise bad(field, want, s[field])
+    if s["best_round"] > s["rounds"]:
+        raise bad("best_round", f"at most the run's rounds ({s['rounds']})", s["best_round"])
+    for field in ("test_per_client", "val_per_client"):
+        missing = [c for c in s["clients"] if c not in s[field]]
+        if missing:
+            raise bad(field, f"a score for every client (none for {missing[0]!r})", s[field])
+    return s
+
+
+def read_summary(path: Any) -> dict[str, Any]:
+    """A ``summary.json`` read (:func:`~fedshift.core.files.read_json`: an unreadable file
+    is an error naming it) and checked (:func:`check_summary`)."""
+    from fedshift.core.files import read_json
+
+    return check_summary(read_json(path), path)

@@ -33,6 +33,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedshift.catalog import resolve
+from fedshift.core.consent import ALLOW_ENV, untrusted
 from fedshift.core.errors import ConfigError
 from fedshift.flower.node import build_client_app
 
@@ -70,6 +71,9 @@ def options_from_run_config(rc: dict) -> FlowerOptions:
     )
 
 
+#: how the SuperLink's operator allows the plug-ins a submitted run config names
+SERVER_YES = f"{ALLOW_ENV}=1 in the environment of the SuperLink (its ServerApp processes)"
+
 server_app = ServerApp()
 
 
@@ -89,9 +93,14 @@ def main(grid: Grid, context: Context) -> None:
     resume = str(rc.get("resume") or "")
     if resume:  # continue a stopped run with the config it was started with
         run_dir = Path(resume)
-        cfg = saved_config(run_dir)
+        with untrusted(f"run directory {run_dir}", how=SERVER_YES):
+            cfg = saved_config(run_dir)
     else:
-        cfg = resolve(yaml.safe_load(text), source="run config 'fedshift-config'")
+        raw = yaml.safe_load(text)
+        # the run config comes from whoever submitted the run: its plug-ins need this
+        # machine's yes (fedshift.core.consent)
+        with untrusted("the Flower run config 'fedshift-config'", [raw], how=SERVER_YES):
+            cfg = resolve(raw, source="run config 'fedshift-config'")
         run_dir = new_run_dir(cfg, str(rc.get("out") or "runs"))
     print(f"fedshift: run directory {Path(run_dir).resolve()}", flush=True)
     server = FlowerServer(cfg, run_dir, options_from_run_config(rc), progress=False)

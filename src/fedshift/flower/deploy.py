@@ -38,6 +38,7 @@ import tomli_w
 import yaml
 
 from fedshift.core.config import RunConfig
+from fedshift.core.consent import ALLOW_ENV
 from fedshift.core.errors import FedshiftError
 from fedshift.flower.apps import RUN_CONFIG_DEFAULTS
 from fedshift.flower.server import FlowerOptions
@@ -410,6 +411,9 @@ class LocalDeployment:
     #: every SuperNode (Flower's default is 1 s; ``$FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
     #: wins when set)
     task_poll: float = 0.25
+    #: every process may import the plug-ins the run's config names (the user's own config,
+    #: on the user's own machine: ``FEDSHIFT_ALLOW_PLUGINS=1``, :mod:`fedshift.core.consent`)
+    allow_plugins: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -462,9 +466,12 @@ class LocalDeployment:
     def _spawn(self, name: str, cmd: list[str], home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 (kept open by the process)
+        env = _env(home, self.task_poll)
+        if self.allow_plugins:
+            env[ALLOW_ENV] = "1"
         self.procs[name] = subprocess.Popen(
             cmd,
-            env=_env(home, self.task_poll),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

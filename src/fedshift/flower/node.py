@@ -27,6 +27,7 @@ Message types (``<category>.<action>``):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -43,6 +44,7 @@ from flwr.clientapp import ClientApp
 import fedshift
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, set_dotted
+from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
@@ -67,7 +69,14 @@ STATE = "fedshift.state"
 VIEW = "fedshift.view"
 GLOBAL = "fedshift.global"
 #: node-config keys a SuperNode understands (besides ``dataset.<key>`` overrides)
-NODE_KEYS = ("client", "partition-id", "num-partitions", "state-dir", "device", "threads")
+NODE_KEYS = (
+    "client", "partition-id", "num-partitions", "state-dir", "device", "threads",
+    "allow-plugins",
+)  # fmt: skip
+#: how a SuperNode's operator allows the plug-ins a run config names (fedshift.core.consent)
+NODE_YES = (
+    f"--node-config allow-plugins=true on this SuperNode (or {ALLOW_ENV}=1 in its environment)"
+)
 
 
 @dataclass
@@ -78,6 +87,8 @@ class NodeSettings:
     partition: int | None
     state_dir: Path | None
     overrides: dict[str, object]
+    #: import the plug-ins a run config from the ServerApp names (``allow-plugins``)
+    allow_plugins: bool = False
 
 
 def node_settings(node_config: dict) -> NodeSettings:
@@ -88,7 +99,9 @@ def node_settings(node_config: dict) -> NodeSettings:
     - ``dataset.<key>=...``: this node's own dataset settings, e.g. ``dataset.root`` (where
       its data lives) or ``dataset.domains=["site1"]`` (load only its own site);
     - ``device="cuda:0"``; ``threads=4`` (torch threads); ``state-dir="/var/lib/fedshift"``:
-      keep the client state on disk too.
+      keep the client state on disk too;
+    - ``allow-plugins=true``: import the ``module:Class`` plug-ins a run config names (the
+      config comes from the SuperLink: without it, such a run is refused before any import).
     """
     unknown = [k for k in node_config if k not in NODE_KEYS and not k.startswith("dataset.")]
     if unknown:
@@ -106,6 +119,8 @@ def node_settings(node_config: dict) -> NodeSettings:
         partition=None if pid is None else int(pid),
         state_dir=Path(str(state_dir)) if state_dir else None,
         overrides=overrides,
+        allow_plugins=str(node_config.get("allow-plugins", "")).strip().lower()
+        in ("1", "true", "yes", "on"),
     )
 
 
@@ -153,7 +168,9 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
     raw = yaml.safe_load(str(run["config"]))
     for k, v in settings.overrides.items():
         set_dotted(raw, k, v)
-    cfg = resolve(raw, source="the run config sent by the ServerApp + this node's --node-config")
+    where = "the run config sent by the ServerApp"
+    with untrusted(where, [raw], allow=settings.allow_plugins, how=NODE_YES):
+        cfg = resolve(raw, source=f"{where} + this node's --node-config")
     fed = _federation(cfg)
     if settings.client is not None:
         if settings.client not in fed.client_names:
@@ -353,12 +370,14 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(out, reply_to=msg)  # evaluation leaves the client state as it was
 
 
-def build_client_app(threads: int | None = None) -> ClientApp:
+def build_client_app(threads: int | None = None, trust_server: bool = False) -> ClientApp:
     """fedshift's ClientApp (``fedshift.flower.apps:client_app``).
 
     ``threads``: torch threads for the client's work (a node's ``threads`` node-config key
     wins; None and no key: torch's default). Float reductions split over a different number
-    of threads differ in the last bits, so runs compared bit for bit use the same count."""
+    of threads differ in the last bits, so runs compared bit for bit use the same count.
+    ``trust_server``: the ServerApp is this user's own (a simulation): the plug-ins its run
+    config names are imported without the node's ``allow-plugins``."""
 
     def with_threads(handler: Callable[[Message, Context], Message]):
         @functools.wraps(handler)
@@ -366,7 +385,8 @@ def build_client_app(threads: int | None = None) -> ClientApp:
             n = context.node_config.get("threads", threads)
             if n:
                 torch.set_num_threads(int(n))  # type: ignore[arg-type]
-            return handler(msg, context)
+            with allowed() if trust_server else contextlib.nullcontext():
+                return handler(msg, context)
 
         return run
 

@@ -20,6 +20,7 @@ from fedshift.core.errors import ConfigError
 from fedshift.flower.transport import FlowerOptions, GridTransport
 from fedshift.runtime.loop import LoopOptions, RoundLoop
 from fedshift.runtime.results import RunResult
+from fedshift.runtime.stopping import Caught, RunSignal, SignalGate
 
 __all__ = ["FlowerOptions", "FlowerServer"]
 
@@ -33,6 +34,7 @@ class FlowerServer:
         run_dir: str | Path,
         options: FlowerOptions | None = None,
         progress: bool = True,
+        gate: SignalGate | None = None,
     ) -> None:
         if cfg.algorithm["name"] in ("local", "central"):
             raise ConfigError(
@@ -45,10 +47,14 @@ class FlowerServer:
         self.options.check()
         self.progress = progress
         self.loop: RoundLoop | None = None
+        #: SIGINT / SIGTERM of a ServerApp in a thread of its own (a simulation on Ray):
+        #: recorded by the main thread (SignalGate.forwarded), acted on here
+        self.gate = gate
 
     def run(self, grid: Grid, resume: bool = False, stop_after: int | None = None) -> RunResult:
         """Run (or with ``resume``, continue from its checkpoint) to ``train.rounds``."""
-        transport = GridTransport(grid, self.options)
+        gate = self.gate or SignalGate()
+        transport = GridTransport(grid, self.options, stop_check=gate.poll)
         where = self.run_dir
         hint = (
             f"fedshift flower simulate --resume {where}"
@@ -60,6 +66,10 @@ class FlowerServer:
             round_log=True,
             label_suffix=" (flower)",
             resume_hint=hint,
+            gate=gate,
         )
-        self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
+        try:
+            self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
+        except Caught as caught:  # while waiting for the nodes: nothing ran, nothing to save
+            raise RunSignal(caught.signum, self.run_dir, None, hint) from None
         return self.loop.run(resume=resume, stop_after=stop_after)

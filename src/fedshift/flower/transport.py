@@ -42,6 +42,7 @@ from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Federation, Split
+from fedshift.flower.inprocess import InProcessGrid
 from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, tensors_to_record
 from fedshift.runtime.experiment import Experiment
@@ -103,10 +104,15 @@ class GridTransport:
 
     name = "flower"
 
-    def __init__(self, grid: Grid, options: FlowerOptions) -> None:
+    def __init__(
+        self, grid: Grid, options: FlowerOptions, stop_check: Callable[[], None] | None = None
+    ) -> None:
         options.check()
         self.grid = grid
         self.options = options
+        #: called while waiting for nodes and replies: raises to stop the run (a signal
+        #: recorded for a ServerApp in a thread of its own, SignalGate.poll)
+        self.stop_check = stop_check or (lambda: None)
         self.clients: dict[str, ClientInfo] = {}
         self.lost: dict[str, int] = {}  # client -> round it was first lost in
         self.eval_bytes = 0
@@ -148,7 +154,9 @@ class GridTransport:
             messages.append(
                 Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
             )
-        replies = send_and_receive(self.grid, messages, self.options.round_timeout)
+        replies = send_and_receive(
+            self.grid, messages, self.options.round_timeout, self.stop_check
+        )
         by_cid = _match_replies(messages, replies, {c.node: n for n, c in self.clients.items()})
         out: dict[str, Message] = {}
         for cid in contents:
@@ -185,6 +193,7 @@ class GridTransport:
                     f"{self.options.node_wait:g} s; start the missing SuperNodes (or lower "
                     "--nodes / run-config nodes)"
                 )
+            self.stop_check()
             time.sleep(0.5)
 
     def connect(self, cfg: RunConfig) -> Federation:
@@ -200,7 +209,7 @@ class GridTransport:
             )
             for n in nodes
         ]
-        replies = send_and_receive(self.grid, msgs, self.options.round_timeout)
+        replies = send_and_receive(self.grid, msgs, self.options.round_timeout, self.stop_check)
         node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
         infos: list[ClientInfo] = []
         for r in replies:
@@ -302,7 +311,7 @@ class GridTransport:
         return None  # client state stays on the nodes (their snapshots)
 
     def load_state_dict(self, state: dict | None) -> None:
-        pass
+        refuse_native_state(state)
 
     def begin_round(self, cids: list[str]) -> None:
         pass  # a node snapshots each round's state; a resume names the round to go back to
@@ -345,23 +354,45 @@ def check_federation(infos: list[ClientInfo]) -> None:
         )
 
 
-def send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+def refuse_native_state(state: dict | None) -> None:
+    """A checkpoint that holds every client's state was written by a native run (``fedshift
+    run`` / ``bench``), whose clients never had a SuperNode or its snapshots: a Flower resume
+    would start every client from scratch, another run. One error that says where to go."""
+    if state is not None:
+        raise FedshiftError(
+            "this checkpoint holds every client's state: it was written by a native run "
+            "(`fedshift run` or `fedshift bench`), not on Flower, whose clients keep their "
+            "state on the nodes; continue it with `fedshift run --resume RUN_DIR`, not on Flower"
+        )
+
+
+def send_and_receive(
+    grid: Grid,
+    messages: list[Message],
+    timeout: float,
+    stop_check: Callable[[], None] = lambda: None,
+) -> list[Message]:
     """Push ``messages`` and collect their replies until all came or ``timeout`` seconds
-    passed. On a SuperLink's grid (deployment) the replies are pulled after a short wait
-    that grows to :data:`PULL_MAX` seconds, so an exchange ends about when its last reply
-    arrives; other grids (in-memory simulation, in-process) use their own loop."""
-    if not isinstance(grid, HttpGrid):
+    passed. The replies are pulled after a short wait that grows to :data:`PULL_MAX`
+    seconds, so an exchange ends about when its last reply arrives; ``stop_check`` runs
+    before each wait (it raises to stop the run: a signal). The in-process grid answers
+    at once (its ClientApps run in this thread)."""
+    if isinstance(grid, InProcessGrid):
         return list(grid.send_and_receive(messages, timeout=timeout))
     pending = set(grid.push_messages(messages))
     replies: list[Message] = []
     end = time.monotonic() + timeout
     wait = PULL_FIRST
+    # a SuperLink over the network: up to PULL_MAX between pulls; the in-memory grid of a
+    # simulation is cheap to ask, so no longer than Flower's own 0.1 s
+    cap = PULL_MAX if isinstance(grid, HttpGrid) else 0.1
     while pending:
+        stop_check()
         remaining = end - time.monotonic()
         if remaining <= 0:
             break
         time.sleep(min(wait, remaining))
-        wait = min(wait * 1.5, PULL_MAX)
+        wait = min(wait * 1.5, cap)
         got = list(grid.pull_messages(pending))
         replies.extend(got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
+from fedshift.core.memory import check_fits, human_bytes
 from fedshift.core.registry import Registry
 from fedshift.models.alexnet import AlexNetBN, AlexNetParams
 from fedshift.models.base import FedModel
@@ -80,11 +81,36 @@ def build_model(
             f"{'x'.join(map(str, input_shape))}; choose a model for this dataset"
         )
     params = {k: v for k, v in section.items() if k != "name" and k not in WEIGHT_KEYS}
-    model = MODELS.get(name)(num_classes=num_classes, in_channels=input_shape[0], **params)
+    kwargs = {"num_classes": num_classes, "in_channels": input_shape[0], **params}
+    cls = MODELS.get(name)
+    size = _model_bytes(cls, kwargs)
+    if size is not None:  # weights, gradients, optimizer state and the server's copy
+        keys = ", ".join(f"model.{k}={v}" for k, v in params.items())
+        check_fits(
+            4 * size,
+            f"model {name!r}{f' ({keys})' if keys else ''}, {human_bytes(size)} of weights,",
+            "lower its size keys (model.width...) or choose a smaller model (fedshift list)",
+        )
+    model = cls(**kwargs)
     if section.get("weights"):
         # pretrained weights replace the seeded initial ones before anything wraps the model
         load_weights(model, section, name)
     return model
+
+
+def _model_bytes(cls: type, kwargs: dict) -> int | None:
+    """The bytes of a model's parameters and buffers, from building it on PyTorch's "meta"
+    device (shapes only: nothing is allocated, no random number drawn); None if the model
+    cannot be built there (a plug-in doing arithmetic on its weights while built)."""
+    import torch
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = cls(**kwargs)
+        tensors = [*model.parameters(), *model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+    except Exception:  # an estimate only: the real build reports its own errors
+        return None
 
 
 __all__ = ["MODELS", "FedModel", "build_model"]

@@ -84,7 +84,13 @@ def resolve_weights(section: dict) -> dict:
             "config key 'model.weights_skip' must be a list of state-dict key prefixes (e.g. "
             f"[classifier]), got {skip!r}"
         )
-    digest = sha256_bytes(_read(p))
+    data = _read(p)
+    if not data:
+        raise ConfigError(
+            f"config key 'model.weights': {p} is empty (0 bytes: a copy or download cut "
+            "short?); give a state-dict file saved with torch.save(model.state_dict(), PATH)"
+        )
+    digest = sha256_bytes(data)
     pinned = given.get("weights_sha256")
     if pinned is not None and str(pinned).lower() != digest:
         raise ConfigError(
@@ -149,9 +155,16 @@ def load_weights(model: nn.Module, section: dict, name: str) -> None:
     except Exception as e:  # not a torch file, or it holds more than tensors and containers
         raise ConfigError(
             f"config key 'model.weights': cannot read {path} as a torch state dict "
-            f"(torch.load with weights_only=True): {type(e).__name__}: {str(e).splitlines()[0]}"
+            f"(torch.load with weights_only=True): {type(e).__name__}: "
+            f"{(str(e).splitlines() or ['(no message)'])[0]}"
         ) from None
     state = _state_dict_of(obj, path)
+    bad = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:  # such weights make every client's update NaN: not a learning-rate problem
+        raise ConfigError(
+            f"config key 'model.weights': {path} holds NaN or inf in {_listed(bad)}; these "
+            "weights cannot be trained from: give a file of finite weights"
+        )
     skip = list(section.get("weights_skip", []))
     own = model.state_dict()
     unused = [s for s in skip if not any(_skipped(k, [s]) for k in own)]

@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fedshift.core.errors import FedshiftError
-from fedshift.core.files import read_json
+from fedshift.eval.summary import read_summary
 from fedshift.eval.tables import grid, group_flows
 from fedshift.protocols.common import (
     _MISSING,
@@ -112,7 +112,7 @@ def rounds_to_threshold(
         for f in ("config.yaml", "metrics.jsonl"):
             if not (d / f).is_file():
                 raise FedshiftError(f"{d} has a summary.json but no {f}: not a fedshift run")
-        s = read_json(d / "summary.json")
+        s = read_summary(d / "summary.json")
         cfg = load_yaml(d / "config.yaml")
         value = _lookup_missing(cfg, by)
         if value is _MISSING:
@@ -208,5 +208,5 @@ def rounds_to_threshold(
 
 
 def _metric_label(run_dir: Path, metric: str) -> str:
-    s = read_json(run_dir / "summary.json")
+    s = read_summary(run_dir / "summary.json")
     return s.get("metric_labels", {}).get(metric, "accuracy" if metric == "acc" else metric)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pickle
 import struct
@@ -56,6 +57,9 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "CheckpointError",
+    "check_run_state",
+    "check_selected",
+    "config_digest",
     "read_checkpoint",
     "read_run_state",
     "write_checkpoint",
@@ -204,7 +208,8 @@ def read_checkpoint(
 def read_run_state(
     run_dir: str | Path, name: str = CHECKPOINT, map_location: str | torch.device | None = None
 ) -> dict:
-    """``checkpoint.pt`` or ``selected.pt`` of a run directory (:func:`read_checkpoint`), with
+    """``checkpoint.pt`` or ``selected.pt`` of a run directory (:func:`read_checkpoint`),
+    its content checked against the schema fedshift writes (:func:`check_run_state`), with
     errors that say how to go on."""
     path = Path(run_dir) / name
     if not path.is_file():
@@ -215,4 +220,159 @@ def read_run_state(
     config = path.parent / "config.yaml"
     again = f"start the run again from its config: fedshift run --overwrite -c {config}"
     fix = again if name == CHECKPOINT else f"use its last weights (--weights last) or {again}"
-    return read_checkpoint(path, map_location=map_location, fix=fix)
+    state = read_checkpoint(path, map_location=map_location, fix=fix)
+    check_run_state(state, path, selected=name != CHECKPOINT, fix=fix)
+    return state
+
+
+# ---------------------------------------------------------------------------- content
+#: config keys that may change while a run goes on (a resume, an extension), so not part of
+#: the digest that ties ``selected.pt`` to its run (simulation.RESUME_FREE, train.rounds)
+_FREE = ("name", "out", "checkpoint", "run.workers", "track", "train.rounds")
+
+
+def config_digest(config: dict) -> str:
+    """SHA-256 (16 hex digits) of a run's resolved config, without the keys that may change
+    while it goes on: what ``selected.pt`` records to be known as this run's state."""
+    tree = json.loads(json.dumps(config, default=str))
+    for key in _FREE:
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+#: field -> (what it must be, check) of a run's ``checkpoint.pt``; ``selected.pt`` holds the
+#: first four (and the run's key and config digest)
+_FIELDS_CHECKED: dict[str, tuple[str, Any]] = {
+    "round": ("a whole number >= 0", lambda v: _is_int(v) and v >= 0),
+    "server": ("a dict (the server state)", lambda v: isinstance(v, dict)),
+    "clients": (
+        "a dict of client states, or None (a run on Flower)",
+        lambda v: (
+            v is None or (isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()))
+        ),
+    ),
+    "run_key": ("the run's id (text)", lambda v: isinstance(v, str) and v != ""),
+    "ledger": (
+        "a dict with the list 'rows'",
+        lambda v: isinstance(v, dict) and isinstance(v.get("rows"), list),
+    ),
+    "records": (
+        "a list of evaluation rows (dicts with a 'round')",
+        lambda v: isinstance(v, list) and all(isinstance(r, dict) and "round" in r for r in v),
+    ),
+    "rng": (
+        "the random generators' state (torch, numpy, python)",
+        lambda v: isinstance(v, dict) and {"torch", "numpy", "python"} <= set(v),
+    ),
+    "wall_s": ("a number of seconds >= 0", lambda v: _is_number(v) and v >= 0),
+    "config": (
+        "the run's resolved config (a dict with 'train.rounds')",
+        lambda v: (
+            isinstance(v, dict)
+            and isinstance(v.get("train"), dict)
+            and _is_int(v["train"].get("rounds"))
+        ),
+    ),
+    "selected_round": ("a round number or None", lambda v: v is None or (_is_int(v) and v >= 1)),
+}
+_SELECTED_FIELDS = ("round", "server", "clients", "run_key", "config_digest")
+
+
+def _non_finite(tree: Any, where: str) -> str | None:
+    """The path of the first floating tensor holding NaN or inf in nested dicts / lists."""
+    if isinstance(tree, torch.Tensor):
+        if tree.is_floating_point() and tree.numel() and not bool(torch.isfinite(tree).all()):
+            return where
+        return None
+    items = (
+        tree.items()
+        if isinstance(tree, dict)
+        else enumerate(tree)
+        if isinstance(tree, list | tuple)
+        else ()
+    )
+    for key, value in items:
+        found = _non_finite(value, f"{where}/{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def check_run_state(state: Any, path: Path, selected: bool = False, fix: str = "") -> None:
+    """``state`` (read from ``path``) has the fields fedshift writes, of the right types:
+    a :class:`CheckpointError` names the file and the first field that is missing or wrong.
+    A header and SHA-256 prove a file is whole, not that fedshift wrote its content (anyone
+    can compute a digest), so the content is checked before anything uses it."""
+    end = f"; the file was not written by fedshift or was edited. {fix}".rstrip()
+
+    def bad(field: str, want: str, got: Any) -> CheckpointError:
+        shown = type(got).__name__ if isinstance(got, dict | list) else repr(got)[:60]
+        return CheckpointError(f"{path}: field {field!r} must be {want}, got {shown}{end}")
+
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: expected a dict of fields, got {type(state).__name__}{end}")
+    names = _SELECTED_FIELDS if selected else tuple(_FIELDS_CHECKED)
+    for field in names:
+        if field not in state:
+            if selected and field in ("run_key", "config_digest"):
+                raise CheckpointError(
+                    f"{path}: field {field!r} is missing, so it cannot be known as this run's "
+                    "selected state (a selected.pt of an older fedshift, or one copied from "
+                    f"elsewhere). {fix}"
+                )
+            raise CheckpointError(f"{path}: field {field!r} is missing{end}")
+        if field == "config_digest":
+            if not isinstance(state[field], str):
+                raise bad(field, "text", state[field])
+            continue
+        want, ok = _FIELDS_CHECKED[field]
+        value = state[field]
+        if field == "round" and selected:
+            want, ok = "a whole number >= 1", lambda v: _is_int(v) and v >= 1
+        if not ok(value):
+            raise bad(field, want, value)
+    for field in ("server", "clients"):
+        where = _non_finite(state[field], field)
+        if where is not None:  # a run stops at a non-finite update: it never saves one
+            raise CheckpointError(
+                f"{path}: field {field!r} holds NaN or inf (at {where}), which no state "
+                f"fedshift saves does{end}"
+            )
+    if not selected:
+        rounds = state["config"]["train"]["rounds"]
+        if state["round"] > rounds:
+            raise bad("round", f"at most the run's train.rounds ({rounds})", state["round"])
+        sel = state["selected_round"]
+        if sel is not None and sel > state["round"]:
+            raise bad("selected_round", f"at most the saved round ({state['round']})", sel)
+
+
+def check_selected(state: dict, path: Path, run_key: str, config: dict) -> None:
+    """``selected.pt`` (already :func:`check_run_state`-checked) belongs to the run whose
+    ``checkpoint.pt`` holds ``run_key`` and whose config is ``config``: a file copied from
+    another run (even of the same config) is refused, naming both ids."""
+    fix = "use the run's last weights (--weights last), or run it again"
+    if state["run_key"] != run_key:
+        raise CheckpointError(
+            f"{path} belongs to another run (run id {state['run_key']}, this run's checkpoint.pt "
+            f"has {run_key}): it was copied from elsewhere; {fix}"
+        )
+    digest = config_digest(config)
+    if state["config_digest"] != digest:
+        raise CheckpointError(
+            f"{path} was written with another config (digest {state['config_digest']}, this "
+            f"run's config.yaml gives {digest}); {fix}"
+        )

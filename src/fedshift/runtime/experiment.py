@@ -25,11 +25,12 @@ from fedshift.augment.base import Augment
 from fedshift.augment.compose import Composition
 from fedshift.core.config import RunConfig, TrainConfig
 from fedshift.core.context import InputPipeline, Normalize
+from fedshift.core.contract import ContractError
 from fedshift.core.errors import ConfigError
 from fedshift.core.seeding import seed_global
 from fedshift.core.tasks import Task, make_task
 from fedshift.data.base import ClientData, Federation
-from fedshift.models import build_model
+from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.runtime.device import place_data, resolve_device, set_precision
 
@@ -96,6 +97,8 @@ def build_experiment(
     # algorithms that change the architecture (DisTrans's double-input-channel model)
     model = entry.obj.wrap_model(algo_params, model, fed)
     model.to(device)
+    if MODELS.is_plugin(cfg.model["name"]) or ALGORITHMS.is_plugin(cfg.algorithm["name"]):
+        check_model_output(model, fed, device, cfg.model["name"])  # a plug-in's model
     implied = entry.obj.implied_augments(algo_params)
     augments = build_augments(cfg.augment, cfg.seed, fed.num_classes)
     for a in augments:
@@ -138,6 +141,37 @@ def build_experiment(
         eval_batch_size=cfg.eval.batch_size,
         placement=placement,
     )
+
+
+def check_model_output(model: object, fed: Federation, device: torch.device, name: str) -> None:
+    """A plug-in's model (or a plug-in algorithm's ``wrap_model``) must be a
+    :class:`FedModel` whose output for a batch of the dataset's images is one score per class
+    (``(N, classes)``; ``(N, classes, H, W)`` for segmentation): checked on two blank images
+    in eval mode, with the random generators and the model's statistics left as they were,
+    before anything trains. A :class:`~fedshift.core.contract.ContractError` names both
+    shapes (a wrong width was a shape error deep in the loss, or silently wrong scores)."""
+    shape = tuple(fed.input_shape)
+    k = fed.num_classes
+    want = (2, k) if fed.task == "classification" else (2, k, *shape[1:])
+    what = f"model {name!r} (built for {fed.task}, {k} classes, images {'x'.join(map(str, shape))})"
+    if not isinstance(model, FedModel):
+        raise ContractError(f"{what}: got a {type(model).__name__}, not a FedModel")
+    was = model.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model.eval()
+            out = model(torch.zeros(2, *shape, device=device))
+    except Exception as e:  # its own forward pass failed on the dataset's images
+        raise ContractError(f"{what}: its forward pass failed: {type(e).__name__}: {e}") from e
+    finally:
+        model.train(was)
+    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if got != want:
+        raise ContractError(
+            f"{what}: its output for 2 images has shape {got}, but fedshift needs {want} (one "
+            f"score per class{', per pixel' if fed.task != 'classification' else ''}); build "
+            "its classifier with num_classes outputs (the constructor's num_classes argument)"
+        )
 
 
 def init_client_state(exp: Experiment, seed: int, cid: str, data: ClientData) -> dict:

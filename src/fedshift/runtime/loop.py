@@ -58,6 +58,8 @@ from fedshift.runtime import track, tracking
 from fedshift.runtime.checkpoint_io import (
     CHECKPOINT,
     SELECTED,
+    check_selected,
+    config_digest,
     read_run_state,
     write_checkpoint,
     write_failed,
@@ -87,6 +89,9 @@ class LoopOptions:
     #: how to continue the run after SIGINT / SIGTERM, when not ``fedshift run --resume DIR``
     #: (the command, with the run directory)
     resume_hint: str = ""
+    #: the run's signal gate, when its signals arrive elsewhere (a loop in a thread of its
+    #: own: :meth:`~fedshift.runtime.stopping.SignalGate.forwarded`); None: its own
+    gate: SignalGate | None = None
 
 
 def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
@@ -135,7 +140,8 @@ class RoundLoop:
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
-        self.gate = SignalGate()  # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
+        # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
+        self.gate = self.options.gate or SignalGate()
         self._last_save = time.monotonic()
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
         self._tracking: tracking.Tracking | None = None
@@ -304,6 +310,8 @@ class RoundLoop:
 
     def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
         ck = read_run_state(self.run_dir, name, map_location=self.device)
+        if name == SELECTED:  # after checkpoint.pt: it must be this run's state
+            check_selected(ck, self.run_dir / name, self.identity.key, self.cfg.to_dict())
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])
@@ -366,6 +374,7 @@ class RoundLoop:
         self._tracking = tracking.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
         try:
             with self.gate.installed():
+                self.gate.poll()
                 if not resumed and self.algo.needs_setup:
                     self.setup_exchange()
                 write_metrics(self.run_dir, self.records)
@@ -425,6 +434,7 @@ class RoundLoop:
         )
         self._t0 = time.perf_counter()
         for rnd in bar:
+            self.gate.poll()  # a signal recorded for a loop in another thread
             mark = len(self.ledger.rows)  # the round's first ledger row
             self._undo = (copy.deepcopy(self.server), mark)
             self.transport.begin_round(self.sample(rnd))
@@ -470,6 +480,9 @@ class RoundLoop:
                 self.selected_round = rnd
                 state = {"round": rnd, "server": self.server}
                 state["clients"] = self.transport.state_dict()
+                # whose state this is: a selected.pt copied from another run is refused
+                state["run_key"] = self.identity.key
+                state["config_digest"] = config_digest(self.cfg.to_dict())
                 self._atomic_save(state, SELECTED)
 
     def _checkpoint_due(self, rnd: int) -> bool:

@@ -22,10 +22,10 @@ from fedshift.runtime.rundir import (
     EXISTS,
     LOCK_FILE,
     RunDirExists,
+    check_clearable,
     claim_run_dir,
     hold_run,
     is_empty,
-    is_run_dir,
 )
 from fedshift.runtime.track import utc_now
 
@@ -194,12 +194,11 @@ def claim_dirs(
     if exists == "error" and taken:
         raise RunDirExists([p for p, _ in taken], command, [c.to_dict() for _, c in taken])
     if exists == "overwrite":
-        foreign = [p for p, _ in taken if not p.is_dir() or not is_run_dir(p)]
-        if foreign:
-            raise FedshiftError(
-                f"--overwrite deletes fedshift run directories only, and {foreign[0]} is not "
-                "one (no config.yaml): move it away, or choose another --out or name"
-            )
+        # only directories fedshift made, never through a symbolic link
+        # (:func:`~fedshift.runtime.rundir.check_clearable`): one that is not stops every run
+        for p in planned:  # nothing is deleted unless every one of them may be
+            if p.is_symlink() or (p.exists() and not is_empty(p)):
+                check_clearable(p)
     claimed: list[Path] = []
     try:
         for p in planned:  # "new": the next free name, as runs claiming one by one get

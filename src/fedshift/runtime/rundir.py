@@ -12,6 +12,13 @@
   :class:`~fedshift.core.errors.FedshiftError` naming the holder (pid, host, since when,
   command) from the lock file's contents. :func:`hold_lock` is the same for any lock file
   (``fedshift bench`` holds ``<out>/<name>/bench.lock`` for a whole suite).
+* :func:`clear_run_dir` deletes only what fedshift made (:func:`check_clearable`): never
+  through a symbolic link (a link is refused, a link inside is removed as a link, its target
+  untouched), and only a directory that carries fedshift's own marks (:func:`fedshift_marks`:
+  its lock file and a ``config.yaml`` that parses as a run config, or a checkpoint with
+  fedshift's header, or a bench cell's ``cell.json``); anything else is refused with its path.
+  ``fedshift run --overwrite``, ``fedshift bench``, ``fedshift flower simulate --overwrite``
+  and the Python API all clear through it.
 
 The operating system releases a ``flock`` when the process holding it exits, however it exits
 (``kill -9`` included), so a lock is never stale: the lock file stays in the directory after a
@@ -45,11 +52,14 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = [
     "EXISTS",
     "LOCK_FILE",
+    "NotClearable",
     "RunDirExists",
+    "check_clearable",
     "claim_run_dir",
     "compare_config",
     "describe_run_dir",
     "clear_run_dir",
+    "fedshift_marks",
     "hold_lock",
     "hold_run",
     "is_empty",
@@ -95,6 +105,8 @@ def claim_run_dir(root: Path, base: str, exists: str = "new") -> Path:
             path.mkdir()
             return path
         except FileExistsError:
+            if path.is_symlink() and exists != "new":
+                raise NotClearable(path, "a symbolic link", "claim") from None
             if exists == "overwrite" and path.is_dir():
                 return path
             if exists == "error" and is_empty(path):
@@ -130,9 +142,111 @@ def is_empty(path: Path) -> bool:
 
 
 def is_run_dir(path: Path) -> bool:
-    """Whether ``path`` is a run directory (``config.yaml``) or empty but for its lock file:
-    what ``--overwrite`` may delete."""
-    return is_empty(path) or (path / "config.yaml").is_file()
+    """Whether ``path`` is a directory fedshift may delete the content of (``--overwrite``):
+    not a symbolic link, and empty but for its lock file or carrying fedshift's marks
+    (:func:`fedshift_marks`)."""
+    return not path.is_symlink() and (is_empty(path) or bool(fedshift_marks(path)))
+
+
+#: the top-level keys every run's ``config.yaml`` has, as fedshift writes it (every section
+#: of the resolved config; a config a user writes by hand names a few)
+_CONFIG_KEYS = {
+    "name", "seed", "device", "dataset", "model", "algorithm", "partition", "augment",
+    "train", "federation", "input", "eval", "checkpoint", "out",
+}  # fmt: skip
+
+
+def fedshift_marks(path: Path) -> list[str]:
+    """The marks that show fedshift made the directory ``path`` (empty: none, or ``path`` is
+    a symbolic link): ``run.lock + config.yaml`` (its lock file, and a ``config.yaml`` that
+    parses as a resolved run config: a mapping with every section fedshift writes),
+    ``checkpoint.pt`` / ``selected.pt`` (fedshift's checkpoint header) or ``cell.json`` (a
+    bench cell's record: a JSON object with its ``digest``). Reads a few bytes of each;
+    never follows a link."""
+    if path.is_symlink() or not path.is_dir():
+        return []
+    marks = []
+
+    def regular(name: str) -> Path | None:
+        f = path / name
+        return f if f.is_file() and not f.is_symlink() else None
+
+    config, lock = regular("config.yaml"), regular(LOCK_FILE)
+    if config is not None and lock is not None and _parses_as_config(config):
+        marks.append(f"{LOCK_FILE} + config.yaml")
+    for name in ("checkpoint.pt", "selected.pt"):
+        f = regular(name)
+        if f is not None and _has_checkpoint_header(f):
+            marks.append(name)
+    cell = regular("cell.json")
+    if cell is not None:
+        try:
+            meta = json.loads(cell.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = None
+        if isinstance(meta, dict) and isinstance(meta.get("digest"), str):
+            marks.append("cell.json")
+    return marks
+
+
+def _parses_as_config(path: Path) -> bool:
+    from fedshift.core.yamlsafe import load_text
+
+    try:
+        if path.stat().st_size > 1_000_000:  # a run's config.yaml is a few KB
+            return False
+        data = load_text(path.read_text(encoding="utf-8"))
+    except Exception:  # any read or parse failure: not a config fedshift wrote
+        return False
+    return isinstance(data, dict) and set(data) >= _CONFIG_KEYS
+
+
+def _has_checkpoint_header(path: Path) -> bool:
+    from fedshift.runtime.checkpoint_io import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+class NotClearable(FedshiftError):
+    """A directory fedshift was asked to empty (or write a run into) that it did not make:
+    a symbolic link, or a directory without fedshift's marks. Nothing was deleted."""
+
+    def __init__(self, path: Path, what: str, action: str = "overwrite") -> None:
+        self.path = path
+        verb = {
+            "overwrite": "--overwrite deletes only run directories fedshift made",
+            "bench": "fedshift bench clears only cell directories fedshift made",
+            "claim": "fedshift writes a run only into a directory of its own",
+        }.get(action, "fedshift deletes only run directories it made")
+        super().__init__(
+            f"{path} is {what}; {verb}, never through a symbolic link, so nothing was "
+            "deleted or written. Move it away (or remove the link), or choose another --out "
+            "or name"
+        )
+
+
+def check_clearable(path: Path, action: str = "overwrite") -> None:
+    """Raise :class:`NotClearable` unless fedshift may delete the content of ``path``: a
+    directory, not a symbolic link, holding nothing but its lock file or carrying
+    fedshift's marks (:func:`fedshift_marks`)."""
+    if path.is_symlink():
+        raise NotClearable(path, "a symbolic link", action)
+    if not path.is_dir():
+        raise NotClearable(path, "not a directory", action)
+    if is_empty(path) or fedshift_marks(path):
+        return
+    names = sorted(p.name for p in path.iterdir())
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    raise NotClearable(
+        path,
+        f"not a fedshift run directory (it holds {shown} but no fedshift marks: run.lock with "
+        "a config.yaml that parses, a checkpoint with fedshift's header, or cell.json)",
+        action,
+    )
 
 
 def compare_config(path: Path, new: dict, extend: bool = True) -> str:
@@ -312,9 +426,12 @@ def hold_run(run_dir: str | Path) -> Iterator[Path]:
         yield run_dir
 
 
-def clear_run_dir(run_dir: Path) -> None:
+def clear_run_dir(run_dir: Path, action: str = "overwrite") -> None:
     """Delete everything in ``run_dir`` but its lock file (call it while holding the lock:
-    deleting the lock file would let another process lock a new one)."""
+    deleting the lock file would let another process lock a new one), once
+    :func:`check_clearable` says fedshift made it. A symbolic link inside is removed as a
+    link (its target is untouched); ``shutil.rmtree`` follows none either."""
+    check_clearable(run_dir, action)
     for child in run_dir.iterdir():
         if child.name == LOCK_FILE:
             continue

@@ -25,10 +25,11 @@ import torch
 
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
+from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.files import read_json
 from fedshift.core.identity import NOT_SET, config_diff
 from fedshift.data.base import Federation
+from fedshift.eval.summary import read_summary
 from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.loop import (
@@ -183,10 +184,14 @@ def saved_config(run_dir: str | Path) -> RunConfig:
 
 
 def _yaml_config(run_dir: Path) -> RunConfig:
+    """A run directory's ``config.yaml``, resolved; a plug-in it names is imported only with
+    the user's yes (a run directory may come from anyone: :mod:`fedshift.core.consent`)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise FedshiftError(f"{run_dir} is not a fedshift run directory (no config.yaml)")
-    return resolve(load_yaml(path), source=str(path))
+    raw = load_yaml(path)
+    with untrusted(str(path), [raw]):
+        return resolve(raw, source=str(path))
 
 
 def resume_config(
@@ -296,7 +301,7 @@ def load_finished(
             f"{run_dir} has not finished (no summary.json), so no round is selected yet; "
             "use the last weights (--weights last) or finish it (fedshift run --resume)"
         )
-    best = int(read_json(summary_path)["best_round"])
+    best = read_summary(summary_path)["best_round"]  # checked: the file and field named
     if best == sim.last_round:
         return sim
     if not (run_dir / SELECTED).is_file():

@@ -6,13 +6,19 @@ progress back, saves the last whole round and raises :class:`RunSignal` (the CLI
 130 / 143). Two moments defer it: while a checkpoint is being written (a file is never cut
 in half: the signal is acted on once it is written) and once the run is already saving its
 state to stop (a second Ctrl-C waits for that save).
+
+A loop that runs in another thread (the Flower ServerApp of a simulation on Ray, whose main
+thread runs Flower's engine) cannot be interrupted by a signal handler: the main thread's
+handler only records the signal (:meth:`SignalGate.forwarded`, :meth:`SignalGate.request`)
+and the loop acts on it where it waits or between rounds (:meth:`SignalGate.poll`), with the
+same rollback and save.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,6 +77,8 @@ class SignalGate:
         #: the run is saving its state to stop: further signals wait for that
         self.stopping = False
         self.pending: int | None = None
+        #: a signal recorded for a loop in another thread (:meth:`request`)
+        self.requested: int | None = None
 
     def handle(self, signum: int, frame: object) -> None:
         if self.stopping:
@@ -94,6 +102,42 @@ class SignalGate:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def request(self, signum: int, frame: object = None) -> None:
+        """Record ``signum`` for the loop to act on at its next :meth:`poll` (a handler in
+        the main thread, for a loop running in another thread)."""
+        if not self.stopping and self.requested is None:
+            self.requested = signum
+
+    def poll(self) -> None:
+        """Where a loop in another thread may stop: raise :class:`Caught` for a signal
+        :meth:`request` recorded (not while a checkpoint is written, not while stopping)."""
+        if self.requested is not None and not self.holding and not self.stopping:
+            signum, self.requested = self.requested, None
+            raise Caught(signum)
+
+    @contextmanager
+    def forwarded(self) -> Iterator[Callable[[], None]]:
+        """In the main thread, while the loop runs in another: SIGINT / SIGTERM are recorded
+        for it (:meth:`request`) instead of interrupting this thread. Yields a function that
+        sets the handlers again (a library that installed its own, as Ray does when it
+        starts, is overridden)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield lambda: None
+            return
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        old = {s: signal.getsignal(s) for s in sigs}
+
+        def install() -> None:
+            for s in sigs:
+                signal.signal(s, self.request)
+
+        install()
+        try:
+            yield install
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
+
     @contextmanager
     def held(self) -> Iterator[None]:
         """Signals wait while the block runs (a checkpoint being written); one that arrived
@@ -106,3 +150,4 @@ class SignalGate:
         if self.pending is not None:
             signum, self.pending = self.pending, None
             self.handle(signum, None)
+        self.poll()

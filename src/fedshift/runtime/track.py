@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError
-from fedshift.core.files import write_text_atomic
+from fedshift.core.files import csv_safe, write_text_atomic
 from fedshift.core.machine import machine
 
 __all__ = [
@@ -127,9 +127,11 @@ def flatten_row(row: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _cell(v: Any) -> str:
+    """A ``metrics.csv`` cell: text as it is (escaped against spreadsheet formulas:
+    :func:`~fedshift.core.files.csv_safe`), anything else as JSON, None empty."""
     if v is None:
         return ""
-    return v if isinstance(v, str) else json.dumps(v)
+    return csv_safe(v) if isinstance(v, str) else json.dumps(v)
 
 
 class CsvTracker(Tracker):

@@ -166,19 +166,45 @@ def _read_manifest(folder: Path, params: DigitsParams, force: bool = False) -> d
     if not path.is_file():
         return _new_manifest(params)
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_text(encoding="utf-8"))
         same = (manifest["recipe"], manifest["seed"], manifest["synth_pool"]) == (
             RECIPE,
             params.seed,
             params.synth_pool,
         )
-        if not same or not isinstance(manifest["domains"], dict):
+        if not same:
             raise ValueError("recipe, seed or synth_pool differ from the folder name")
+        _check_domains(manifest["domains"])
     except (ValueError, KeyError, TypeError) as exc:
         if force:
             return _new_manifest(params)
         raise DataError(f"{path} is unreadable ({exc}); rebuild with `{REBUILD_CMD}`") from exc
     return manifest
+
+
+def _check_domains(domains: object) -> None:
+    """Every entry of a manifest's ``domains`` is as :func:`_save_pool` writes it: a known
+    domain with a whole ``count``, its ``sources`` and the SHA-256 of each of its two files
+    (ValueError naming the first that is not)."""
+    if not isinstance(domains, dict):
+        raise ValueError(f"'domains' must be a mapping, got {type(domains).__name__}")
+    for domain, entry in domains.items():
+        where = f"domains.{domain}"
+        if domain not in DOMAINS:
+            raise ValueError(f"{where}: not a digits domain ({', '.join(DOMAINS)})")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be a mapping, got {type(entry).__name__}")
+        count = entry.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"{where}.count must be a whole number, got {count!r}")
+        if "sources" not in entry:
+            raise ValueError(f"{where}.sources is missing")
+        files = entry.get("files")
+        names = _pool_files(domain)
+        if not isinstance(files, dict) or any(
+            not (isinstance(files.get(n), str) and len(files[n]) == 64) for n in names
+        ):
+            raise ValueError(f"{where}.files must give the SHA-256 of {' and '.join(names)}")
 
 
 def _write_manifest(folder: Path, manifest: dict) -> None:

@@ -28,6 +28,12 @@ class ToyParams:
     test_size: int = bounded(20, ge=1)
     seed: int = bounded(0, ge=0)
 
+    def memory_bytes(self) -> int:
+        """The float32 images of every split of every client, and the two temporaries of
+        the same size generating one split takes (a lower bound of what loading needs)."""
+        n = self.train_size + self.val_size + self.test_size
+        return 4 * 3 * 28 * 28 * (self.clients * n + 2 * max(self.train_size, n - self.train_size))
+
 
 def load_toy(p: ToyParams) -> Federation:
     """The ``toyshift`` federation (module docstring), generated from ``p.seed``."""
@@ -65,6 +71,12 @@ class ToySegParams:
     val_size: int = bounded(8, ge=1)
     test_size: int = bounded(8, ge=1)
     seed: int = bounded(0, ge=0)
+
+    def memory_bytes(self) -> int:
+        """The float32 images and int64 label maps of every split of every client (a lower
+        bound of what loading needs)."""
+        n = self.train_size + self.val_size + self.test_size
+        return self.clients * n * self.size * self.size * (3 * 4 + 8)
 
 
 def load_toyseg(p: ToySegParams) -> Federation:

@@ -1,0 +1,473 @@
+"""Unsafe inputs against real ``fedshift`` processes (issue 28): does a command delete a file
+outside its ``--out``, run code nobody asked for, ignore a signal, or answer with a traceback?
+
+Run by ``benchmarks/faults.py`` (``--part inputs``, or with everything else). Every case
+builds its inputs in a temporary folder, runs the real command line (``python -m fedshift``
+in that folder: the way that puts the folder on Python's path, the worst case for a module
+lying there) and then looks at the files:
+
+* **files outside --out lost**: victim files (a ``thesis.tex`` in a folder of the user's)
+  that are gone or changed after the command;
+* **code run unasked**: imports of a module that writes a marker file when imported, by a
+  command that was not told ``--allow-plugins``;
+* **as intended**: the command ended as it should (a refusal with exit 2 and one
+  ``fedshift: error:`` line naming the file or key; a stop with 130 / 143; or success where
+  the user said yes);
+* **tracebacks**: a Python traceback (or Ray's C++ stack dump) on the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=x"]
+CRASH = ("Traceback (most recent call last)", "SIGTERM received", "logging.cc", "Aborted")
+PLUGIN = """\
+from pathlib import Path
+with open(Path(__file__).with_name("marker.txt"), "a") as f:
+    f.write("imported\\n")
+from fedshift.algorithms.fedavg import FedAvg
+
+class Algo(FedAvg):
+    pass
+"""
+
+
+@dataclass
+class Result:
+    intended: bool
+    traceback: bool = False
+    lost: int = 0
+    ran: int = 0
+    note: str = ""
+
+
+@dataclass
+class Row:
+    item: str
+    cases: int = 0
+    intended: int = 0
+    tracebacks: int = 0
+    lost: int = 0
+    ran: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k != "FEDSHIFT_ALLOW_PLUGINS"}
+    return {**e, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def fedshift(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fedshift", *args], cwd=cwd, env=env(), capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def refused(res: subprocess.CompletedProcess, *words: str) -> bool:
+    """Exit 2 with one ``fedshift: error:`` line holding every word."""
+    err = res.stderr.strip().splitlines()
+    last = err[-1] if err else ""
+    return (
+        res.returncode == 2
+        and last.startswith("fedshift: error:")
+        and all(w in last for w in words)
+    )
+
+
+def crashed(res: subprocess.CompletedProcess | str) -> bool:
+    text = res if isinstance(res, str) else res.stdout + res.stderr
+    return any(c in text for c in CRASH)
+
+
+# ---------------------------------------------------------------------------- victims
+def victim(tmp: Path) -> Path:
+    """A folder of the user's, outside any --out: thesis.tex, a config.yaml, a run.lock."""
+    folder = tmp / "home" / "thesis"
+    folder.mkdir(parents=True)
+    (folder / "thesis.tex").write_text("years of work\n")
+    (folder / "config.yaml").write_text("name: thesis\nseed: 0\n")
+    (folder / "run.lock").write_text("")
+    return folder
+
+
+def lost(folder: Path) -> int:
+    want = {"thesis.tex": "years of work\n", "config.yaml": "name: thesis\nseed: 0\n"}
+    return sum(
+        1
+        for n, text in want.items()
+        if not (folder / n).is_file() or (folder / n).read_text() != text
+    )
+
+
+def imports(folder: Path) -> int:
+    marker = folder / "marker.txt"
+    return len(marker.read_text().splitlines()) if marker.is_file() else 0
+
+
+# ---------------------------------------------------------------------------- item 1
+def overwrite_link(tmp: Path) -> Result:
+    v = victim(tmp)
+    link = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(v, target_is_directory=True)
+    res = fedshift(tmp, "run", *TOY, "train.rounds=1", "--out", "runs", "--overwrite", "--quiet")
+    return Result(refused(res, "symbolic link"), crashed(res), lost(v))
+
+
+def overwrite_foreign(tmp: Path) -> Result:
+    run_dir = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+    run_dir.parent.mkdir(parents=True)
+    v = victim(tmp)
+    shutil.move(v, run_dir)
+    res = fedshift(tmp, "run", *TOY, "train.rounds=1", "--out", "runs", "--overwrite", "--quiet")
+    return Result(refused(res, "not a fedshift run directory"), crashed(res), lost(run_dir))
+
+
+def _suite(tmp: Path, **extra: object) -> Path:
+    raw = {"name": "s", "dataset": {"name": "toyshift"}, "model": {"name": "lenet5"},
+           "train": {"rounds": 1, "batch_size": 16}, **extra}  # fmt: skip
+    path = tmp / "suite.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _cell_dir(tmp: Path, suite: Path) -> Path:
+    code = (
+        "import sys; from fedshift.bench import plan; "
+        "print(plan(sys.argv[1], out='runs')[0].run_dir)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(suite)], cwd=tmp, env=env(),
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return tmp / out.stdout.strip()
+
+
+def bench_link(tmp: Path) -> Result:
+    suite = _suite(tmp)
+    cell = _cell_dir(tmp, suite)
+    v = victim(tmp)
+    cell.parent.mkdir(parents=True)
+    cell.symlink_to(v, target_is_directory=True)
+    res = fedshift(tmp, "bench", str(suite), "--out", "runs", "--workers", "1", "--quiet")
+    ok = (
+        res.returncode == 2
+        and "symbolic link" in res.stderr
+        and "1 of 1 cells failed" in res.stderr
+    )
+    return Result(ok, crashed(res.stderr), lost(v))
+
+
+def flower_link(tmp: Path) -> Result:
+    v = victim(tmp)
+    link = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(v, target_is_directory=True)
+    res = fedshift(tmp, "flower", "simulate", *TOY, "train.rounds=1", "--out", "runs",
+                   "--engine", "in-process", "--overwrite", "--quiet")  # fmt: skip
+    return Result(refused(res, "symbolic link"), crashed(res), lost(v))
+
+
+# ---------------------------------------------------------------------------- item 2
+def received_run(tmp: Path) -> Path:
+    """A finished run whose config.yaml names ``evilmod:Algo``, next to evilmod.py (made by
+    its author, who named it on the command line); the marker reset, as just received."""
+    (tmp / "evilmod.py").write_text(PLUGIN)
+    res = fedshift(tmp, "run", *TOY, "train.rounds=2", "algorithm.name=evilmod:Algo",
+                   "--out", "runs", "--quiet")  # fmt: skip
+    if res.returncode != 0:
+        raise RuntimeError(f"the author's run failed: {res.stderr[-500:]}")
+    (tmp / "marker.txt").unlink()
+    return tmp / "runs" / "x" / "evilmod.Algo-toyshift-seed0"
+
+
+def plugin_case(*args: str) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        run_dir = received_run(tmp)
+        argv = [a.replace("RUN", str(run_dir)) for a in args]
+        res = fedshift(tmp, *argv)
+        return Result(refused(res, "names plug-in code", "evilmod"), crashed(res), 0, imports(tmp))
+
+    return case
+
+
+def suite_plugin(tmp: Path) -> Result:
+    (tmp / "evilmod.py").write_text(PLUGIN)
+    suite = _suite(tmp, sweep={"algorithm.name": ["fedavg", "evilmod:Algo"]})
+    res = fedshift(tmp, "bench", str(suite), "--out", "runs", "--workers", "1", "--quiet")
+    return Result(refused(res, "names plug-in code"), crashed(res), 0, imports(tmp))
+
+
+def allowed_plugin(tmp: Path) -> Result:
+    """The user's yes: --allow-plugins imports it (counted as asked, not as unasked)."""
+    run_dir = received_run(tmp)
+    res = fedshift(tmp, "protocol", "cross-site", str(run_dir), "--out", "cs", "--quiet",
+                   "--allow-plugins")  # fmt: skip
+    return Result(res.returncode == 0 and imports(tmp) == 1, crashed(res), 0, 0)
+
+
+def exiting_module(tmp: Path) -> Result:
+    (tmp / "exitmod.py").write_text("import sys\nsys.exit(0)\n")
+    res = fedshift(tmp, "run", *TOY, "train.rounds=1", "algorithm.name=exitmod:Algo",
+                   "--out", "runs", "--quiet")  # fmt: skip
+    return Result(refused(res, "exitmod", "sys.exit(0)"), crashed(res))
+
+
+def shadowing_module(tmp: Path) -> Result:
+    (tmp / "yaml.py").write_text(PLUGIN.split("from fedshift")[0])
+    res = fedshift(tmp, "config", "show", *TOY)
+    return Result(res.returncode == 0 and "dataset:" in res.stdout, crashed(res), 0, imports(tmp))
+
+
+# ---------------------------------------------------------------------------- item 3
+def ray_signal(sig: signal.Signals) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        run_dir = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedshift", "flower", "simulate", *TOY, "train.rounds=12",
+             "checkpoint.every=0", "checkpoint.minutes=0", "--out", "runs", "--quiet"],
+            cwd=tmp, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 600
+        while (
+            not (run_dir / "metrics.jsonl").is_file()
+            or not (run_dir / "metrics.jsonl").read_text().strip()
+        ):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:  # the signal did not stop it: a hang
+            proc.kill()
+            out, _ = proc.communicate()
+            return Result(False, crashed(out), note=f"still running 300 s after {sig.name}")
+        code = 128 + int(sig)
+        saved = (run_dir / "checkpoint.pt").is_file()
+        ok = proc.returncode == code and saved and "flower simulate --resume" in out
+        note = "" if ok else f"exit {proc.returncode}: {out[-300:]}"
+        return Result(ok, crashed(out), note=note)
+
+    return case
+
+
+def wrong_engine(tmp: Path) -> Result:
+    res = fedshift(tmp, "run", *TOY, "train.rounds=1", "--out", "runs", "--quiet")
+    res = fedshift(tmp, "flower", "simulate", "--resume", "runs/x/fedavg-toyshift-seed0")
+    return Result(refused(res, "written by a native run"), crashed(res))
+
+
+# ---------------------------------------------------------------------------- items 4-6
+def finished(tmp: Path) -> Path:
+    res = fedshift(tmp, "run", *TOY, "train.rounds=2", "checkpoint.every=1", "--out", "runs",
+                   "--quiet")  # fmt: skip
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-500:])
+    return tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+
+
+EDIT_CHECKPOINT = textwrap.dedent(
+    """
+    import sys
+    from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
+    path, how = sys.argv[1], sys.argv[2]
+    ck = read_checkpoint(path)
+    if how == "round":
+        ck["round"] = -1
+    else:
+        ck.pop("server")
+    write_checkpoint(ck, path)
+    """
+)
+
+
+def checkpoint_case(how: str) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        run_dir = finished(tmp)
+        subprocess.run([sys.executable, "-c", EDIT_CHECKPOINT, str(run_dir / "checkpoint.pt"),
+                        how], env=env(), check=True)  # fmt: skip
+        res = fedshift(tmp, "run", "--resume", str(run_dir), "train.rounds=3", "--quiet")
+        field = "round" if how == "round" else "server"
+        return Result(refused(res, "checkpoint.pt", f"field '{field}'"), crashed(res))
+
+    return case
+
+
+def selected_copied(tmp: Path) -> Result:
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
+    a = finished(tmp / "a")
+    b = finished(tmp / "b")
+    shutil.copy(b / "selected.pt", a / "selected.pt")
+    code = textwrap.dedent(
+        """
+        import sys
+        from fedshift.runtime.simulation import load_finished
+        sim = load_finished(sys.argv[1], weights="last")
+        try:
+            sim.load_checkpoint("selected.pt")
+        except Exception as e:
+            print(type(e).__name__, e)
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(a)], env=env(), capture_output=True,
+                         text=True)  # fmt: skip
+    return Result("belongs to another run" in res.stdout, crashed(res))
+
+
+def summary_edited(command: str) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        run_dir = finished(tmp)
+        path = run_dir / "summary.json"
+        s = json.loads(path.read_text())
+        s["best_round"] = "three"
+        path.write_text(json.dumps(s))
+        if command == "report":
+            res = fedshift(tmp, "report", "runs", "--out", "rep")
+        else:
+            res = fedshift(tmp, "protocol", "cross-site", str(run_dir), "--out", "cs", "--quiet")
+        return Result(refused(res, "summary.json", "best_round"), crashed(res))
+
+    return case
+
+
+def config_case(*over: str, words: tuple[str, ...]) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        res = fedshift(tmp, "run", *TOY, "train.rounds=1", *over, "--out", "runs", "--quiet")
+        return Result(refused(res, *words), crashed(res))
+
+    return case
+
+
+def empty_weights(tmp: Path) -> Result:
+    (tmp / "w.pt").write_bytes(b"")
+    return config_case("model.weights=w.pt", words=("is empty",))(tmp)
+
+
+def broken_plugin(tmp: Path) -> Result:
+    (tmp / "badmod.py").write_text(
+        "from fedshift.algorithms.fedavg import FedAvg\n\n"
+        "class Algo(FedAvg):\n    def loss(self, ctx, x, y):\n        pass\n"
+    )
+    return config_case("algorithm.name=badmod:Algo", words=("loss returned None",))(tmp)
+
+
+def formula_csv(tmp: Path) -> Result:
+    run_dir = finished(tmp)
+    path = run_dir / "summary.json"
+    s = json.loads(path.read_text())
+    evil = '=HYPERLINK("http://x","y")'
+    first = s["clients"][0]
+    s["clients"][0] = evil
+    for key in ("test_per_client", "val_per_client"):
+        s[key][evil] = s[key].pop(first)
+    path.write_text(json.dumps(s))
+    res = fedshift(tmp, "report", "runs", "--out", "rep")
+    text = (tmp / "rep" / "report.csv").read_text() if res.returncode == 0 else ""
+    return Result(res.returncode == 0 and "'=HYPERLINK" in text and "\n=" not in text,
+                  crashed(res))  # fmt: skip
+
+
+CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
+    ("1 deletion", "run --overwrite, run dir a link to a user's folder", overwrite_link),
+    ("1 deletion", "run --overwrite, a user's folder with a config.yaml", overwrite_foreign),
+    ("1 deletion", "bench, cell path a link to a user's folder", bench_link),
+    ("1 deletion", "flower simulate --overwrite, run dir a link", flower_link),
+    (
+        "2 plug-ins",
+        "run --resume of a received run dir",
+        plugin_case("run", "--resume", "RUN", "--quiet"),
+    ),
+    (
+        "2 plug-ins",
+        "protocol cross-site of it",
+        plugin_case("protocol", "cross-site", "RUN", "--out", "cs", "--quiet"),
+    ),
+    (
+        "2 plug-ins",
+        "flower simulate --resume of it",
+        plugin_case("flower", "simulate", "--resume", "RUN", "--quiet"),
+    ),
+    ("2 plug-ins", "bench of a suite naming a plug-in", suite_plugin),
+    ("2 plug-ins", "the same with --allow-plugins (asked)", allowed_plugin),
+    ("2 plug-ins", "a module calling sys.exit(0) on import", exiting_module),
+    ("2 plug-ins", "python -m fedshift next to a yaml.py", shadowing_module),
+    ("3 signals", "SIGINT to flower simulate on Ray", ray_signal(signal.SIGINT)),
+    ("3 signals", "SIGTERM to flower simulate on Ray", ray_signal(signal.SIGTERM)),
+    ("3 signals", "native run dir to flower simulate --resume", wrong_engine),
+    ("4 content", "checkpoint.pt with round=-1", checkpoint_case("round")),
+    ("4 content", "checkpoint.pt without 'server'", checkpoint_case("server")),
+    ("4 content", "selected.pt of another run", selected_copied),
+    ("4 content", "summary.json edited, report", summary_edited("report")),
+    ("4 content", "summary.json edited, cross-site", summary_edited("cross-site")),
+    (
+        "5 errors",
+        "dataset.train_size=10^12",
+        config_case("dataset.train_size=1000000000000", words=("needs about",)),
+    ),
+    (
+        "5 errors",
+        "model.width=10^6",
+        config_case("model.name=cnn", "model.width=1000000", words=("needs about",)),
+    ),
+    ("5 errors", "train.lr=1e300", config_case("train.lr=1e300", words=("float32",))),
+    ("5 errors", "zero-byte model.weights", empty_weights),
+    ("5 errors", "plug-in whose loss returns None", broken_plugin),
+    ("6 smaller", "report.csv with a formula client name", formula_csv),
+]
+
+
+def run_cases(tmp: Path, ray: bool = True, log=print) -> dict[str, Row]:
+    """Run every case (the Ray ones only with ``ray``); the table rows by item."""
+    rows: dict[str, Row] = {}
+    for i, (item, label, case) in enumerate(CASES):
+        if not ray and "Ray" in label:
+            continue
+        folder = tmp / f"case{i}"
+        folder.mkdir()
+        log(f"  {item}: {label}...")
+        try:
+            r = case(folder)
+        except Exception as e:  # the harness itself: counted as not as intended
+            r = Result(False, note=f"{type(e).__name__}: {e}")
+        row = rows.setdefault(item, Row(item))
+        row.cases += 1
+        row.intended += r.intended
+        row.tracebacks += r.traceback
+        row.lost += r.lost
+        row.ran += r.ran
+        if not r.intended or r.note:
+            row.notes.append(f"{label}: {r.note or 'not as intended'}")
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def table(rows: dict[str, Row]) -> str:
+    head = ("| item | cases | as intended | tracebacks | files outside --out lost | "
+            "code run unasked |\n|---|---|---|---|---|---|")  # fmt: skip
+    lines = [head]
+    total = Row("**all**")
+    for r in rows.values():
+        lines.append(
+            f"| {r.item} | {r.cases} | {r.intended} | {r.tracebacks} | {r.lost} | {r.ran} |"
+        )
+        for k in ("cases", "intended", "tracebacks", "lost", "ran"):
+            setattr(total, k, getattr(total, k) + getattr(r, k))
+    lines.append(f"| **all** | {total.cases} | {total.intended} | {total.tracebacks} | "
+                 f"{total.lost} | {total.ran} |")  # fmt: skip
+    for r in rows.values():
+        lines += [f"  {r.item}: {n}" for n in r.notes]
+    return "\n".join(lines)
