@@ -28,6 +28,24 @@ def toy_cfg(*overrides: str, rounds: int = 3):
     return resolve(load_config(None, [*base, *overrides]))
 
 
+@pytest.fixture(autouse=True)
+def _registries_restored():
+    """Every test leaves the component registries as it found them: a plug-in registered by
+    one test (a doc example run in-process, an EXTENDING case) is never seen by the next one
+    on the same worker."""
+    from fedshift.algorithms import ALGORITHMS
+    from fedshift.augment import AUGMENTS
+    from fedshift.data import DATASETS
+    from fedshift.data.partition import PARTITIONS
+    from fedshift.models import MODELS
+
+    regs = (ALGORITHMS, AUGMENTS, DATASETS, PARTITIONS, MODELS)
+    saved = [dict(r._entries) for r in regs]
+    yield
+    for r, entries in zip(regs, saved, strict=True):
+        r._entries = entries
+
+
 @pytest.fixture
 def make_cfg():
     return toy_cfg

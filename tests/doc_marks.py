@@ -327,8 +327,10 @@ MARKS: dict[str, Mark] = {
             + "]"
         },
     ),
-    "PYTHONPATH=. fedshift run ...": Synopsis(),
+    "PYTHONPATH=/path/to/folder fedshift run ...": Synopsis(),
+    "fedshift flower simulate --resume": Prose(),
     # ------------------------------------------------------------------------- RESULTS.md
+    "python benchmarks/faults.py --part inputs": Long("~5 min", "25 cases against real processes, 2 of them start Ray"),
     "python benchmarks/engine_overhead.py": Long("~4 min", "the table's timings: 5 x 2 runs of ~19 s, plus a warm-up"),
     "python benchmarks/scaling.py": Long("~6 min"),
     "python benchmarks/executors.py --clients 10,100 --rounds 2": Long("~2 min", EST),

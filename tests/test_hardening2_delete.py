@@ -23,6 +23,15 @@ RUN_LIKE = {"name": "X", "seed": 0, "dataset": {"name": "toyshift"}, "model": {"
             "algorithm": {"name": "fedavg"}, "train": {"rounds": 1}}  # fmt: skip
 
 
+def _run_name() -> str:
+    """The directory ``fedshift run`` gives :data:`TOY` (``name=X``)."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.runtime.results import run_dir_name
+
+    return run_dir_name(resolve(load_config(None, [*TOY, "name=X"])))
+
+
 def _victim(tmp_path: Path, lock: bool = False) -> Path:
     """A folder of the user's, outside any --out: thesis.tex and a config.yaml (and, with
     ``lock``, even a run.lock: a link to it is still refused)."""
@@ -44,10 +53,10 @@ def _intact(victim: Path, lock: bool = False) -> None:
 
 @pytest.mark.parametrize("lock", [False, True], ids=["plain", "with-run.lock"])
 def test_overwrite_never_deletes_through_a_symlinked_run_dir(tmp_path, capsys, lock):
-    """`fedshift run name=X --overwrite` with runs/X/fedavg-toyshift-seed0 a link to a folder
+    """`fedshift run name=X --overwrite` with the run's directory runs/X/... a link to a folder
     holding thesis.tex: exit 0 and thesis.tex deleted before; now one error naming the link."""
     victim = _victim(tmp_path, lock)
-    link = tmp_path / "runs" / "X" / "fedavg-toyshift-seed0"
+    link = tmp_path / "runs" / "X" / _run_name()
     link.parent.mkdir(parents=True)
     link.symlink_to(victim, target_is_directory=True)
     code = main(["run", *TOY, "name=X", "--out", str(tmp_path / "runs"), "--overwrite", "--quiet"])
@@ -63,7 +72,7 @@ def test_overwrite_never_deletes_through_a_symlinked_run_dir(tmp_path, capsys, l
 def test_overwrite_refuses_a_folder_without_fedshift_marks(tmp_path, capsys):
     """A real folder at the run's path holding a config.yaml but no lock file or checkpoint
     (a user's folder that happens to have a config.yaml) is not a run: it is left alone."""
-    run_dir = tmp_path / "runs" / "X" / "fedavg-toyshift-seed0"
+    run_dir = tmp_path / "runs" / "X" / _run_name()
     run_dir.mkdir(parents=True)
     (run_dir / "thesis.tex").write_text("mine")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(RUN_LIKE))
@@ -78,7 +87,7 @@ def test_overwrite_of_a_real_run_removes_a_link_inside_not_its_target(tmp_path, 
     removed as a link, the folder it points to keeps its files."""
     over = [*TOY, "name=X", "--out", str(tmp_path / "runs"), "--quiet"]
     assert main(["run", *over]) == 0
-    run_dir = tmp_path / "runs" / "X" / "fedavg-toyshift-seed0"
+    run_dir = tmp_path / "runs" / "X" / _run_name()
     victim = _victim(tmp_path)
     (run_dir / "data").symlink_to(victim, target_is_directory=True)
     (run_dir / "notes.tex").symlink_to(victim / "thesis.tex")
@@ -160,7 +169,7 @@ def test_bench_never_clears_a_linked_or_foreign_cell_path(tmp_path, how):
 def test_flower_simulate_overwrite_never_deletes_through_a_link(tmp_path, capsys):
     """`fedshift flower simulate --overwrite` claims its directory as `fedshift run` does."""
     victim = _victim(tmp_path)
-    link = tmp_path / "runs" / "X" / "fedavg-toyshift-seed0"
+    link = tmp_path / "runs" / "X" / _run_name()
     link.parent.mkdir(parents=True)
     link.symlink_to(victim, target_is_directory=True)
     argv = ["flower", "simulate", *TOY, "name=X", "--out", str(tmp_path / "runs"),

@@ -43,6 +43,15 @@ RUNNER = textwrap.dedent(
 )
 
 
+def _run_name(*over: str) -> str:
+    """The directory `fedshift flower simulate` gives a run of ``over``."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.runtime.results import run_dir_name
+
+    return run_dir_name(resolve(load_config(None, list(over))))
+
+
 def _last_round(run_dir: Path) -> int:
     try:
         text = (run_dir / "metrics.jsonl").read_text()
@@ -67,7 +76,7 @@ def _signal_after(proc: subprocess.Popen, run_dir: Path, rnd: int, signum: int) 
 @pytest.mark.slow
 def test_sigint_and_sigterm_stop_a_ray_simulation_cleanly(tmp_path):
     out = tmp_path / "runs"
-    run_dir = out / "t" / "fedavg-toyshift-seed0"
+    run_dir = out / "t" / _run_name(*OVER)
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     log = open(tmp_path / "log.txt", "w+")  # noqa: SIM115 - read after the process ends
@@ -127,6 +136,7 @@ def test_resume_of_the_other_engines_run_is_one_error(tmp_path, capsys):
             "--out", str(flower), "--quiet"]  # fmt: skip
     assert main(argv) == 0
     capsys.readouterr()
-    assert main(["run", "--resume", str(flower / "t" / "fedavg-toyshift-seed0"), "--quiet"]) == 2
+    run_dir = flower / "t" / _run_name(*OVER[:4], "train.rounds=1")
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "written by a run on Flower" in err
