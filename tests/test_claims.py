@@ -82,6 +82,7 @@ def test_a_claim_combines_its_comparisons():
     assert rubric.combine([R, D]) == D
     assert rubric.combine([R, N, D]) == N
     assert rubric.combine([R, M]) == M
+    assert rubric.combine([N, M]) == N  # a measured "no" is not waiting for the other rows
     assert rubric.combine([]) == M
 
 

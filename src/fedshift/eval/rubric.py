@@ -48,7 +48,9 @@ paired by seed (d = a - b per seed; n seeds that both have). Each comparison exp
 - **no**: the opposite sign (a significant contrary result included), or |mean d| >= m for
   `a = b`.
 - A claim **reproduces** when every one of its comparisons reproduces, is **no** when any
-  comparison is no, and **in direction** otherwise. No correction for multiple comparisons.
+  comparison is no (even while others are not measured: they cannot undo it), is **not
+  measured** when, short of a no, a comparison lacks results, and **in direction** otherwise.
+  No correction for multiple comparisons.
 - **not measured**: the stand-in runs offline but its results are not in `results/` (the
   command is given); **not runnable offline**: it needs data no package ships (named).
 - Design checks (a test of fedshift's own reading of an equation), accounting rows (bytes
@@ -114,10 +116,10 @@ def judge(diffs: list[float], expect: str, margin: float = DEFAULT_MARGIN) -> Co
 
 def combine(verdicts: list[str]) -> str:
     """A claim's verdict from its comparisons' (:data:`RUBRIC`)."""
+    if NO in verdicts:  # every comparison must hold: one "no" decides, measured or not
+        return NO
     if not verdicts or NOT_MEASURED in verdicts:
         return NOT_MEASURED
-    if NO in verdicts:
-        return NO
     if all(v == REPRODUCES for v in verdicts):
         return REPRODUCES
     return IN_DIRECTION
