@@ -347,7 +347,7 @@ MARKS: dict[str, Mark] = {
     # ---------------------------------------- RESULTS.md: the suites behind the claims ledger
     'make check': NotRun("the test suite without its process-level tests (`make test` is the whole suite, which CI runs)"),
     'fedshift claims collect runs/SUITE --command "..."': Synopsis(),
-    'python benchmarks/kernel_paths.py': NotRun(LEDGER),
+    'python benchmarks/kernel_paths.py': Long("~15 min", "4 kernel paths x make demo's two runs at once, ~3.5 min each"),
     "fedshift bench configs/demo.yaml 'sweep.seed=[0,1,2]' --workers 2": NotRun(LEDGER),
     'fedshift bench configs/suites/fedbn_digits_paper.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/fraug_table2_paper.yaml --workers 2': NotRun(LEDGER),
