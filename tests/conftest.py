@@ -88,6 +88,11 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+def ledger(run_dir: Path) -> dict:
+    """A run's ``ledger.json`` (the bytes on the wire, per round and client)."""
+    return json.loads((Path(run_dir) / "ledger.json").read_text())
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test, whatever ran before: runs compared bit for bit must use

@@ -4,12 +4,9 @@ deployment (SuperLink + three SuperNodes, TLS and SuperNode authentication)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import metric_rows, toy_cfg
+from conftest import ledger, metric_rows, toy_cfg
 from flwr.app import ArrayRecord
 
 from fedshift.core.errors import ConfigError, FedshiftError
@@ -23,10 +20,6 @@ from fedshift.runtime.simulation import Simulation, run_experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 rows = metric_rows
-
-
-def ledger(run_dir: Path) -> dict:
-    return json.loads((run_dir / "ledger.json").read_text())
 
 
 # ---------------------------------------------------------------------------- wire

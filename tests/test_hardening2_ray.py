@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import metric_rows, results_of, toy_cfg
+from conftest import ledger, metric_rows, results_of, toy_cfg
 
 import fedshift
 from fedshift.cli import main
@@ -119,6 +119,7 @@ def test_sigint_and_sigterm_stop_a_ray_simulation_cleanly(tmp_path):
     full = run_experiment(toy_cfg(*OVER[4:], rounds=ROUNDS), run_dir=tmp_path / "full",
                           progress=False)  # fmt: skip
     assert metric_rows(run_dir) == metric_rows(full.run_dir)
+    assert ledger(run_dir) == ledger(full.run_dir)
     assert results_of(done.summary) == results_of(full.summary)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import metric_rows, results_of, toy_cfg, toy_dir
+from conftest import ledger, metric_rows, results_of, toy_cfg, toy_dir
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.runtime.checkpoint_io import read_checkpoint
@@ -28,10 +28,6 @@ from fedshift.runtime.simulation import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
-
-
-def ledger(run_dir: Path) -> dict:
-    return json.loads((run_dir / "ledger.json").read_text())
 
 
 # ---------------------------------------------------------------------------- signals
