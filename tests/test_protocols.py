@@ -403,7 +403,7 @@ def fake_run(root: Path, name: str, seed: int, clients_key: int | None, means: d
     names = [f"c{i}" for i in range(len(first))]
     summary = {
         "algorithm": "fedavg",
-        "algorithm_config": cfg.algorithm,
+        "algorithm_config": cfg.algorithm.to_dict(),
         "augment": [],
         "implied": [],
         "seed": seed,

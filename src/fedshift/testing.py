@@ -297,7 +297,7 @@ def check_one_round(cfg: RunConfig, fed: Federation | None = None) -> None:
     """One round of ``cfg``: plain, savable state; finite payloads; weights with the model's
     keys; ``server_view`` gives the personal weights the full server state gives."""
     fed = fed or tiny_federation(cfg)
-    name = cfg.algorithm["name"]
+    name = cfg.algorithm.name
     run = start(cfg, fed)
     comp = run.exp.algo
     _require(isinstance(comp, FederatedAlgorithm), f"{name}: not a FederatedAlgorithm")
@@ -378,7 +378,7 @@ def check_reentrancy(cfg: RunConfig, fed: Federation | None = None) -> None:
     """``broadcast`` / ``local_update`` leave the algorithm object unchanged, and a client's
     round inside another's gives both the results of running them one after the other."""
     fed = fed or tiny_federation(cfg)
-    name = cfg.algorithm["name"]
+    name = cfg.algorithm.name
     changed, seq, got = interleave(cfg, fed)
     _require(
         not changed,

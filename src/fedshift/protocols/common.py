@@ -99,9 +99,9 @@ def _lookup_missing(tree: dict, dotted: str) -> Any:
 def _run_meta(sim) -> dict[str, Any]:
     """The summary-like fields :func:`flow_label` reads, from a rebuilt run."""
     return {
-        "algorithm": sim.cfg.algorithm["name"],
-        "algorithm_config": sim.cfg.algorithm,
-        "augment": sim.cfg.augment,
+        "algorithm": sim.cfg.algorithm.name,
+        "algorithm_config": sim.cfg.algorithm.to_dict(),
+        "augment": [a.to_dict() for a in sim.cfg.augment],
         "implied": list(sim.implied),
     }
 

@@ -94,7 +94,8 @@ def _loco_clients(cfgs: list, source: str) -> list[str]:
     clients: list[str] | None = None
     checked: set[str] = set()
     for cfg in cfgs:
-        key = json.dumps([cfg.dataset, cfg.partition], sort_keys=True, default=str)
+        sections = [cfg.dataset.to_dict(), cfg.partition.to_dict()]
+        key = json.dumps(sections, sort_keys=True, default=str)
         if key not in feds:
             feds[key] = load_dataset(cfg.dataset)  # before partition: Simulation applies it
             names = apply_partition(feds[key], cfg.partition).client_names
@@ -107,7 +108,7 @@ def _loco_clients(cfgs: list, source: str) -> list[str]:
         assert clients is not None
         if len(clients) < 2:
             raise ConfigError(
-                f"{source}: dataset {cfg.dataset['name']!r} has {len(clients)} client; "
+                f"{source}: dataset {cfg.dataset.name!r} has {len(clients)} client; "
                 "leave-one-client-out needs at least 2"
             )
         d = cfg.to_dict()

@@ -100,9 +100,9 @@ def site_predictions_figure(
         labels = []
         for sim in sims:
             s = {
-                "algorithm": sim.cfg.algorithm["name"],
-                "algorithm_config": sim.cfg.algorithm,
-                "augment": sim.cfg.augment,
+                "algorithm": sim.cfg.algorithm.name,
+                "algorithm_config": sim.cfg.algorithm.to_dict(),
+                "augment": [a.to_dict() for a in sim.cfg.augment],
                 "implied": sim.implied,
             }
             flow = flow_label(s)

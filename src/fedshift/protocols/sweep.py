@@ -101,7 +101,7 @@ def sweep(
             where = f"under '{parent}'" if parent else "at the top level"
             raise ConfigError(
                 f"{source}: config key '{key}' does not exist (algorithm "
-                f"{cfg.algorithm['name']!r}); valid keys {where}: {valid}"
+                f"{cfg.algorithm.name!r}); valid keys {where}: {valid}"
             )
     grid_raw = copy.deepcopy(raw)
     grid_raw.setdefault("sweep", {})[key] = vals
