@@ -51,7 +51,6 @@ from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_state
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
-from fedshift.models import MODELS
 from fedshift.models.base import FedModel
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 
@@ -414,9 +413,9 @@ def check_model(model: str | type, *overrides: str, algorithm: str = "fedavg") -
     name = _name(model)
     cfg = tiny_cfg(algorithm, f"model.name={name}", *overrides)
     fed = tiny_federation(cfg)
-    entry = MODELS.entry(name, key="model.name")
+    cls = cfg.model.factory
     _require(
-        isinstance(entry.obj, type) and issubclass(entry.obj, FedModel),
+        isinstance(cls, type) and issubclass(cls, FedModel),
         f"{name}: not a subclass of FedModel",
     )
     built = build_experiment(cfg, fed).model

@@ -2,7 +2,9 @@
 
 A config is a nested mapping. The fixed sections (``train``, ``federation``, ``eval``, ...)
 are dataclasses below; the ``dataset``, ``model`` and ``algorithm`` sections hold a ``name``
-plus the keys of that component's own parameter dataclass (found through the registries).
+plus the keys of that component's own parameter dataclass (found through the registries);
+:func:`fedshift.catalog.resolve` turns each into a typed
+:class:`~fedshift.core.components.Component`.
 Every error names the offending key (and the file it came from) and lists the valid choices.
 
 Values: a float key takes any number, or a string Python's ``float()`` reads (YAML 1.1 reads
