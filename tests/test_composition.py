@@ -52,12 +52,12 @@ def test_fedfa_with_fedrdn_exchanges_both(make_cfg, tmp_path):
 
 
 def test_presets_by_name(make_cfg):
-    assert [a["name"] for a in make_cfg("algorithm.name=fedrdn").augment] == ["fedrdn"]
-    assert [a["name"] for a in make_cfg("algorithm.name=fedfa").augment] == ["ffa"]
-    assert [a["name"] for a in make_cfg("algorithm.name=harmofl").augment] == ["ampnorm"]
+    assert [a.name for a in make_cfg("algorithm.name=fedrdn").augment] == ["fedrdn"]
+    assert [a.name for a in make_cfg("algorithm.name=fedfa").augment] == ["ffa"]
+    assert [a.name for a in make_cfg("algorithm.name=harmofl").augment] == ["ampnorm"]
     # listing the implied augment sets its parameters instead of adding a second one
     cfg = make_cfg("algorithm.name=fedfa", "augment=[{name: ffa, variant: fedfa-r}]")
-    assert [(a["name"], a["variant"]) for a in cfg.augment] == [("ffa", "fedfa-r")]
+    assert [(a.name, a.params.variant) for a in cfg.augment] == [("ffa", "fedfa-r")]
 
 
 def test_fedproto_with_label_mixing_is_rejected(make_cfg):

@@ -15,7 +15,7 @@ def cfg(*overrides):
 
 def test_defaults_resolve():
     c = cfg()
-    assert c.algorithm == {"name": "fedavg", "bn_policy": "global"}
+    assert c.algorithm.to_dict() == {"name": "fedavg", "bn_policy": "global"}
     assert c.train.lr == 0.01 and c.train.batch_size == 32
 
 
@@ -55,12 +55,12 @@ def test_unknown_dataset_and_model():
 
 
 def test_algorithm_params_are_per_algorithm():
-    assert cfg("algorithm.name=fedprox", "algorithm.mu=0.1").algorithm["mu"] == 0.1
+    assert cfg("algorithm.name=fedprox", "algorithm.mu=0.1").algorithm.params.mu == 0.1
     with pytest.raises(ConfigError, match=r"'algorithm.mu'"):
         cfg("algorithm.name=fedavg", "algorithm.mu=0.1")
     with pytest.raises(ConfigError, match=r"'algorithm.bn_policy'.*'global', 'local'"):
         cfg("algorithm.bn_policy=some")
-    assert cfg("algorithm.name=fedbn").algorithm["bn_policy"] == "local"
+    assert cfg("algorithm.name=fedbn").algorithm.params.bn_policy == "local"
 
 
 def test_nonsense_combinations_fail_at_config_time():
@@ -92,7 +92,7 @@ def test_changing_component_name_drops_old_params(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("dataset: {name: toyshift}\nalgorithm: {name: fedprox, mu: 0.5}\n")
     c = resolve(load_config(f, ["algorithm.name=fedavg"]))
-    assert c.algorithm == {"name": "fedavg", "bn_policy": "global"}
+    assert c.algorithm.to_dict() == {"name": "fedavg", "bn_policy": "global"}
 
 
 def test_sweep_expansion():

@@ -128,8 +128,9 @@ def test_extending_entry_point_names_a_plugin(plugins, tmp_path, monkeypatch):
         resolve(load_config(None, [*TOY, "algorithm.name=fadingprox"]))
     monkeypatch.syspath_prepend(str(site))
     cfg = resolve(load_config(None, [*TOY, "algorithm.name=fadingprox", "augment=[jitter]"]))
-    assert cfg.algorithm == {"name": "fadingprox", "bn_policy": "global", "mu": 0.1, "decay": 0.5}
-    assert cfg.augment == [{"name": "jitter", "strength": 0.2}]
+    want = {"name": "fadingprox", "bn_policy": "global", "mu": 0.1, "decay": 0.5}
+    assert cfg.algorithm.to_dict() == want
+    assert [a.to_dict() for a in cfg.augment] == [{"name": "jitter", "strength": 0.2}]
     assert ALGORITHMS.get("fadingprox").__name__ == "FadingProx"
     assert "fedavg" in ALGORITHMS  # built-in names never look at entry points
 

@@ -424,11 +424,11 @@ def test_client_without_variances_uses_gamma_one():
 # ----------------------------------------------------------------------------- config
 def test_fedfa_implies_ffa_and_explicit_params_win(make_cfg):
     cfg = make_cfg("algorithm.name=fedfa")
-    assert [a["name"] for a in cfg.augment] == ["ffa"]
-    assert cfg.augment[0]["variant"] == "fedfa" and cfg.augment[0]["variance"] == "paper"
+    assert [a.name for a in cfg.augment] == ["ffa"]
+    assert cfg.augment[0].params.variant == "fedfa" and cfg.augment[0].params.variance == "paper"
     cfg = make_cfg("algorithm.name=fedfa", "augment=[{name: ffa, variant: fedfa-c, p: 0.3}]")
-    assert len(cfg.augment) == 1 and cfg.augment[0]["variant"] == "fedfa-c"
-    assert cfg.augment[0]["p"] == 0.3
+    assert len(cfg.augment) == 1 and cfg.augment[0].params.variant == "fedfa-c"
+    assert cfg.augment[0].params.p == 0.3
 
 
 def test_config_rejects_nonsense(make_cfg):

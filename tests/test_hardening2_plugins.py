@@ -188,8 +188,8 @@ def test_supernode_and_serverapp_import_no_plugin_unasked(tmp_path, monkeypatch,
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "allow-plugins": True},
                   state=RecordDict(), run_config={})  # fmt: skip
     rt = node.runtime(run, ctx)
-    assert rt.cfg.algorithm["name"] == "fsconsent_a:Algo" and imports(tmp_path) == 1
-    assert resolve(raw).algorithm["name"] == "fsconsent_a:Algo"  # given in Python: as asked
+    assert rt.cfg.algorithm.name == "fsconsent_a:Algo" and imports(tmp_path) == 1
+    assert resolve(raw).algorithm.name == "fsconsent_a:Algo"  # given in Python: as asked
 
 
 def test_load_run_rebuild_needs_allow_plugins(tmp_path, monkeypatch, fresh_registries):

@@ -276,7 +276,7 @@ def test_ablation_perturbation_off_is_plain_sgd():
 
 
 def test_ablation_amplitude_norm_off(make_cfg, tmp_path):
-    assert make_cfg("algorithm.name=harmofl").augment == [
+    assert [a.to_dict() for a in make_cfg("algorithm.name=harmofl").augment] == [
         {"name": "ampnorm", "amplitude": "paper", "decay": 0.1, "init": "auto"}
     ]
     cfg = make_cfg("algorithm.name=harmofl", "algorithm.amplitude_norm=false", "model.name=cnn")
@@ -412,22 +412,22 @@ def test_table_suites_give_fedbn_standard_bn(suite):
 
     cells = plan(SUITES / f"{suite}.yaml")
     for c in cells:
-        name, bn = c.cfg.algorithm["name"], c.cfg.model["bn"]
+        name, bn = c.cfg.algorithm.name, c.cfg.model.params.bn
         assert bn == ("standard" if name == "fedbn" else "harmofl"), (name, bn)
         assert c.cfg.federation.weighting == "uniform"
     models = {}
     for c in cells:
-        key = (c.cfg.model["name"], c.cfg.model["bn"])
-        if key not in models and c.cfg.model["name"] == "unet":
-            models[key] = _unet(c.cfg.model["bn"])
+        key = (c.cfg.model.name, c.cfg.model.params.bn)
+        if key not in models and c.cfg.model.name == "unet":
+            models[key] = _unet(c.cfg.model.params.bn)
         if key in models:
-            require_bn_tensors(c.cfg.algorithm["name"], c.cfg.algorithm["bn_policy"], models[key])
+            require_bn_tensors(c.cfg.algorithm.name, c.cfg.algorithm.params.bn_policy, models[key])
     if suite != "harmofl_table2_camelyon":
         t = cells[0].cfg.train
         assert (t.optimizer, t.betas, t.weight_decay) == ("adam", [0.9, 0.99], 1e-4)
         assert t.optimizer_state == "persist"
         augment = [] if suite == "harmofl_table1_nuclei" else ["rot90_flip"]
-        assert [a["name"] for a in cells[0].cfg.augment] == augment
+        assert [a.name for a in cells[0].cfg.augment] == augment
 
 
 def test_sweep_cell_sets_keys_together():

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from fedshift.core.errors import ConfigError
-from fedshift.protocols import load_run
+from fedshift.protocols import SuiteOptions, load_run
 from fedshift.protocols.head_finetune import finetune_head, head_finetune, head_table
 
 
@@ -31,8 +31,8 @@ def write_config(path: Path, **extra) -> Path:
 
 def test_head_finetune_runs_table_and_only_the_head_moves(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
-    kw = dict(workers=1, threads=1, out=tmp_path / "o", runs_out=str(tmp_path / "r"))
-    res = head_finetune(cfg, [], epochs=3, progress=False, **kw)
+    opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "o", str(tmp_path / "r"), progress=False)
+    res = head_finetune(opts, epochs=3)
     runs = res.data["runs"]
     assert len(runs) == 2
     for per_client in runs.values():
@@ -69,4 +69,6 @@ def test_head_table_by_hand():
 def test_head_finetune_needs_a_fraction(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", federation={"data_fraction": 1.0})
     with pytest.raises(ConfigError, match="data_fraction"):
-        head_finetune(cfg, [], progress=False, out=tmp_path / "o", runs_out=str(tmp_path / "r"))
+        head_finetune(
+            SuiteOptions(cfg, out=tmp_path / "o", runs_out=str(tmp_path / "r"), progress=False)
+        )

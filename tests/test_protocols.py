@@ -4,6 +4,7 @@ out, one-key sweeps, rounds to a threshold and t-SNE, on tiny toyshift / toyseg 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from fedshift.cli.protocol import add_parser
 from fedshift.core.config import dump_config, load_config
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.protocols import (
+    SuiteOptions,
     cross_site,
     features_of,
     local_models,
@@ -221,8 +223,8 @@ def write_config(path: Path, **extra) -> Path:
 
 def test_loco_one_cell_per_client_table_and_cache(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
-    kw = dict(workers=1, threads=1, out=tmp_path / "lo", runs_out=str(tmp_path / "r"))
-    res = loco(cfg, [], progress=False, **kw)
+    opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "lo", str(tmp_path / "r"), progress=False)
+    res = loco(opts)
     manifest = json.loads((tmp_path / "r/proto/bench.json").read_text())
     assert len(manifest) == 6 and {m["status"] for m in manifest} == {"ran"}
     summaries = [json.loads((Path(m["run_dir"]) / "summary.json").read_text()) for m in manifest]
@@ -246,7 +248,7 @@ def test_loco_one_cell_per_client_table_and_cache(tmp_path):
     suite = yaml.safe_load(res.files["suite"].read_text())
     assert suite["sweep"]["federation.holdout"] == [["client0"], ["client1"], ["client2"]]
     mtimes = [(Path(m["run_dir"]) / "summary.json").stat().st_mtime_ns for m in manifest]
-    again = loco(cfg, [], progress=False, **kw)
+    again = loco(opts)
     manifest2 = json.loads((tmp_path / "r/proto/bench.json").read_text())
     assert {m["status"] for m in manifest2} == {"cached"}
     assert [(Path(m["run_dir"]) / "summary.json").stat().st_mtime_ns for m in manifest] == mtimes
@@ -313,12 +315,16 @@ def test_loco_table_paired_t_test_against_fedavg():
 def test_loco_errors_before_anything_runs(tmp_path):
     runs_out = tmp_path / "r"
     kw = dict(workers=1, threads=1, out=tmp_path / "lo", runs_out=str(runs_out), progress=False)
+
+    def run(name: str, override: str) -> None:
+        loco(SuiteOptions(write_config(tmp_path / name), (override,), **kw))
+
     with pytest.raises(ConfigError, match="one global model"):
-        loco(write_config(tmp_path / "a.yaml"), ["algorithm.name=fedbn"], **kw)
+        run("a.yaml", "algorithm.name=fedbn")
     with pytest.raises(ConfigError, match="holdout' is set"):
-        loco(write_config(tmp_path / "b.yaml"), ["federation.holdout=[client0]"], **kw)
+        run("b.yaml", "federation.holdout=[client0]")
     with pytest.raises(ConfigError, match="already varies"):
-        loco(write_config(tmp_path / "c.yaml"), ["sweep.federation.holdout=[[client1]]"], **kw)
+        run("c.yaml", "sweep.federation.holdout=[[client1]]")
     assert not runs_out.exists()
 
 
@@ -339,16 +345,8 @@ def test_parse_values():
 
 def test_sweep_numbers_equal_the_summaries(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
-    res = sweep(
-        cfg,
-        "federation.data_fraction",
-        "0.5,1",
-        workers=1,
-        threads=1,
-        out=tmp_path / "sw",
-        runs_out=str(tmp_path / "r"),
-        progress=False,
-    )
+    opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "sw", str(tmp_path / "r"), progress=False)
+    res = sweep(opts, "federation.data_fraction", "0.5,1")
     manifest = json.loads((tmp_path / "r/proto/bench.json").read_text())
     summaries = [json.loads((Path(m["run_dir"]) / "summary.json").read_text()) for m in manifest]
     assert len(summaries) == 4
@@ -373,19 +371,20 @@ def test_sweep_numbers_equal_the_summaries(tmp_path):
 def test_sweep_errors_before_anything_runs(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
     runs_out = tmp_path / "r"
-    kw = dict(workers=1, threads=1, out=tmp_path / "sw", runs_out=str(runs_out), progress=False)
+    opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "sw", str(runs_out), progress=False)
     with pytest.raises(ConfigError, match="'train.local_epoch' does not exist.*local_epochs"):
-        sweep(cfg, "train.local_epoch", "1,2", **kw)
+        sweep(opts, "train.local_epoch", "1,2")
     with pytest.raises(ConfigError, match="'algorithm.mu' does not exist"):
-        sweep(cfg, "algorithm.mu", "0.1,0.2", **kw)  # fedavg has no mu
+        sweep(opts, "algorithm.mu", "0.1,0.2")  # fedavg has no mu
     with pytest.raises(ConfigError, match="already varies"):
-        sweep(cfg, "train.lr", "0.1,0.2", overrides=["sweep.train.lr=[0.01,0.02]"], **kw)
+        swept = dataclasses.replace(opts, overrides=("sweep.train.lr=[0.01,0.02]",))
+        sweep(swept, "train.lr", "0.1,0.2")
     with pytest.raises(ConfigError, match="seeds are what"):
-        sweep(cfg, "seed", "0,1", **kw)
+        sweep(opts, "seed", "0,1")
     with pytest.raises(ConfigError, match="does not parse"):
-        sweep(cfg, "train.local_epochs", "1,[2", **kw)
+        sweep(opts, "train.local_epochs", "1,[2")
     with pytest.raises(ConfigError, match="train.local_epochs"):
-        sweep(cfg, "train.local_epochs", "1,two", **kw)  # resolve rejects the type
+        sweep(opts, "train.local_epochs", "1,two")  # resolve rejects the type
     assert not runs_out.exists()
 
 
@@ -403,7 +402,7 @@ def fake_run(root: Path, name: str, seed: int, clients_key: int | None, means: d
     names = [f"c{i}" for i in range(len(first))]
     summary = {
         "algorithm": "fedavg",
-        "algorithm_config": cfg.algorithm,
+        "algorithm_config": cfg.algorithm.to_dict(),
         "augment": [],
         "implied": [],
         "seed": seed,

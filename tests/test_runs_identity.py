@@ -232,7 +232,7 @@ def test_an_explicit_value_replaces_the_keys_sweep_everywhere(swept, tmp_path, c
     # fedshift bench: the suite's FedBN cell, same digest (its cache stays valid)
     [cell] = plan(swept, ["algorithm.name=fedbn"], out=str(tmp_path / "b"))
     assert cell.digest == next(c.digest for c in plan(swept, out=str(tmp_path / "b"))
-                               if c.cfg.algorithm["name"] == "fedbn")  # fmt: skip
+                               if c.cfg.algorithm.name == "fedbn")  # fmt: skip
     # fedshift.run: runs the one cell
     res = fedshift.run(swept, ["algorithm.name=fedbn"], out=tmp_path / "api")
     assert res.summary["algorithm"] == "fedbn"

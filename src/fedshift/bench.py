@@ -162,7 +162,7 @@ def plan(
             for k in keys
             if k not in skip and lookup(one, k) is not None
         ]
-        head = _fmt(one["algorithm"]) if "algorithm" in keys else cfg.algorithm["name"]
+        head = _fmt(one["algorithm"]) if "algorithm" in keys else cfg.algorithm.name
         label = " ".join([head, *extra])
         base = f"{run_dir_base(cfg)}-{digest}"
         cells.append(Cell(cfg, label, Path(cfg.out) / cfg.name / base, digest))

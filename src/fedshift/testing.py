@@ -51,7 +51,6 @@ from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_state
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
-from fedshift.models import MODELS
 from fedshift.models.base import FedModel
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 
@@ -297,7 +296,7 @@ def check_one_round(cfg: RunConfig, fed: Federation | None = None) -> None:
     """One round of ``cfg``: plain, savable state; finite payloads; weights with the model's
     keys; ``server_view`` gives the personal weights the full server state gives."""
     fed = fed or tiny_federation(cfg)
-    name = cfg.algorithm["name"]
+    name = cfg.algorithm.name
     run = start(cfg, fed)
     comp = run.exp.algo
     _require(isinstance(comp, FederatedAlgorithm), f"{name}: not a FederatedAlgorithm")
@@ -378,7 +377,7 @@ def check_reentrancy(cfg: RunConfig, fed: Federation | None = None) -> None:
     """``broadcast`` / ``local_update`` leave the algorithm object unchanged, and a client's
     round inside another's gives both the results of running them one after the other."""
     fed = fed or tiny_federation(cfg)
-    name = cfg.algorithm["name"]
+    name = cfg.algorithm.name
     changed, seq, got = interleave(cfg, fed)
     _require(
         not changed,
@@ -414,9 +413,9 @@ def check_model(model: str | type, *overrides: str, algorithm: str = "fedavg") -
     name = _name(model)
     cfg = tiny_cfg(algorithm, f"model.name={name}", *overrides)
     fed = tiny_federation(cfg)
-    entry = MODELS.entry(name, key="model.name")
+    cls = cfg.model.factory
     _require(
-        isinstance(entry.obj, type) and issubclass(entry.obj, FedModel),
+        isinstance(cls, type) and issubclass(cls, FedModel),
         f"{name}: not a subclass of FedModel",
     )
     built = build_experiment(cfg, fed).model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fedshift.augment.base import Augment
+from fedshift.core.components import Component
 from fedshift.core.registry import Registry
 
 AUGMENTS: Registry[type[Augment]] = Registry("augment")
@@ -13,14 +14,15 @@ def register(cls: type[Augment]) -> type[Augment]:
     return cls
 
 
-def build_augments(sections: list[dict], seed: int, num_classes: int) -> list[Augment]:
-    """Instantiate the resolved ``augment`` config entries, in order."""
+def build_augments(
+    sections: list[Component] | list[dict], seed: int, num_classes: int
+) -> list[Augment]:
+    """Instantiate the resolved ``augment`` components (or plain ``{name: ..., **params}``
+    entries, validated first), in order."""
     out = []
     for section in sections:
-        entry = AUGMENTS.entry(section["name"], key="augment")
-        params = {k: v for k, v in section.items() if k != "name"}
-        obj = entry.params(**params) if entry.params is not None else None
-        out.append(entry.obj(obj, seed, num_classes))
+        a = AUGMENTS.component(section, "augment")
+        out.append(a.factory(a.params, seed, num_classes))
     return out
 
 

@@ -50,7 +50,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfgs = [resolve(r, source) for r in raws]
     grid_keys = [k for k in grid if k not in ("seed", "algorithm.name")]
     labels = [
-        " ".join([cfg.algorithm["name"], *(f"{k}={lookup(one, k)}" for k in grid_keys)])
+        " ".join([cfg.algorithm.name, *(f"{k}={lookup(one, k)}" for k in grid_keys)])
         for cfg, one in zip(cfgs, raws, strict=True)
     ]
     exists = "overwrite" if args.overwrite else "new" if args.new else "error"

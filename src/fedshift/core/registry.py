@@ -24,13 +24,16 @@ import difflib
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from fedshift.core import consent
+from fedshift.core.components import Component
+from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError
+from fedshift.core.yamlsafe import short_repr
 
 T = TypeVar("T")
 
@@ -105,6 +108,36 @@ class Registry(Generic[T]):
                 f"{where}unknown {self.kind} {name!r}{did}; valid: {', '.join(choices)}{own}"
             )
         return self._entries[name]
+
+    def component(
+        self,
+        data: Mapping[str, Any] | Component[T],
+        section: str,
+        prefix: str | None = None,
+        extra_keys: tuple[str, ...] = (),
+    ) -> Component[T]:
+        """``data`` as a typed :class:`~fedshift.core.components.Component`: one is returned
+        as it is; a ``{name: ..., **params}`` mapping has its entry looked up (``<section>.name``
+        in errors) and its other keys validated into the entry's ``Params`` (errors name keys
+        as ``<prefix>.<key>``, default: the section). ``extra_keys`` are kept aside, unchecked,
+        as :attr:`Component.extra` (the caller resolves them: a model's weights keys)."""
+        if isinstance(data, Component):
+            return data
+        if not isinstance(data, Mapping) or "name" not in data:
+            raise ConfigError(
+                f"config section '{section}' needs a 'name' key, got {short_repr(data)}"
+            )
+        entry = self.entry(str(data["name"]), key=f"{section}.name")
+        rest = {k: v for k, v in data.items() if k != "name" and k not in extra_keys}
+        prefix = prefix or section
+        if entry.params is None:
+            if rest:
+                raise unknown_key_error(f"{prefix}.{next(iter(rest))}", ["name"])
+            params = None
+        else:
+            params = build_dataclass(entry.params, rest, prefix)
+        extra = tuple((k, data[k]) for k in extra_keys if k in data)
+        return Component(entry.name, params, entry.obj, extra)
 
     def get(self, name: str, key: str | None = None) -> T:
         return self.entry(name, key).obj

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fedshift.core.components import Component
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
@@ -145,26 +146,54 @@ def dataset_task(name: str) -> str:
     return "segmentation" if name in SEGMENTATION else "classification"
 
 
-def load_dataset(section: dict, partition: dict | None = None) -> Federation:
-    """Load the dataset of a resolved ``dataset`` config section, then apply the resolved
-    ``partition`` section (label skew across simulated clients; ``none`` by default)."""
+def load_dataset(
+    section: Component | dict, partition: Component | dict | None = None
+) -> Federation:
+    """Load the dataset of a resolved ``dataset`` component, then apply the resolved
+    ``partition`` (label skew across simulated clients; ``none`` by default). A plain
+    ``{name: ..., **params}`` section is validated into its component first."""
     from fedshift.core.memory import check_fits
     from fedshift.data.partition import apply_partition
 
-    entry = DATASETS.entry(section["name"], key="dataset.name")
-    params = entry.params(**{k: v for k, v in section.items() if k != "name"})
-    estimate = getattr(params, "memory_bytes", None)  # generated data: known before it exists
+    dataset = DATASETS.component(section, "dataset")
+    estimate = getattr(dataset.params, "memory_bytes", None)  # generated data: known early
     if callable(estimate):
-        keys = ", ".join(f"dataset.{k}={v}" for k, v in section.items() if k != "name")
+        keys = ", ".join(f"dataset.{k}={v}" for k, v in dataset.to_dict().items() if k != "name")
         check_fits(
             estimate(),
-            f"dataset {section['name']!r} ({keys})",
+            f"dataset {dataset.name!r} ({keys})",
             "lower dataset.train_size / val_size / test_size (or clients)",
         )
-    fed = entry.obj(params)
-    if fed.task != dataset_task(section["name"]):
-        raise AssertionError(f"dataset {section['name']!r} loaded a {fed.task} federation")
+    fed = dataset.factory(dataset.params)
+    if fed.task != dataset_task(dataset.name):
+        raise AssertionError(f"dataset {dataset.name!r} loaded a {fed.task} federation")
     return apply_partition(fed, partition or {"name": "none"})
 
 
-__all__ = ["DATASETS", "ClientData", "Federation", "Split", "dataset_task", "load_dataset"]
+def client_names(
+    section: Component | dict, partition: Component | dict | None = None
+) -> list[str]:
+    """The clients of the federation :func:`load_dataset` would load, named from the
+    components' parameters where those name them (a partition's ``clients``, a dataset
+    Params' ``client_names()``: ``toyshift``, ``toyseg``, ``digits``); loaded otherwise."""
+    from fedshift.data.partition import PARTITIONS, dealt_client_names
+
+    dataset = DATASETS.component(section, "dataset")
+    part = PARTITIONS.component(partition or {"name": "none"}, "partition")
+    if part.name != "none":
+        names = dealt_client_names(part.params)
+    else:
+        declared = getattr(dataset.params, "client_names", None)
+        names = declared() if callable(declared) else None
+    return names if names is not None else load_dataset(dataset, part).client_names
+
+
+__all__ = [
+    "DATASETS",
+    "ClientData",
+    "Federation",
+    "Split",
+    "client_names",
+    "dataset_task",
+    "load_dataset",
+]

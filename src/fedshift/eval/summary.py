@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.tasks import TASKS
-from fedshift.eval.tables import component_defaults
 
 SELECTION_RULE = (
     "round with the best mean validation accuracy over clients (earliest on ties); "
@@ -125,19 +124,19 @@ def summarize(sim) -> dict[str, Any]:
     n_params = sum(p.numel() for p in sim.model.parameters())
     model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
     meta = {
-        "algorithm": cfg.algorithm["name"],
-        "dataset": cfg.dataset["name"],
-        "model": cfg.model["name"],
-        "algorithm_config": cfg.algorithm,
-        "augment": cfg.augment,
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.dataset.name,
+        "model": cfg.model.name,
+        "algorithm_config": cfg.algorithm.to_dict(),
+        "augment": [a.to_dict() for a in cfg.augment],
         "implied": list(getattr(sim, "implied", [])),
         # the components' default keys, so a report labels what a run changed without
         # importing the components (a plug-in's module need not be importable there)
         "defaults": {
-            "algorithm": component_defaults(cfg.algorithm, "algorithm"),
-            "augment": {a["name"]: component_defaults(a, "augment") for a in cfg.augment},
+            "algorithm": cfg.algorithm.defaults(),
+            "augment": {a.name: a.defaults() for a in cfg.augment},
         },
-        "partition": cfg.partition,
+        "partition": cfg.partition.to_dict(),
         # label-distribution heterogeneity of the clients (DisTrans's DH, Eq. 3-4), when known
         "dh": sim.fed.info.get("dh"),
         "seed": cfg.seed,
@@ -153,8 +152,8 @@ def summarize(sim) -> dict[str, Any]:
         # the resolved config (config.yaml's content): reports group runs by it, seeds apart
         "config": cfg.to_dict(),
     }
-    if cfg.model.get("weights"):  # pretrained weights: the file, its SHA-256, skipped keys
-        meta["model_weights"] = {k: v for k, v in cfg.model.items() if k.startswith("weights")}
+    if cfg.model.extras.get("weights"):  # pretrained weights: the file, SHA-256, skipped keys
+        meta["model_weights"] = cfg.model.extras
     totals = {"up": sim.ledger.total("up"), "down": sim.ledger.total("down")}
     setup = sim.ledger.by_round().get(0, {})
     meta["bytes_setup"] = sum(setup.values())

@@ -148,7 +148,8 @@ _RUNTIMES: dict[tuple, NodeRuntime] = {}
 
 def _federation(cfg: RunConfig) -> Federation:
     """The node's federation, loaded once per process and dataset settings."""
-    key = json.dumps([cfg.dataset, cfg.partition, cfg.federation.data_fraction], default=str)
+    sections = [cfg.dataset.to_dict(), cfg.partition.to_dict(), cfg.federation.data_fraction]
+    key = json.dumps(sections, default=str)
     if key not in _FEDERATIONS:
         fed = load_dataset(cfg.dataset, cfg.partition)
         _FEDERATIONS.clear()  # one federation per process: a node serves one run at a time
@@ -176,7 +177,7 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
         if settings.client not in fed.client_names:
             raise ConfigError(
                 f"SuperNode --node-config client={settings.client!r}: the dataset this node "
-                f"loaded ({cfg.dataset['name']}) has clients {fed.client_names}"
+                f"loaded ({cfg.dataset.name}) has clients {fed.client_names}"
             )
         cid = settings.client
     elif settings.partition is not None:
@@ -295,7 +296,7 @@ def hello(msg: Message, context: Context) -> Message:
         "client": rt.cid,
         "index": rt.index,
         "trains": rt.trains,
-        "dataset": rt.cfg.dataset["name"],
+        "dataset": rt.cfg.dataset.name,
         "task": fed.task,
         "classes": list(fed.classes),
         "input_shape": [int(s) for s in fed.input_shape],

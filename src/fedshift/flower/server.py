@@ -36,9 +36,9 @@ class FlowerServer:
         progress: bool = True,
         gate: SignalGate | None = None,
     ) -> None:
-        if cfg.algorithm["name"] in ("local", "central"):
+        if cfg.algorithm.name in ("local", "central"):
             raise ConfigError(
-                f"config key 'algorithm.name': {cfg.algorithm['name']!r} exchanges nothing "
+                f"config key 'algorithm.name': {cfg.algorithm.name!r} exchanges nothing "
                 "between clients and server; run it with `fedshift run`, not on Flower"
             )
         self.cfg = cfg

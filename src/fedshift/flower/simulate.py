@@ -32,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
-from fedshift.data import load_dataset
+from fedshift.data import client_names as dataset_client_names
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
 from fedshift.flower.transport import refuse_native_state
@@ -69,8 +69,10 @@ def build_server_app(
 
 
 def client_names(cfg: RunConfig) -> list[str]:
-    """The federation's clients (held-out ones too): one SuperNode each."""
-    return load_dataset(cfg.dataset, cfg.partition).client_names
+    """The federation's clients (held-out ones too): one SuperNode each; named from the
+    config's dataset and partition parameters where they name them (nothing is loaded),
+    else by loading the dataset (:func:`fedshift.data.client_names`)."""
+    return dataset_client_names(cfg.dataset, cfg.partition)
 
 
 def simulate(

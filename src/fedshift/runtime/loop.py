@@ -388,7 +388,7 @@ class RoundLoop:
         finally:
             self._tracking.close()
         self.wall_before += time.perf_counter() - self._t0
-        label = f"{self.cfg.algorithm['name']} s{self.cfg.seed}{self.options.label_suffix}"
+        label = f"{self.cfg.algorithm.name} s{self.cfg.seed}{self.options.label_suffix}"
         info = self.transport.info()
         if info is not None:
             info = {**info, "device": str(self.device), **self.exp.placement}
@@ -405,7 +405,7 @@ class RoundLoop:
         algo = getattr(self.algo, "algo", self.algo)
         if rounds != self.cfg.train.rounds and getattr(algo, "depends_on_rounds", False):
             raise ConfigError(
-                f"train.rounds={rounds}: {self.cfg.algorithm['name']}'s local work depends on "
+                f"train.rounds={rounds}: {self.cfg.algorithm.name}'s local work depends on "
                 f"the run's total rounds ({self.cfg.train.rounds}: a ramp-up schedule), so the "
                 "extended run would not equal a run of that many rounds from the start; "
                 "start a new run instead"
@@ -422,7 +422,7 @@ class RoundLoop:
     def _rounds(self, stop_after: int | None) -> None:
         cfg = self.cfg
         rounds, every = cfg.train.rounds, cfg.eval.every
-        label = f"{cfg.algorithm['name']} s{cfg.seed}{self.options.label_suffix}"
+        label = f"{cfg.algorithm.name} s{cfg.seed}{self.options.label_suffix}"
         bar = tqdm(
             range(self.last_round + 1, rounds + 1),
             desc=label,

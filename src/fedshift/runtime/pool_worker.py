@@ -232,7 +232,8 @@ class _Worker:
             fed = fed.with_train_fraction(cfg.federation.data_fraction)
         else:
             key = json.dumps(
-                [cfg.dataset, cfg.partition, cfg.federation.data_fraction], default=str
+                [cfg.dataset.to_dict(), cfg.partition.to_dict(), cfg.federation.data_fraction],
+                default=str,
             )
             if key not in self.feds:
                 self.feds.clear()  # one federation at a time: a pool serves one run

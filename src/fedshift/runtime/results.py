@@ -49,11 +49,11 @@ def run_dir_base(cfg: RunConfig) -> str:
     """``<algorithm>-<dataset>-seed<seed>``: the head of a suite cell's folder name (``fedshift
     bench`` appends the cell's config digest); a plug-in's ``module:Class`` algorithm name has
     its colon as a dot (not allowed on Windows)."""
-    return f"{_algo(cfg)}-{cfg.dataset['name']}-seed{cfg.seed}"
+    return f"{_algo(cfg)}-{cfg.dataset.name}-seed{cfg.seed}"
 
 
 def _algo(cfg: RunConfig) -> str:
-    return str(cfg.algorithm["name"]).replace(":", ".")
+    return cfg.algorithm.name.replace(":", ".")
 
 
 #: the longest readable part of a run directory's name (the digest keeps names unique)
@@ -76,7 +76,7 @@ def run_dir_name(cfg: RunConfig) -> str:
             shown.append(f"+{len(tokens) - i}")
             break
         shown.append(t)
-    parts = [_algo(cfg), str(cfg.dataset["name"]), *shown, f"seed{cfg.seed}", run_digest(cfg)]
+    parts = [_algo(cfg), cfg.dataset.name, *shown, f"seed{cfg.seed}", run_digest(cfg)]
     return "-".join(parts)
 
 
@@ -114,19 +114,18 @@ def config_changes(cfg: RunConfig) -> list[tuple[str, object]]:
     fixed sections' keys (``train.lr``), and the execution keys that change the last bits
     (``threads``, ``executor``...). Not the algorithm and dataset names, the seed or
     ``train.rounds`` (a run's folder names those apart or not at all)."""
-    from fedshift.eval.tables import component_defaults
-
     d = number_config(cfg.to_dict())
     base = number_config(RunConfig().to_dict())
     out: list[tuple[str, object]] = []
     for section in ("algorithm", "augment", "dataset", "model", "partition"):
         given, default = d.pop(section), base.pop(section)
         if section == "augment":
-            out += _augment_changes(cfg, given)
+            out += _augment_changes(cfg)
             continue
-        if section in ("model", "partition") and given.get("name") != default.get("name"):
-            out.append((section, given["name"]))
-        own = component_defaults(given, section)
+        component = getattr(cfg, section)
+        if section in ("model", "partition") and component.name != default["name"]:
+            out.append((section, component.name))
+        own = component.defaults()
         for k, v in given.items():
             if k != "name" and not k.endswith("_sha256") and (k not in own or own[k] != v):
                 out.append((f"{section}.{k}", v))
@@ -140,22 +139,16 @@ def config_changes(cfg: RunConfig) -> list[tuple[str, object]]:
     return out
 
 
-def _augment_changes(cfg: RunConfig, augments: list[dict]) -> list[tuple[str, object]]:
+def _augment_changes(cfg: RunConfig) -> list[tuple[str, object]]:
     """The augments a run adds to its algorithm's own, and the changed keys of each."""
-    from fedshift.catalog import registry_for
-    from fedshift.eval.tables import component_defaults
-
-    entry = registry_for("algorithm").entry(cfg.algorithm["name"])
-    keys = {k: v for k, v in cfg.algorithm.items() if k != "name"}
-    params = entry.params(**keys) if entry.params is not None else None
-    implied = set(entry.obj.implied_augments(params))
+    implied = set(cfg.algorithm.factory.implied_augments(cfg.algorithm.params))
     names, changed = [], []
-    for a in augments:
-        own = component_defaults(a, "augment")
-        diff = [(f"augment.{a['name']}.{k}", v) for k, v in a.items()
+    for a in cfg.augment:
+        own = a.defaults()
+        diff = [(f"augment.{a.name}.{k}", v) for k, v in a.to_dict().items()
                 if k != "name" and own.get(k) != v]  # fmt: skip
-        if a["name"] not in implied:
-            names.append(a["name"])
+        if a.name not in implied:
+            names.append(a.name)
         changed += diff
     return ([("augment", "+".join(names))] if names else []) + changed
 

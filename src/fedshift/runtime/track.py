@@ -267,7 +267,7 @@ def describe_start(run: Any, resumed: bool) -> str:
     if git:
         source = f" (git {git['commit'][:10]}{', with local changes' if git['dirty'] else ''})"
     line = (
-        f"{cfg.algorithm['name']} on {cfg.dataset['name']}, seed {cfg.seed}, "
+        f"{cfg.algorithm.name} on {cfg.dataset.name}, seed {cfg.seed}, "
         f"{cfg.train.rounds} rounds, {len(run.fed.client_names)} clients, device {run.device}; "
         f"fedshift {prov.get('fedshift')}{source}, torch {prov.get('torch')}"
     )
