@@ -42,7 +42,7 @@ def fraug_sim(make_cfg, tmp_path, *over: str, rounds: int = 2) -> Simulation:
 
 
 def algo_of(sim: Simulation) -> FRAug:
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     assert isinstance(algo, FRAug)
     return algo
 

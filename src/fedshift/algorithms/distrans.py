@@ -100,18 +100,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import (
-    Algorithm,
-    FLParams,
-    Reply,
-    State,
-    bn_keys,
-    clone,
-    subset,
-    weighted_average,
-)
+from fedshift.algorithms.base import Algorithm, FLParams, Reply, State
+from fedshift.algorithms.bn import FrozenBNStats, bn_keys
+from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.bounds import bounded
-from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
@@ -357,30 +349,6 @@ def train_aggregator(
     return history
 
 
-# ----------------------------------------------------------------------------- BN helper
-class _FrozenBNStats:
-    """Context: BN layers normalise with batch statistics but leave their running statistics
-    and counters exactly as they were (works when a layer runs several times per pass)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.layers = [
-            m
-            for m in model.modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-        ]
-
-    def __enter__(self) -> _FrozenBNStats:
-        self.saved = [(m, m.momentum, m.num_batches_tracked.clone()) for m in self.layers]
-        for m in self.layers:
-            m.momentum = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for m, momentum, count in self.saved:
-            m.momentum = momentum
-            m.num_batches_tracked.copy_(count)
-
-
 # ----------------------------------------------------------------------------- the algorithm
 @register
 class DisTrans(Algorithm):
@@ -391,15 +359,7 @@ class DisTrans(Algorithm):
     Params = DisTransParams
     paper_weighting = "uniform"  # Alg. 1 averages the local models uniformly
 
-    def __init__(
-        self,
-        params: Any,
-        train: TrainConfig,
-        federation: FederationConfig,
-        model: FedModel,
-        num_clients: int,
-    ) -> None:
-        super().__init__(params, train, federation, model, num_clients)
+    def setup(self, model: FedModel) -> None:
         if not isinstance(model, DisTransModel):
             raise TypeError("distrans trains a DisTransModel: build it with DisTrans.wrap_model")
         self.input_shape = model.input_shape
@@ -614,7 +574,7 @@ class DisTrans(Algorithm):
         steps = 0
         for x, y in ctx.batches():
             if self.params.update == "alternate":
-                with _FrozenBNStats(model):
+                with FrozenBNStats(model):
                     loss_t = self.loss(ctx, x, y)
                 (g,) = torch.autograd.grad(loss_t, [offset], allow_unused=True)
                 offset.grad = torch.zeros_like(offset) if g is None else g

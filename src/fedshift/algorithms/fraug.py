@@ -89,15 +89,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import (
-    Algorithm,
-    BNPolicy,
-    FLParams,
-    Reply,
-    State,
-    clone,
-    subset,
-)
+from fedshift.algorithms.base import Algorithm, FLParams, Reply, State
+from fedshift.algorithms.bn import BNPolicy
 from fedshift.algorithms.fraug_nets import (
     Generator,
     RTNet,
@@ -109,8 +102,9 @@ from fedshift.algorithms.fraug_nets import (
     synthetic_weight,
     update_prototypes,
 )
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
-from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
@@ -216,22 +210,14 @@ class FRAug(Algorithm):
                 f"BatchNorm layers), got {train.batch_size}"
             )
 
-    def __init__(
-        self,
-        params: Any,
-        train: TrainConfig,
-        federation: FederationConfig,
-        model: FedModel,
-        num_clients: int,
-    ) -> None:
-        super().__init__(params, train, federation, model, num_clients)
+    def setup(self, model: FedModel) -> None:
         head = model.classifier
         if not isinstance(head, nn.Linear):
             raise ConfigError(
                 "algorithm 'fraug' needs a model whose head (classifier) is a torch.nn.Linear "
                 "(it reads the embedding size and the number of classes from it)"
             )
-        p = params
+        p = self.params
         self.dim, self.num_classes = head.in_features, head.out_features
         self.noise_dim = p.noise_dim or max(1, self.dim // 2)
         self.rtnet_hidden = p.rtnet_hidden or self.noise_dim

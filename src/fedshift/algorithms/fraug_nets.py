@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms.base import BN_STATS, BNPolicy
+from fedshift.algorithms.bn import BN_STATS, BNPolicy
 
 
 # ----------------------------------------------------------------------------- MMD

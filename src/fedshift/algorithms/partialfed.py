@@ -63,10 +63,12 @@ from typing import Any, Literal
 import torch
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, bn_keys, clone, subset
+from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
-from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
@@ -149,15 +151,8 @@ class PartialFed(FedAvg):
                 "name the layers to initialise locally (e.g. [bn, classifier])"
             )
 
-    def __init__(
-        self,
-        params: Any,
-        train: TrainConfig,
-        federation: FederationConfig,
-        model: FedModel,
-        num_clients: int,
-    ) -> None:
-        super().__init__(params, train, federation, model, num_clients)
+    def setup(self, model: FedModel) -> None:
+        params = self.params
         shared = set(self.shared_keys)
         #: Fix: shared keys that a client initialises from its own previous model
         self.partial_keys: list[str] = (

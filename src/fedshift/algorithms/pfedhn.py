@@ -76,10 +76,11 @@ import torch
 from torch import nn
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone
+from fedshift.algorithms.base import Algorithm, FLParams, Reply, State
 from fedshift.algorithms.partialfed import resolve_layer_keys
+from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
-from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
@@ -177,15 +178,8 @@ class PFedHN(Algorithm):
                 "'global')"
             )
 
-    def __init__(
-        self,
-        params: Any,
-        train: TrainConfig,
-        federation: FederationConfig,
-        model: FedModel,
-        num_clients: int,
-    ) -> None:
-        super().__init__(params, train, federation, model, num_clients)
+    def setup(self, model: FedModel) -> None:
+        params, num_clients = self.params, self.num_clients
         local = set(self.local_keys)  # pc: the personal head is not generated
         shapes = {k: p.shape for k, p in model.named_parameters() if k not in local}
         total = sum(s.numel() for s in shapes.values())

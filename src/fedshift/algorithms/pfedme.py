@@ -51,7 +51,8 @@ from typing import Any, Literal
 import torch
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone, require_sgd, subset
+from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, require_sgd
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
