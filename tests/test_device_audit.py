@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "fedshift"
 #: ``.to(device)``)
 FILES = sorted(
     [
-        *ROOT.glob("algorithms/*.py"),
+        *ROOT.glob("algorithms/**/*.py"),
         *ROOT.glob("augment/*.py"),
         ROOT / "core" / "context.py",
         ROOT / "core" / "tasks.py",
