@@ -76,7 +76,7 @@ def test_composition_has_the_runtime_protocol_exactly():
 
 def test_runtime_protocol_is_what_the_runtimes_call():
     runtime = {
-        "communicates", "has_global_model", "has_personal_model", "needs_setup",
+        "communicates", "has_global_model", "has_personal_model", "needs_setup", "algorithm",
         "init_server", "init_client", "register_clients", "setup_reply", "setup_aggregate",
         "setup_broadcast", "setup_receive", "broadcast", "local_update", "aggregate",
         "eval_broadcast", "eval_receive", "global_weights", "personal_weights", "server_view",

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedshift.algorithms.bn import FrozenBNStats
 from fedshift.algorithms.distrans import (
     OFFSET,
     DisTrans,
     DisTransModel,
     DisTransParams,
     OffsetAggregator,
-    _FrozenBNStats,
     blend,
     class_share,
     label_proportions,
@@ -262,7 +262,7 @@ def test_frozen_bn_stats_context():
     m.train()
     m(torch.randn(4, *SHAPE))
     before = (bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked))
-    with _FrozenBNStats(m):
+    with FrozenBNStats(m):
         m(torch.randn(4, *SHAPE))
         m(torch.randn(4, *SHAPE))
     assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
@@ -450,7 +450,7 @@ def test_auto_rule_from_label_distributions(make_cfg, tmp_path, partition, dh, m
     sim = Simulation(cfg, tmp_path / partition, progress=False)
     sim.run()
     assert sim.server["dh"] == pytest.approx(dh)
-    assert sim.algo.algo.offset_mode(sim.server) == mode
+    assert sim.algo.algorithm.offset_mode(sim.server) == mode
     rec = sim.ledger.by_record()
     if mode == "none":  # offsets never left the clients
         assert "offset" not in rec["up"] and "offset" not in rec["down"]

@@ -108,7 +108,7 @@ def test_fedaws_model_logits_are_cosines_of_the_class_embeddings(make_cfg, tmp_p
     assert torch.allclose(model(x), want, atol=1e-6)
     # the client's loss is the positive-only squared hinge on the cosine to its own class
     y = torch.tensor([0, 1, 2, 1])
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     ctx = ClientContext(
         "client00",
         1,
@@ -140,7 +140,7 @@ def test_client_sends_and_updates_only_the_rows_of_its_classes(make_cfg, tmp_pat
     sim = _sim(
         make_cfg, tmp_path, "algorithm.name=fedaws", "algorithm.spreadout_steps=0", *ONE_CLASS
     )
-    algo, key = sim.algo.algo, "classifier.weight"
+    algo, key = sim.algo.algorithm, "classifier.weight"
     w0 = sim.server["weights"][key].clone()
     for i, cid in enumerate(["client00", "client01", "client02"]):
         assert sim.fed.client(cid).train.y.unique().tolist() == [i]
@@ -167,7 +167,7 @@ def test_client_sends_and_updates_only_the_rows_of_its_classes(make_cfg, tmp_pat
 def test_server_averages_a_class_over_its_holders_then_spreads(make_cfg, tmp_path):
     over = ("algorithm.name=fedaws", "algorithm.spreadout_lr=0.1", "algorithm.nu=2.0")
     sim = _sim(make_cfg, tmp_path, *over, *ONE_CLASS)
-    algo, key = sim.algo.algo, "classifier.weight"
+    algo, key = sim.algo.algorithm, "classifier.weight"
     w0 = sim.server["weights"][key].clone()
     rows = [torch.randn(1, w0.shape[1]) for _ in range(2)]
     replies = [
@@ -347,8 +347,8 @@ def test_advprop_end_to_end(make_cfg, tmp_path):
     sim = Simulation(cfg, tmp_path / "a", None, False)
     s = sim.run().summary
     assert (tmp_path / "a/summary.json").is_file() and s["evaluated_model"] == "personal"
-    assert "stages.conv1.bn.aux.running_var" in sim.algo.algo.local_keys
-    assert "stages.conv1.bn.aux.weight" in sim.algo.algo.shared_keys
+    assert "stages.conv1.bn.aux.running_var" in sim.algo.algorithm.local_keys
+    assert "stages.conv1.bn.aux.weight" in sim.algo.algorithm.shared_keys
     with pytest.raises(ConfigError, match="batch-norm"):
         Simulation(
             make_cfg("algorithm.name=advprop", "model.bn=false"), tmp_path / "b", None, False
@@ -449,7 +449,7 @@ def test_server_update_is_the_vector_jacobian_product():
 def test_pfedhn_end_to_end_payloads_and_embeddings(make_cfg, tmp_path):
     cfg = make_cfg(*TINY, "algorithm.name=pfedhn", "train.local_steps=3", rounds=2)
     sim = Simulation(cfg, tmp_path / "p", None, False)
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     emb0 = algo.hnet.embeddings.weight.detach().clone()
     s = sim.run().summary
     assert (tmp_path / "p/summary.json").is_file() and s["evaluated_model"] == "personal"

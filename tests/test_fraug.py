@@ -14,13 +14,16 @@ import torch.nn.functional as F
 from fedshift.algorithms.fraug import (
     FRAug,
     FRAugParams,
+    Generator,
+    RoundPlan,
+    RTNet,
+    cyclic_labels,
     entropy,
     mmd,
     ramp_factor,
     synthetic_weight,
     update_prototypes,
 )
-from fedshift.algorithms.fraug_nets import Generator, RTNet, cyclic_labels
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
@@ -42,7 +45,7 @@ def fraug_sim(make_cfg, tmp_path, *over: str, rounds: int = 2) -> Simulation:
 
 
 def algo_of(sim: Simulation) -> FRAug:
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     assert isinstance(algo, FRAug)
     return algo
 
@@ -93,7 +96,8 @@ def test_synthetic_loss_gradient_reaches_only_the_head(make_cfg, tmp_path, embed
     y_c = torch.arange(len(y)) % algo.num_classes
     protos = torch.randn(algo.num_classes, algo.dim)
     model.zero_grad(set_to_none=True)
-    algo.synthetic_loss(model, u, y, y_c, protos).backward()
+    branches = algo.synthetic_embeddings(u, y, y_c, protos)
+    torch.stack(list(algo.synthetic_terms(model, branches))).sum().backward()
     head = {f"classifier.{n}" for n, _ in model.classifier.named_parameters()}
     for name, p in model.named_parameters():
         if name in head:
@@ -117,7 +121,7 @@ def test_ablations_compute_different_branches(make_cfg, tmp_path, embeddings):
     if algo.rtnet is not None:
         algo.rtnet.eval()
     out = algo.synthetic_embeddings(u, y, y_c, protos)
-    labels = [lab.tolist() for _, lab in out]
+    labels = [b.labels.tolist() for b in out]
     expect = {
         "both": [y.tolist(), y_c.tolist()],
         "agnostic": [y.tolist(), y_c.tolist()],
@@ -127,7 +131,7 @@ def test_ablations_compute_different_branches(make_cfg, tmp_path, embeddings):
     assert labels == expect
     assert (algo.rtnet is None) == (embeddings == "agnostic")
     if embeddings == "agnostic":  # g(z, y) itself: non-negative (ReLU output), no base added
-        assert all(bool((e >= 0).all()) for e, _ in out)
+        assert all(bool((b.emb >= 0).all()) for b in out)
 
 
 # ----------------------------------------------------------------------------- Eq. 5, 6
@@ -140,7 +144,7 @@ def test_generator_loss_is_ce_minus_alpha_mmd_to_the_real_batch(make_cfg, tmp_pa
     ref = torch.rand(8, algo.dim)
     protos = torch.zeros(algo.num_classes, algo.dim)
     torch.manual_seed(3)
-    got = algo.generator_loss(model, y_c, ref, protos)
+    got = algo.generator_loss(model, y_c, y_c, ref, protos)
     torch.manual_seed(3)
     g = algo.generator(torch.rand(8, algo.noise_dim), y_c)
     want = F.cross_entropy(model.head(g), y_c) - 2.5 * mmd(g, ref)
@@ -333,11 +337,11 @@ def test_paper_cls_loss_is_l_real_plus_l_syn_with_scaled_residuals(make_cfg, tmp
     y = torch.arange(8) % algo.num_classes
     protos = torch.randn(algo.num_classes, algo.dim)
     torch.manual_seed(5)
-    got = algo.paper_losses_model(model, u, y, protos, 0.3)
+    yc = algo.class_labels(8, u.device)
+    got = algo.model_loss(model, u, y, yc, protos, RoundPlan(scale=0.3))
     torch.manual_seed(5)
     g = algo.generator(torch.randn(8, algo.noise_dim), y)
     u_hat = u + 0.3 * (algo.rtnet(torch.zeros_like(u), g, y))
-    yc = algo.class_labels(8, u.device)
     gc = algo.generator(torch.randn(yc.shape[0], algo.noise_dim), yc)
     uc = protos[yc] + 0.3 * algo.rtnet(torch.zeros(yc.shape[0], algo.dim), gc, yc)
     ce_c = F.cross_entropy(model.head(uc), yc, reduction="none")
@@ -373,11 +377,13 @@ def test_per_class_mmd_differs_from_pooled_when_class_means_differ(make_cfg, tmp
 def test_paper_ramp_up_scales_lambda_syn_and_prototype_rate(make_cfg, tmp_path):
     """Sec. 3.2: lambda_syn and the EMA ratio lambda_c both follow an exponential ramp-up."""
     algo = algo_of(fraug_sim(make_cfg, tmp_path, "algorithm.ramp_gamma=1.0"))
-    lam1, mom1 = algo.paper_schedule(1)
+    plan = algo.round_plan(1)
+    lam1, mom1 = plan.scale, plan.proto_rate
     assert lam1 == pytest.approx(0.5 * math.exp(-2))
     assert mom1 == pytest.approx(0.3 * math.exp(-2))
     off = algo_of(fraug_sim(make_cfg, tmp_path / "o", "algorithm.ramp_up=false"))
-    assert off.paper_schedule(1) == (0.5, 0.3)
+    plan = off.round_plan(1)
+    assert (plan.scale, plan.proto_rate) == (0.5, 0.3)
 
 
 def test_paper_and_released_variants_train_differently(make_cfg, tmp_path):
@@ -397,7 +403,7 @@ def test_paper_weighting_is_uniform():
 
 # ----------------------------------------------------------------------------- released variant
 # An independent reference implementation of one client's local update with
-# variant=released, written from the module docstring of fedshift.algorithms.fraug and the
+# variant=released, written from docs/METHODS.md (FRAug, variant=released) and the
 # FRAug section of shared/reference/official-code-notes.md. It reuses only the building blocks
 # tested on their own above (Generator, RTNet, mmd, entropy, update_prototypes,
 # cyclic_labels); the steps, their order, the modes, the optimisers and the noise draws are

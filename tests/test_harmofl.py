@@ -285,7 +285,7 @@ def test_ablation_amplitude_norm_off(make_cfg, tmp_path):
     s = sim.run().summary
     assert set(s["bytes_by_record"]["up"]) == {"weights"}
     assert set(s["bytes_by_record"]["down"]) == {"weights"}
-    assert sim.algo.algo.sam_rho == 0.05
+    assert sim.algo.algorithm.sam_rho == 0.05
 
 
 def test_nonsense_combinations(make_cfg):

@@ -89,7 +89,7 @@ def test_moon_keeps_previous_local_model_and_frozen_features_use_eval_mode(make_
     up = sim.client_round(1, "client0")
     prev = sim.states["client0"]["prev"]
     assert_same_tensors(prev, up["weights"])  # bn_policy global: the whole trained model
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     model = sim.model
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -218,7 +218,7 @@ def test_pfedme_server_blends_parameters_and_averages_buffers(make_cfg, tmp_path
     sim = Simulation(
         small(make_cfg, "algorithm.name=pfedme", "algorithm.beta=2"), tmp_path / "b", progress=False
     )
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     w_t = {k: v.clone() for k, v in sim.server["weights"].items()}
     replies = [(cid, sim.client_round(1, cid)) for cid in ("client0", "client1", "client2")]
     avg = algo.average_record(replies, "weights")
@@ -289,7 +289,7 @@ def test_partialfed_initialises_local_layers_from_previous_local_model(make_cfg,
         tmp_path / "pf",
         progress=False,
     )
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     keys = algo.partial_keys
     bn = {"stages.conv1.bn.weight", "stages.conv1.bn.running_var", "embed.fc1.bn.bias"}
     assert bn <= set(keys) and any(k.startswith("stages.conv2.conv.") for k in keys)
@@ -341,7 +341,7 @@ def test_partialfed_adaptive_gates_are_per_layer_and_learned_from_the_loss(
         tmp_path / "pfa",
         progress=False,
     )
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     units = algo.units
     assert len(units) > 3 and "classifier" in "".join(units)
     starts, first_grads, softs = {}, {}, {}
@@ -396,7 +396,7 @@ def test_partialfed_adaptive_gates_are_per_layer_and_learned_from_the_loss(
 
 def test_partialfed_fix_is_the_default_and_adaptive_keeps_fedavg_traffic(make_cfg, tmp_path):
     sim = Simulation(small(make_cfg, "algorithm.name=partialfed"), tmp_path / "f", progress=False)
-    assert sim.algo.algo.params.strategy == "fix" and "alpha" not in sim.states["client0"]
+    assert sim.algo.algorithm.params.strategy == "fix" and "alpha" not in sim.states["client0"]
     res = run_experiment(
         small(make_cfg, "algorithm.name=partialfed", "algorithm.strategy=adaptive"),
         run_dir=tmp_path / "a",
@@ -413,7 +413,7 @@ def test_pfedhn_pc_head_stays_on_the_client_and_the_hypernetwork_generates_the_r
     classifier head is trained locally, kept in its state and never sent."""
     cfg = small(make_cfg, "algorithm.name=pfedhn", "algorithm.variant=pc")
     sim = Simulation(cfg, tmp_path / "pc", progress=False)
-    algo = sim.algo.algo
+    algo = sim.algo.algorithm
     params = [n for n, _ in sim.model.named_parameters()]
     head = [k for k in params if k.startswith("classifier.")]
     assert head and set(algo.param_keys) == set(params) - set(head)
@@ -433,7 +433,7 @@ def test_pfedhn_pc_head_stays_on_the_client_and_the_hypernetwork_generates_the_r
     a, b = (sim.states[c]["local"][head[0]] for c in ("client0", "client1"))
     assert not torch.equal(a, b)
     full = Simulation(small(make_cfg, "algorithm.name=pfedhn"), tmp_path / "f", progress=False)
-    assert set(full.algo.algo.param_keys) == set(params)  # variant=full generates the head
+    assert set(full.algo.algorithm.param_keys) == set(params)  # variant=full generates the head
 
 
 # --------------------------------------------------------------------------- end to end

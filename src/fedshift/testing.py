@@ -331,7 +331,7 @@ def _pair(cfg: RunConfig, fed: Federation) -> tuple[Run, Composition, Experiment
     run = start(cfg, fed)
     full_round(run, 1)
     other = build_experiment(cfg, fed)
-    return run, Composition(run.exp.algo.algo, other.augments), other
+    return run, Composition(run.exp.algo.algorithm, other.augments), other
 
 
 def interleave(cfg: RunConfig, fed: Federation) -> tuple[list[str], tuple, tuple]:
@@ -351,7 +351,7 @@ def interleave(cfg: RunConfig, fed: Federation) -> tuple[list[str], tuple, tuple
         return run, comp_b, exp_b, a, b, key_b
 
     run, comp_b, exp_b, a, b, key_b = setup()
-    algo = run.exp.algo.algo
+    algo = run.exp.algo.algorithm
     before = snapshot(algo)
     seq_a = client_round(run, 2, a, run.states[a])
     seq_b = client_round(run, 2, b, run.states[key_b], comp_b, exp_b)

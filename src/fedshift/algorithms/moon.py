@@ -57,8 +57,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, clone
+from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError

@@ -31,8 +31,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, build_optimizer, clone, subset
+from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.local_train import build_optimizer
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload, Tensors

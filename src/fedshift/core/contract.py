@@ -100,6 +100,12 @@ class FederatedAlgorithm(Protocol):
         """The one-off setup exchange runs before round 1."""
         ...
 
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The configured algorithm itself (``algorithm.name``), without its augments: the
+        one accessor for what the run's algorithm is (its name, weighting, class flags)."""
+        ...
+
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
         """The server state, from the model at its initial weights."""

@@ -113,9 +113,8 @@ def build_summary(
 
 def effective_weighting(sim) -> str:
     """The resolved ``federation.weighting`` of a run's algorithm (``samples``/``uniform``);
-    an augment composition (``sim.algo``) holds the algorithm as ``.algo``."""
-    algo = getattr(sim.algo, "algo", sim.algo)
-    return algo.weighting
+    ``sim.algo`` is the run's algorithm x augments composition."""
+    return sim.algo.algorithm.weighting
 
 
 def summarize(sim) -> dict[str, Any]:

@@ -402,8 +402,8 @@ class RoundLoop:
                 f"train.rounds={rounds}: the run in {self.run_dir} already trained "
                 f"{self.last_round} rounds; a run can be extended, not shortened"
             )
-        algo = getattr(self.algo, "algo", self.algo)
-        if rounds != self.cfg.train.rounds and getattr(algo, "depends_on_rounds", False):
+        algo = self.algo.algorithm
+        if rounds != self.cfg.train.rounds and algo.depends_on_rounds:
             raise ConfigError(
                 f"train.rounds={rounds}: {self.cfg.algorithm.name}'s local work depends on "
                 f"the run's total rounds ({self.cfg.train.rounds}: a ramp-up schedule), so the "

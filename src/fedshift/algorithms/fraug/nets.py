@@ -1,9 +1,6 @@
-"""FRAug's building blocks (Chen et al., ICCV 2023), used by :mod:`fedshift.algorithms.fraug`:
-the MMD distances of Eq. 5-6, the ramp-up schedule, the class prototypes, the shared
-generator and the client's RTNet (Sec. 3.1), and which of a module's tensors the BN policy
-keeps local. Kept apart from the algorithm so that module reads top to bottom against the
-paper's training procedure.
-"""
+"""FRAug's building blocks (Chen et al., ICCV 2023): the MMD distance and the entropy of
+Eq. 5-6, the ramp-up schedule (Sec. 3.2), the class prototypes of Eq. 4, and the shared
+generator and the client's RTNet (Sec. 3.1)."""
 
 from __future__ import annotations
 
@@ -14,8 +11,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from fedshift.algorithms.base import BN_STATS, BNPolicy
 
 
 # ----------------------------------------------------------------------------- MMD
@@ -162,16 +157,7 @@ class RTNet(nn.Module):
         return base + residual if scale == 1.0 else base + scale * residual
 
 
-def module_bn_keys(module: nn.Module, policy: BNPolicy) -> list[str]:
-    """State-dict keys of ``module``'s BN layers that ``policy`` keeps on the client."""
-    if policy == "global":
-        return []
-    layers = {
-        n for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-    }
-    out = []
-    for key in module.state_dict():
-        owner, _, leaf = key.rpartition(".")
-        if owner in layers and (policy == "local" or leaf in BN_STATS):
-            out.append(key)
-    return out
+def entropies(logits: torch.Tensor) -> torch.Tensor:
+    """Per-sample prediction entropies ``H_i = -sum_k p_ik log p_ik`` (the terms of the sums
+    over classes in Eq. 6)."""
+    return -(F.softmax(logits, 1) * F.log_softmax(logits, 1)).sum(1)
