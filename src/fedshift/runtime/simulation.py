@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
 from fedshift.runtime.checkpoint_io import read_run_state
 from fedshift.runtime.cores import resolve_workers
+from fedshift.runtime.hooks import Hook
 from fedshift.runtime.loop import (
     CHECKPOINT,
     SELECTED,
@@ -84,10 +85,11 @@ class Simulation(RoundLoop):
         progress: bool = True,
         options: LoopOptions | None = None,
         transport: InProcessTransport | PoolTransport | None = None,
+        hooks: Iterable[Hook] = (),
     ) -> None:
         with torch_threads(cfg.run.threads):
             transport = transport or InProcessTransport(federation)
-            super().__init__(cfg, run_dir, transport, progress, options)
+            super().__init__(cfg, run_dir, transport, progress, options, hooks)
 
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
