@@ -23,10 +23,12 @@ Every run's hooks, in order (:meth:`fedshift.runtime.loop.RoundLoop.hooks_for`):
 ``metrics.jsonl`` (:class:`~fedshift.runtime.results.MetricsFile`), ``selected.pt``
 (:class:`ModelSelection`), the trackers (``metrics.csv`` and the config key ``track``'s:
 :mod:`fedshift.runtime.tracking`), the round line and progress bar (:class:`ProgressLine`),
-checkpoint timing (:class:`Checkpoints`), ``summary.json`` / ``ledger.json`` /
-``convergence.png`` (:class:`~fedshift.runtime.results.ResultFiles`), then any the caller
-adds (``RoundLoop(hooks=...)``: a bench cell's progress report). A hook never changes a
-run's numbers: it reads the loop's state and writes files.
+``summary.json`` / ``ledger.json`` / ``convergence.png``
+(:class:`~fedshift.runtime.results.ResultFiles`), any the caller adds
+(``RoundLoop(hooks=...)``: a bench cell's progress report), and last checkpoint timing
+(:class:`Checkpoints`), so every hook has seen a round before the checkpoint that holds it
+is written. A hook never changes a run's numbers: it reads the loop's state and writes
+files.
 """
 
 from __future__ import annotations
@@ -75,6 +77,24 @@ class RoundRecord:
     kinds: list[str] = field(default_factory=list)
     #: how many sampled clients replied
     replies: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        rnd: int,
+        train_metrics: dict[str, dict],
+        rows: list[dict] | None,
+        ledger_rows: list,
+        kinds: list[str],
+    ) -> RoundRecord:
+        """Round ``rnd`` as the hooks see it: the replies' ``train_metrics``, the evaluation
+        ``rows`` (None when not evaluated) and the bytes of the round's ``ledger_rows``."""
+        sent = {"up": 0, "down": 0}
+        for _, _, direction, _, nbytes in ledger_rows:
+            sent[direction] = sent.get(direction, 0) + nbytes
+        losses = {c: m["train_loss"] for c, m in train_metrics.items() if "train_loss" in m}
+        replies = len(train_metrics)
+        return cls(rnd, losses, rows, sent["up"], sent["down"], list(kinds), replies)
 
 
 class Hook:

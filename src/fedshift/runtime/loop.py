@@ -52,8 +52,6 @@ from fedshift.eval.summary import RunRecord
 from fedshift.runtime import track, tracking
 from fedshift.runtime.checkpoint_io import (
     CHECKPOINT,
-    SELECTED,
-    check_selected,
     read_run_state,
     write_checkpoint,
     write_failed,
@@ -311,25 +309,21 @@ class RoundLoop:
         self.wall_before += now - self._t0
         self._t0 = now
 
-    def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
-        """Load ``checkpoint.pt`` (the run continues after its round) or, for tests,
-        ``selected.pt`` (checked to be this run's: call it after ``checkpoint.pt``)."""
-        ck = read_run_state(self.run_dir, name, map_location=self.device)
-        if name == SELECTED:  # after checkpoint.pt: it must be this run's state
-            check_selected(ck, self.run_dir / name, self.identity.key, self.cfg.to_dict())
+    def load_checkpoint(self) -> dict:
+        """Load ``checkpoint.pt``: the run continues after its round (returns its dict)."""
+        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device)
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])
-        if "ledger" in ck:  # selected.pt holds the state only
-            self.ledger.load_state_dict(ck["ledger"])
-            self.records = ck["records"]
-            self.wall_before = float(ck["wall_s"])
-            set_rng_state(ck["rng"])
-            self.identity.key = ck.get("run_key") or self.identity.key
-            self.setup_complete = True  # checkpoints are written after the setup exchange
-            self.identity.resume_from = self.last_round
-            self.identity.checkpointed = self.last_round
-            self.identity.worked = self._worked_until(self.last_round)
+        self.ledger.load_state_dict(ck["ledger"])
+        self.records = ck["records"]
+        self.wall_before = float(ck["wall_s"])
+        set_rng_state(ck["rng"])
+        self.identity.key = ck.get("run_key") or self.identity.key
+        self.setup_complete = True  # checkpoints are written after the setup exchange
+        self.identity.resume_from = self.last_round
+        self.identity.checkpointed = self.last_round
+        self.identity.worked = self._worked_until(self.last_round)
         return ck
 
     def _worked_until(self, rnd: int) -> set[str]:
@@ -407,9 +401,9 @@ class RoundLoop:
             ModelSelection(self),
             *tracking.trackers(self.run_dir, cfg.track, cfg.to_dict()),
             ProgressLine(self.label, cfg.train.rounds, metric, self.progress, console),
-            Checkpoints(self),
             ResultFiles(),
             *self.extra_hooks,
+            Checkpoints(self),  # last: every hook has seen the round it makes durable
         ]
 
     def run_record(self) -> RunRecord:
@@ -474,7 +468,8 @@ class RoundLoop:
             if rnd % every == 0 or rnd == rounds:
                 rows = self.evaluate_round(rnd, train_metrics)
             self._commit(rnd, rows)
-            self.hooks.log_round(self._round_record(rnd, train_metrics, rows, mark))
+            ledger_rows = self.ledger.rows[mark:]  # the round's own
+            self.hooks.log_round(RoundRecord.of(rnd, train_metrics, rows, ledger_rows, self.kinds))
             if stop_after is not None and rnd >= stop_after and rnd < rounds:
                 raise RunInterrupted(f"stopped after round {rnd} (stop_after)")
 
@@ -486,20 +481,6 @@ class RoundLoop:
         if rows is not None:
             self.records.extend(rows)
             self.hooks.evaluated(rnd, rows)
-
-    def _round_record(
-        self, rnd: int, train_metrics: dict[str, dict], rows: list[dict] | None, mark: int
-    ) -> RoundRecord:
-        """Round ``rnd`` as the hooks see it: the replies' train loss, the evaluation
-        ``rows`` (None when not evaluated) and the bytes of the ledger rows from ``mark`` on
-        (the round's own)."""
-        sent = {"up": 0, "down": 0}
-        for _, _, direction, _, nbytes in self.ledger.rows[mark:]:
-            sent[direction] = sent.get(direction, 0) + nbytes
-        losses = {c: m["train_loss"] for c, m in train_metrics.items() if "train_loss" in m}
-        return RoundRecord(
-            rnd, losses, rows, sent["up"], sent["down"], list(self.kinds), len(train_metrics)
-        )
 
     def _save_interrupted(self) -> int | None:
         """After a signal: undo the round in progress and save the last whole round. A
