@@ -16,7 +16,8 @@ from conftest import toy_cfg
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
-from fedshift.runtime.simulation import load_finished, run_experiment
+from fedshift.runtime.saved import read_selected
+from fedshift.runtime.simulation import run_experiment, saved_config
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t"]
 
@@ -85,12 +86,12 @@ def test_selected_state_copied_from_another_run_is_refused(runs, tmp_path):
     config digest."""
     run_dir = _copy(runs, tmp_path)
     shutil.copy(runs / "b" / "selected.pt", run_dir / "selected.pt")
-    sim = load_finished(run_dir, weights="last")
+    cfg, key = saved_config(run_dir), read_checkpoint(run_dir / "checkpoint.pt")["run_key"]
     with pytest.raises(FedshiftError, match="belongs to another run"):
-        sim.load_checkpoint("selected.pt")
+        read_selected(run_dir, cfg, key)
     # its own selected.pt loads
     shutil.copy(runs / "a" / "selected.pt", run_dir / "selected.pt")
-    assert sim.load_checkpoint("selected.pt")["round"] >= 1
+    assert read_selected(run_dir, cfg, key)["round"] >= 1
 
 
 @pytest.mark.parametrize(

@@ -205,12 +205,12 @@ def test_load_run_rebuild_needs_allow_plugins(tmp_path, monkeypatch, fresh_regis
     with pytest.raises(ConfigError, match="names plug-in code"):
         run.rebuild()
     assert imports(tmp_path) == 0
-    assert run.rebuild(allow_plugins=True).last_round == 1
+    assert run.rebuild(allow_plugins=True).round == 1
     assert imports(tmp_path) == 1
     ALGORITHMS._entries.pop("fsconsent_b:Algo")
     del sys.modules["fsconsent_b"]
     monkeypatch.setenv("FEDSHIFT_ALLOW_PLUGINS", "1")  # the environment's yes
-    assert run.rebuild().last_round == 1 and imports(tmp_path) == 2
+    assert run.rebuild().round == 1 and imports(tmp_path) == 2
 
 
 def test_every_place_a_config_names_a_plugin_is_listed(tmp_path, monkeypatch, fresh_registries):

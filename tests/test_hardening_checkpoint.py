@@ -111,14 +111,14 @@ def test_item1_malicious_checkpoint_runs_nothing(finished, tmp_path, capsys, fra
 def test_item1_malicious_selected_state_runs_nothing(finished, tmp_path):
     """The selected round's state (selected.pt) is read the same way: a malicious one runs
     nothing and is refused."""
-    from fedshift.runtime.simulation import SELECTED, Simulation, saved_config
+    from fedshift.runtime.saved import read_selected
+    from fedshift.runtime.simulation import SELECTED, saved_config
 
     run = copy_run(finished, tmp_path)
     marker = tmp_path / "MARKER"
     (run / SELECTED).write_bytes(_malicious(marker, framed=True))
-    sim = Simulation(saved_config(run), run, progress=False)
     with pytest.raises(FedshiftError, match="selected.pt"):
-        sim.load_checkpoint(SELECTED)
+        read_selected(run, saved_config(run), run_key="")
     assert not marker.exists()
 
 
@@ -197,7 +197,7 @@ def test_item1_every_algorithm_checkpoint_loads_with_weights_only(tmp_path, monk
         run_experiment(cfg, run_dir=tmp_path / "k", progress=False, stop_after=1)
     resumed = resume_experiment(tmp_path / "k", progress=False)
     for weights in ("last", "selected"):
-        assert load_finished(tmp_path / "k", weights=weights).last_round >= 1
+        assert load_finished(tmp_path / "k", weights=weights).round >= 1
     if name in RESUMED_EQUAL:
         full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
         assert results_of(resumed.summary) == results_of(full.summary)
@@ -291,7 +291,7 @@ def test_item3_allowed_edits_resume_to_the_uninterrupted_run(tmp_path, capsys):
     assert code == 0, err
     assert metric_rows(short.run_dir) == metric_rows(full.run_dir)
     resumed = load_finished(short.run_dir, weights="last")
-    assert resumed.cfg.train.rounds == 4 and resumed.last_round == 4
+    assert resumed.cfg.train.rounds == 4 and resumed.round == 4
 
 
 def test_item3_depends_on_rounds_algorithm_refuses_edited_rounds(tmp_path, capsys):

@@ -215,7 +215,8 @@ def test_the_selected_round_is_saved_and_loaded_by_default(tmp_path):
     best = res.summary["best_round"]
     selected = load_finished(res.run_dir)
     last = load_finished(res.run_dir, weights="last")
-    assert last.last_round == 6 and selected.last_round == best
+    assert last.round == 6 and selected.round == best
+    assert (last.weights, selected.weights) == ("last", "selected")
     if best != 6:
         assert read_checkpoint(res.run_dir / SELECTED)["round"] == best
     # the selected model scores what the summary reports at the selected round
@@ -235,7 +236,7 @@ def test_an_unfinished_run_has_no_selected_model_yet(tmp_path):
         run_experiment(cfg, run_dir=tmp_path / "u", progress=False, stop_after=2)
     with pytest.raises(FedshiftError, match="has not finished"):
         load_finished(tmp_path / "u")
-    assert load_finished(tmp_path / "u", weights="last").last_round == 2
+    assert load_finished(tmp_path / "u", weights="last").round == 2
 
 
 # ---------------------------------------------------------------------------- Flower

@@ -18,8 +18,8 @@ from conftest import metric_rows, toy_cfg
 
 from fedshift.core.errors import ConfigError
 from fedshift.runtime import track_services
+from fedshift.runtime.hooks import RoundRecord
 from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
-from fedshift.runtime.track import RoundRecord
 from fedshift.runtime.track_services import MlflowTracker, WandbTracker
 
 #: a run of 4 rounds, checkpointed every 2: killed after round 3, resumed from round 2

@@ -6,13 +6,16 @@
     print(result.summary["test_mean"], result.run_dir)
     run = fedshift.load_run(result.run_dir)
     run.summary, run.metrics, run.config
+    saved = run.rebuild()  # a fedshift.SavedRun: the model and state, to evaluate
 
 :func:`run` takes the config as a nested dict (what a YAML config file holds), the path of a
 YAML file, or a :class:`~fedshift.core.config.RunConfig`, plus ``key=value`` overrides as on
 the command line, and checks it the same way (a :class:`~fedshift.core.errors.ConfigError`
 names the key and the fix). :func:`load_run` reads a run directory's text files only
 (``config.yaml``, ``summary.json``, ``metrics.jsonl``): nothing is unpickled and no plug-in
-is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation.
+is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation (a
+:class:`~fedshift.runtime.saved.SavedRun`, ``fedshift.SavedRun``). :func:`run` returns a
+:class:`~fedshift.runtime.results.RunResult` (``fedshift.RunResult``).
 :func:`export_model` writes a run's trained model as a plain ``state_dict`` (loadable with
 ``torch.load(path, weights_only=True)``) plus a JSON description; :func:`load_exported`
 builds that model again and loads the weights.
@@ -32,7 +35,7 @@ from fedshift.core.errors import ConfigError, FedshiftError
 if TYPE_CHECKING:
     from fedshift.core.config import RunConfig
     from fedshift.runtime.results import RunResult
-    from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.saved import SavedRun
 
 __all__ = ["LoadedRun", "export_model", "load_exported", "load_run", "run"]
 
@@ -130,10 +133,11 @@ class LoadedRun:
     def finished(self) -> bool:
         return self.summary is not None
 
-    def rebuild(self, weights: str = "selected", allow_plugins: bool = False) -> Simulation:
+    def rebuild(self, weights: str = "selected", allow_plugins: bool = False) -> SavedRun:
         """The run rebuilt for evaluation from its saved state (the federation, the model and
-        every client's state at the ``selected`` round, or the ``last``):
-        :func:`~fedshift.runtime.simulation.load_finished`. Its checkpoint is read without
+        every client's state at the ``selected`` round, or the ``last``: a
+        :class:`~fedshift.runtime.saved.SavedRun`, as
+        :func:`~fedshift.runtime.simulation.load_finished` returns). Its checkpoint is read without
         running code (tensors and plain data only); a plug-in its config names
         (``module:Class``) is code, imported only with ``allow_plugins=True`` (a run
         directory may come from anyone: :mod:`fedshift.core.consent`)."""

@@ -69,7 +69,10 @@ class FlowerServer:
             gate=gate,
         )
         try:
-            self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
-        except Caught as caught:  # while waiting for the nodes: nothing ran, nothing to save
-            raise RunSignal(caught.signum, self.run_dir, None, hint) from None
-        return self.loop.run(resume=resume, stop_after=stop_after)
+            try:
+                self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
+            except Caught as caught:  # while waiting for the nodes: nothing ran, nothing to save
+                raise RunSignal(caught.signum, self.run_dir, None, hint) from None
+            return self.loop.run(resume=resume, stop_after=stop_after)
+        finally:
+            transport.close()

@@ -9,11 +9,10 @@ training, FedRDN Sec. 4.4 / Table 3) instead of the aggregated or personalised o
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -37,6 +36,9 @@ from fedshift.protocols.common import (  # noqa: E402
     run_meta,
     save_outputs,
 )
+
+if TYPE_CHECKING:
+    from fedshift.runtime.saved import SavedRun
 
 
 @torch.no_grad()
@@ -82,12 +84,12 @@ def cross_site(
     mat = mats[primary.name]
     st = matrix_stats(mat)
     meta = run_meta(sim)
-    at = f"round {sim.last_round}" if kind != "local" else f"local update {sim.last_round + 1}"
+    at = f"round {sim.round}" if kind != "local" else f"local update {sim.round + 1}"
     caption = (
         f"Cross-site {split} {primary.label} (%) of {run_label(meta)} ({kind} models, {at}), "
         f"data through the {pipeline}'s client's input pipeline"
     )
-    note = _note(st, kind, split, pipeline, weights, sim.last_round)
+    note = _note(st, kind, split, pipeline, weights, sim.round)
     text = f"{caption}:\n\n{_table(mat, st, clients)}\n\n_{note}_"
     data = {
         "weights": weights,
@@ -98,7 +100,7 @@ def cross_site(
         "kind": kind,
         "split": split,
         "pipeline": pipeline,
-        "round": sim.last_round,
+        "round": sim.round,
         "clients": clients,
         "metric": primary.name,
         "metric_labels": {m.name: m.label for m in sim.task.metrics},
@@ -212,23 +214,13 @@ def _note(
     )
 
 
-def local_models(sim) -> dict[str, dict[str, torch.Tensor]]:
+def local_models(sim: SavedRun) -> dict[str, dict[str, torch.Tensor]]:
     """Each training client's local model for ``cross_site(kind="local")``: the weights after
-    its local update of round ``last_round + 1`` from the server's broadcast (the algorithm's
-    own ``local_update``, with the run's augments and seeded batches). The server, the client
-    states and the ledger are restored afterwards, so the run is unchanged."""
-    rnd = sim.last_round + 1
-    saved = (copy.deepcopy(sim.states), sim.ledger.state_dict())
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    try:
-        with torch.enable_grad():
-            for cid in sim.train_clients:
-                sim.client_round(rnd, cid)
-                out[cid] = {k: v.detach().clone() for k, v in sim.model.state_dict().items()}
-    finally:
-        sim.states = saved[0]
-        sim.ledger.load_state_dict(saved[1])
-    return out
+    its local update of round ``round + 1`` from the server's broadcast (the algorithm's
+    own ``local_update``, with the run's augments and seeded batches:
+    :meth:`~fedshift.runtime.saved.SavedRun.local_update`); the saved run is unchanged."""
+    with torch.enable_grad():
+        return {cid: sim.local_update(sim.round + 1, cid) for cid in sim.train_clients}
 
 
 def _heatmap(mat: list[list[float]], clients: list[str], title: str, path: Path) -> Path:

@@ -151,7 +151,7 @@ def export_model(
         torch.save(tensors, tmp)
     cfg, fed = sim.cfg, sim.fed
     summary = read_json(Path(run_dir) / "summary.json")
-    rnd = int(summary["best_round"]) if weights == "selected" else int(sim.last_round)
+    rnd = int(summary["best_round"]) if weights == "selected" else sim.round
     raw = cfg.to_dict()
     desc = {
         "format": EXPORT_FORMAT,

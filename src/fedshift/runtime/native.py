@@ -18,7 +18,6 @@ from fedshift.data import load_dataset
 from fedshift.data.base import Federation
 from fedshift.data.partition import apply_partition
 from fedshift.runtime.client import evaluate_client, train_client
-from fedshift.runtime.executor import SequentialExecutor
 from fedshift.runtime.experiment import Experiment, init_client_state
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
 
@@ -29,9 +28,8 @@ class InProcessTransport:
 
     name = "native"
 
-    def __init__(self, federation: Federation | None = None, executor=None) -> None:
+    def __init__(self, federation: Federation | None = None) -> None:
         self.preloaded = federation
-        self.executor = executor or SequentialExecutor()
         self.states: dict[str, dict] = {}
         self._undo: dict[str, dict] | None = None
 
@@ -64,13 +62,13 @@ class InProcessTransport:
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
-        exp = self.exp
-
-        def one(cid: str) -> tuple[str, Payload]:
-            data = exp.train_clients[cid]
-            return cid, train_client(exp, exp.seed, cid, data, rnd, down(cid), self.states[cid])
-
-        return dict(self.executor.map(one, cids)), []
+        exp, states = self.exp, self.states
+        return {
+            cid: train_client(
+                exp, exp.seed, cid, exp.train_clients[cid], rnd, down(cid), states[cid]
+            )
+            for cid in cids
+        }, []
 
     def evaluate(
         self, rnd: int, cids: list[str], request: EvalRequest
@@ -113,4 +111,4 @@ class InProcessTransport:
         }
 
     def close(self) -> None:
-        """Nothing to stop (the pool transport's counterpart)."""
+        """Nothing to stop (the pool transport stops its worker processes)."""

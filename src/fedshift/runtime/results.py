@@ -17,7 +17,8 @@ from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
 from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
 from fedshift.eval.plots import plot_convergence
-from fedshift.eval.summary import summarize
+from fedshift.eval.summary import RunRecord
+from fedshift.runtime.hooks import Hook
 from fedshift.runtime.rundir import (
     EXISTS,
     LOCK_FILE,
@@ -27,11 +28,12 @@ from fedshift.runtime.rundir import (
     hold_run,
     is_empty,
 )
-from fedshift.runtime.track import utc_now
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
+    """A run that finished: its directory and ``summary.json``'s content."""
+
     run_dir: Path
     summary: dict
 
@@ -226,26 +228,43 @@ def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None
         write_text_atomic(path, text)
 
 
-def finish_run(run, label: str, extra: dict | None = None) -> dict:
-    """Write ``summary.json`` (+ ``extra`` keys), ``ledger.json`` and ``convergence.png`` of
-    a finished run (a :class:`~fedshift.runtime.loop.RoundLoop`). ``summary["provenance"]``
-    records what produced the run (:func:`fedshift.runtime.track.provenance`), with its end
-    time; it is not a result."""
-    summary = summarize(run)
-    summary.update(extra or {})
-    if getattr(run, "provenance", None) is not None:
-        summary["provenance"] = {**run.provenance, "end": utc_now()}
-    run_dir = Path(run.run_dir)
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    ledger = run.ledger
-    data = {
-        "by_record": ledger.by_record(),
-        "by_round": {str(k): v for k, v in ledger.by_round().items()},
-        "total": {"up": ledger.total("up"), "down": ledger.total("down")},
-    }
-    write_text_atomic(run_dir / "ledger.json", json.dumps(data, indent=2) + "\n")
-    metric = run.task.primary
-    plot_convergence(
-        run.records, run.kinds, run_dir / "convergence.png", label, metric.name, metric.label
-    )
-    return summary
+class MetricsFile(Hook):
+    """``metrics.jsonl``: rewritten from the checkpoint's rows when the run opens, then each
+    evaluated round's rows appended."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+        write_metrics(self.run_dir, records)
+
+    def evaluated(self, rnd: int, rows: list[dict]) -> None:
+        write_metrics(self.run_dir, rows, append=True)
+
+
+class ResultFiles(Hook):
+    """At the end of a run: ``summary.json`` (:attr:`RunRecord.summary
+    <fedshift.eval.summary.RunRecord.summary>`; its ``provenance`` records what produced
+    the run, :func:`fedshift.runtime.track.provenance`, and is not a result),
+    ``ledger.json`` and ``convergence.png``."""
+
+    def end(self, record: RunRecord) -> None:
+        run_dir = Path(record.run_dir)
+        text = json.dumps(record.summary, indent=2) + "\n"
+        write_text_atomic(run_dir / "summary.json", text)
+        ledger = record.ledger
+        data = {
+            "by_record": ledger.by_record(),
+            "by_round": {str(k): v for k, v in ledger.by_round().items()},
+            "total": {"up": ledger.total("up"), "down": ledger.total("down")},
+        }
+        write_text_atomic(run_dir / "ledger.json", json.dumps(data, indent=2) + "\n")
+        metric = record.task.primary
+        plot_convergence(
+            record.records,
+            record.kinds,
+            run_dir / "convergence.png",
+            record.label,
+            metric.name,
+            metric.label,
+        )
