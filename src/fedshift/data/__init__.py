@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fedshift.core.components import Component
+from fedshift.core.config import RunConfig
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
@@ -170,6 +171,29 @@ def load_dataset(
     return apply_partition(fed, partition or {"name": "none"})
 
 
+def run_federation(cfg: RunConfig, preloaded: Federation | None = None) -> Federation:
+    """The federation a run's clients hold: the config's dataset (or a ``preloaded``
+    federation, e.g. the Python API's) through its ``partition``, then each client's
+    ``federation.data_fraction`` of its training split. Every transport connects through this
+    one function (in-process, the pool and its workers, a Flower SuperNode)."""
+    from fedshift.data.partition import apply_partition
+
+    if preloaded is None:
+        fed = load_dataset(cfg.dataset, cfg.partition)
+    else:
+        fed = apply_partition(preloaded, cfg.partition)
+    return fed.with_train_fraction(cfg.federation.data_fraction)
+
+
+def federation_key(cfg: RunConfig) -> str:
+    """What :func:`run_federation` depends on, as a string: a process that serves several
+    runs (a pool worker, a SuperNode) reloads its federation only when it changes."""
+    import json
+
+    sections = [cfg.dataset.to_dict(), cfg.partition.to_dict(), cfg.federation.data_fraction]
+    return json.dumps(sections, default=str)
+
+
 def client_names(
     section: Component | dict, partition: Component | dict | None = None
 ) -> list[str]:
@@ -195,5 +219,7 @@ __all__ = [
     "Split",
     "client_names",
     "dataset_task",
+    "federation_key",
     "load_dataset",
+    "run_federation",
 ]

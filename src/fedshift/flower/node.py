@@ -46,7 +46,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, set_dotted
 from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
-from fedshift.data import load_dataset
+from fedshift.data import federation_key, run_federation
 from fedshift.data.base import ClientData, Federation
 from fedshift.flower.wire import (
     pack,
@@ -148,12 +148,10 @@ _RUNTIMES: dict[tuple, NodeRuntime] = {}
 
 def _federation(cfg: RunConfig) -> Federation:
     """The node's federation, loaded once per process and dataset settings."""
-    sections = [cfg.dataset.to_dict(), cfg.partition.to_dict(), cfg.federation.data_fraction]
-    key = json.dumps(sections, default=str)
+    key = federation_key(cfg)
     if key not in _FEDERATIONS:
-        fed = load_dataset(cfg.dataset, cfg.partition)
         _FEDERATIONS.clear()  # one federation per process: a node serves one run at a time
-        _FEDERATIONS[key] = fed.with_train_fraction(cfg.federation.data_fraction)
+        _FEDERATIONS[key] = run_federation(cfg)
     return _FEDERATIONS[key]
 
 

@@ -14,9 +14,8 @@ import torch
 
 from fedshift.core.config import RunConfig
 from fedshift.core.payload import Payload
-from fedshift.data import load_dataset
+from fedshift.data import run_federation
 from fedshift.data.base import Federation
-from fedshift.data.partition import apply_partition
 from fedshift.runtime.client import evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, init_client_state
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
@@ -34,11 +33,7 @@ class InProcessTransport:
         self._undo: dict[str, dict] | None = None
 
     def connect(self, cfg: RunConfig) -> Federation:
-        if self.preloaded is None:
-            fed = load_dataset(cfg.dataset, cfg.partition)
-        else:
-            fed = apply_partition(self.preloaded, cfg.partition)
-        self.fed = fed.with_train_fraction(cfg.federation.data_fraction)
+        self.fed = run_federation(cfg, self.preloaded)
         return self.fed
 
     def attach(self, exp: Experiment, run: RunIdentity) -> None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import io
-import json
 import os
 import pickle
 import signal
@@ -221,24 +220,18 @@ class _Worker:
         import torch
 
         from fedshift.catalog import resolve
-        from fedshift.data import load_dataset
-        from fedshift.data.partition import apply_partition
+        from fedshift.data import federation_key, run_federation
         from fedshift.runtime.experiment import build_experiment
 
         torch.set_num_threads(threads)
         cfg = resolve(cfg_dict, source="the run config sent to the pool worker")
         if preloaded is not None:
-            fed = apply_partition(preloaded, cfg.partition)
-            fed = fed.with_train_fraction(cfg.federation.data_fraction)
+            fed = run_federation(cfg, preloaded)
         else:
-            key = json.dumps(
-                [cfg.dataset.to_dict(), cfg.partition.to_dict(), cfg.federation.data_fraction],
-                default=str,
-            )
+            key = federation_key(cfg)
             if key not in self.feds:
                 self.feds.clear()  # one federation at a time: a pool serves one run
-                loaded = load_dataset(cfg.dataset, cfg.partition)
-                self.feds[key] = loaded.with_train_fraction(cfg.federation.data_fraction)
+                self.feds[key] = run_federation(cfg)
             fed = self.feds[key]
         self.exp = None  # the previous run's, if any, goes first
         self.states, self.undo = {}, None
