@@ -170,9 +170,7 @@ def load_dataset(
     return apply_partition(fed, partition or {"name": "none"})
 
 
-def client_names(
-    section: Component | dict, partition: Component | dict | None = None
-) -> list[str]:
+def client_names(section: Component | dict, partition: Component | dict | None = None) -> list[str]:
     """The clients of the federation :func:`load_dataset` would load, named from the
     components' parameters where those name them (a partition's ``clients``, a dataset
     Params' ``client_names()``: ``toyshift``, ``toyseg``, ``digits``); loaded otherwise."""
