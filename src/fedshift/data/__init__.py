@@ -40,10 +40,12 @@ from fedshift.data.domains.image_folders import (
     load_pacs,
 )
 from fedshift.data.domains.toy import ToyParams, ToySegParams, load_toy, load_toyseg
+from fedshift.data.domains.user_folders import FoldersParams, load_folders
 from fedshift.data.medical.brain_mri import BrainMRIParams, load_brain_mri
 from fedshift.data.medical.camelyon import CamelyonParams, load_camelyon
 from fedshift.data.medical.nuclei import NucleiParams, load_nuclei
 from fedshift.data.medical.prostate import ProstateParams, load_prostate
+from fedshift.data.medical.segfolders import SegFoldersParams, load_segfolders
 
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset")
 DATASETS.add(
@@ -128,6 +130,18 @@ DATASETS.add(
     CUBParams,
     "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
 )
+DATASETS.add(
+    "folders",
+    load_folders,
+    FoldersParams,
+    "your images: <root>/<site>/<class>/<image>, one client per site (docs/DATASETS.md)",
+)
+DATASETS.add(
+    "segfolders",
+    load_segfolders,
+    SegFoldersParams,
+    "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)",
+)
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 DATASETS.add(
     "toyseg",
@@ -138,7 +152,7 @@ DATASETS.add(
 
 
 #: datasets whose labels are per-pixel maps (every other dataset is a classification task)
-SEGMENTATION = ("brain-mri", "prostate", "nuclei", "toyseg")
+SEGMENTATION = ("brain-mri", "prostate", "nuclei", "segfolders", "toyseg")
 
 
 def dataset_task(name: str) -> str:

@@ -159,17 +159,28 @@ def read_image_gray(path: str | os.PathLike) -> np.ndarray:
     return np.ascontiguousarray(gray.astype(np.float32)[None])
 
 
-def read_mask(path: str | os.PathLike) -> np.ndarray:
+def read_mask(path: str | os.PathLike, gray_rgb: bool = False) -> np.ndarray:
     """A label image as an ``(H, W)`` array of its raw values (no binarisation).
 
     Single-channel modes (1, L, P = palette indices, I;16, I, F) give their values; for RGB(A)
     masks a pixel's value is its largest colour channel (alpha ignored), so a pixel is
-    non-zero exactly when any colour channel is.
+    non-zero exactly when any colour channel is. With ``gray_rgb``, an RGB(A) mask must be
+    gray (R = G = B in every pixel: a gray mask saved as RGB), else it is a
+    :class:`DataError`: colours are not class indices (two colours with one largest channel
+    would merge).
     """
     path = Path(path)
     img = _open(path)
     if img.mode in ("RGB", "RGBA", "RGBX"):
-        return np.asarray(img.convert("RGB")).max(axis=2)
+        rgb = np.asarray(img.convert("RGB"))
+        if gray_rgb and not (
+            np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 0], rgb[..., 2])
+        ):
+            raise DataError(
+                f"{path}: a colour mask (its pixels are not gray), whose colours fedshift does "
+                "not read as class indices; save the class indices as a gray or palette PNG"
+            )
+        return rgb.max(axis=2)
     if img.mode in ("LA", "La"):
         img = img.getchannel("L")
     if img.mode in ("1", "L", "P") or img.mode.startswith("I") or img.mode == "F":

@@ -19,12 +19,16 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedshift.core.errors import DataError
 
-__all__ = ["Listing", "list_files", "suffix_of"]
+__all__ = ["Listing", "list_files", "suffix_of", "warn_skipped"]
+
+#: how many file names a warning shows per client
+SHOWN = 10
 
 
 def suffix_of(path: Path | str) -> str:
@@ -92,3 +96,15 @@ def list_files(
     out.files.sort(key=lambda p: p.relative_to(folder).as_posix())
     out.skipped.sort(key=lambda p: p.relative_to(folder).as_posix())
     return out
+
+
+def warn_skipped(dataset: str, what: str, names: dict[str, list[str]]) -> None:
+    """A ``UserWarning`` saying, per client, how many files were skipped and which (the first
+    :data:`SHOWN`); nothing when none was."""
+    lines = []
+    for client, files in names.items():
+        if files:
+            more = f" and {len(files) - SHOWN} more" if len(files) > SHOWN else ""
+            lines.append(f"{client}: {len(files)} ({', '.join(files[:SHOWN])}{more})")
+    if lines:
+        warnings.warn(f"{dataset}: skipped {what}: {'; '.join(lines)}", UserWarning, stacklevel=3)
