@@ -17,6 +17,7 @@ from fedshift.core.components import Component
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
+from fedshift.data.domains.arrays import ArraysParams, load_arrays
 from fedshift.data.domains.cifar import CifarParams, load_cifar10, load_cifar100
 from fedshift.data.domains.distrans_folders import (
     CHMNISTParams,
@@ -142,6 +143,12 @@ DATASETS.add(
     SegFoldersParams,
     "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)",
 )
+DATASETS.add(
+    "arrays",
+    load_arrays,
+    ArraysParams,
+    "your numpy arrays: <root>/<site>.npz (x, y[, split]) or fedshift.run(federation=...)",
+)
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 DATASETS.add(
     "toyseg",
@@ -151,12 +158,17 @@ DATASETS.add(
 )
 
 
-#: datasets whose labels are per-pixel maps (every other dataset is a classification task)
+#: datasets whose labels are per-pixel maps (every other dataset is a classification task,
+#: unless its Params have a ``task`` key: ``arrays``)
 SEGMENTATION = ("brain-mri", "prostate", "nuclei", "segfolders", "toyseg")
 
 
-def dataset_task(name: str) -> str:
-    """The task of a registered dataset, known before loading it (config-time checks)."""
+def dataset_task(name: str, params: object = None) -> str:
+    """The task of a registered dataset, known before loading it (config-time checks): the
+    ``task`` key of its Params where it has one (``arrays``), else by name."""
+    task = getattr(params, "task", None)
+    if task in ("classification", "segmentation"):
+        return str(task)
     return "segmentation" if name in SEGMENTATION else "classification"
 
 
@@ -179,7 +191,7 @@ def load_dataset(
             "lower dataset.train_size / val_size / test_size (or clients)",
         )
     fed = dataset.factory(dataset.params)
-    if fed.task != dataset_task(dataset.name):
+    if fed.task != dataset_task(dataset.name, dataset.params):
         raise AssertionError(f"dataset {dataset.name!r} loaded a {fed.task} federation")
     return apply_partition(fed, partition or {"name": "none"})
 

@@ -25,7 +25,7 @@ import numpy as np
 from fedshift.core.errors import DataError
 from fedshift.data.base import SPLITS, ClientData
 from fedshift.data.common.images import IMAGE_SUFFIXES
-from fedshift.data.common.sampling import cut_points
+from fedshift.data.common.sampling import stratified_cut
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.walk import list_files
 from fedshift.data.domains.image_files import (
@@ -128,20 +128,15 @@ def split_by_class(
     fractions: tuple[float, float, float],
     rng: np.random.Generator,
 ) -> dict[str, SplitSource]:
-    """Per class, a seeded permutation cut at ``int(f0 n)`` and ``int((f0 + f1) n)``; a class
-    absent from ``files`` contributes nothing (and draws nothing)."""
-    parts: dict[str, tuple[list[Path], list[int]]] = {s: ([], []) for s in SPLITS}
-    for c, name in enumerate(classes):
-        if name not in files:
-            continue
-        items = files[name]
-        perm = rng.permutation(len(items))
-        a, b = cut_points(len(items), fractions)
-        for split, sel in zip(SPLITS, (perm[:a], perm[a:b], perm[b:]), strict=True):
-            for i in np.sort(sel):
-                parts[split][0].append(items[int(i)])
-                parts[split][1].append(c)
-    return {s: SplitSource(p, np.asarray(y, dtype=np.int64)) for s, (p, y) in parts.items()}
+    """Per class, a seeded permutation cut at ``int(f0 n)`` and ``int((f0 + f1) n)``
+    (:func:`~fedshift.data.common.sampling.stratified_cut`); a class absent from ``files``
+    contributes nothing (and draws nothing)."""
+    paths = [p for name in classes for p in files.get(name, [])]
+    labels = np.asarray(
+        [c for c, name in enumerate(classes) for _ in files.get(name, [])], dtype=np.int64
+    )
+    parts = stratified_cut(labels, fractions, rng)
+    return {s: SplitSource([paths[int(i)] for i in idx], labels[idx]) for s, idx in parts.items()}
 
 
 def fraction_rng(dataset: str, client: str, seed: int) -> np.random.Generator:

@@ -76,7 +76,7 @@ from fedshift.data.common.images import (
     resize_images,
     resize_labels,
 )
-from fedshift.data.common.sampling import cut_points
+from fedshift.data.common.sampling import permutation_cut, uniform_subsample
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.sites import check_sites_key, site_folders
 from fedshift.data.common.split_lists import SPLIT_MODES, find_split_lists, read_split_lists
@@ -340,10 +340,9 @@ def split_units(
         entries = read_split_lists(lists, known, what)
         return {s: [int(i) for i in entries[s]] for s in SPLITS}, "lists"
     fractions = check_fractions(params.fractions)
-    order = seeded_rng(params.seed, f"{NAME}/{client}/split").permutation(len(pairs))
-    a, b = cut_points(len(pairs), fractions)
-    parts = {"train": order[:a], "val": order[a:b], "test": order[b:]}
-    return {s: sorted(int(i) for i in v) for s, v in parts.items()}, f"fractions {list(fractions)}"
+    rng = seeded_rng(params.seed, f"{NAME}/{client}/split")
+    parts = permutation_cut(len(pairs), fractions, rng)
+    return {s: v.tolist() for s, v in parts.items()}, f"fractions {list(fractions)}"
 
 
 def load_segfolders(params: SegFoldersParams) -> Federation:
@@ -380,7 +379,7 @@ def load_segfolders(params: SegFoldersParams) -> Federation:
                 )
             if params.max_per_split is not None and len(y) > params.max_per_split:
                 rng = seeded_rng(params.seed, f"{NAME}/{client}/{split}/cap")
-                idx = torch.from_numpy(np.sort(rng.choice(len(y), params.max_per_split, False)))
+                idx = torch.from_numpy(uniform_subsample(len(y), params.max_per_split, rng))
                 x, y = x[idx], y[idx]
             splits[split] = Split(x.contiguous(), y.contiguous())
         clients.append(ClientData(client, splits["train"], splits["val"], splits["test"]))
