@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
+import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -85,12 +85,6 @@ def folders(root: Path, tmp_path: Path, **kw) -> dict:
     }
 
 
-def load_quiet(section: dict):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_dataset(section)
-
-
 # --------------------------------------------------------------------------------------------
 # folders
 # --------------------------------------------------------------------------------------------
@@ -121,31 +115,31 @@ def test_folders_reads_png_jpeg_tiff_and_splits_per_class(tree: Path, tmp_path: 
     assert gray.input_shape == (1, 8, 8) and gray.client_names == ["site_b"]
 
 
-def test_folders_counts_and_names_skipped_files(tree: Path, tmp_path: Path) -> None:
+def test_folders_counts_and_names_skipped_files(tree: Path, tmp_path: Path, caplog) -> None:
     (tree / "A" / "cat" / "Thumbs.db").write_bytes(b"x")
     (tree / "A" / "dog" / "notes.txt").write_text("not an image")
     (tree / "A" / "dog" / ".hidden.png").write_bytes(b"x")  # hidden: ignored, not counted
-    with pytest.warns(UserWarning, match=r"skipped files that are not images: a: 2 \(.*Thumbs\.db"):
-        fed = load_dataset(folders(tree, tmp_path))
+    fed = load_dataset(folders(tree, tmp_path))
+    assert re.search(r"skipped files that are not images: a: 2 \(.*Thumbs\.db", caplog.text)
     assert fed.info["skipped_files"] == {"a": 2, "site_b": 0}
     assert fed.info["skipped"]["not_images"]["a"][1].endswith("notes.txt")
 
 
 @pytest.mark.parametrize("content", [b"", b"\xff\xd8 not really a jpeg"], ids=["0-byte", "corrupt"])
 def test_folders_unreadable_image_is_an_error_or_an_explicit_skip(
-    tree: Path, tmp_path: Path, content: bytes
+    tree: Path, tmp_path: Path, content: bytes, caplog
 ) -> None:
     bad = tree / "Site B" / "dog" / "broken.jpg"
     bad.write_bytes(content)
     why = "the file is empty" if not content else "Pillow cannot read"
     with pytest.raises(DataError, match=rf"Site B/dog/broken\.jpg: {why}"):
         load_dataset(folders(tree, tmp_path))
-    with pytest.warns(UserWarning, match=r"unreadable images .* site_b: 1 \(.*broken\.jpg"):
-        fed = load_dataset(folders(tree, tmp_path, skip_unreadable=True))
+    fed = load_dataset(folders(tree, tmp_path, skip_unreadable=True))
+    assert re.search(r"unreadable images .* site_b: 1 \(.*broken\.jpg", caplog.text)
     assert fed.info["skipped_files"] == {"a": 0, "site_b": 1}
     assert fed.info["skipped"]["unreadable"]["site_b"] == [str(bad)]
     assert sum(fed.counts()["site_b"].values()) == 24  # 25 listed, one dropped
-    cached = load_quiet(folders(tree, tmp_path, skip_unreadable=True))  # the cache knows it too
+    cached = load_dataset(folders(tree, tmp_path, skip_unreadable=True))  # the cache knows it too
     assert cached.info["cache"]["site_b"]["hit"] and cached.info["skipped_files"]["site_b"] == 1
     assert torch.equal(cached.clients[1].train.x, fed.clients[1].train.x)
 
@@ -167,7 +161,7 @@ def test_folders_symlink_loop_is_an_error_naming_the_link(tree: Path, tmp_path: 
     extra = tmp_path / "elsewhere"
     make_folders(extra, {"x": ("png",)}, n=2)
     os.symlink(extra / "x" / "cat", tree / "A" / "cat" / "linked")  # a real folder: followed
-    fed = load_quiet(folders(tree, tmp_path, cache=False))
+    fed = load_dataset(folders(tree, tmp_path, cache=False))
     assert fed.info["available"]["a"]["train"] == 14 + 1  # 14 cats -> int(0.64 14) = 8
 
 
@@ -182,9 +176,19 @@ def test_folders_missing_class_names_site_and_class(tree: Path, tmp_path: Path) 
     fed = load_dataset(folders(tree, tmp_path, allow_missing_classes=True))
     assert fed.classes == ["cat", "dog"] and fed.info["missing_classes"] == {"site_b": ["dog"]}
     assert set(fed.client("site_b").train.y.tolist()) == {0}
+    # classes given: a node that loads one site has the same label space as the others
+    kw = {"sites": ["Site B"], "classes": ["dog", "cat"]}
+    alone = load_dataset(folders(tree, tmp_path, allow_missing_classes=True, **kw))
+    assert alone.classes == ["dog", "cat"] and set(alone.clients[0].train.y.tolist()) == {1}
+    with pytest.raises(DataError, match=r"'site_b' \(.*\) lacks \['dog'\] of dataset.classes"):
+        load_dataset(folders(tree, tmp_path, **kw))
     save_image(tree / "Site B" / "bird" / "b0", 0, 0, 1, "png")
     with pytest.raises(DataError, match=r"lacks \['dog'\] and has extra \['bird'\]"):
         load_dataset(folders(tree, tmp_path))
+    with pytest.raises(
+        DataError, match=r"has the class folder\(s\) \['bird'\], which dataset.classes"
+    ):
+        load_dataset(folders(tree, tmp_path, classes=["cat", "dog"], allow_missing_classes=True))
 
 
 def test_folders_layout_errors(tmp_path: Path) -> None:
@@ -543,8 +547,7 @@ def cli(*argv: str) -> tuple[int, str]:
     from fedshift.cli import main
 
     out = io.StringIO()
-    with redirect_stdout(out), redirect_stderr(out), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with redirect_stdout(out), redirect_stderr(out):
         code = main(list(argv))
     return code, out.getvalue()
 

@@ -18,8 +18,8 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ __all__ = ["Listing", "list_files", "suffix_of", "warn_skipped"]
 
 #: how many file names a warning shows per client
 SHOWN = 10
+log = logging.getLogger("fedshift.data")
 
 
 def suffix_of(path: Path | str) -> str:
@@ -99,7 +100,8 @@ def list_files(
 
 
 def warn_skipped(dataset: str, what: str, names: dict[str, list[str]]) -> None:
-    """A ``UserWarning`` saying, per client, how many files were skipped and which (the first
+    """A warning (logger ``fedshift.data``: ``fedshift run`` shows it as a ``fedshift: ...``
+    line) saying, per client, how many files were skipped and which (the first
     :data:`SHOWN`); nothing when none was."""
     lines = []
     for client, files in names.items():
@@ -107,4 +109,4 @@ def warn_skipped(dataset: str, what: str, names: dict[str, list[str]]) -> None:
             more = f" and {len(files) - SHOWN} more" if len(files) > SHOWN else ""
             lines.append(f"{client}: {len(files)} ({', '.join(files[:SHOWN])}{more})")
     if lines:
-        warnings.warn(f"{dataset}: skipped {what}: {'; '.join(lines)}", UserWarning, stacklevel=3)
+        log.warning("%s: skipped %s: %s", dataset, what, "; ".join(lines))

@@ -13,11 +13,13 @@ for any number of sites and classes:
 
 * **Clients** are the site folders, named as :mod:`fedshift.data.common.sites` says
   (``Site A`` -> ``site_a``); ``dataset.sites`` picks and orders them by folder name.
-* **Classes** are the sorted class-folder names; every site must have the same set, with at
-  least one image in each. A site lacking a class (or whose class folder holds no image) is
-  a :class:`~fedshift.core.errors.DataError` naming the site and the class, unless
-  ``allow_missing_classes=true``: then the classes are the union over the sites and a site
-  simply has no image of the classes it lacks (label skew on top of the feature skew).
+* **Classes** are the sorted class-folder names (or ``classes``, the folder names in label
+  order: set it when nodes load one site each, so that every node has the same classes);
+  every site must have the same set, with at least one image in each. A site lacking a
+  class (or whose class folder holds no image) is a :class:`~fedshift.core.errors.DataError`
+  naming the site and the class, unless ``allow_missing_classes=true``: then the classes
+  are the union over the sites (or ``classes``) and a site simply has no image of the
+  classes it lacks (label skew on top of the feature skew).
 * **Files**: images are listed recursively (:mod:`fedshift.data.common.walk`): hidden
   entries ignored; other files (``Thumbs.db``, ``notes.txt``) skipped, counted in
   ``info["skipped_files"]`` and named in a warning; symbolic links followed, each folder
@@ -50,7 +52,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedshift.core.errors import ConfigError
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import SPLITS, Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
@@ -103,6 +105,7 @@ class FoldersParams:
     fractions: list[float] = field(default_factory=lambda: [0.64, 0.16, 0.2])
     seed: int = 0  # the fraction split and the max_per_split subsample
     max_per_split: int | None = None  # per site and split, stratified subsample; None = all
+    classes: list[str] | None = None  # class folder names in label order; None: sorted union
     allow_missing_classes: bool = False  # a site may lack classes (classes = the union)
     skip_unreadable: bool = False  # drop (and count) images Pillow cannot read; else error
     cache: bool = True  # cache decoded, resized images
@@ -120,6 +123,14 @@ class FoldersParams:
         check_fractions(self.fractions, f"{prefix}.fractions")
         check_seed(self.seed, f"{prefix}.seed")
         check_cap(self.max_per_split, f"{prefix}.max_per_split")
+        if self.classes is not None and (
+            not self.classes
+            or len(set(self.classes)) != len(self.classes)
+            or not all(isinstance(c, str) and c for c in self.classes)
+        ):
+            raise ConfigError(
+                f"config key '{prefix}.classes' must be null or distinct class folder names"
+            )
         check_flag(self.allow_missing_classes, f"{prefix}.allow_missing_classes")
         check_flag(self.skip_unreadable, f"{prefix}.skip_unreadable")
         check_flag(self.cache, f"{prefix}.cache")
@@ -165,7 +176,23 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
     hint = "" if allow else MISSING_HINT
     listed = {c: list_site(f, allow_empty=allow, hint=hint) for c, f in folders.items()}
     files = {c: site.files for c, site in listed.items()}
-    if allow:
+    if params.classes is not None:
+        classes = list(params.classes)
+        for client, site in listed.items():
+            extra = sorted((set(site.files) | set(site.empty)) - set(classes))
+            lacks = sorted(set(classes) - set(site.files))
+            if extra:
+                raise DataError(
+                    f"{NAME}: site {client!r} ({folders[client]}) has the class folder(s) "
+                    f"{extra}, which dataset.classes does not list; add them to it or move "
+                    "the folders out"
+                )
+            if lacks and not allow:
+                raise DataError(
+                    f"{NAME}: site {client!r} ({folders[client]}) lacks {lacks} of "
+                    f"dataset.classes; every site needs every class folder{hint}"
+                )
+    elif allow:
         classes = sorted({cls for site in files.values() for cls in site})
     else:
         classes = check_same_classes(NAME, files, folders, unit="site", hint=hint)
