@@ -14,14 +14,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from fedshift.core.errors import DataError
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import SPLITS
+from fedshift.data.common.checks import check_cap, check_fractions, check_seed
 
-__all__ = ["SPLIT_MODES", "find_split_lists", "read_split_lists"]
+__all__ = ["SPLIT_MODES", "check_split_keys", "find_split_lists", "read_split_lists"]
 
 #: ``dataset.splits``: lists where a site has them (else fractions), lists required, or
 #: fractions always (lists ignored)
 SPLIT_MODES = ("auto", "lists", "fractions")
+
+
+def check_split_keys(params: object, prefix: str) -> None:
+    """The splitting keys of the generic loaders' Params: ``splits`` (where they have it),
+    ``fractions``, ``seed`` and ``max_per_split``; :class:`ConfigError` naming the key."""
+    splits = getattr(params, "splits", None)
+    if splits is not None and splits not in SPLIT_MODES:
+        raise ConfigError(f"config key '{prefix}.splits' must be one of {SPLIT_MODES}")
+    check_fractions(params.fractions, f"{prefix}.fractions")
+    check_seed(params.seed, f"{prefix}.seed")
+    check_cap(params.max_per_split, f"{prefix}.max_per_split")
 
 
 def find_split_lists(site: Path, mode: str) -> dict[str, Path] | None:

@@ -57,10 +57,8 @@ import torch
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
-    check_cap,
     check_fractions,
     check_root_key,
-    check_seed,
     check_size,
     require_root,
 )
@@ -73,6 +71,7 @@ from fedshift.data.common.sampling import (
 )
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.sites import check_sites_key, client_names
+from fedshift.data.common.split_lists import check_split_keys
 
 __all__ = [
     "ArraysParams",
@@ -127,9 +126,7 @@ class ArraysParams:
             not self.classes or len(set(self.classes)) != len(self.classes)
         ):
             raise ConfigError(f"config key '{prefix}.classes' must be distinct names")
-        check_fractions(self.fractions, f"{prefix}.fractions")
-        check_seed(self.seed, f"{prefix}.seed")
-        check_cap(self.max_per_split, f"{prefix}.max_per_split")
+        check_split_keys(self, prefix)
         if self.source == "python" and self.root is not None:
             raise ConfigError(
                 f"config key '{prefix}.root' and {prefix}.source=python: the arrays come from "

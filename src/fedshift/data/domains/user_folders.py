@@ -56,16 +56,14 @@ from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import SPLITS, Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
-    check_cap,
     check_flag,
     check_fractions,
     check_root_key,
-    check_seed,
     check_size,
     require_root,
 )
 from fedshift.data.common.sites import check_sites_key, site_folders
-from fedshift.data.common.split_lists import SPLIT_MODES, find_split_lists, read_split_lists
+from fedshift.data.common.split_lists import check_split_keys, find_split_lists, read_split_lists
 from fedshift.data.common.walk import warn_skipped
 from fedshift.data.domains.class_folders import (
     ReadOptions,
@@ -118,11 +116,7 @@ class FoldersParams:
         check_size(self.size, f"{prefix}.size")
         if self.channels not in (1, 3):
             raise ConfigError(f"config key '{prefix}.channels' must be 1 or 3")
-        if self.splits not in SPLIT_MODES:
-            raise ConfigError(f"config key '{prefix}.splits' must be one of {SPLIT_MODES}")
-        check_fractions(self.fractions, f"{prefix}.fractions")
-        check_seed(self.seed, f"{prefix}.seed")
-        check_cap(self.max_per_split, f"{prefix}.max_per_split")
+        check_split_keys(self, prefix)
         if self.classes is not None and (
             not self.classes
             or len(set(self.classes)) != len(self.classes)

@@ -60,10 +60,8 @@ import torch
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
-    check_cap,
     check_fractions,
     check_root_key,
-    check_seed,
     check_size,
     require_root,
 )
@@ -79,7 +77,7 @@ from fedshift.data.common.images import (
 from fedshift.data.common.sampling import permutation_cut, uniform_subsample
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.sites import check_sites_key, site_folders
-from fedshift.data.common.split_lists import SPLIT_MODES, find_split_lists, read_split_lists
+from fedshift.data.common.split_lists import check_split_keys, find_split_lists, read_split_lists
 from fedshift.data.common.walk import list_files, suffix_of, warn_skipped
 from fedshift.data.medical.nifti import read_nifti
 from fedshift.data.medical.prostate import normalize_volume
@@ -143,11 +141,7 @@ class SegFoldersParams:
             raise ConfigError(f"config key '{prefix}.axis' must be 0, 1 or 2, got {self.axis!r}")
         if self.slices not in ("foreground", "all"):
             raise ConfigError(f"config key '{prefix}.slices' must be foreground or all")
-        if self.splits not in SPLIT_MODES:
-            raise ConfigError(f"config key '{prefix}.splits' must be one of {SPLIT_MODES}")
-        check_fractions(self.fractions, f"{prefix}.fractions")
-        check_seed(self.seed, f"{prefix}.seed")
-        check_cap(self.max_per_split, f"{prefix}.max_per_split")
+        check_split_keys(self, prefix)
 
 
 # --------------------------------------------------------------------------------------------
