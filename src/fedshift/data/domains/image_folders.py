@@ -19,8 +19,10 @@ Layout (nothing is downloaded; ``dataset.root`` is the folder you keep)::
 
 Classes are the sorted class-folder names and must be the same set in every domain (an error
 names the domain and the difference otherwise). Files are listed recursively under each
-class folder in sorted order; only image suffixes count (other files, e.g. ``Thumbs.db``, are
-skipped and counted in ``info["skipped_files"]``); a class folder without images is an error.
+class folder in sorted order (:mod:`fedshift.data.domains.class_folders`, shared with
+``folders``); only image suffixes count (other files, e.g. ``Thumbs.db``, are skipped and
+counted in ``info["skipped_files"]``); symbolic links are followed, each folder entered once
+(a symlink loop is an error naming the link); a class folder without images is an error.
 
 Splits: neither FedFA's nor FedRDN's released code ships a PACS or OfficeHome loader, and no
 split is stated there, so fedshift splits each domain itself: per class, a seeded permutation
