@@ -45,7 +45,6 @@ def registered_anywhere(name: str) -> bool:
     """Whether ``name`` is registered in some registry (a plug-in imported already)."""
     return any(name in r for r in _REGISTRIES)
 
-
 #: where a user reads how to write and name a plug-in
 GUIDE = "`fedshift docs extending`"
 

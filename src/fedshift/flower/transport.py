@@ -154,7 +154,9 @@ class GridTransport:
             messages.append(
                 Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
             )
-        replies = send_and_receive(self.grid, messages, self.options.round_timeout, self.stop_check)
+        replies = send_and_receive(
+            self.grid, messages, self.options.round_timeout, self.stop_check
+        )
         by_cid = _match_replies(messages, replies, {c.node: n for n, c in self.clients.items()})
         out: dict[str, Message] = {}
         for cid in contents:
@@ -350,7 +352,7 @@ def check_federation(infos: list[ClientInfo]) -> None:
             f"({', '.join(federation)}); fedshift runs one client per SuperNode, and "
             f"{', '.join(missing)} would have none. Run it with {n} SuperNodes: a Flower App "
             f"written by `fedshift flower app` pins its local federation to {n} "
-            f'(or: flwr run APP_DIR --federation-config "num-supernodes={n}"); in a '
+            f"(or: flwr run APP_DIR --federation-config \"num-supernodes={n}\"); in a "
             "deployment, start one SuperNode per client (--node-config client=...)"
         )
 

@@ -100,6 +100,7 @@ def scanner_table(sites: int) -> list[Scanner]:
     return rows
 
 
+
 # --------------------------------------------------------------------------------------------
 # the scanner model
 # --------------------------------------------------------------------------------------------
@@ -194,3 +195,4 @@ def apply_scanner(
 def noise_rng(seed: int, site: int) -> np.random.Generator:
     """The Rician noise generator of ``site`` (0-based), fixed by the data seed."""
     return seeded_rng(seed, "brain-mri/noise", site)
+
