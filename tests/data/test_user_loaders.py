@@ -336,22 +336,23 @@ def test_segfolders_nifti_slices_along_an_axis(tmp_path: Path) -> None:
         load_dataset(seg(root))
 
 
-@pytest.mark.parametrize(
-    "damage, match",
-    [
-        ("size", r"A/images/img1\.png is 20x16 .* its mask .*A/masks/img1\.png is 12x16"),
-        ("orphan image", r"A/images/img9\.png has no mask"),
-        ("orphan mask", r"A/masks/img9\.png has no image"),
-        ("jpeg mask", r"A/masks/img1\.jpg: a JPEG mask"),
-        ("colour mask", r"A/masks/img1\.png: a colour mask"),
-        ("0-byte image", r"A/images/img1\.png: the file is empty"),
-        ("two names", r"img1\.png and .*img1\.tif are two images"),
-        ("symlink loop", r"A/images/loop and .*A/images are one folder"),
-        ("2-D with volume", r"img1\.png and its mask .*img1\.nii\.gz must both"),
-        ("float mask", r"img1\.nii\.gz \(the mask of .*img1\.nii\.gz\) holds values that are not"),
-        ("no masks folder", r"A/masks is missing"),
-    ],
-)
+#: (damage, what the error says) for the test below
+SEG_CASES = [
+    ("size", r"A/images/img1\.png is 20x16 .* its mask .*A/masks/img1\.png is 12x16"),
+    ("orphan image", r"A/images/img9\.png has no mask"),
+    ("orphan mask", r"A/masks/img9\.png has no image"),
+    ("jpeg mask", r"A/masks/img1\.jpg: a JPEG mask"),
+    ("colour mask", r"A/masks/img1\.png: a colour mask"),
+    ("0-byte image", r"A/images/img1\.png: the file is empty"),
+    ("two names", r"img1\.png and .*img1\.tif are two images"),
+    ("symlink loop", r"A/images/loop and .*A/images are one folder"),
+    ("2-D with volume", r"img1\.png and its mask .*img1\.nii\.gz must both"),
+    ("float mask", r"img1\.nii\.gz \(the mask of .*img1\.nii\.gz\) holds values that are not"),
+    ("no masks folder", r"A/masks is missing"),
+]
+
+
+@pytest.mark.parametrize("damage, match", SEG_CASES, ids=[d for d, _ in SEG_CASES])
 def test_segfolders_bad_inputs_name_the_files(segtree: Path, damage: str, match: str) -> None:
     site = segtree / "A"
     if damage == "size":
@@ -511,6 +512,18 @@ def test_arrays_segmentation_channels_and_resize(tmp_path: Path) -> None:
             {"x": np.array([None] * 6, dtype=object), "y": np.zeros(6, int)},
             r"s\.npz: not a readable \.npz of plain arrays",
         ),
+    ],
+    ids=[
+        "float-range",
+        "layout",
+        "y-length",
+        "negative",
+        "y-float",
+        "split-name",
+        "empty-split",
+        "extra-array",
+        "x-int32",
+        "object-array",
     ],
 )
 def test_arrays_bad_inputs_name_the_file(tmp_path: Path, arrays: dict, match: str) -> None:
