@@ -246,6 +246,18 @@ MARKS: dict[str, Mark] = {
     "fedshift bench SUITE.yaml": Synopsis(),
     "fedshift report RUN_DIR... [--reference ALGO[/FLOW]] [--screenshot]": Synopsis(),
     "fedshift protocol ...": Synopsis(),
+    # ------------------------------------------------------------------------- DATASETS.md
+    # the generic loaders: each snippet makes a tiny tree in the scratch folder, the
+    # commands after it run on it (two rounds of a small model: seconds)
+    "fedshift data show NAME root=DIR": Synopsis(),
+    "example: make-folders": Run(),
+    "fedshift data show folders root=mydata size=28": Run(),
+    "fedshift run dataset.name=folders dataset.root=mydata dataset.size=28 model.name=cnn train.rounds=2": Run(),
+    "example: make-segfolders": Run(),
+    "fedshift run dataset.name=segfolders dataset.root=myseg 'dataset.labels=[0,255]' dataset.size=16 model.name=unet model.width=8 train.rounds=2": Run(),
+    "example: make-arrays": Run(),
+    "fedshift run dataset.name=arrays dataset.root=myarrays model.name=cnn train.rounds=2": Run(),
+    "example: arrays-from-python": Run(),
     # -------------------------------------------------------------------------- DEPLOY.md
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedbn": ByTest(
         "tests/test_flower_deploy.py::test_three_supernodes_match_native",

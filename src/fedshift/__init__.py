@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 # `fedshift --help`) does not import torch: each name and the module that defines it.
 _API = {
     "run": "fedshift.api",
+    "resume": "fedshift.api",
     "load_run": "fedshift.api",
     "LoadedRun": "fedshift.api",
     "export_model": "fedshift.api",

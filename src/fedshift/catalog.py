@@ -131,7 +131,7 @@ def _check_task(cfg: RunConfig) -> None:
     """The algorithm, augments, loss and partition must fit the dataset's task."""
     dataset = cfg.dataset.name
     check_task(
-        dataset_task(dataset),
+        dataset_task(dataset, cfg.dataset.params),
         dataset,
         cfg.algorithm.name,
         cfg.algorithm.factory.tasks,

@@ -74,7 +74,10 @@ def _show_other(args: argparse.Namespace) -> int:
     entry, params = _dataset_params(args.name, args.overrides)
     section = {"name": args.name, **dataclasses.asdict(params)}
     fed = load_dataset(section)
-    print(json.dumps({"task": fed.task, "classes": fed.classes, "counts": fed.counts()}, indent=2))
+    shown = {"task": fed.task, "classes": fed.classes, "counts": fed.counts()}
+    if "skipped_files" in fed.info:  # what a user's folder held that is not data
+        shown["skipped_files"] = fed.info["skipped_files"]
+    print(json.dumps(shown, indent=2))
     if args.name == "brain-mri":
         from fedshift.data.medical.brain_mri import scanner_preview
 

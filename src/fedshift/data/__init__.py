@@ -18,6 +18,7 @@ from fedshift.core.config import RunConfig
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
+from fedshift.data.domains.arrays import ArraysParams, load_arrays
 from fedshift.data.domains.cifar import CifarParams, load_cifar10, load_cifar100
 from fedshift.data.domains.distrans_folders import (
     CHMNISTParams,
@@ -41,10 +42,12 @@ from fedshift.data.domains.image_folders import (
     load_pacs,
 )
 from fedshift.data.domains.toy import ToyParams, ToySegParams, load_toy, load_toyseg
+from fedshift.data.domains.user_folders import FoldersParams, load_folders
 from fedshift.data.medical.brain_mri import BrainMRIParams, load_brain_mri
 from fedshift.data.medical.camelyon import CamelyonParams, load_camelyon
 from fedshift.data.medical.nuclei import NucleiParams, load_nuclei
 from fedshift.data.medical.prostate import ProstateParams, load_prostate
+from fedshift.data.medical.segfolders import SegFoldersParams, load_segfolders
 
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset")
 DATASETS.add(
@@ -129,6 +132,24 @@ DATASETS.add(
     CUBParams,
     "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
 )
+DATASETS.add(
+    "folders",
+    load_folders,
+    FoldersParams,
+    "your images: <root>/<site>/<class>/<image>, one client per site (docs/DATASETS.md)",
+)
+DATASETS.add(
+    "segfolders",
+    load_segfolders,
+    SegFoldersParams,
+    "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)",
+)
+DATASETS.add(
+    "arrays",
+    load_arrays,
+    ArraysParams,
+    "your numpy arrays: <root>/<site>.npz (x, y[, split]) or fedshift.run(federation=...)",
+)
 DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
 DATASETS.add(
     "toyseg",
@@ -138,12 +159,17 @@ DATASETS.add(
 )
 
 
-#: datasets whose labels are per-pixel maps (every other dataset is a classification task)
-SEGMENTATION = ("brain-mri", "prostate", "nuclei", "toyseg")
+#: datasets whose labels are per-pixel maps (every other dataset is a classification task,
+#: unless its Params have a ``task`` key: ``arrays``)
+SEGMENTATION = ("brain-mri", "prostate", "nuclei", "segfolders", "toyseg")
 
 
-def dataset_task(name: str) -> str:
-    """The task of a registered dataset, known before loading it (config-time checks)."""
+def dataset_task(name: str, params: object = None) -> str:
+    """The task of a registered dataset, known before loading it (config-time checks): the
+    ``task`` key of its Params where it has one (``arrays``), else by name."""
+    task = getattr(params, "task", None)
+    if task in ("classification", "segmentation"):
+        return str(task)
     return "segmentation" if name in SEGMENTATION else "classification"
 
 
@@ -166,7 +192,7 @@ def load_dataset(
             "lower dataset.train_size / val_size / test_size (or clients)",
         )
     fed = dataset.factory(dataset.params)
-    if fed.task != dataset_task(dataset.name):
+    if fed.task != dataset_task(dataset.name, dataset.params):
         raise AssertionError(f"dataset {dataset.name!r} loaded a {fed.task} federation")
     return apply_partition(fed, partition or {"name": "none"})
 
@@ -194,9 +220,7 @@ def federation_key(cfg: RunConfig) -> str:
     return json.dumps(sections, default=str)
 
 
-def client_names(
-    section: Component | dict, partition: Component | dict | None = None
-) -> list[str]:
+def client_names(section: Component | dict, partition: Component | dict | None = None) -> list[str]:
     """The clients of the federation :func:`load_dataset` would load, named from the
     components' parameters where those name them (a partition's ``clients``, a dataset
     Params' ``client_names()``: ``toyshift``, ``toyseg``, ``digits``); loaded otherwise."""
