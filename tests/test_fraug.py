@@ -295,6 +295,24 @@ def test_check_rejects_rtnet_width_without_rtnet(make_cfg):
     make_cfg("algorithm.name=fraug", "algorithm.ramp_up=false", "algorithm.ramp_gamma=0")
 
 
+@pytest.mark.parametrize(
+    "variant,key,value",
+    [
+        ("paper", "generator_distance", "mse"),
+        ("paper", "interpolate", "true"),
+        ("released", "per_class", 4),
+    ],
+)
+def test_a_key_the_variant_does_not_read_is_an_error(make_cfg, variant, key, value):
+    """A key that one variant of the objective never reads is refused with that variant,
+    instead of the run silently training without it; the other variant takes it."""
+    with pytest.raises(ConfigError, match=f"algorithm.{key}' has no effect with variant"):
+        make_cfg("algorithm.name=fraug", f"algorithm.variant={variant}", f"algorithm.{key}={value}")
+    other = "released" if variant == "paper" else "paper"
+    cfg = make_cfg("algorithm.name=fraug", f"algorithm.variant={other}", f"algorithm.{key}={value}")
+    assert str(getattr(cfg.algorithm.params, key)).lower() == str(value).lower()
+
+
 # ----------------------------------------------------------------------------- resume
 def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path):
     over = [

@@ -56,6 +56,26 @@ class FRAug(Objectives, Algorithm):
 
         if params.ramp_up and params.ramp_gamma <= 0:
             raise bad("ramp_gamma", "must be > 0 with ramp_up=true (set ramp_up=false instead)")
+        variant = VARIANTS[params.variant]
+        if variant.generator_on_residual and params.generator_distance != "mmd":
+            raise bad(
+                "generator_distance",
+                f"has no effect with variant={params.variant} (Eq. 5 compares u_hat with the "
+                "real batch by MMD; the distance to the class prototypes is the released "
+                "code's: set variant=released, or drop the key)",
+            )
+        if params.interpolate and not variant.interpolates:
+            raise bad(
+                "interpolate",
+                f"has no effect with variant={params.variant} (the paper has no interpolation "
+                "step; it is the released code's use_feature_inter: set variant=released)",
+            )
+        if params.per_class is not None and not variant.class_sums:
+            raise bad(
+                "per_class",
+                f"has no effect with variant={params.variant} (its class branch cycles the "
+                "labels through the classes instead of summing over them: set variant=paper)",
+            )
         if params.embeddings == "agnostic" and params.rtnet_hidden is not None:
             raise bad("rtnet_hidden", "has no effect with embeddings=agnostic (no RTNet)")
         if train.batch_size < 2:
