@@ -14,9 +14,10 @@ writes, atomically, into one folder:
 methods are recommended; any other axis scoring at least :data:`CLOSE` times as much is named
 beside it with its methods. When no axis reaches :data:`NOTABLE`, the sites barely differ and
 no shift method is called for. The features axis sees the input-level shifts too (a random
-network's feature statistics move when the intensities do), so an input-level axis that
-explains the shift usually scores above it; it leads only when the sites differ in ways the
-input statistics do not capture (content, texture, style).
+network's feature statistics move when the intensities or the spectrum do), but more weakly
+than the input axis that measures a single such shift directly: it leads when several
+input-level differences combine (the brain-mri scanners: contrast, bias field, blur, noise) or
+when the sites differ beyond the input statistics (content, texture, style).
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def recommend(m: Measurement) -> dict[str, Any]:
     if top == "labels" or "labels" in close:
         parts.append(
             f"The label mix has DH = {m.dh:.1f} % (DisTrans Eq. 3-4) and a mean pairwise "
-            f"total-variation distance of {m.tv:.1f} %; DisTrans aggregates its offsets only "
-            "below DH = 50 %."
+            f"total-variation distance of {m.tv:.1f} %; DisTrans shares its offsets across "
+            "clients only below DH = 50 % (algorithm.dh_threshold)."
         )
     for a in close:
         parts.append(
@@ -122,9 +123,12 @@ def recommend(m: Measurement) -> dict[str, Any]:
     if top == "features":
         inputs = max(("intensity", "amplitude"), key=lambda a: scores.get(a, 0.0))
         parts.append(
-            f"The input-level axes explain less of it (best: {inputs} "
-            f"{_fmt(scores.get(inputs, 0.0))}), so the sites differ beyond intensity and "
-            "spectrum (content, texture or style), which feature-level methods address."
+            f"Each input-level axis scores less (best: {inputs} "
+            f"{_fmt(scores.get(inputs, 0.0))}): the sites' feature statistics differ by more "
+            "than any one input statistic shows, from several input-level differences at "
+            "once (intensity, spectrum, spatially varying effects such as a bias field) or "
+            "from differences beyond them (content, texture, style); feature-level methods "
+            "address these whatever their origin."
         )
     chosen = [top, *close]
     return {
