@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from fedshift.cli.run import count_or
 from fedshift.core.errors import FedshiftError
 
 
@@ -121,16 +122,9 @@ def _check_inputs(args: argparse.Namespace) -> tuple[str | None, list[str], str]
 
 
 def _max_per_site(text: str) -> int | None:
-    """``--max-per-site``: a whole number >= 1, or 0 / ``all`` for every image."""
-    if text == "all":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 or 'all', got {text!r}")
-    return None if n == 0 else n
+    """``--max-per-site``: a whole number >= 1, or 0 / ``all`` for every image (None)."""
+    n = count_or("all", 0)(text)
+    return None if n in ("all", 0) else int(n)
 
 
 def _check(args: argparse.Namespace) -> int:
