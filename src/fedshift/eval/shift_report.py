@@ -12,8 +12,9 @@ writes, atomically, into one folder:
 
 **The recommendation rule.** The axis with the largest score is the dominant shift and its
 methods are recommended; any other axis scoring at least :data:`CLOSE` times as much is named
-beside it with its methods. When no axis reaches :data:`NOTABLE`, the sites barely differ and
-no shift method is called for. The features axis sees the input-level shifts too (a random
+beside it with its methods. When no axis reaches :data:`NOTABLE` (0.14, a large effect for
+eta^2 by Cohen's conventions; 0.06 is medium, 0.01 small: :data:`SIZES`), no shift method is
+called for. The features axis sees the input-level shifts too (a random
 network's feature statistics move when the intensities or the spectrum do), but more weakly
 than the input axis that measures a single such shift directly: it leads when several
 input-level differences combine (the brain-mri scanners: contrast, bias field, blur, noise) or
@@ -38,8 +39,10 @@ from fedshift.data import load_dataset
 from fedshift.eval.shift import AXES, FeatureProbe, Measurement, measure, spectral_centroid
 from fedshift.models import build_model
 
-#: a score below this on every axis: the sites barely differ
-NOTABLE = 0.05
+#: effect sizes of eta^2 by Cohen's conventions (Statistical Power Analysis, 1988)
+SIZES = ((0.14, "large"), (0.06, "medium"), (0.01, "small"))
+#: a shift method is recommended for an axis with a large effect (eta^2 >= 0.14) only
+NOTABLE = SIZES[0][0]
 #: an axis scoring at least this share of the dominant one is named beside it
 CLOSE = 0.8
 #: what each axis measures (report wording)
@@ -68,7 +71,17 @@ METHODS: dict[str, list[tuple[str, str]]] = {
 #: the figure files, one per axis
 FIGURES = {axis: f"{axis}.png" for axis in AXES}
 
-__all__ = ["CLOSE", "METHODS", "NOTABLE", "check", "feature_model", "recommend", "to_json"]
+__all__ = [
+    "CLOSE",
+    "METHODS",
+    "NOTABLE",
+    "SIZES",
+    "check",
+    "effect_size",
+    "feature_model",
+    "recommend",
+    "to_json",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,6 +93,11 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}"
 
 
+def effect_size(score: float) -> str:
+    """``large``, ``medium``, ``small`` or ``none`` (:data:`SIZES`)."""
+    return next((word for bound, word in SIZES if score >= bound), "none")
+
+
 def recommend(m: Measurement) -> dict[str, Any]:
     """The dominant axis, the axes close to it, their methods and a paragraph citing the
     measured numbers (module docstring: the rule)."""
@@ -89,9 +107,9 @@ def recommend(m: Measurement) -> dict[str, Any]:
     others = ", ".join(f"{a} {_fmt(scores[a])}" for a in ranked[1:])
     if scores[top] < NOTABLE:
         text = (
-            f"No marked shift: every axis scores below {NOTABLE} ({top} {_fmt(scores[top])}, "
-            f"{others}); the sites' images and labels are distributed alike, so plain FedAvg "
-            "should do about as well as the shift methods."
+            f"No large shift: every axis scores below {NOTABLE} (the largest, {top} "
+            f"{_fmt(scores[top])}, is a {effect_size(scores[top])} effect; {others}), so these "
+            "numbers call for no shift method in particular: compare any against plain FedAvg."
         )
         return {"dominant": None, "close": [], "methods": [], "text": text}
     close = [a for a in ranked[1:] if scores[a] >= CLOSE * scores[top]]
@@ -203,9 +221,9 @@ def to_json(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -> dict[s
     ``seed``), ``sites`` (per site: ``name``, ``counts`` per split, ``sampled`` images,
     ``class_fractions`` (pixel fractions for segmentation), ``channel_mean``,
     ``channel_std``, ``spectral_centroid``, ``amplitude_profile`` (C x rings, mean log),
-    ``distance`` per axis), ``axes`` (per axis: ``score``, ``to_federation`` per site,
-    ``order`` farthest first, ``pairwise`` K x K in site order), ``feature_layers``
-    (stage -> score), ``ring_frequencies`` (cycles per pixel), ``dh`` and
+    ``distance`` per axis), ``axes`` (per axis: ``score``, ``size`` (its effect size),
+    ``to_federation`` per site, ``order`` farthest first, ``pairwise`` K x K in site order),
+    ``feature_layers`` (stage -> score), ``ring_frequencies`` (cycles per pixel), ``dh`` and
     ``tv_heterogeneity`` (percent), ``recommendation`` (``dominant``, ``close``,
     ``methods``, ``text``), ``thresholds`` and ``fedshift`` (version)."""
     names = m.site_names
@@ -227,6 +245,7 @@ def to_json(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -> dict[s
     axes = {
         a: {
             "score": shift.score,
+            "size": effect_size(shift.score),
             "to_federation": dict(zip(names, shift.to_federation, strict=True)),
             "order": shift.order(names),
             "pairwise": shift.pairwise,
@@ -322,11 +341,12 @@ def render_markdown(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -
     )
     lines += ["## Shift scores", ""]
     lines += _table(
-        ["axis", "score", "measures", "sites, farthest first", "methods"],
+        ["axis", "score", "effect", "measures", "sites, farthest first", "methods"],
         [
             [
                 a,
                 _fmt(shift.score),
+                effect_size(shift.score),
                 MEANING[a],
                 ", ".join(shift.order(m.site_names)),
                 ", ".join(n for n, _ in METHODS[a]),
@@ -362,7 +382,8 @@ def render_markdown(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -
         "the share of its variance (over the sites, weighted equally) explained by which site "
         "an image comes from, eta^2 = B / (B + W), with the between-site variance B corrected "
         "for sampling; the axis's score is the mean over its statistics (features: over the "
-        "model's stages too). 0: the sites are alike; 1: they do not overlap. Distances are "
+        "model's stages too). 0: the sites are alike; 1: they do not overlap; 0.01, 0.06 and "
+        "0.14 are small, medium and large effects by Cohen's conventions. Distances are "
         "differences of site means in units of the statistic's total standard deviation. "
         "Figures: montage.png, " + ", ".join(FIGURES[a] for a in m.axes) + ".",
         "",
