@@ -405,7 +405,6 @@ def measure(
     rings = ring_index(h, w)
     per_axis: dict[str, list[Moments]] = {a: [] for a in ("intensity", "amplitude", "labels")}
     per_layer: dict[str, list[Moments]] = {}
-    pixel = []
     kept: list[SiteData] = []
     layers = [] if probe is None else probe.layers
     for name, splits in sites:
@@ -413,16 +412,21 @@ def measure(
         inten, ampl, lab, pix = Moments(), Moments(), Moments(), Moments()
         feats = {layer: Moments() for layer in layers}
         shown: list[torch.Tensor] = []
+        # the montage's images: evenly spread over the sample (neighbours are often alike)
+        n = total if max_per_site is None else min(total, max_per_site)
+        wanted = torch.linspace(0, n - 1, min(preview, n)).round().long().unique()
+        seen = 0
         for idx in _batches(total, max_per_site, seed, name, batch_size):
             x = _take(splits, idx)
+            here = wanted[(wanted >= seen) & (wanted < seen + len(idx))] - seen
+            shown.append(x[here].clone())
+            seen += len(idx)
             inten.add(intensity_statistics(x))
             ampl.add(amplitude_profile(x, rings))
             pix.add(x.transpose(0, 1).reshape(c, -1).T)  # pixels as rows: channel moments
             if probe is not None:
                 for layer, d in probe(x.float()).items():
                     feats[layer].add(d)
-            if sum(len(t) for t in shown) < preview:
-                shown.append(x[: preview - sum(len(t) for t in shown)].clone())
         for sp in splits:
             for idx in torch.split(torch.arange(len(sp)), batch_size):
                 lab.add(label_descriptor(sp.y[idx], fed.num_classes))
@@ -443,7 +447,6 @@ def measure(
                 preview=torch.cat(shown),
             )
         )
-        pixel.append(pix)
 
     def axis(moms: list[Moments]) -> AxisShift:
         means = torch.stack([m.mean for m in moms])

@@ -59,7 +59,7 @@ def montage(m: Measurement, path: Path) -> Path:
 def _heatmap(ax: Axes, fig: Figure, m: Measurement, axis: str) -> None:
     dist = torch.tensor(m.axes[axis].pairwise)
     names = m.site_names
-    im = ax.imshow(dist.numpy(), cmap="viridis")
+    im = ax.imshow(dist.numpy(), cmap="viridis", vmin=0, vmax=max(float(dist.max()), 1e-6))
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     if len(names) <= ANNOTATE:
