@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fedshift.cli import main
-from fedshift.core.errors import DataError
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.partition import degree_of_heterogeneity
 from fedshift.eval.shift import (
@@ -133,6 +133,8 @@ def test_batch_size_and_the_cap(probe):
     assert [s.sampled for s in capped.sites] == [50, 50, 50]
     assert capped.axes["intensity"].score == again.axes["intensity"].score
     assert capped.axes["intensity"].score != other.axes["intensity"].score
+    every = measure(fed, None, split="all")
+    assert [s.sampled for s in every.sites] == [sum(s.counts.values()) for s in every.sites]
 
 
 # ------------------------------------------------------------------------------ one axis each
@@ -279,6 +281,18 @@ def test_pixels_out_of_range_name_the_site_and_split(probe):
     xs[1] = xs[1] * 300
     with pytest.raises(DataError, match=r"site 's1', train split.*\[0, 1\]"):
         measure(federation(xs, ys), probe)
+
+
+def test_a_model_that_skips_its_stage_hooks_is_named(probe):
+    class Skips(type(probe.model)):
+        def features(self, x: torch.Tensor) -> torch.Tensor:
+            for stage in self.stages.values():
+                x = stage(x)
+            return x
+
+    torch.manual_seed(0)
+    with pytest.raises(ConfigError, match=r"did not run the stage hooks of \['conv1', 'conv2'\]"):
+        FeatureProbe(Skips())(torch.rand(2, 3, SIDE, SIDE))
 
 
 def test_feature_probe_leaves_the_model_as_it_was(probe):

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedshift.augment.ampnorm import amplitude_phase
-from fedshift.core.errors import DataError
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.seeding import generator
 from fedshift.data.base import SPLITS, Federation, Split
 from fedshift.data.partition import degree_of_heterogeneity, tv_heterogeneity
@@ -60,13 +60,19 @@ AXES = ("intensity", "amplitude", "features", "labels")
 RINGS = 8
 #: numerical floor of a variance (descriptors are O(1): intensities, logs, fractions)
 EPS = 1e-12
+#: pixel values one batch holds at most (its float64 FFT then takes 16 bytes a value)
+BATCH_PIXELS = 1 << 22
 
 __all__ = [
     "AXES",
+    "BATCH_PIXELS",
+    "SPLIT_CHOICES",
     "AxisShift",
     "FeatureProbe",
+    "Measurement",
     "Moments",
     "SiteData",
+    "combine",
     "amplitude_profile",
     "federation_sites",
     "intensity_statistics",
@@ -92,13 +98,18 @@ class Moments:
         self.sq: torch.Tensor | None = None
 
     def add(self, batch: torch.Tensor) -> None:
+        """Add the rows of an (n, ...) batch, flattened to (n, D)."""
         b = batch.detach().to(torch.float64).reshape(batch.shape[0], -1)
+        self.add_sums(b.shape[0], b.sum(0), (b * b).sum(0))
+
+    def add_sums(self, n: int, total: torch.Tensor, squares: torch.Tensor) -> None:
+        """Add ``n`` rows given only their per-dimension sum and sum of squares."""
         if self.sum is None or self.sq is None:
-            self.sum = torch.zeros(b.shape[1], dtype=torch.float64)
-            self.sq = torch.zeros(b.shape[1], dtype=torch.float64)
-        self.n += b.shape[0]
-        self.sum += b.sum(0)
-        self.sq += (b * b).sum(0)
+            self.sum = torch.zeros_like(total, dtype=torch.float64)
+            self.sq = torch.zeros_like(squares, dtype=torch.float64)
+        self.n += n
+        self.sum += total.to(torch.float64)
+        self.sq += squares.to(torch.float64)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -227,9 +238,10 @@ def label_descriptor(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     if y.dim() == 1:
         return torch.nn.functional.one_hot(y.long(), num_classes).to(torch.float64)
     flat = y.long().flatten(1)
-    counts = torch.zeros(flat.shape[0], num_classes, dtype=torch.float64)
-    counts.scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float64))
-    return counts / flat.shape[1]
+    n = flat.shape[0]
+    offset = num_classes * torch.arange(n)[:, None]
+    counts = torch.bincount((flat + offset).flatten(), minlength=n * num_classes)
+    return counts.view(n, num_classes).to(torch.float64) / flat.shape[1]
 
 
 class _Stop(Exception):
@@ -247,6 +259,12 @@ class FeatureProbe:
         self.model = model.eval()
         self.normalize = normalize
         self.layers = list(model.stage_names)
+        if not self.layers:
+            raise ConfigError(
+                f"config key 'model.name': model {type(model).__name__} names no stages, so "
+                "the features axis has nothing to measure; choose a model with stages "
+                "(fedshift list)"
+            )
 
     def __call__(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -272,6 +290,13 @@ class FeatureProbe:
             pass
         finally:
             self.model.stage_hooks = saved
+        missing = [name for name in self.layers if name not in out]
+        if missing:
+            raise ConfigError(
+                f"config key 'model.name': model {type(self.model).__name__} did not run the "
+                f"stage hooks of {missing} (FedModel.stage_hooks), so the features axis cannot "
+                "see those stages; its features() must call each stage's hook"
+            )
         return out
 
 
@@ -399,9 +424,11 @@ def measure(
     """Measure ``fed``'s sites along :data:`AXES` (module docstring). Images: a seeded
     subsample of at most ``max_per_site`` of each site's ``split`` (None: all of them);
     labels: all of that split. ``probe``: the fixed model of the ``features`` axis (None
-    leaves that axis out)."""
+    leaves that axis out). Batches hold at most ``batch_size`` images and
+    :data:`BATCH_PIXELS` pixel values."""
     sites = federation_sites(fed, split)
     c, h, w = fed.input_shape
+    batch_size = max(1, min(batch_size, BATCH_PIXELS // (c * h * w)))
     rings = ring_index(h, w)
     per_axis: dict[str, list[Moments]] = {a: [] for a in ("intensity", "amplitude", "labels")}
     per_layer: dict[str, list[Moments]] = {}
@@ -423,7 +450,8 @@ def measure(
             seen += len(idx)
             inten.add(intensity_statistics(x))
             ampl.add(amplitude_profile(x, rings))
-            pix.add(x.transpose(0, 1).reshape(c, -1).T)  # pixels as rows: channel moments
+            xd = x.to(torch.float64)
+            pix.add_sums(x.shape[0] * h * w, xd.sum((0, 2, 3)), (xd * xd).sum((0, 2, 3)))
             if probe is not None:
                 for layer, d in probe(x.float()).items():
                     feats[layer].add(d)
