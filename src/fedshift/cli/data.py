@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from fedshift.cli.run import count_or
-from fedshift.core.errors import FedshiftError
+from fedshift.core.errors import ConfigError, FedshiftError
 
 
 def _dataset_params(name: str, overrides: list[str]):
@@ -93,8 +93,9 @@ def _show_other(args: argparse.Namespace) -> int:
     return 0
 
 
-#: what ``data check`` writes into its folder
-CHECK_FILES = ("report.md", "shift.json", "montage.png", "<axis>.png")
+#: config sections (and keys) that change what ``data check`` measures; a sweep over one of
+#: them is refused (``seed`` is not: the check uses the config's own seed)
+SWEPT_DATA = ("dataset", "partition", "model", "input", "federation.data_fraction")
 
 
 def _check_inputs(args: argparse.Namespace) -> tuple[str | None, list[str], str]:
@@ -139,6 +140,13 @@ def _check(args: argparse.Namespace) -> int:
         overrides.append(f"model.weights={args.model_weights}")
     raw = load_config(config, overrides)
     cfg = resolve(raw, source)
+    varied = [k for k in raw.get("sweep") or {} if k.split(".")[0] in SWEPT_DATA or k in SWEPT_DATA]
+    if varied:
+        raise ConfigError(
+            f"{source}: config key 'sweep.{varied[0]}': the sweep varies what 'data check' "
+            f"measures ({', '.join(varied)}), and it measures one federation: give one "
+            f"value, e.g. {varied[0]}=VALUE"
+        )
     out = Path(args.out or Path("data-check") / cfg.dataset.name)
     _, data, text = check(
         cfg,

@@ -186,7 +186,8 @@ def check(
     measurement, the ``shift.json`` content and the Markdown report. The model of the
     features axis is built as a run builds it (seeded by ``cfg.seed``), without touching the
     caller's random state."""
-    fed = load_dataset(cfg.dataset, cfg.partition)
+    # the training images a run would use: federation.data_fraction applied
+    fed = load_dataset(cfg.dataset, cfg.partition).with_train_fraction(cfg.federation.data_fraction)
     section = feature_model(cfg, fed.task, fed.input_shape, model_given)
     with torch.random.fork_rng(devices=[]):
         seed_global(cfg.seed, "init")
