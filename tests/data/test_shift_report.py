@@ -379,6 +379,8 @@ def test_data_check_bad_key_is_a_clear_error(in_tmp, capsys):
     assert not (in_tmp / "data-check").exists()
     assert main(["data", "check", "nothing-like-this"]) == 2
     assert "neither a file nor a config shipped" in capsys.readouterr().err
+    assert main(["data", "check", "toyshift", "train_size=5"]) == 2
+    assert "write dataset.train_size=5" in capsys.readouterr().err
     assert main(["data", "check", "toyshift", "sweep.dataset.clients=[2,3]"]) == 2
     assert "'sweep.dataset.clients'" in capsys.readouterr().err
     assert main(["data", "build"]) == 2

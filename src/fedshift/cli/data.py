@@ -128,6 +128,30 @@ def _max_per_site(text: str) -> int | None:
     return None if n in ("all", 0) else int(n)
 
 
+def _bare_dataset_keys(raw: dict, overrides: list[str]) -> None:
+    """A bare ``train_size=500`` (as ``data show`` takes it) is a :class:`ConfigError` that
+    names the config key ``data check`` wants: ``dataset.train_size=500``."""
+    import dataclasses
+
+    from fedshift.core.config import RunConfig, parse_override
+    from fedshift.data import DATASETS
+
+    top = {f.name for f in dataclasses.fields(RunConfig)}
+    section = raw.get("dataset")
+    name = section.get("name") if isinstance(section, dict) else None
+    if not isinstance(name, str) or name not in DATASETS:
+        return
+    params = DATASETS.entry(name).params
+    keys = {f.name for f in dataclasses.fields(params)} if params is not None else set()
+    for item in overrides:
+        key, _ = parse_override(item)
+        if "." not in key and key not in top and key in keys:
+            raise ConfigError(
+                f"config key '{key}': 'data check' takes config keys as 'fedshift run' does, "
+                f"and this is a key of dataset {name!r}: write dataset.{item}"
+            )
+
+
 def _check(args: argparse.Namespace) -> int:
     """``data check``: load the config's dataset (its loader's checks first), measure how the
     sites differ and write the report (:mod:`fedshift.eval.shift_report`)."""
@@ -139,6 +163,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.model_weights:
         overrides.append(f"model.weights={args.model_weights}")
     raw = load_config(config, overrides)
+    _bare_dataset_keys(raw, overrides)
     cfg = resolve(raw, source)
     varied = [k for k in raw.get("sweep") or {} if k.split(".")[0] in SWEPT_DATA or k in SWEPT_DATA]
     if varied:
