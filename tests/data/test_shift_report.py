@@ -146,6 +146,14 @@ def test_identical_sites_score_about_zero(probe):
     assert recommend(m)["dominant"] is None
 
 
+def test_one_site_has_nothing_to_compare():
+    xs, ys = same_content(sites=1, n=8)
+    m = measure(federation(xs, ys), None)
+    assert all(a.score == 0.0 for a in m.axes.values())
+    rec = recommend(m)
+    assert rec["dominant"] is None and "nothing to compare" in rec["text"]
+
+
 def test_intensity_only_shift_is_dominant_and_orders_the_sites(probe):
     xs, ys = same_content()
     # (gain about 0.5, offset): s0 unchanged, s2 changed the most

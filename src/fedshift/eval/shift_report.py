@@ -101,6 +101,12 @@ def effect_size(score: float) -> str:
 def recommend(m: Measurement) -> dict[str, Any]:
     """The dominant axis, the axes close to it, their methods and a paragraph citing the
     measured numbers (module docstring: the rule)."""
+    if len(m.sites) < 2:
+        text = (
+            f"One site ({m.site_names[0]}): there is nothing to compare. Split it across "
+            "clients with a partition (partition.name=dirichlet, classes, iid) or add sites."
+        )
+        return {"dominant": None, "close": [], "methods": [], "text": text}
     scores = {a: s.score for a, s in m.axes.items()}
     ranked = sorted(scores, key=lambda a: -scores[a])
     top = ranked[0]
