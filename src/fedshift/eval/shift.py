@@ -30,11 +30,15 @@ explained by which site an image comes from: 0 when every site has the same dist
 the statistic, 1 when the sites do not overlap at all. Being a share of variance, it has no
 unit and the same meaning on every axis, which is what makes the axes comparable.
 ``features`` averages the per-layer scores over the model's stages. Dimensions with no
-variance at all (a constant statistic) are left out.
+variance at all (a constant statistic) are left out. In the numerator, B_j is first reduced
+by (K - 1) / K^2 sum_k v_kj / n_k, what the site means of n_k images drawn from one
+distribution spread by chance (floored at 0; sites dealt stratified by class vary less than
+that, so the correction errs low), so that sites alike score about 0 at any sample size.
 
 The same normalisation gives the site-level numbers: a site's distance to the federation is
 sqrt(mean_j (m_kj - mean_k m_kj)^2 / (B_j + W_j)) (its mean square over the sites is the
-score) and the distance between sites k and l is sqrt(mean_j (m_kj - m_lj)^2 / (B_j + W_j)).
+score before the correction) and the distance between sites k and l is
+sqrt(mean_j (m_kj - m_lj)^2 / (B_j + W_j)).
 
 Everything streams: each site's images are read in batches (a seeded subsample of at most
 ``max_per_site``) into running sums of each descriptor (float64), never concatenated.
