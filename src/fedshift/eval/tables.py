@@ -293,7 +293,9 @@ def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow
     keys = list(dict.fromkeys(k for f in flats for k in f if not own(k)))
     missing = object()
     varying = [
-        k for k in keys if len({json.dumps(f.get(k, missing), default=str) for f in flats}) > 1
+        k
+        for k in keys
+        if len({json.dumps(f.get(k, missing), default=str) for f in flats}) > 1
     ]
     groups: dict[Flow, list[dict]] = {}
     identity: dict[Flow, str] = {}
