@@ -128,6 +128,16 @@ MARKS: dict[str, Mark] = {
              "train.rounds=80": "train.rounds=2"},
     ),
     "fedshift data show digits --out montage.png": Run(DIGITS),
+    "fedshift data check digits": Run(DIGITS),
+    "fedshift data check brain-mri": Run(
+        ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
+    ),
+    "fedshift data check brain-mri dataset.scanner_strength=0 --out data-check/brain-mri-s0": Run(
+        ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
+    ),
+    "python benchmarks/shift_construction.py": Long(
+        "about 1 min", "four brain-mri builds (scanner strengths 0-2) and the same slices under six scanners"
+    ),
     "fedshift bench configs/suites/fraug_table2.yaml": Run(
         (*CHEAP_GRID, "sweep.algorithm.name=[fedavg,fraug]"), why="two of its eight algorithms"
     ),

@@ -9,6 +9,7 @@ fedshift config show [-c CONFIG] [key=value ...]         the resolved config, as
 fedshift report RUN_DIR... [--out DIR]                   Markdown + HTML + CSV report of runs
 fedshift protocol cross-site|loco|sweep|rounds|...       the papers' evaluation protocols
 fedshift data build|show|fetch ...                       offline benchmarks
+fedshift data check [DATASET|CONFIG] [key=value ...]     how the sites differ: the shift report
 fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
 fedshift claims [--check] | claims collect ...           the claims ledger from results/
 fedshift export RUN_DIR --out model.pt                   the trained model as a plain state_dict
