@@ -16,6 +16,9 @@ from fedshift.core.config import load_config
 
 torch.set_num_threads(1)
 
+#: the repository root (tests in subfolders find configs/, docs/ and src/ from here)
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def toy_cfg(*overrides: str, rounds: int = 3):
     base = [
@@ -26,6 +29,25 @@ def toy_cfg(*overrides: str, rounds: int = 3):
         "name=test",
     ]
     return resolve(load_config(None, [*base, *overrides]))
+
+
+#: a tiny segmentation run: ``toyseg`` (12 training images a client), a 4-channel U-Net, Adam
+SEG = [
+    "dataset.name=toyseg",
+    "dataset.train_size=12",
+    "dataset.val_size=4",
+    "dataset.test_size=4",
+    "model.name=unet",
+    "model.width=4",
+    "train.batch_size=6",
+    "train.optimizer=adam",
+    "train.lr=0.003",
+    "name=test",
+]
+
+
+def seg_cfg(*overrides: str, rounds: int = 2):
+    return resolve(load_config(None, [*SEG, f"train.rounds={rounds}", *overrides]))
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +115,16 @@ def ledger(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "ledger.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def worker_pool():
+    """Two pool workers (``run.workers``) shared by a module's runs (each run rebuilds its
+    experiment in them): starting workers costs seconds, a run on them milliseconds."""
+    from fedshift.runtime.pool import WorkerPool
+
+    with WorkerPool(2) as pool:
+        yield pool
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test, whatever ran before: runs compared bit for bit must use
@@ -139,6 +171,7 @@ PROCESS = (
     "tests/test_flower.py::test_client_errors_and_bad_nodes_are_reported",
     "tests/test_flower.py::test_node_state_can_live_on_disk",
     "tests/test_pool.py",
+    "tests/test_same_run.py::test_same_run[pool-",
     "tests/test_packaging.py",
     "tests/test_tracking_services.py",
     "tests/test_resume.py::test_signal_at_a_random_moment",

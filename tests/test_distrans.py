@@ -10,6 +10,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from support.same_run import assert_same_run
 from torch import nn
 
 from fedshift.algorithms.bn import FrozenBNStats
@@ -32,9 +33,7 @@ from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.models.base import FedModel
 from fedshift.runtime.simulation import (
-    RunInterrupted,
     Simulation,
-    resume_experiment,
     run_experiment,
 )
 
@@ -461,6 +460,8 @@ def test_auto_rule_from_label_distributions(make_cfg, tmp_path, partition, dh, m
 
 
 def test_resumed_run_equals_uninterrupted(make_cfg, tmp_path):
+    """NN offset aggregation with offset momentum, persisted optimiser state and sampled
+    clients, killed after round 3 (checkpoint of round 2) and resumed."""
     over = [
         "algorithm.name=distrans",
         "algorithm.aggregation=nn",
@@ -472,16 +473,7 @@ def test_resumed_run_equals_uninterrupted(make_cfg, tmp_path):
         "federation.sample_fraction=0.67",
         *SMALL,
     ]
-    cfg = make_cfg(*over, rounds=4)
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=3)
-    resumed = resume_experiment(tmp_path / "killed", progress=False)
-    keys = ("best_round", "val_mean", "test_mean", "test_per_client", "bytes_by_record")
-    assert {k: resumed.summary[k] for k in keys} == {k: full.summary[k] for k in keys}
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "killed/metrics.jsonl"
-    ).read_text()
+    assert_same_run(make_cfg(*over, rounds=4), tmp_path, stop_after=3)
 
 
 @pytest.mark.parametrize("augment", ["mixup", "fedrdn"])

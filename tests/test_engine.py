@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import metric_rows, results_of
+from conftest import results_of
+from support.same_run import assert_runs_equal, assert_same_run
 
 from fedshift.core.errors import TrainingError
 from fedshift.data.domains.toy import ToyParams, load_toy
 from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
-    RunInterrupted,
     Simulation,
-    resume_experiment,
     run_experiment,
 )
 
@@ -21,9 +20,8 @@ from fedshift.runtime.simulation import (
 def test_same_seed_same_numbers_and_other_seed_differs(make_cfg, tmp_path):
     cfg = make_cfg("algorithm.name=fedavg", "train.momentum=0.9")
     a = run_experiment(cfg, run_dir=tmp_path / "a", progress=False)
-    b = run_experiment(cfg, run_dir=tmp_path / "b", progress=False)
-    assert results_of(a.summary) == results_of(b.summary)
-    assert (tmp_path / "a/metrics.jsonl").read_text() == (tmp_path / "b/metrics.jsonl").read_text()
+    run_experiment(cfg, run_dir=tmp_path / "b", progress=False)
+    assert_runs_equal(tmp_path / "b", a.run_dir)
     c = run_experiment(
         make_cfg("algorithm.name=fedavg", "train.momentum=0.9", "seed=1"),
         run_dir=tmp_path / "c",
@@ -33,7 +31,9 @@ def test_same_seed_same_numbers_and_other_seed_differs(make_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["fedbn", "scaffold", "fedadam"])
-def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, algo):
+def test_killed_between_checkpoints_resumes_to_the_uninterrupted_run(make_cfg, tmp_path, algo):
+    """Killed after round 5 with the checkpoint from round 4: round 5 is redone after the
+    kill (sampled clients, persisted momentum) and the run ends as the uninterrupted one."""
     over = [
         f"algorithm.name={algo}",
         "checkpoint.every=2",
@@ -41,16 +41,8 @@ def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, algo):
         "train.momentum=0.5",
         "federation.sample_fraction=0.67",
     ]
-    cfg = make_cfg(*over, rounds=6)
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=5)
-    # the checkpoint is from round 4: round 5 is redone after the "kill"
-    resumed = resume_experiment(tmp_path / "killed", progress=False)
-    assert results_of(resumed.summary) == results_of(full.summary)
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "killed/metrics.jsonl"
-    ).read_text()
+    runs = assert_same_run(make_cfg(*over, rounds=6), tmp_path, stop_after=5)
+    assert runs.saved_round["resume"] == 4
 
 
 def test_ledger_bytes(make_cfg, tmp_path):
@@ -182,12 +174,7 @@ def test_resume_without_checkpoint_starts_again_with_the_same_numbers(make_cfg, 
     """A run killed before its first checkpoint has nothing to continue from: --resume starts
     it again from its saved config and ends with the uninterrupted run's numbers."""
     cfg = make_cfg("algorithm.name=fedavg", "checkpoint.every=0", "checkpoint.minutes=0", rounds=3)
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "k", progress=False, stop_after=1)
-    assert not (tmp_path / "k/checkpoint.pt").exists()
-    again = resume_experiment(tmp_path / "k", progress=False)
-    assert metric_rows(again.run_dir) == metric_rows(full.run_dir)
+    assert_same_run(cfg, tmp_path, stop_after=1, checkpointed=False)
 
 
 def test_checkpoint_holds_all_state(make_cfg, tmp_path):

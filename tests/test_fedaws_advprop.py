@@ -12,6 +12,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from support.same_run import assert_same_run
 from torch import nn
 
 from fedshift.algorithms.advprop import (
@@ -39,7 +40,7 @@ from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.models.digits import SmallCNN
 from fedshift.runtime.checkpoint_io import read_checkpoint
-from fedshift.runtime.simulation import RunInterrupted, Simulation, resume_experiment
+from fedshift.runtime.simulation import Simulation
 
 TINY = ("model.name=cnn", "model.width=4")
 ONE_CLASS = ("dataset.classes=3", "partition.name=one-class")
@@ -483,19 +484,11 @@ def test_pfedhn_client_replies_trained_minus_received(make_cfg, tmp_path):
 
 
 def test_pfedhn_resume_equals_uninterrupted(make_cfg, tmp_path):
+    """The hypernetwork (the server state) and its embeddings survive a kill after round 2."""
     over = (*TINY, "algorithm.name=pfedhn", "train.local_steps=2", "checkpoint.every=1")
-    cfg = make_cfg(*over, rounds=3)
-    full = Simulation(cfg, tmp_path / "full", None, False).run().summary
-    with pytest.raises(RunInterrupted):
-        Simulation(cfg, tmp_path / "k", None, False).run(stop_after=2)
-    resumed = resume_experiment(tmp_path / "k", progress=False).summary
-    assert resumed["test_per_client"] == full["test_per_client"]
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "k/metrics.jsonl"
-    ).read_text()
-    a, b = (read_checkpoint(tmp_path / d / "checkpoint.pt") for d in ("full", "k"))
-    for k, v in a["server"]["hnet"].items():
-        assert torch.equal(v, b["server"]["hnet"][k]), k
+    runs = assert_same_run(make_cfg(*over, rounds=3), tmp_path, stop_after=2)
+    hnet = read_checkpoint(runs.dir("resume") / "checkpoint.pt")["server"]["hnet"]
+    assert "embeddings.weight" in hnet
 
 
 def test_pfedhn_rejects_targets_above_the_budget(make_cfg, tmp_path):

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from conftest import seg_cfg
+from support.same_run import assert_same_run
 
 from fedshift.augment.ffa import (
     FFA,
@@ -24,9 +26,7 @@ from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.payload import Payload
 from fedshift.models.digits import LeNet5, SmallCNN
 from fedshift.runtime.simulation import (
-    RunInterrupted,
     Simulation,
-    resume_experiment,
     run_experiment,
 )
 
@@ -508,20 +508,14 @@ def test_fedfa_two_rounds_cnn_end_to_end_and_deterministic(make_cfg, tmp_path):
 
 @pytest.mark.parametrize("ema", ["corrected", "persist", "average"])
 def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, ema):
+    """FFA's running statistics (each EMA mode) survive a kill after round 1."""
     cfg = make_cfg(
         "algorithm.name=fedfa",
         f"augment=[{{name: ffa, ema: {ema}}}]",
         "checkpoint.every=1",
         rounds=3,
     )
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=1)
-    resumed = resume_experiment(tmp_path / "killed", progress=False)
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "killed/metrics.jsonl"
-    ).read_text()
-    assert resumed.summary["bytes_by_record"] == full.summary["bytes_by_record"]
+    assert_same_run(cfg, tmp_path, stop_after=1)
 
 
 # ----------------------------------------------------------------------------- FedRobust
@@ -579,18 +573,12 @@ def test_fedrobust_learns_an_adversarial_affine_shift(make_cfg, tmp_path, affine
     assert float(shifted) > float(clean)
 
 
-def test_fedrobust_segmentation_channel_map_and_resume(tmp_path, one_thread):
-    from test_segmentation import seg_cfg
-
+def test_fedrobust_segmentation_channel_map_and_resume(tmp_path):
+    """FedRobust's channel maps on a U-Net: a finite Dice, and a run killed after round 1
+    ends as the uninterrupted one (the maps come from the checkpoint)."""
     cfg = seg_cfg("algorithm.name=fedrobust", "algorithm.affine=channel", "checkpoint.every=1")
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    assert math.isfinite(full.summary["test_mean"])
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=1)
-    resume_experiment(tmp_path / "killed", progress=False)  # the maps come from the checkpoint
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "killed/metrics.jsonl"
-    ).read_text()
+    runs = assert_same_run(cfg, tmp_path, stop_after=1)
+    assert math.isfinite(runs["native"].summary["test_mean"])
 
 
 def test_fedrobust_full_map_rejects_large_inputs(make_cfg, tmp_path):

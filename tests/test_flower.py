@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import ledger, metric_rows, toy_cfg
 from flwr.app import ArrayRecord
+from support.same_run import assert_runs_equal
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
@@ -72,31 +73,9 @@ def test_node_config_is_checked():
 
 
 # ---------------------------------------------------------------------------- in-process
-ALGORITHMS = [
-    ("algorithm.name=fedbn",),
-    ("algorithm.name=scaffold", "federation.sample_fraction=0.67"),
-    ("algorithm.name=fedfa",),
-    ("algorithm.name=harmofl",),
-    ("algorithm.name=harmofl", "federation.holdout=[client2]"),
-    ("algorithm.name=fedavg", "augment=[fedrdn]", "federation.holdout=[client2]"),
-    ("algorithm.name=distrans",),
-    ("algorithm.name=fraug",),
-    ("algorithm.name=pfedhn",),
-    ("algorithm.name=fedadam", "train.optimizer_state=persist", "train.momentum=0.9"),
-]
-
-
-@pytest.mark.parametrize("over", ALGORITHMS, ids=lambda o: " ".join(o))
-def test_flower_in_process_equals_native(tmp_path, over):
-    """Same seed -> the same metric rows (bit for bit) and the same ledger as `fedshift run`:
-    every record crosses the wire, client state persists in the nodes' contexts."""
-    cfg = toy_cfg(*over, rounds=2)
-    native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
-    flower = simulate(cfg, run_dir=tmp_path / "flower", engine="in-process", progress=False)
-    assert rows(flower.run_dir) == rows(native.run_dir)
-    assert ledger(flower.run_dir) == ledger(native.run_dir)
-    assert flower.summary["runtime"]["mode"] == "simulation (in-process)"
-    assert flower.summary["runtime"]["lost"] == {}
+# Flower in-process equals the native run (the same metric rows, results, ledger and server
+# state; client state persists in the nodes' contexts), uninterrupted and stopped and resumed
+# from the nodes' snapshots: tests/test_same_run.py (its Flower cases)
 
 
 def test_server_view_gives_the_personal_model(tmp_path):
@@ -210,7 +189,7 @@ def test_node_state_can_live_on_disk(tmp_path):
     flower = FlowerServer(cfg, tmp_path / "f", FlowerOptions(nodes=3), progress=False).run(
         Restarting(build_client_app(), 3, node_configs=confs)
     )
-    assert rows(flower.run_dir) == rows(native.run_dir)
+    assert_runs_equal(flower.run_dir, native.run_dir)
     assert len(list((tmp_path / "state").glob("*/client*/r*.pt"))) >= 3
 
 
@@ -222,6 +201,5 @@ def test_flower_simulation_engine_equals_native(tmp_path):
     cfg = toy_cfg("algorithm.name=fedfa", rounds=2)
     native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
     flower = simulate(cfg, run_dir=tmp_path / "flower", engine="ray", progress=False)
-    assert rows(flower.run_dir) == rows(native.run_dir)
-    assert ledger(flower.run_dir) == ledger(native.run_dir)
+    assert_runs_equal(flower.run_dir, native.run_dir)
     assert flower.summary["runtime"]["mode"] == "simulation (ray)"

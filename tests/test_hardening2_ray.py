@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ledger, metric_rows, results_of, toy_cfg
+from conftest import toy_cfg
+from support.same_run import assert_runs_equal
 
 import fedshift
 from fedshift.cli import main
@@ -115,12 +116,10 @@ def test_sigint_and_sigterm_stop_a_ray_simulation_cleanly(tmp_path):
     from fedshift.runtime.simulation import saved_config
 
     cfg = saved_config(run_dir)
-    done = simulate(cfg, run_dir=run_dir, engine="in-process", progress=False, resume=True)
+    simulate(cfg, run_dir=run_dir, engine="in-process", progress=False, resume=True)
     full = run_experiment(toy_cfg(*OVER[4:], rounds=ROUNDS), run_dir=tmp_path / "full",
                           progress=False)  # fmt: skip
-    assert metric_rows(run_dir) == metric_rows(full.run_dir)
-    assert ledger(run_dir) == ledger(full.run_dir)
-    assert results_of(done.summary) == results_of(full.summary)
+    assert_runs_equal(run_dir, full.run_dir)
 
 
 def test_resume_of_the_other_engines_run_is_one_error(tmp_path, capsys):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
-import json
 import os
 import random
 import shlex
@@ -19,16 +18,15 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import metric_rows, results_of, toy_cfg
+from conftest import toy_cfg
+from support.same_run import assert_runs_equal
 
-from fedshift.algorithms import ALGORITHMS
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.core.seeding import rng_state, seed_global, set_rng_state
 from fedshift.runtime.simulation import (
     RunInterrupted,
     load_finished,
-    resume_experiment,
     run_experiment,
 )
 
@@ -172,36 +170,8 @@ def test_item1_cpu_rng_state_has_no_gpu_part():
     assert "cuda" not in rng_state()
 
 
-RESUMED_EQUAL = {"scaffold", "fraug", "pfedme"}  # also compared with an uninterrupted run
-CASES = [
-    *((e.name,) for e in ALGORITHMS.entries()),
-    ("scaffold", "augment=[fedrdn,fedmix]", "train.optimizer_state=persist", "train.momentum=0.5"),
-]
-
-
-@pytest.mark.parametrize("over", CASES, ids=lambda o: " ".join(o))
-def test_item1_every_algorithm_checkpoint_loads_with_weights_only(tmp_path, monkeypatch, over):
-    """Every algorithm's checkpoint (and selected state) is read back with
-    torch.load(weights_only=True) only; a run stopped after round 1 resumes (for a few:
-    to the uninterrupted run's numbers)."""
-    real = torch.load
-
-    def strict(*args, **kwargs):
-        assert kwargs.get("weights_only") is not False, "torch.load(weights_only=False)"
-        return real(*args, **{**kwargs, "weights_only": True})
-
-    monkeypatch.setattr(torch, "load", strict)
-    name, *rest = over
-    cfg = toy_cfg(f"algorithm.name={name}", *rest, "checkpoint.every=1", rounds=2)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "k", progress=False, stop_after=1)
-    resumed = resume_experiment(tmp_path / "k", progress=False)
-    for weights in ("last", "selected"):
-        assert load_finished(tmp_path / "k", weights=weights).round >= 1
-    if name in RESUMED_EQUAL:
-        full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-        assert results_of(resumed.summary) == results_of(full.summary)
-        assert metric_rows(resumed.run_dir) == metric_rows(full.run_dir)
+# every algorithm's checkpoint read back with torch.load(weights_only=True) only, resumed to
+# the uninterrupted run: tests/test_same_run.py
 
 
 def test_item1_flower_snapshots_use_the_checksummed_format(tmp_path):
@@ -289,7 +259,7 @@ def test_item3_allowed_edits_resume_to_the_uninterrupted_run(tmp_path, capsys):
     _edit(short.run_dir, train__rounds=4, checkpoint__every=2, name="renamed")
     code, err = cli(capsys, "run", "--resume", str(short.run_dir))
     assert code == 0, err
-    assert metric_rows(short.run_dir) == metric_rows(full.run_dir)
+    assert_runs_equal(short.run_dir, full.run_dir)
     resumed = load_finished(short.run_dir, weights="last")
     assert resumed.cfg.train.rounds == 4 and resumed.round == 4
 
@@ -368,6 +338,4 @@ def test_item9_disk_full_during_a_checkpoint_keeps_the_previous_one(
     assert not list(run.glob("*.tmp"))
     code, err = cli(capsys, "run", "--resume", str(run))
     assert code == 0, err
-    assert metric_rows(run) == metric_rows(full.run_dir)
-    summary = json.loads((run / "summary.json").read_text())
-    assert results_of(summary) == results_of(full.summary)
+    assert_runs_equal(run, full.run_dir)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from conftest import metric_rows, toy_cfg
+from support.same_run import assert_runs_equal
 
 import fedshift
 from fedshift.eval.summary import RunRecord, check_summary
@@ -91,7 +92,7 @@ def test_a_hook_sees_every_point_in_order_across_a_stop_and_a_resume(tmp_path):
         record.wall_s = 0.0  # type: ignore[misc]
     # the run equals an uninterrupted one
     full = Simulation(cfg, tmp_path / "full", progress=False).run()
-    assert metric_rows(full.run_dir) == metric_rows(tmp_path / "r")
+    assert_runs_equal(tmp_path / "r", full.run_dir)
 
 
 def test_a_failing_hook_stops_the_run_and_every_opened_hook_closes(tmp_path):

@@ -9,6 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from support.same_run import assert_same_run
 from torch import nn
 
 from fedshift.algorithms.moon import contrastive_loss
@@ -20,9 +21,7 @@ from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.runtime.simulation import (
-    RunInterrupted,
     Simulation,
-    resume_experiment,
     run_experiment,
 )
 
@@ -459,6 +458,8 @@ def test_end_to_end_two_rounds(make_cfg, tmp_path, algo, kinds):
 
 @pytest.mark.parametrize("algo", ["moon", "pfedme"])
 def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, algo):
+    """MOON's previous local model and pFedMe's personal model survive a kill after round 3
+    (checkpoint of round 2) with sampled clients."""
     cfg = small(
         make_cfg,
         f"algorithm.name={algo}",
@@ -467,12 +468,4 @@ def test_killed_then_resumed_equals_uninterrupted(make_cfg, tmp_path, algo):
         "train.local_steps=1",
         rounds=4,
     )
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=3)
-    resumed = resume_experiment(tmp_path / "killed", progress=False)
-    for key in ("models", "bytes_up", "bytes_down", "best_round", "test_mean"):
-        assert resumed.summary[key] == full.summary[key]
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "killed/metrics.jsonl"
-    ).read_text()
+    assert_same_run(cfg, tmp_path, stop_after=3)

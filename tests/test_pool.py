@@ -1,6 +1,7 @@
-"""Issue 16: the pool transport (``run.workers``): clients in long-lived worker processes give
-the sequential run's numbers bit for bit, for every algorithm and augment; runs killed,
-interrupted or failing in a worker behave as sequential ones; no worker outlives its run."""
+"""The pool transport (``run.workers``): clients in long-lived worker processes give the
+sequential run's numbers bit for bit (for every algorithm and augment: the pool cases of
+test_same_run.py); runs killed, interrupted or failing in a worker behave as sequential
+ones; no worker outlives its run."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import metric_rows, results_of, toy_cfg
+from conftest import toy_cfg
+from support.same_run import TINY, assert_runs_equal
 
-from fedshift.algorithms import ALGORITHMS
-from fedshift.augment import AUGMENTS
 from fedshift.bench import config_digest, plan, run_suite
 from fedshift.core.errors import FedshiftError, TrainingError
 from fedshift.data import load_dataset
@@ -28,43 +28,18 @@ from fedshift.data.base import Split
 from fedshift.runtime import pool as pool_mod
 from fedshift.runtime import pool_worker
 from fedshift.runtime.checkpoint_io import read_checkpoint
-from fedshift.runtime.pool import PoolTransport, WorkerPool, assign
+from fedshift.runtime.pool import PoolTransport, assign
 from fedshift.runtime.results import run_dir_name
 from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
 from fedshift.runtime.stopping import RunSignal
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 
-#: three small toyshift clients, so that one of two workers holds two of them
-TINY = (
-    "dataset.clients=3",
-    "dataset.train_size=12",
-    "dataset.val_size=4",
-    "dataset.test_size=4",
-    "model.name=cnn",
-    "model.width=4",
-    "train.batch_size=4",
-    "train.local_steps=2",
-)
-
-CASES = [
-    *[(f"algorithm.name={a}",) for a in ALGORITHMS.names()],
-    *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names()],
-    # sampled rounds, persisted optimiser state, held-out clients, stacked augments
-    ("algorithm.name=scaffold", "federation.sample_fraction=0.67",
-     "train.optimizer_state=persist", "train.momentum=0.9"),
-    ("algorithm.name=pfedhn", "federation.sample_fraction=0.67"),
-    ("algorithm.name=harmofl", "federation.holdout=[client2]"),
-    ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),
-    ("algorithm.name=fedprox", "augment=[fedrdn,fedmix]"),
-]  # fmt: skip
-
 
 @pytest.fixture(scope="module")
-def pool():
-    """Two workers shared by the module's runs (each run rebuilds their experiment)."""
-    with WorkerPool(2) as p:
-        yield p
+def pool(worker_pool):
+    """Two workers shared by the module's runs (conftest's ``worker_pool``)."""
+    return worker_pool
 
 
 def _children() -> set[int]:
@@ -81,23 +56,8 @@ def _gone(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------------------- equality
-@pytest.mark.parametrize("over", CASES, ids=lambda o: " ".join(o))
-def test_pool_equals_sequential_for_every_algorithm_and_augment(tmp_path, pool, over):
-    """workers=2, threads=1 gives the metric rows, summary results and ledger of the
-    sequential run with one thread (tolerance 0)."""
-    cfg = toy_cfg(*TINY, *over, rounds=2)
-    seq = run_experiment(cfg, run_dir=tmp_path / "seq", progress=False, workers=1)
-    par = run_experiment(cfg, run_dir=tmp_path / "pool", progress=False, pool=pool)
-    assert metric_rows(par.run_dir) == metric_rows(seq.run_dir)
-    assert results_of(par.summary) == results_of(seq.summary)
-    ledger = "ledger.json"
-    assert (par.run_dir / ledger).read_text() == (seq.run_dir / ledger).read_text()
-    assert seq.summary["runtime"] == {
-        "engine": "native", "executor": "sequential", "workers": 1, "threads": 1,
-        "device": "cpu"}  # fmt: skip
-    assert par.summary["runtime"] == {
-        "engine": "native", "executor": "pool", "workers": 2, "threads": 1,
-        "device": "cpu"}  # fmt: skip
+# the pool gives the sequential run's metric rows, results, ledger and final state for every
+# algorithm and augment: tests/test_same_run.py (its pool-* cases)
 
 
 def test_assignment_balances_training_examples():
@@ -218,9 +178,8 @@ def test_sigint_cancels_and_rolls_back_the_round_in_the_workers(tmp_path, pool, 
     assert pool.cancelled > cancelled  # the workers stopped mid-round
     ck = read_checkpoint(run_dir / "checkpoint.pt")
     assert ck["round"] == 2 and {r[0] for r in ck["ledger"]["rows"]} == {1, 2}
-    resumed = resume_experiment(run_dir, progress=False, pool=pool)
-    assert results_of(resumed.summary) == results_of(full.summary)
-    assert metric_rows(run_dir) == metric_rows(full.run_dir)
+    resume_experiment(run_dir, progress=False, pool=pool)
+    assert_runs_equal(run_dir, full.run_dir)
 
 
 def _worker_pids(pid: int) -> list[int]:
@@ -274,9 +233,8 @@ def test_killed_pool_run_resumes_to_the_uninterrupted_numbers(tmp_path, pool):
     while not all(_gone(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_gone(p) for p in workers), "pool workers outlived their killed parent"
-    resumed = resume_experiment(run_dir, progress=False, pool=pool)
-    assert results_of(resumed.summary) == results_of(full.summary)
-    assert metric_rows(run_dir) == metric_rows(full.run_dir)
+    resume_experiment(run_dir, progress=False, pool=pool)
+    assert_runs_equal(run_dir, full.run_dir)
 
 
 # ---------------------------------------------------------------------------- config, bench

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import SEG
 
 from fedshift.catalog import resolve
 from fedshift.cli.protocol import add_parser
@@ -42,20 +43,6 @@ from fedshift.runtime.simulation import (
 from fedshift.testing import canon
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=test"]
-SEG = [
-    "dataset.name=toyseg",
-    "dataset.train_size=12",
-    "dataset.val_size=4",
-    "dataset.test_size=4",
-    "model.name=unet",
-    "model.width=4",
-    "train.batch_size=6",
-    "train.optimizer=adam",
-    "train.lr=0.003",
-    "name=test",
-]
-
-
 def cfg_of(base: list[str], *over: str, rounds: int = 2):
     return resolve(load_config(None, [*base, f"train.rounds={rounds}", *over]))
 

@@ -6,6 +6,7 @@ import csv
 import re
 
 import pytest
+from conftest import seg_cfg, toy_cfg
 
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
@@ -15,8 +16,6 @@ from fedshift.runtime.simulation import run_experiment
 
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory):
-    from conftest import toy_cfg
-
     root = tmp_path_factory.mktemp("runs")
     for algo, aug in (("fedavg", "[]"), ("fedavg", "[fedrdn]"), ("fedbn", "[]")):
         for seed in (0, 1):
@@ -67,8 +66,6 @@ def test_report_csv_has_a_row_per_run_client_metric(runs_root, tmp_path):
 
 
 def test_report_segmentation_has_both_dice_tables(tmp_path):
-    from test_segmentation import seg_cfg
-
     run_experiment(seg_cfg(rounds=1), run_dir=tmp_path / "runs/seg", progress=False)
     md = build_report([tmp_path / "runs"], tmp_path / "rep")["md"].read_text()
     assert "Test foreground Dice (%)" in md and "Test mean Dice incl. background (%)" in md
@@ -89,8 +86,6 @@ def test_report_cli(runs_root, tmp_path, capsys):
 
 
 def test_report_sections_per_partition(tmp_path):
-    from conftest import toy_cfg
-
     for part in ("iid", "classes"):
         cfg = toy_cfg(f"partition.name={part}", "partition.clients=3", rounds=1)
         run_experiment(cfg, run_dir=tmp_path / f"runs/{part}", progress=False)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ledger, metric_rows, results_of, toy_cfg, toy_dir
+from conftest import toy_cfg, toy_dir
+from support.same_run import assert_runs_equal
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.runtime.checkpoint_io import read_checkpoint
@@ -118,10 +119,8 @@ def test_signal_at_a_random_moment_saves_and_resumes_to_the_same_summary(tmp_pat
     assert 0 <= ck["round"] < ROUNDS
     # the saved ledger holds whole rounds only: the interrupted round was rolled back
     assert {r[0] for r in ck["ledger"]["rows"]} == set(range(ck["round"] + 1))
-    resumed = resume_experiment(run_dir, progress=False)
-    assert results_of(resumed.summary) == results_of(full.summary)
-    assert metric_rows(run_dir) == metric_rows(full.run_dir)
-    assert ledger(run_dir) == ledger(full.run_dir)
+    resume_experiment(run_dir, progress=False)
+    assert_runs_equal(run_dir, full.run_dir)
 
 
 def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
@@ -169,8 +168,8 @@ def test_signal_during_the_setup_exchange_saves_nothing(tmp_path):
     assert info.value.saved_round is None and info.value.exit_code == 130
     assert not (tmp_path / "s/checkpoint.pt").exists()
     full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    again = resume_experiment(tmp_path / "s", progress=False)
-    assert results_of(again.summary) == results_of(full.summary)
+    resume_experiment(tmp_path / "s", progress=False)
+    assert_runs_equal(tmp_path / "s", full.run_dir)
 
 
 # ---------------------------------------------------------------------------- extension
@@ -186,10 +185,8 @@ def test_extending_a_finished_run_equals_the_longer_run(tmp_path, over):
     short = run_experiment(toy_cfg(*over, rounds=10), run_dir=tmp_path / "ext", progress=False)
     assert short.summary["rounds"] == 10
     long = run_experiment(toy_cfg(*over, rounds=20), run_dir=tmp_path / "long", progress=False)
-    extended = resume_experiment(tmp_path / "ext", progress=False, rounds=20)
-    assert results_of(extended.summary) == results_of(long.summary)
-    assert metric_rows(tmp_path / "ext") == metric_rows(tmp_path / "long")
-    assert ledger(tmp_path / "ext") == ledger(tmp_path / "long")
+    resume_experiment(tmp_path / "ext", progress=False, rounds=20)
+    assert_runs_equal(tmp_path / "ext", long.run_dir)
     saved = yaml.safe_load((tmp_path / "ext/config.yaml").read_text())
     assert saved["train"]["rounds"] == 20
 
@@ -240,30 +237,8 @@ def test_an_unfinished_run_has_no_selected_model_yet(tmp_path):
 
 
 # ---------------------------------------------------------------------------- Flower
-FLOWER = [
-    ("algorithm.name=fedbn", "federation.sample_fraction=0.67"),
-    ("algorithm.name=fedavg", "augment=[fedrdn]"),
-    ("algorithm.name=scaffold",),
-]
-
-
-@pytest.mark.parametrize("over", FLOWER, ids=lambda o: " ".join(o))
-def test_flower_run_killed_after_round_2_resumes_to_the_uninterrupted_numbers(tmp_path, over):
-    """The ServerApp stops after round 2 (its checkpoint is from round 2; the nodes' contexts
-    are gone with the simulation); the resumed simulation restores each client from its
-    snapshot and ends with the metrics and ledger of an uninterrupted native run."""
-    from fedshift.flower.simulate import simulate
-
-    cfg = toy_cfg(*over, "checkpoint.every=2", rounds=4)
-    native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
-    with pytest.raises(RunInterrupted):
-        simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False, stop_after=2)
-    assert read_checkpoint(tmp_path / "f/checkpoint.pt")["round"] == 2
-    resumed = simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False,
-                       resume=True)  # fmt: skip
-    assert metric_rows(resumed.run_dir) == metric_rows(native.run_dir)
-    assert ledger(resumed.run_dir) == ledger(native.run_dir)
-    assert results_of(resumed.summary) == results_of(native.summary)
+# a Flower run stopped after a round resumes (its clients restored from the nodes'
+# snapshots) to the uninterrupted native run: tests/test_same_run.py (its Flower cases)
 
 
 def test_flower_resume_without_snapshots_fails_loudly(tmp_path):
@@ -330,7 +305,7 @@ def test_cli_resume_extends_and_refuses_other_overrides(tmp_path, capsys):
     assert summary["rounds"] == 4
     longer = run_experiment(toy_cfg("algorithm.name=fedavg", "name=t", rounds=4),
                             run_dir=tmp_path / "long", progress=False)  # fmt: skip
-    assert results_of(summary) == results_of(longer.summary)
+    assert_runs_equal(run_dir, longer.run_dir)
 
 
 # Flower's Ray engine: test_sigint_and_sigterm_stop_a_ray_simulation_cleanly

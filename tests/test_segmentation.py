@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import seg_cfg
+from support.same_run import assert_same_run
 
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
@@ -21,24 +23,7 @@ from fedshift.core.tasks import (
     joint_loss,
     soft_dice_loss,
 )
-from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
-
-
-def seg_cfg(*overrides: str, rounds: int = 2):
-    base = [
-        "dataset.name=toyseg",
-        "dataset.train_size=12",
-        "dataset.val_size=4",
-        "dataset.test_size=4",
-        "model.name=unet",
-        "model.width=4",
-        f"train.rounds={rounds}",
-        "train.batch_size=6",
-        "train.optimizer=adam",
-        "train.lr=0.003",
-        "name=test",
-    ]
-    return resolve(load_config(None, [*base, *overrides]))
+from fedshift.runtime.simulation import run_experiment
 
 
 # ----------------------------------------------------------------------------- losses
@@ -215,15 +200,9 @@ def test_selection_uses_foreground_dice(tmp_path):
 
 
 def test_segmentation_resume_equals_uninterrupted(tmp_path):
+    """A segmentation run (FedFA on U-Net, Dice metrics) killed after round 2 and resumed."""
     cfg = seg_cfg("algorithm.name=fedfa", "checkpoint.every=1", rounds=3)
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=tmp_path / "killed", progress=False, stop_after=2)
-    resumed = resume_experiment(tmp_path / "killed", progress=False)
-    assert resumed.summary["test_per_client"] == full.summary["test_per_client"]
-    assert (tmp_path / "full/metrics.jsonl").read_text() == (
-        tmp_path / "killed/metrics.jsonl"
-    ).read_text()
+    assert_same_run(cfg, tmp_path, stop_after=2)
 
 
 def test_tables_caption_the_metric(tmp_path):

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import RESULT_KEYS, metric_rows, toy_cfg
+from support.same_run import assert_same_run, kill_and_resume
 
 from fedshift.bench import config_digest
 from fedshift.cli import main
 from fedshift.core.errors import ConfigError
 from fedshift.core.logs import LOGGER, ConsoleHandler
 from fedshift.runtime import track
-from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
+from fedshift.runtime.simulation import run_experiment
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 pytestmark = pytest.mark.usefixtures("one_thread")  # runs compared bit for bit
@@ -67,9 +68,7 @@ def test_run_log_holds_the_round_lines(tmp_path, fedshift_logger):
     to on resume."""
     cfg = toy_cfg("algorithm.name=fedavg", "checkpoint.every=1", rounds=3)
     run_dir = tmp_path / "run"
-    with pytest.raises(RunInterrupted):
-        run_experiment(cfg, run_dir=run_dir, progress=False, stop_after=2)
-    resume_experiment(run_dir, progress=False)
+    kill_and_resume(cfg, run_dir, stop_after=2)
     lines = (run_dir / "run.log").read_text().splitlines()
     assert all(re.match(STAMP + r" (INFO|WARNING|ERROR) +fedshift\.", x) for x in lines), lines
     text = "\n".join(lines)
@@ -134,16 +133,13 @@ def test_metrics_csv_matches_metrics_jsonl(tmp_path):
     """Only metrics.jsonl held the metric rows: metrics.csv, the same rows flattened, kept
     exact through a resume (rewritten from the checkpoint's rows, no duplicates)."""
     over = ["algorithm.name=fedbn", "eval.every=2", "checkpoint.every=2"]
-    cfg = toy_cfg(*over, rounds=5)
-    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False).run_dir
+    # killed after round 3 (the checkpoint is from round 2): the same metrics.csv
+    runs = assert_same_run(toy_cfg(*over, rounds=5), tmp_path, stop_after=3,
+                           files=["metrics.csv"])  # fmt: skip
+    full = runs.dir("native")
     assert csv_rows(full) == as_csv(full)
     assert list(csv_rows(full)[0])[:2] == ["round", "client"]
     assert {r["round"] for r in csv_rows(full)} == {"2", "4", "5"}
-    killed = tmp_path / "killed"
-    with pytest.raises(RunInterrupted):  # round 3 ran, the checkpoint is from round 2
-        run_experiment(cfg, run_dir=killed, progress=False, stop_after=3)
-    resume_experiment(killed, progress=False)
-    assert csv_rows(killed) == csv_rows(full)
 
 
 def test_track_key_changes_no_digest():
@@ -178,9 +174,7 @@ def test_tensorboard_event_file_read_back(tmp_path):
     over = ["algorithm.name=fedavg", "track=[tensorboard]", "checkpoint.every=2"]
     cfg = toy_cfg(*over, rounds=4)
     run_dir = tmp_path / "run"
-    with pytest.raises(RunInterrupted):  # rounds 1-3 logged, the checkpoint is from round 2
-        run_experiment(cfg, run_dir=run_dir, progress=False, stop_after=3)
-    resume_experiment(run_dir, progress=False)
+    kill_and_resume(cfg, run_dir, stop_after=3)  # rounds 1-3 logged, the checkpoint has 1-2
     acc = EventAccumulator(str(run_dir / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])

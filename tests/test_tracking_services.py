@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import metric_rows, toy_cfg
+from support.same_run import kill_and_resume
 
 from fedshift.core.errors import ConfigError
 from fedshift.runtime import track_services
 from fedshift.runtime.hooks import RoundRecord
-from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
+from fedshift.runtime.simulation import run_experiment
 from fedshift.runtime.track_services import MlflowTracker, WandbTracker
 
 #: a run of 4 rounds, checkpointed every 2: killed after round 3, resumed from round 2
@@ -134,14 +135,16 @@ def test_mlflow_run_read_back_every_round_once(tmp_path, mlflow_store):
     when checkpointed, and the resume reopens the same run."""
     cfg = toy_cfg(*KILLED_AT_3, "track=[mlflow]", rounds=4)
     run_dir = tmp_path / "run"
-    with pytest.raises(RunInterrupted):  # rounds 1-3 ran, the checkpoint holds 1-2
-        run_experiment(cfg, run_dir=run_dir, progress=False, stop_after=3)
-    client = mlflow_store(run_dir)
-    run_id = json.loads((run_dir / "mlflow/run.json").read_text())["run_id"]
-    assert [m.step for m in client.get_metric_history(run_id, "bytes/up")] == [1, 2]
-    assert client.get_run(run_id).info.status == "KILLED"
+    killed: dict = {}
 
-    resume_experiment(run_dir, progress=False)
+    def at_stop(run_dir: Path) -> None:  # rounds 1-3 ran, the checkpoint holds 1-2
+        client = mlflow_store(run_dir)
+        run_id = killed["run_id"] = json.loads((run_dir / "mlflow/run.json").read_text())["run_id"]
+        assert [m.step for m in client.get_metric_history(run_id, "bytes/up")] == [1, 2]
+        assert client.get_run(run_id).info.status == "KILLED"
+
+    kill_and_resume(cfg, run_dir, stop_after=3, at_stop=at_stop)
+    client, run_id = mlflow_store(run_dir), killed["run_id"]
     state = json.loads((run_dir / "mlflow/run.json").read_text())
     assert state == {"run_id": run_id, "logged_through": 4, "missing": []}
     (experiment,) = [e for e in client.search_experiments() if e.name == "test"]
@@ -220,9 +223,7 @@ def test_wandb_offline_run_read_back_every_round_once(tmp_path, wandb_env):
     killed run's segment (rounds 1-2, the checkpointed ones) and its resume's (3-4)."""
     cfg = toy_cfg(*KILLED_AT_3, "track=[wandb]", rounds=4)
     run_dir = tmp_path / "run"
-    with pytest.raises(RunInterrupted):  # rounds 1-3 ran, the checkpoint holds 1-2
-        run_experiment(cfg, run_dir=run_dir, progress=False, stop_after=3)
-    resume_experiment(run_dir, progress=False)
+    kill_and_resume(cfg, run_dir, stop_after=3)  # rounds 1-3 ran, the checkpoint holds 1-2
     state = json.loads((run_dir / "wandb/run.json").read_text())
     assert state["logged_through"] == 4 and state["missing"] == []
     assert state["project"] == "test"

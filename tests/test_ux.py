@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import results_of, toy_dir
+from support.same_run import assert_runs_equal
 
 from fedshift.bench import run_suite
 from fedshift.cli import main
@@ -31,13 +32,6 @@ def _suite(tmp_path: Path, **extra) -> Path:
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def _summaries(root: Path) -> dict[str, dict]:
-    return {
-        p.parent.name: results_of(json.loads(p.read_text()))
-        for p in sorted(root.glob("*/summary.json"))
-    }
 
 
 # ---------------------------------------------------------------------- long runs
@@ -98,8 +92,10 @@ def test_long_runs_run_jobs_equal_sequential(tmp_path, monkeypatch, capsys):
     over = [*TOY, "train.rounds=2", "sweep.seed=[0,1]"]
     assert main(["run", *over, "--out", str(tmp_path / "seq"), "--quiet"]) == 0
     assert main(["run", *over, "--out", str(tmp_path / "par"), "--quiet", "--jobs", "2"]) == 0
-    seq, par = _summaries(tmp_path / "seq/t"), _summaries(tmp_path / "par/t")
-    assert sorted(par) == [toy_dir("seed=0"), toy_dir("seed=1")] and par == seq
+    names = sorted(p.name for p in (tmp_path / "par/t").iterdir())
+    assert names == [toy_dir("seed=0"), toy_dir("seed=1")]
+    for name in names:
+        assert_runs_equal(tmp_path / "par/t" / name, tmp_path / "seq/t" / name)
     assert main(["run", *over, "run.threads=2", "--out", str(tmp_path / "y"), "--jobs", "2"]) == 2
     err = capsys.readouterr().err
     assert "--jobs 2 x 2 cores per run" in err and "use --jobs 1" in err
