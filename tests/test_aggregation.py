@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_cfg
+from support.replies import copy_of, full, reply
 
 from fedshift.algorithms import ALGORITHMS
 from fedshift.algorithms.base import bn_keys, resolve_weighting, weighted_average
@@ -13,7 +14,6 @@ from fedshift.algorithms.fedprox import ANCHOR
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
-from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator
 from fedshift.data.domains.toy import ToyParams, load_toy
 from fedshift.models import build_model
@@ -41,10 +41,9 @@ def test_fedavg_sample_and_uniform_weights():
     for weighting, expected in (("samples", 0.25 * 1 + 0.75 * 3), ("uniform", 2.0)):
         algo, model = make_algo("fedavg", weighting=weighting)
         server = algo.init_server(model)
-        r1 = {k: torch.full_like(v, 1) for k, v in server["weights"].items()}
-        r3 = {k: torch.full_like(v, 3) for k, v in server["weights"].items()}
-        replies = [("a", Payload({"weights": r1}, 100)), ("b", Payload({"weights": r3}, 300))]
-        algo.aggregate(server, 1, replies)
+        w = server["weights"]
+        algo.aggregate(server, 1, [reply("a", 100, weights=full(w, 1)),
+                                   reply("b", 300, weights=full(w, 3))])  # fmt: skip
         w = server["weights"]["stages.conv1.conv.weight"]
         assert torch.allclose(w, torch.full_like(w, expected))
 
@@ -125,11 +124,11 @@ def test_fedavgm_server_momentum_by_hand():
     algo, model = make_algo("fedavgm", server_lr=1.0, server_momentum=0.5)
     server = _scalar_server(algo, model, 0.0)
     k = algo.shared_param_keys[0]
-    ones = {kk: torch.ones_like(v) for kk, v in server["weights"].items()}
-    algo.aggregate(server, 1, [("a", Payload({"weights": ones}, 1))])
+    ones = full(server["weights"], 1.0)
+    algo.aggregate(server, 1, [reply("a", weights=ones)])
     # v1 = 1, w1 = 0 + 1 = 1
     assert torch.allclose(server["weights"][k], torch.ones_like(server["weights"][k]))
-    algo.aggregate(server, 2, [("a", Payload({"weights": ones}, 1))])
+    algo.aggregate(server, 2, [reply("a", weights=ones)])
     # delta = 1 - 1 = 0, v2 = 0.5 * 1 + 0 = 0.5, w2 = 1.5
     assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], 1.5))
 
@@ -138,8 +137,8 @@ def test_fedadam_one_step_by_hand():
     algo, model = make_algo("fedadam", server_lr=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
     server = _scalar_server(algo, model, 0.0)
     k = algo.shared_param_keys[0]
-    twos = {kk: torch.full_like(v, 2.0) for kk, v in server["weights"].items()}
-    algo.aggregate(server, 1, [("a", Payload({"weights": twos}, 1))])
+    twos = full(server["weights"], 2.0)
+    algo.aggregate(server, 1, [reply("a", weights=twos)])
     m = 0.1 * 2.0
     v = 0.99 * 1e-6 + 0.01 * 4.0
     expected = 0.1 * m / (v**0.5 + 1e-3)
@@ -162,12 +161,14 @@ def test_fednova_aggregation_by_hand():
     server = _scalar_server(algo, model, 1.0)
     k = algo.shared_param_keys[0]
 
-    def reply(d, a):
-        g = {kk: torch.full_like(server["weights"][kk], d) for kk in algo.shared_param_keys}
-        buffers = {kk: server["weights"][kk].clone() for kk in algo.shared_buffer_keys}
-        return Payload({"normalized_grad": g, "buffers": buffers}, 10, config={"a_norm": a})
+    w = server["weights"]
 
-    algo.aggregate(server, 1, [("a", reply(1.0, 2.0)), ("b", reply(3.0, 4.0))])
+    def nova(client, d, a):
+        g = full(w, d, algo.shared_param_keys)
+        buffers = copy_of(w, algo.shared_buffer_keys)
+        return reply(client, 10, normalized_grad=g, buffers=buffers, config={"a_norm": a})
+
+    algo.aggregate(server, 1, [nova("a", 1.0, 2.0), nova("b", 3.0, 4.0)])
     # tau_eff = 0.5*2 + 0.5*4 = 3; sum p d = 2; w = 1 - 3 * 0.1 * 2 = 0.4
     assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], 0.4))
 
@@ -240,26 +241,20 @@ def test_scaffold_correction_and_option_two():
     assert "control" not in ys["scaffold"].records
 
 
+def scaffold_reply(algo, server, client, dy, dc, n=10):
+    """A SCAFFOLD reply: every shared parameter moved by ``dy``, its control by ``dc``."""
+    w, keys = server["weights"], algo.shared_param_keys
+    return reply(client, n, delta=full(w, dy, keys), control_delta=full(w, dc, keys),
+                 buffers=copy_of(w, algo.shared_buffer_keys))  # fmt: skip
+
+
 def test_scaffold_server_update_by_hand():
     algo, model = make_algo("scaffold", num_clients=4, weighting="uniform")
     server = _scalar_server(algo, model, 1.0)
     k = algo.shared_param_keys[0]
-
-    def reply(dy, dc):
-        return Payload(
-            {
-                "delta": {
-                    kk: torch.full_like(server["weights"][kk], dy) for kk in algo.shared_param_keys
-                },
-                "control_delta": {
-                    kk: torch.full_like(server["weights"][kk], dc) for kk in algo.shared_param_keys
-                },
-                "buffers": {kk: server["weights"][kk].clone() for kk in algo.shared_buffer_keys},
-            },
-            10,
-        )
-
-    algo.aggregate(server, 1, [("a", reply(0.2, 1.0)), ("b", reply(0.4, 3.0))])
+    replies = [scaffold_reply(algo, server, "a", 0.2, 1.0),
+               scaffold_reply(algo, server, "b", 0.4, 3.0)]  # fmt: skip
+    algo.aggregate(server, 1, replies)
     # x = 1 + mean(0.2, 0.4) = 1.3 ; c = 0 + (2/4) * mean(1, 3) = 1.0
     assert torch.allclose(server["weights"][k], torch.full_like(server["weights"][k], 1.3))
     assert torch.allclose(server["control"][k], torch.full_like(server["control"][k], 1.0))
@@ -322,22 +317,9 @@ def _scaffold_round(weighting):
     algo, model = make_algo("scaffold", num_clients=4, weighting=weighting)
     server = _scalar_server(algo, model, 1.0)
     k = algo.shared_param_keys[0]
-
-    def reply(dy, n):
-        return Payload(
-            {
-                "delta": {
-                    kk: torch.full_like(server["weights"][kk], dy) for kk in algo.shared_param_keys
-                },
-                "control_delta": {
-                    kk: torch.zeros_like(server["weights"][kk]) for kk in algo.shared_param_keys
-                },
-                "buffers": {kk: server["weights"][kk].clone() for kk in algo.shared_buffer_keys},
-            },
-            n,
-        )
-
-    algo.aggregate(server, 1, [("a", reply(0.2, 10)), ("b", reply(0.4, 30))])
+    replies = [scaffold_reply(algo, server, "a", 0.2, 0.0, n=10),
+               scaffold_reply(algo, server, "b", 0.4, 0.0, n=30)]  # fmt: skip
+    algo.aggregate(server, 1, replies)
     return algo, float(server["weights"][k].flatten()[0])
 
 

@@ -10,6 +10,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from support.replies import copy_of, reply
 from support.same_run import assert_same_run
 from torch import nn
 
@@ -29,7 +30,6 @@ from fedshift.algorithms.distrans import (
 from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
-from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.models.base import FedModel
 from fedshift.runtime.simulation import (
@@ -269,12 +269,13 @@ def test_frozen_bn_stats_context():
 
 
 # ----------------------------------------------------------------------------- aggregation
-def _reply(algo, model, offset, n, counts=None) -> Payload:
-    recs = {"weights": {k: model.state_dict()[k].clone() for k in algo.shared_keys}}
-    recs["offset"] = {OFFSET: offset}
+def _reply(client, algo, model, offset, n, counts=None):
+    """``client``'s DisTrans reply: the model's shared weights, its offset, its label counts."""
+    dist = {}
     if counts is not None:
-        recs["label_dist"] = {"counts": torch.tensor(counts, dtype=torch.float32)}
-    return Payload(recs, num_examples=n)
+        dist["label_dist"] = {"counts": torch.tensor(counts, dtype=torch.float32)}
+    return reply(client, n, weights=copy_of(model.state_dict(), algo.shared_keys),
+                 offset={OFFSET: offset}, **dist)  # fmt: skip
 
 
 @pytest.mark.parametrize("weighting", ["samples", "uniform"])
@@ -288,7 +289,7 @@ def test_avg_aggregation_by_hand_and_clients_continue_from_it(weighting):
     assert "offset" not in down.records and down.config["upload_offset"] == 1
     ta, tb = torch.full(SHAPE, 1.0), torch.full(SHAPE, -2.0)
     algo.aggregate(
-        server, 1, [("c0", _reply(algo, model, ta, 3)), ("c1", _reply(algo, model, tb, 1))]
+        server, 1, [_reply("c0", algo, model, ta, 3), _reply("c1", algo, model, tb, 1)]
     )
     want = (3 * ta + tb) / 4 if weighting == "samples" else (ta + tb) / 2
     assert torch.allclose(server["offset_avg"], want)
@@ -355,7 +356,7 @@ def test_nn_aggregation_inputs_and_per_client_offsets(nn_input):
     counts = {"c0": [5, 1], "c1": [2, 2], "c2": [0, 2]}
     torch.manual_seed(0)
     ups = {c: torch.rand(SHAPE) - 0.5 for c in counts}
-    replies = [(c, _reply(algo, model, ups[c], 1, counts[c])) for c in counts]
+    replies = [_reply(c, algo, model, ups[c], 1, counts[c]) for c in counts]
     before = copy.deepcopy(server["aggregator"])
     algo.aggregate(server, 1, replies)
     assert len(server["nn_loss"]) == 3 and server["nn_loss"][-1] < server["nn_loss"][0]
@@ -382,7 +383,7 @@ def test_nn_aggregation_iid_clients_get_different_offsets(nn_input):
     server = algo.init_server(model)
     torch.manual_seed(1)
     ups = {c: torch.randn(SHAPE) for c in ("c0", "c1", "c2")}
-    algo.aggregate(server, 1, [(c, _reply(algo, model, ups[c], 4, [2, 2])) for c in ups])
+    algo.aggregate(server, 1, [_reply(c, algo, model, ups[c], 4, [2, 2]) for c in ups])
     out = server["offset_nn"]
     same = all(torch.allclose(out["c0"], out[c]) for c in ("c1", "c2"))
     assert same == (nn_input == "released")
@@ -390,7 +391,7 @@ def test_nn_aggregation_iid_clients_get_different_offsets(nn_input):
     # new upload; the next offsets are computed from the new uploads
     if nn_input == "paper":
         new = {c: torch.randn(SHAPE) for c in ups}
-        algo.aggregate(server, 2, [(c, _reply(algo, model, new[c], 4, None)) for c in ups])
+        algo.aggregate(server, 2, [_reply(c, algo, model, new[c], 4, None) for c in ups])
         assert all(torch.equal(server["offset_in"][c], new[c]) for c in ups)
         net = algo.aggregator(server)
         e = class_share(torch.tensor([[2.0, 2.0]] * 3))

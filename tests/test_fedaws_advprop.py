@@ -12,6 +12,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
+from support.replies import reply
 from support.same_run import assert_same_run
 from torch import nn
 
@@ -34,7 +35,6 @@ from fedshift.algorithms.pfedhn import HyperNetwork, PFedHN, PFedHNParams
 from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
-from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
@@ -171,23 +171,12 @@ def test_server_averages_a_class_over_its_holders_then_spreads(make_cfg, tmp_pat
     algo, key = sim.algo.algorithm, "classifier.weight"
     w0 = sim.server["weights"][key].clone()
     rows = [torch.randn(1, w0.shape[1]) for _ in range(2)]
+    encoder = {k: sim.server["weights"][k] for k in algo.encoder_keys}
     replies = [
-        (
-            f"c{j}",
-            Payload(
-                {
-                    "weights": {k: sim.server["weights"][k] for k in algo.encoder_keys},
-                    "class_embeddings": {
-                        "weight": rows[j],
-                        "classes": torch.tensor([2]),
-                        "counts": torch.tensor([n]),
-                    },
-                },
-                num_examples=n,
-            ),
-        )
+        reply(f"c{j}", n, weights=encoder, class_embeddings={
+            "weight": rows[j], "classes": torch.tensor([2]), "counts": torch.tensor([n])})
         for j, n in enumerate((1, 3))
-    ]
+    ]  # fmt: skip
     algo.aggregate(sim.server, 1, replies)
     avg = w0.clone()
     avg[2] = (rows[0][0] * 1 + rows[1][0] * 3) / 4
@@ -433,7 +422,7 @@ def test_server_update_is_the_vector_jacobian_product():
 
     jac = torch.autograd.functional.jacobian(flat_out, tuple(before.values()))
     vec = -torch.cat([delta[k].flatten() for k in theta])  # theta - theta~
-    algo.aggregate(server, 1, [("b", Payload({"delta": delta}, num_examples=5))])
+    algo.aggregate(server, 1, [reply("b", 5, delta=delta)])
     after = dict(algo.hnet.named_parameters())
     for n, j in zip(names, jac, strict=True):
         grad = torch.tensordot(vec, j, dims=1)
@@ -506,7 +495,7 @@ def test_pfedhn_released_embedding_update_and_clipping():
     theta = algo.broadcast(server, 1, "b")["weights"]
     delta = {k: torch.ones_like(v) for k, v in theta.items()}
     row_a = algo.hnet.embeddings.weight[0].detach().clone()
-    algo.aggregate(server, 1, [("b", Payload({"delta": delta}, num_examples=1))])
+    algo.aggregate(server, 1, [reply("b", delta=delta)])
     # the table is an optimiser parameter: weight decay moves client a's row too
     assert torch.allclose(algo.hnet.embeddings.weight[0].detach(), row_a * (1 - 0.5 * 0.1))
     clip, lr = 1e-3, 0.01
@@ -514,12 +503,12 @@ def test_pfedhn_released_embedding_update_and_clipping():
     server = algo.init_server(model)
     algo.init_client("a", None, model)
     before = torch.cat([q.detach().flatten().clone() for q in algo.hnet.parameters()])
-    algo.aggregate(server, 1, [("a", Payload({"delta": delta}, num_examples=1))])
+    algo.aggregate(server, 1, [reply("a", delta=delta)])
     after = torch.cat([q.detach().flatten() for q in algo.hnet.parameters()])
     assert float((after - before).norm()) <= lr * clip * 1.01  # float32 rounding of w - step
     assert float((after - before).norm()) >= lr * clip * 0.99  # the raw gradient is larger
     adam, model = _pfedhn(server_optimizer="adam")
     server = adam.init_server(model)
     adam.init_client("a", None, model)
-    adam.aggregate(server, 1, [("a", Payload({"delta": delta}, num_examples=1))])
+    adam.aggregate(server, 1, [reply("a", delta=delta)])
     assert server["hnet_opt"]["state"]

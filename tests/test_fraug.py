@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import pytest
 import torch
 import torch.nn.functional as F
+from support.replies import reply
 from support.same_run import assert_same_run
 
 from fedshift.algorithms.fraug import (
@@ -27,7 +28,6 @@ from fedshift.algorithms.fraug import (
 )
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
-from fedshift.core.payload import Payload
 from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.client import client_context, train_client
 from fedshift.runtime.simulation import (
@@ -223,8 +223,8 @@ def test_generator_is_sent_and_averaged_and_rtnet_never_leaves(make_cfg, tmp_pat
     # hand check of the average, with sample-size weights 1 and 3
     a, b = (up["generator"] for _, up in replies)
     fake = [
-        ("client0", Payload({"weights": replies[0][1]["weights"], "generator": a}, 1)),
-        ("client1", Payload({"weights": replies[1][1]["weights"], "generator": b}, 3)),
+        reply("client0", 1, weights=replies[0][1]["weights"], generator=a),
+        reply("client1", 3, weights=replies[1][1]["weights"], generator=b),
     ]
     algo.aggregate(sim.server, 1, fake)
     key = "net.fc1.weight"

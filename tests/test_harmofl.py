@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from support.replies import reply
 from torch import nn
 
 from fedshift.algorithms import ALGORITHMS
@@ -137,8 +138,8 @@ def test_running_amplitude_released_first_batch_and_dc_only():
 
 
 # ----------------------------------------------------------------------------- the exchange
-def _amp_reply(value, n):
-    return Payload({"weights": {}, "amplitude": {"amplitude": value}}, num_examples=n)
+def _amp_reply(client, value, n):
+    return reply(client, n, weights={}, amplitude={"amplitude": value})
 
 
 def test_server_averages_once_and_sends_once_to_each_client():
@@ -146,10 +147,10 @@ def test_server_averages_once_and_sends_once_to_each_client():
     server = aug.init_server(None)
     a = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
     b = torch.tensor([[[3.0, 2.0], [1.0, 0.0]]])
-    replies = [("a", _amp_reply(a, 10)), ("b", _amp_reply(b, 30)), ("c", Payload({"w": {}}))]
+    replies = [_amp_reply("a", a, 10), _amp_reply("b", b, 30), reply("c", 0, w={})]
     aug.aggregate(server, 1, replies)
     assert torch.equal(server["amplitude"], torch.full((1, 2, 2), 2.0))  # uniform mean
-    aug.aggregate(server, 2, [("a", _amp_reply(torch.full((1, 2, 2), 9.0), 1))])
+    aug.aggregate(server, 2, [_amp_reply("a", torch.full((1, 2, 2), 9.0), 1)])
     assert torch.equal(server["amplitude"], torch.full((1, 2, 2), 2.0))  # fixed after round 1
     down = aug.broadcast(server, 2, "a")
     assert torch.equal(down["global_amplitude"]["amplitude"], server["amplitude"])

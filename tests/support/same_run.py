@@ -38,12 +38,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 from conftest import results_of
 
 from fedshift.core.config import RunConfig
+from fedshift.runtime import results as result_files
 from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.results import RunResult
 from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
@@ -87,14 +89,23 @@ class Runs:
 
 
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """One torch thread around runs compared bit for bit (float reductions split otherwise)."""
+def compared_runs(plot: bool) -> Iterator[None]:
+    """One torch thread around runs compared bit for bit (float reductions split otherwise);
+    without ``plot``, no ``convergence.png``: nothing here compares it, and drawing it is
+    most of a tiny run's time (test_cli.py checks the picture)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            if not plot:
+                stack.enter_context(mock.patch.object(result_files, "plot_convergence", _no_plot))
+            yield
     finally:
         torch.set_num_threads(before)
+
+
+def _no_plot(*args: object) -> None:
+    """``plot_convergence`` skipped (:func:`compared_runs`)."""
 
 
 def _start(way: str, cfg: RunConfig, run_dir: Path, stop_after: int | None, pool) -> RunResult:
@@ -173,19 +184,21 @@ def assert_same_run(
     pool=None,
     at_stop: Callable[[Path], None] | None = None,
     checkpointed: bool | None = True,
+    plot: bool = False,
 ) -> Runs:
     """Run ``cfg`` each way of ``ways`` in ``tmp_path / way`` and assert that every run is
     the first one's (see the module docstring for the ways and what is compared). The
     ways that stop do so after round ``stop_after`` (default: the round before the last);
     ``checkpointed`` and ``at_stop`` are :func:`kill_and_resume`'s. ``pool``: the
-    ``WorkerPool`` the pool ways use. Returns the runs, for the test's own checks."""
+    ``WorkerPool`` the pool ways use; ``plot``: draw each run's ``convergence.png``
+    (:func:`compared_runs`). Returns the runs, for the test's own checks."""
     ways = tuple(ways)
     unknown = [w for w in ways if w not in WAYS]
     if unknown or len(ways) < 2 or len(set(ways)) != len(ways):
         raise ValueError(f"ways={ways}: two or more of {WAYS}, each once")
     stop_after = cfg.train.rounds - 1 if stop_after is None else stop_after
     runs = Runs()
-    with one_thread():
+    with compared_runs(plot):
         for way in ways:
             run_dir = Path(tmp_path) / way
             if way.endswith("resume"):
