@@ -735,3 +735,44 @@ def test_config_time_checks_name_the_key(overrides: list[str], key: str) -> None
 
     with pytest.raises(ConfigError, match=key):
         resolve(load_config(None, [*overrides, "model.name=cnn"]))
+
+
+def test_fedfa_domainnet_split_table12(tmp_path):
+    from fedshift.data.domains import fedbn_pickles as fp
+    from fedshift.data.domains.fedbn_pickles import DomainNetParams, load_domainnet, split_bounds
+
+    # Table 12 from the released train pickles (clipart 2,103 ... real 4,864 entries)
+    sizes = {
+        "clipart": 2103,
+        "infograph": 2626,
+        "painting": 2472,
+        "quickdraw": 4000,
+        "real": 4864,
+        "sketch": 2213,
+    }
+    train = {
+        "clipart": 672,
+        "infograph": 840,
+        "painting": 791,
+        "quickdraw": 1280,
+        "real": 1556,
+        "sketch": 708,
+    }
+    val = {
+        "clipart": 420,
+        "infograph": 525,
+        "painting": 494,
+        "quickdraw": 800,
+        "real": 972,
+        "sketch": 442,
+    }
+    for d, n in sizes.items():
+        b = split_bounds("domainnet", "fedfa", n, 0)
+        assert b["train"] == (0, train[d]) and b["val"] == (n - val[d], n), d
+        assert split_bounds("domainnet", "fedfa", n, 0, "released")["train"][1] == int(0.48 * n)
+    root = make_path_pickles(tmp_path / "data", "DomainNet", DOMAINNET_SIZES, fp.DOMAINNET_CLASSES)
+    fed = load_domainnet(DomainNetParams(root=str(root), size=8, cache=False, split="fedfa"))
+    c = fed.client("infograph")  # n = 25: int(8.0) = 8 train, last int(5.0) = 5 val
+    assert entries(c.train.x) == list(range(8)) and entries(c.val.x) == list(range(20, 25))
+    with pytest.raises(ConfigError, match="fedfa_train"):
+        load_domainnet(DomainNetParams(root=str(root), size=8, fedfa_train="released"))

@@ -3,11 +3,10 @@ the amplitude records in the ledger, and an end-to-end run."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ROOT
 from support.replies import reply
 from torch import nn
 
@@ -393,7 +392,7 @@ def test_rot90_flip_by_hand_and_labels_follow():
 
 
 # ----------------------------------------------------------------------------- suites
-SUITES = Path(__file__).parents[1] / "configs" / "suites"
+SUITES = ROOT / "configs" / "suites"
 
 
 @pytest.mark.parametrize(

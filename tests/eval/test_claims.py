@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 from scipy import stats
 
 from fedshift.eval import rubric
 from fedshift.eval.claim_spec import ClaimsError, Selector, load_paper
 from fedshift.eval.claims import evaluate, load_papers
 from fedshift.eval.ledger import render
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------- rubric

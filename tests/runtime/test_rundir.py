@@ -1,21 +1,29 @@
-"""Issue 28, item 1: nothing outside a run is deleted. ``--overwrite``, ``fedshift bench`` and
-``fedshift flower simulate --overwrite`` empty a directory only when fedshift made it (its
-lock file and a config that parses, a checkpoint header or ``cell.json``), never through a
-symbolic link; each case has a real victim file that must survive."""
+"""Run directories: one belongs to one process at a time (claimed atomically, a second
+process refused, the lock gone with its process), and nothing outside a run is deleted:
+``--overwrite``, ``fedshift bench`` and ``fedshift flower simulate --overwrite`` empty a
+directory only when fedshift made it (its lock file and a config that parses, a checkpoint
+header or ``cell.json``), never through a symbolic link; each case has a real victim file
+that must survive."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import toy_cfg
+from conftest import fedshift_env, toy_cfg, write_suite
 
-from fedshift.bench import plan, run_suite
+from fedshift.bench import cell_status, plan, run_suite
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
+from fedshift.runtime.results import new_run_dir
 from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir
+from fedshift.runtime.simulation import RunInterrupted, Simulation
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "train.rounds=1"]
 #: what a victim folder holds: a file of the user's and a config.yaml that looks like a run's
@@ -137,11 +145,9 @@ def test_marks_decide_what_may_be_cleared(tmp_path):
 
 
 def _suite(tmp_path: Path) -> Path:
-    raw = {"name": "s", "out": str(tmp_path / "runs"), "dataset": {"name": "toyshift"},
-           "model": {"name": "lenet5"}, "train": {"rounds": 1, "batch_size": 16}}  # fmt: skip
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    """One cell, one round."""
+    return write_suite(tmp_path, name="s", train={"rounds": 1, "batch_size": 16},
+                       checkpoint=None, sweep=None)  # fmt: skip
 
 
 @pytest.mark.parametrize("how", ["link", "foreign"])
@@ -177,3 +183,88 @@ def test_flower_simulate_overwrite_never_deletes_through_a_link(tmp_path, capsys
     assert main(argv) == 2
     assert "is a symbolic link" in capsys.readouterr().err
     _intact(victim)
+
+
+# ---------------------------------------------------------------------------- ownership
+# one run directory (one suite folder) belongs to one process at a time
+def test_new_run_dirs_are_claimed_atomically(tmp_path):
+    """Two runs of one config started together got the same run directory."""
+    cfg = toy_cfg()
+    got: list[Path] = []
+    barrier = threading.Barrier(6)
+
+    def claim() -> None:
+        barrier.wait()
+        got.append(new_run_dir(cfg, tmp_path))
+
+    threads = [threading.Thread(target=claim) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 6 and all(p.is_dir() for p in got)
+    assert new_run_dir(cfg, tmp_path) not in got  # a claimed (still empty) one is taken
+
+
+def test_second_process_is_refused(tmp_path):
+    """A second `fedshift run --resume` / `fedshift bench` wrote into a run already going."""
+    from fedshift.runtime.rundir import LOCK_FILE, hold_lock, hold_run
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterrupted):
+        Simulation(toy_cfg(), run_dir, progress=False).run(stop_after=1)
+    rows = (run_dir / "metrics.jsonl").read_text()
+    suite = write_suite(tmp_path, sweep={"seed": [0]})
+    with (
+        hold_run(run_dir),
+        hold_run(run_dir),
+        hold_lock(tmp_path / "runs/suite/bench.lock", "s", ""),
+    ):
+        # reentrant within this process; another process is told who holds it
+        cmds = (["run", "--resume", str(run_dir)], ["bench", str(suite), "--workers", "1"])
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "fedshift", *c, "--quiet"],
+                env=fedshift_env(),
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in cmds
+        ]
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], errs
+    for err in errs:
+        assert f"is in use by process {os.getpid()}" in err and "fedshift: error:" in err
+    assert "run directory" in errs[0] and "suite folder" in errs[1]
+    assert (run_dir / "metrics.jsonl").read_text() == rows  # nothing written by the second
+    assert not list((tmp_path / "runs/suite").glob("*-seed0-*"))  # the suite ran no cell
+    assert (run_dir / LOCK_FILE).is_file()
+
+
+def test_lock_dies_with_its_process(tmp_path):
+    """A lock must never outlive its process (kill -9), and must not look like run output."""
+    from fedshift.runtime.rundir import hold_run
+
+    run_dir = tmp_path / "run"
+    code = (
+        "import sys, time; from fedshift.runtime.rundir import hold_run\n"
+        f"with hold_run({str(run_dir)!r}):\n    print('held', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=fedshift_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        match = f"process {proc.pid}.*fedshift run --resume"
+        with pytest.raises(FedshiftError, match=match), hold_run(run_dir):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with hold_run(run_dir):  # the OS freed it: nothing stale
+        pass
+    # a cell directory holding only a lock file is a new cell
+    (cell,) = plan(write_suite(tmp_path, sweep={"seed": [0]}))
+    cell.run_dir.mkdir(parents=True)
+    with hold_run(cell.run_dir):
+        assert cell_status(cell) == "new"

@@ -10,6 +10,7 @@ from conftest import ledger, metric_rows, toy_cfg
 from flwr.app import ArrayRecord
 from support.same_run import assert_runs_equal
 
+from fedshift.cli import main
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
 from fedshift.flower.inprocess import InProcessGrid
@@ -75,7 +76,7 @@ def test_node_config_is_checked():
 # ---------------------------------------------------------------------------- in-process
 # Flower in-process equals the native run (the same metric rows, results, ledger and server
 # state; client state persists in the nodes' contexts), uninterrupted and stopped and resumed
-# from the nodes' snapshots: tests/test_same_run.py (its Flower cases)
+# from the nodes' snapshots: tests/runtime/test_same_run.py (its Flower cases)
 
 
 def test_server_view_gives_the_personal_model(tmp_path):
@@ -203,3 +204,28 @@ def test_flower_simulation_engine_equals_native(tmp_path):
     flower = simulate(cfg, run_dir=tmp_path / "flower", engine="ray", progress=False)
     assert_runs_equal(flower.run_dir, native.run_dir)
     assert flower.summary["runtime"]["mode"] == "simulation (ray)"
+
+
+# ---------------------------------------------------------------------------- submit
+def test_insecure_submit_warns(monkeypatch, capsys, tmp_path):
+    """`fedshift flower submit --insecure` printed no warning."""
+    from fedshift.flower import deploy
+
+    calls = []
+
+    def fake_submit(app, home, stream=True, timeout=None, log=None):
+        calls.append((home / "config.toml").read_text())
+        return "7", "submitted", ""
+
+    monkeypatch.setattr(deploy, "submit_app", fake_submit)
+    toy = ["dataset.name=toyshift", "model.name=lenet5", "train.rounds=1"]
+    base = ["flower", "submit", *toy, "--superlink", "10.0.0.5:9093", "--nodes", "3"]
+    assert main([*base, "--insecure", "--no-stream"]) == 0
+    err = capsys.readouterr().err
+    assert "fedshift: warning: --insecure" in err and "10.0.0.5:9093" in err
+    assert "unencrypted" in err and "not authenticated" in err and "trusted local network" in err
+    assert "insecure = true" in calls[0]
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert main([*base, "--root-cert", str(ca), "--no-stream"]) == 0
+    assert "warning" not in capsys.readouterr().err

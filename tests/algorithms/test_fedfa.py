@@ -22,7 +22,7 @@ from fedshift.augment.ffa import (
     resample,
     sharing_variance,
 )
-from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.models.digits import LeNet5, SmallCNN
 from fedshift.runtime.simulation import (
@@ -587,83 +587,4 @@ def test_fedrobust_full_map_rejects_large_inputs(make_cfg, tmp_path):
         Simulation(cfg, tmp_path / "big", progress=False).run()
 
 
-# ----------------------------------------------------------------------------- FedFA's splits
-def test_fedfa_prostate_split_table13_and_mini_set(tmp_path):
-    from test_medical_loaders import params, slice_ids, write_prostate
-
-    from fedshift.data.medical.prostate import fedfa_cuts, load_prostate
-
-    # Table 13 (train) and Table 2 (mini train) from the slice counts of HarmoFL's index files;
-    # (n, Table 13 train, Table 2 train). FedFA's tables list 384 slices as BMC and 411 as RUNMC.
-    rows = [(261, 156, 32), (157, 94, 32), (468, 280, 46), (384, 230, 38), (411, 246, 41)]
-    for n, train13, mini in [*rows, (175, 105, 32)]:
-        cuts = fedfa_cuts(n, "fedfa")
-        assert cuts["train"] == (0, train13), n
-        assert cuts["val"][1] - cuts["val"][0] == int(0.2 * n) == cuts["test"][1] - cuts["test"][0]
-        assert fedfa_cuts(n, "fedfa", 1 / 6)["train"][1] == mini, n
-        assert fedfa_cuts(n, "fedfa-released", 1 / 6)["train"][1] == mini, n
-
-    # the loader on a 7-case fixture (21 slices): 12 / 4 / 4 on the same permutation as
-    # HarmoFL's 64/16/20 (13 / 3 / 5), no truncation
-    root = write_prostate(tmp_path / "d", {"HK": "HK"}, cases={"HK": 7})
-    full = load_prostate(params(root, tmp_path, sites=["HK"], split="fedfa"))
-    assert full.counts()["HK"] == {"train": 12, "val": 4, "test": 4}
-    assert full.info["split"]["truncate_train"] is False
-    harmofl = load_prostate(params(root, tmp_path, sites=["HK"]))
-    f, h = full.clients[0], harmofl.clients[0]
-    assert harmofl.counts()["HK"] == {"train": 13, "val": 3, "test": 5}
-    order = slice_ids(h.train) + slice_ids(h.val) + slice_ids(h.test)
-    assert slice_ids(f.train) == order[:12] and slice_ids(f.val) == order[12:16]
-    assert slice_ids(f.test) == order[17:]  # the last int(0.2 n); slice 16 is in no split
-    # released slicing: at least 32 train slices, val right after them (empty here: an error)
-    with pytest.raises(DataError, match="val split is empty"):
-        load_prostate(params(root, tmp_path, sites=["HK"], split="fedfa-released"))
-    with pytest.raises(ConfigError, match="train_fraction"):
-        load_prostate(params(root, tmp_path, sites=["HK"], train_fraction=0.5))
-    with pytest.raises(ConfigError, match="fractions"):
-        load_prostate(
-            params(root, tmp_path, sites=["HK"], split="fedfa", fractions=[0.5, 0.3, 0.2])
-        )
-
-
-def test_fedfa_domainnet_split_table12(tmp_path):
-    from test_real_loaders import DOMAINNET_SIZES, entries, make_path_pickles
-
-    from fedshift.data.domains import fedbn_pickles as fp
-    from fedshift.data.domains.fedbn_pickles import DomainNetParams, load_domainnet, split_bounds
-
-    # Table 12 from the released train pickles (clipart 2,103 ... real 4,864 entries)
-    sizes = {
-        "clipart": 2103,
-        "infograph": 2626,
-        "painting": 2472,
-        "quickdraw": 4000,
-        "real": 4864,
-        "sketch": 2213,
-    }
-    train = {
-        "clipart": 672,
-        "infograph": 840,
-        "painting": 791,
-        "quickdraw": 1280,
-        "real": 1556,
-        "sketch": 708,
-    }
-    val = {
-        "clipart": 420,
-        "infograph": 525,
-        "painting": 494,
-        "quickdraw": 800,
-        "real": 972,
-        "sketch": 442,
-    }
-    for d, n in sizes.items():
-        b = split_bounds("domainnet", "fedfa", n, 0)
-        assert b["train"] == (0, train[d]) and b["val"] == (n - val[d], n), d
-        assert split_bounds("domainnet", "fedfa", n, 0, "released")["train"][1] == int(0.48 * n)
-    root = make_path_pickles(tmp_path / "data", "DomainNet", DOMAINNET_SIZES, fp.DOMAINNET_CLASSES)
-    fed = load_domainnet(DomainNetParams(root=str(root), size=8, cache=False, split="fedfa"))
-    c = fed.client("infograph")  # n = 25: int(8.0) = 8 train, last int(5.0) = 5 val
-    assert entries(c.train.x) == list(range(8)) and entries(c.val.x) == list(range(20, 25))
-    with pytest.raises(ConfigError, match="fedfa_train"):
-        load_domainnet(DomainNetParams(root=str(root), size=8, fedfa_train="released"))
+# FedFA's prostate (Table 13) and DomainNet (Table 12) splits: tests/data/

@@ -435,6 +435,42 @@ def test_prostate_bad_params(tmp_path, kw, match):
         load_prostate(ProstateParams(root=str(tmp_path), **kw))
 
 
+def test_fedfa_prostate_split_table13_and_mini_set(tmp_path):
+    from fedshift.data.medical.prostate import fedfa_cuts, load_prostate
+
+    # Table 13 (train) and Table 2 (mini train) from the slice counts of HarmoFL's index files;
+    # (n, Table 13 train, Table 2 train). FedFA's tables list 384 slices as BMC and 411 as RUNMC.
+    rows = [(261, 156, 32), (157, 94, 32), (468, 280, 46), (384, 230, 38), (411, 246, 41)]
+    for n, train13, mini in [*rows, (175, 105, 32)]:
+        cuts = fedfa_cuts(n, "fedfa")
+        assert cuts["train"] == (0, train13), n
+        assert cuts["val"][1] - cuts["val"][0] == int(0.2 * n) == cuts["test"][1] - cuts["test"][0]
+        assert fedfa_cuts(n, "fedfa", 1 / 6)["train"][1] == mini, n
+        assert fedfa_cuts(n, "fedfa-released", 1 / 6)["train"][1] == mini, n
+
+    # the loader on a 7-case fixture (21 slices): 12 / 4 / 4 on the same permutation as
+    # HarmoFL's 64/16/20 (13 / 3 / 5), no truncation
+    root = write_prostate(tmp_path / "d", {"HK": "HK"}, cases={"HK": 7})
+    full = load_prostate(params(root, tmp_path, sites=["HK"], split="fedfa"))
+    assert full.counts()["HK"] == {"train": 12, "val": 4, "test": 4}
+    assert full.info["split"]["truncate_train"] is False
+    harmofl = load_prostate(params(root, tmp_path, sites=["HK"]))
+    f, h = full.clients[0], harmofl.clients[0]
+    assert harmofl.counts()["HK"] == {"train": 13, "val": 3, "test": 5}
+    order = slice_ids(h.train) + slice_ids(h.val) + slice_ids(h.test)
+    assert slice_ids(f.train) == order[:12] and slice_ids(f.val) == order[12:16]
+    assert slice_ids(f.test) == order[17:]  # the last int(0.2 n); slice 16 is in no split
+    # released slicing: at least 32 train slices, val right after them (empty here: an error)
+    with pytest.raises(DataError, match="val split is empty"):
+        load_prostate(params(root, tmp_path, sites=["HK"], split="fedfa-released"))
+    with pytest.raises(ConfigError, match="train_fraction"):
+        load_prostate(params(root, tmp_path, sites=["HK"], train_fraction=0.5))
+    with pytest.raises(ConfigError, match="fractions"):
+        load_prostate(
+            params(root, tmp_path, sites=["HK"], split="fedfa", fractions=[0.5, 0.3, 0.2])
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # camelyon17 fixtures
 # --------------------------------------------------------------------------------------------

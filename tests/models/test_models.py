@@ -8,7 +8,7 @@ import torch
 from fedshift.core.errors import ConfigError
 from fedshift.models import MODEL_INPUTS, MODELS, build_model
 
-#: the 3x28x28 classification models (U-Net and DenseNet: tests/test_seg_models.py)
+#: the 3x28x28 classification models (U-Net and DenseNet: tests/models/test_seg_models.py)
 DIGIT_MODELS = [n for n in MODELS.names() if MODEL_INPUTS.get(n) == (3, 28, 28)]
 
 

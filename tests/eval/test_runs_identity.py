@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import toy_cfg
+from conftest import ROOT, toy_cfg
 
 import fedshift
 from fedshift.bench import config_digest, plan
@@ -139,7 +139,7 @@ def test_run_directories_name_what_sets_the_run_apart(lr_sweep):
     assert run_dir_name(toy_cfg(rounds=2)) == run_dir_name(toy_cfg(rounds=9))
     # suite cells keep their names: <algorithm>-<dataset>-seed<k>-<config digest>
     # (fedrdn_table1's first cell: its digest at 199aa57, committed in results/)
-    suite = Path(__file__).parents[1] / "configs/suites/fedrdn_table1.yaml"
+    suite = ROOT / "configs/suites/fedrdn_table1.yaml"
     cell = plan(suite)[0]
     assert cell.run_dir.name == f"fedavg-digits-seed0-{config_digest(cell.cfg)}"
     assert cell.run_dir.name == "fedavg-digits-seed0-4fe1b2d40c"

@@ -8,10 +8,10 @@ import copy
 import dataclasses
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 import fedshift.data
 from fedshift.bench import plan
@@ -33,7 +33,6 @@ from fedshift.models.weights import WEIGHT_KEYS, resolve_weights
 from fedshift.runtime.experiment import build_experiment
 from fedshift.runtime.results import run_digest
 
-ROOT = Path(__file__).resolve().parents[1]
 SUITES = [ROOT / "configs/demo.yaml", *sorted((ROOT / "configs/suites").glob("*.yaml"))]
 #: the default component of each section (RunConfig's documented defaults)
 DEFAULT_NAMES = {"dataset": "digits", "model": "cnn", "algorithm": "fedavg", "partition": "none"}

@@ -238,7 +238,7 @@ def test_an_unfinished_run_has_no_selected_model_yet(tmp_path):
 
 # ---------------------------------------------------------------------------- Flower
 # a Flower run stopped after a round resumes (its clients restored from the nodes'
-# snapshots) to the uninterrupted native run: tests/test_same_run.py (its Flower cases)
+# snapshots) to the uninterrupted native run: tests/runtime/test_same_run.py (its Flower cases)
 
 
 def test_flower_resume_without_snapshots_fails_loudly(tmp_path):
@@ -309,6 +309,6 @@ def test_cli_resume_extends_and_refuses_other_overrides(tmp_path, capsys):
 
 
 # Flower's Ray engine: test_sigint_and_sigterm_stop_a_ray_simulation_cleanly
-# (tests/test_hardening2_ray.py) stops a FedBN run on Ray with SIGINT, resumes it on a fresh
+# (tests/flower/test_ray_signals.py) stops a FedBN run on Ray with SIGINT, resumes it on a fresh
 # Ray simulation, stops that with SIGTERM, finishes it and compares every round with the
 # uninterrupted native run (one test for both: each Ray start costs ~15 s on 2 cores).

@@ -1,12 +1,14 @@
-"""Issue 15, items 1, 3 and 9 (checkpoints): nothing runs from a run directory, a damaged
-checkpoint is a clear error, an edited config.yaml is not silently resumed, and a disk full
-during a checkpoint write loses nothing."""
+"""Checkpoints and the other files a run reads back: nothing runs from a run directory
+(``torch.load(weights_only=True)``, checksums, RNG state as plain data), a damaged checkpoint
+is a clear error, an edited config.yaml is not silently resumed, a disk full during a
+checkpoint write loses nothing, and a file whose content is wrong is one error naming it."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
 import io
+import json
 import os
 import random
 import shlex
@@ -24,10 +26,13 @@ from support.same_run import assert_runs_equal
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.core.seeding import rng_state, seed_global, set_rng_state
+from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
+from fedshift.runtime.saved import read_selected
 from fedshift.runtime.simulation import (
     RunInterrupted,
     load_finished,
     run_experiment,
+    saved_config,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
@@ -54,7 +59,7 @@ def copy_run(src: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(src, tmp_path / "run"))
 
 
-# ---------------------------------------------------------------------------- item 1
+# ---------------------------------------------------------- nothing runs from a run directory
 class _System:
     """Unpickled, runs a shell command (what an attacker puts in a shared run directory)."""
 
@@ -89,7 +94,7 @@ def _malicious(marker: Path, framed: bool) -> bytes:
 
 
 @pytest.mark.parametrize("framed", [False, True], ids=["bare-pickle", "valid-header"])
-def test_item1_malicious_checkpoint_runs_nothing(finished, tmp_path, capsys, framed):
+def test_malicious_checkpoint_runs_nothing(finished, tmp_path, capsys, framed):
     """A checkpoint whose pickle runs a command (os.system, exec) in a finished run directory:
     --resume, load_finished and protocol cross-site refuse it and the command never runs."""
     run = copy_run(finished, tmp_path)
@@ -106,7 +111,7 @@ def test_item1_malicious_checkpoint_runs_nothing(finished, tmp_path, capsys, fra
     assert not marker.exists() and not Path(f"{marker}-exec").exists()
 
 
-def test_item1_malicious_selected_state_runs_nothing(finished, tmp_path):
+def test_malicious_selected_state_runs_nothing(finished, tmp_path):
     """The selected round's state (selected.pt) is read the same way: a malicious one runs
     nothing and is refused."""
     from fedshift.runtime.saved import read_selected
@@ -120,7 +125,7 @@ def test_item1_malicious_selected_state_runs_nothing(finished, tmp_path):
     assert not marker.exists()
 
 
-def test_item1_flipped_byte_is_an_error_naming_the_file(finished, tmp_path, capsys):
+def test_flipped_byte_is_an_error_naming_the_file(finished, tmp_path, capsys):
     """One flipped bit in checkpoint.pt: a clear error naming the file, not garbage state."""
     run = copy_run(finished, tmp_path)
     path = run / "checkpoint.pt"
@@ -132,7 +137,7 @@ def test_item1_flipped_byte_is_an_error_naming_the_file(finished, tmp_path, caps
     assert str(path) in err and "corrupted" in err and "fedshift run --overwrite -c" in err
 
 
-def test_item1_rng_state_is_plain_data_and_restores_exactly():
+def test_rng_state_is_plain_data_and_restores_exactly():
     """The global RNG state in a checkpoint loads with weights_only=True and restores torch's,
     numpy's and Python's generators exactly."""
 
@@ -150,7 +155,7 @@ def test_item1_rng_state_is_plain_data_and_restores_exactly():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_item1_rng_state_restores_the_gpu_generators_too():
+def test_rng_state_restores_the_gpu_generators_too():
     """On a GPU the state holds CUDA's generators (FFA noise, FRAug's noise and dropout draw
     there) and restores them exactly, through ``weights_only=True``."""
     seed_global(7, "x")
@@ -163,7 +168,7 @@ def test_item1_rng_state_restores_the_gpu_generators_too():
     assert torch.randn(5, device="cuda").tolist() == expected
 
 
-def test_item1_cpu_rng_state_has_no_gpu_part():
+def test_cpu_rng_state_has_no_gpu_part():
     """A CPU run's state holds no CUDA generators (torch's CUDA is never initialised)."""
     if torch.cuda.is_initialized():
         pytest.skip("this process has used CUDA")
@@ -171,10 +176,10 @@ def test_item1_cpu_rng_state_has_no_gpu_part():
 
 
 # every algorithm's checkpoint read back with torch.load(weights_only=True) only, resumed to
-# the uninterrupted run: tests/test_same_run.py
+# the uninterrupted run: tests/runtime/test_same_run.py
 
 
-def test_item1_flower_snapshots_use_the_checksummed_format(tmp_path):
+def test_flower_snapshots_use_the_checksummed_format(tmp_path):
     """A Flower node's state snapshot is read like a checkpoint: a truncated one is an error
     naming the file, not a torch traceback."""
     from fedshift.flower.simulate import simulate
@@ -189,7 +194,7 @@ def test_item1_flower_snapshots_use_the_checksummed_format(tmp_path):
         simulate(cfg, run_dir=tmp_path / "f", engine="in-process", progress=False, resume=True)
 
 
-# ---------------------------------------------------------------------------- item 3
+# --------------------------------------------------------------------- an edited config.yaml
 def _edit(run: Path, **changes) -> None:
     """Set dotted keys of ``run``'s config.yaml (what a user does in an editor)."""
     path = run / "config.yaml"
@@ -219,7 +224,7 @@ EDITS = {
 
 
 @pytest.mark.parametrize("edit", list(EDITS))
-def test_item3_resume_refuses_an_edited_config(finished, tmp_path, capsys, edit):
+def test_resume_refuses_an_edited_config(finished, tmp_path, capsys, edit):
     """config.yaml edited after the run started (lr, seed, sizes, algorithm, model, eval
     cadence): --resume, flower simulate --resume and load_finished refuse, naming each
     changed key with its old and new value; nothing is run or written."""
@@ -238,7 +243,7 @@ def test_item3_resume_refuses_an_edited_config(finished, tmp_path, capsys, edit)
     assert ((run / "metrics.jsonl").read_text(), (run / "summary.json").read_text()) == before
 
 
-def test_item3_rounds_below_the_trained_rounds_is_refused(finished, tmp_path, capsys):
+def test_rounds_below_the_trained_rounds_is_refused(finished, tmp_path, capsys):
     """train.rounds lowered in config.yaml below the rounds trained: a clear error, not a
     summary with best_round past its last round."""
     run = copy_run(finished, tmp_path)
@@ -249,7 +254,7 @@ def test_item3_rounds_below_the_trained_rounds_is_refused(finished, tmp_path, ca
     assert code == 2 and "already trained 3 rounds" in err
 
 
-def test_item3_allowed_edits_resume_to_the_uninterrupted_run(tmp_path, capsys):
+def test_allowed_edits_resume_to_the_uninterrupted_run(tmp_path, capsys):
     """config.yaml edited with train.rounds up, checkpoint cadence and name: the run is
     extended and ends exactly as an uninterrupted run of the new rounds (the old last round,
     evaluated only because it was last, is not kept)."""
@@ -264,7 +269,7 @@ def test_item3_allowed_edits_resume_to_the_uninterrupted_run(tmp_path, capsys):
     assert resumed.cfg.train.rounds == 4 and resumed.round == 4
 
 
-def test_item3_depends_on_rounds_algorithm_refuses_edited_rounds(tmp_path, capsys):
+def test_depends_on_rounds_algorithm_refuses_edited_rounds(tmp_path, capsys):
     """FRAug's schedule depends on the total rounds: more rounds in config.yaml is refused
     (the extended run would equal no run from the start)."""
     run = run_experiment(toy_cfg("algorithm.name=fraug", rounds=1), run_dir=tmp_path / "r",
@@ -274,9 +279,9 @@ def test_item3_depends_on_rounds_algorithm_refuses_edited_rounds(tmp_path, capsy
     assert code == 2 and "total rounds" in err
 
 
-# ---------------------------------------------------------------------------- item 9
+# -------------------------------------------------------- damaged and unwritable checkpoints
 @pytest.mark.parametrize("cut", ["empty", "header", "payload"])
-def test_item9_truncated_or_empty_checkpoint_is_a_clear_error(finished, tmp_path, capsys, cut):
+def test_truncated_or_empty_checkpoint_is_a_clear_error(finished, tmp_path, capsys, cut):
     """An empty or truncated checkpoint.pt: `fedshift: error:` naming the file and the fix."""
     run = copy_run(finished, tmp_path)
     path = run / "checkpoint.pt"
@@ -291,7 +296,7 @@ def test_item9_truncated_or_empty_checkpoint_is_a_clear_error(finished, tmp_path
 
 
 @pytest.mark.parametrize("where", ["write", "fsync"])
-def test_item9_disk_full_during_a_checkpoint_keeps_the_previous_one(
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(
     tmp_path, capsys, monkeypatch, where
 ):
     """ENOSPC while checkpoint.pt of round 3 is written (during the write, or when it is
@@ -339,3 +344,110 @@ def test_item9_disk_full_during_a_checkpoint_keeps_the_previous_one(
     code, err = cli(capsys, "run", "--resume", str(run))
     assert code == 0, err
     assert_runs_equal(run, full.run_dir)
+
+
+# ---------------------------------------------------------------------------- content
+# a file whose integrity checks pass but whose content is wrong (fields, round=-1), a
+# selected.pt copied from another run, a foreign or hand-edited summary.json: each is one
+# error naming the file and the field, before anything uses it
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Two finished runs of one config (two run ids), 3 rounds, checkpoint every round."""
+    root = tmp_path_factory.mktemp("runs")
+    cfg = toy_cfg("checkpoint.every=1", rounds=3)
+    for name in ("a", "b"):
+        run_experiment(cfg, run_dir=root / name, progress=False)
+    return root
+
+
+def _copy(runs: Path, tmp_path: Path, name: str = "a") -> Path:
+    dst = tmp_path / name
+    shutil.copytree(runs / name, dst)
+    return dst
+
+
+def _resume_error(run_dir: Path, capsys) -> str:
+    assert main(["run", "--resume", str(run_dir), "train.rounds=4", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda ck: ck.pop("server"), "server"),
+        (lambda ck: ck.update(round="2"), "round"),
+        (lambda ck: ck.update(clients=[1, 2]), "clients"),
+        (lambda ck: ck.update(records={"round": 1}), "records"),
+        (lambda ck: ck.update(ledger={"rows": 5}), "ledger"),
+        (lambda ck: ck.update(round=99), "round"),
+    ],
+    ids=["missing", "round-text", "clients-list", "records-dict", "ledger-rows", "round-past"],
+)
+def test_checkpoint_with_wrong_fields_is_one_error(runs, tmp_path, capsys, edit, field):
+    """A checkpoint.pt with fedshift's header (a valid SHA-256: anyone can compute one) but
+    wrong keys or types: a traceback before; now one error naming the file and the field."""
+    run_dir = _copy(runs, tmp_path)
+    ck = read_checkpoint(run_dir / "checkpoint.pt")
+    edit(ck)
+    write_checkpoint(ck, run_dir / "checkpoint.pt")
+    err = _resume_error(run_dir, capsys)
+    assert f"{run_dir / 'checkpoint.pt'}: field {field!r}" in err
+
+
+def test_checkpoint_with_round_minus_one_is_refused(runs, tmp_path, capsys):
+    """round=-1 resumed into a silently wrong run (rounds 0.. trained again on top of the
+    saved state); now it is refused."""
+    run_dir = _copy(runs, tmp_path)
+    ck = read_checkpoint(run_dir / "checkpoint.pt")
+    ck["round"] = -1
+    write_checkpoint(ck, run_dir / "checkpoint.pt")
+    err = _resume_error(run_dir, capsys)
+    assert "field 'round' must be a whole number >= 0, got -1" in err
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 3  # untouched
+
+
+def test_selected_state_copied_from_another_run_is_refused(runs, tmp_path):
+    """A selected.pt copied in from another run (here: another run of the same config) was
+    loaded as this run's selected model; now it is tied to its run by the run's id and
+    config digest."""
+    run_dir = _copy(runs, tmp_path)
+    shutil.copy(runs / "b" / "selected.pt", run_dir / "selected.pt")
+    cfg, key = saved_config(run_dir), read_checkpoint(run_dir / "checkpoint.pt")["run_key"]
+    with pytest.raises(FedshiftError, match="belongs to another run"):
+        read_selected(run_dir, cfg, key)
+    # its own selected.pt loads
+    shutil.copy(runs / "a" / "selected.pt", run_dir / "selected.pt")
+    assert read_selected(run_dir, cfg, key)["round"] >= 1
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda s: s.pop("test_mean"), "test_mean"),
+        (lambda s: s.update(best_round="three"), "best_round"),
+        (lambda s: s.update(test_per_client=[0.5]), "test_per_client"),
+        (lambda s: s.update(clients="client0"), "clients"),
+        (lambda s: s.update(best_round=40), "best_round"),
+    ],
+    ids=["missing", "text-round", "list-scores", "clients-text", "round-past"],
+)
+def test_hand_edited_summary_is_one_error_in_report_and_cross_site(
+    runs, tmp_path, capsys, edit, field
+):
+    """A foreign or hand-edited summary.json crashed `fedshift report` and `fedshift protocol
+    cross-site` with tracebacks; now each names the file and the field."""
+    run_dir = _copy(runs, tmp_path)
+    path = run_dir / "summary.json"
+    s = json.loads(path.read_text())
+    edit(s)
+    path.write_text(json.dumps(s))
+    want = f"{path}: field {field!r}"
+    for argv in (
+        ["report", str(run_dir), "--out", str(tmp_path / "rep")],
+        ["protocol", "cross-site", str(run_dir), "--out", str(tmp_path / "cs"), "--quiet"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert want in err and err.count("\n") == 1, err

@@ -1,7 +1,7 @@
 """The pool transport (``run.workers``): clients in long-lived worker processes give the
 sequential run's numbers bit for bit (for every algorithm and augment: the pool cases of
-test_same_run.py); runs killed, interrupted or failing in a worker behave as sequential
-ones; no worker outlives its run."""
+tests/runtime/test_same_run.py); runs killed, interrupted or failing in a worker behave as
+sequential ones; no worker outlives its run."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _gone(pid: int) -> bool:
 
 # ---------------------------------------------------------------------------- equality
 # the pool gives the sequential run's metric rows, results, ledger and final state for every
-# algorithm and augment: tests/test_same_run.py (its pool-* cases)
+# algorithm and augment: tests/runtime/test_same_run.py (its pool-* cases)
 
 
 def test_assignment_balances_training_examples():

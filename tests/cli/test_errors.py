@@ -1,19 +1,25 @@
-"""Issue 28, items 5 and 6: tracebacks become errors a user can act on, and the smaller
-holes. Plug-ins that break the contract (a wrong signature, Params not a dataclass, a hook
+"""Errors a user can act on, not tracebacks: one line naming the file or key and the fix.
+Plug-ins that break the contract (a wrong signature, Params not a dataclass, a hook
 returning None, a model with the wrong output width); memory exhaustion from
 ``dataset.train_size`` / ``model.width`` (an estimate before anything is built);
 ``train.lr=1e300`` (float32's range); a zero-byte ``model.weights``; a bad digits
 ``manifest.json``; CSV cells a spreadsheet would run; an ``out:`` key inside a config file;
-messages that gave the wrong fix."""
+messages that gave the wrong fix; OS errors at the command line (``--out`` a file or
+read-only, a disk full, a permission error) and a decompression-bomb image."""
 
 from __future__ import annotations
 
 import csv
 import errno
 import json
+import os
 import shutil
+import struct
+import subprocess
 import sys
 import textwrap
+import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +29,7 @@ from conftest import toy_cfg
 from fedshift.algorithms import ALGORITHMS
 from fedshift.augment import AUGMENTS
 from fedshift.cli import describe_os_error, main
+from fedshift.core.errors import DataError
 from fedshift.models import MODELS
 from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
 from fedshift.runtime.simulation import run_experiment
@@ -264,3 +271,100 @@ def test_read_only_cache_and_foreign_nan_weights_get_the_right_fix(tmp_path, mon
     err = capsys.readouterr().err
     assert "field 'server' holds NaN or inf (at server/weights/" in err and "train.lr" not in err
     shutil.rmtree(tmp_path / "k")
+
+
+# ---------------------------------------------------------------------------- OS errors
+# OS errors at the command line: --out a file or read-only, a disk full, a decompression bomb
+def test_out_is_a_file(tmp_path, capsys):
+    """`--out FILE` ended in a NotADirectoryError traceback."""
+    file = tmp_path / "results.txt"
+    file.write_text("not a folder")
+    assert main(["run", *TOY, "--quiet", "--out", str(file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedshift: error: ") and err.count("\n") == 1
+    assert f"{file} is a file, not a folder" in err and "--out" in err
+
+
+def _mount_read_only(path: Path) -> bool:
+    path.mkdir()
+    cmd = ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)]
+    try:
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def test_out_is_read_only(tmp_path, capsys):
+    """`--out` on a read-only file system ended in a traceback (root ignores chmod, so a
+    read-only tmpfs stands in; skipped where mounting is not allowed)."""
+    ro = tmp_path / "ro"
+    if not _mount_read_only(ro):
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        assert main(["run", *TOY, "--quiet", "--out", str(ro)]) == 2
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    err = capsys.readouterr().err
+    assert err.startswith("fedshift: error: ") and str(ro) in err
+    assert "Read-only file system" in err and "writable folder with --out" in err
+
+
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (errno.ENOSPC, ["/r/metrics.jsonl: No space", "Free space", "fedshift run --resume"]),
+        (errno.EACCES, ["/r/metrics.jsonl: Permission denied", "writable folder with --out"]),
+        (errno.EISDIR, ["a file is expected here"]),
+    ],
+)
+def test_os_errors_are_one_line_with_the_fix(monkeypatch, capsys, code, words):
+    """A disk full or a permission error escaped as a traceback."""
+    from fedshift.cli import run
+
+    def fail(args):
+        raise OSError(code, os.strerror(code), "/r/metrics.jsonl")
+
+    monkeypatch.setattr(run, "_cmd_run", fail)
+    assert main(["run", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedshift: error: ") and err.count("\n") == 1
+    for w in words:
+        assert w in err
+
+
+def _png(path: Path, width: int, height: int, rows: bytes | None = None) -> None:
+    """A 1-bit gray PNG: ``rows`` as its data, else only a header claiming the size."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    head = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    body = zlib.compress(rows if rows is not None else b"")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+    )
+
+
+def test_decompression_bomb_png_names_the_file(tmp_path, capsys):
+    """A PNG declaring 20000x20000 pixels (a few bytes) ended in a DecompressionBombError
+    traceback; between 1x and 2x Pillow's limit it was only a warning."""
+    from fedshift.data.common.images import read_image, read_image_fedbn, read_mask
+
+    root = tmp_path / "PACS"
+    for cls in ("dog", "horse"):
+        for i in range(6):
+            _png(root / "photo" / cls / f"img_{i}.png", 8, 8, b"\x00\xff" * 8)
+    bomb = root / "photo" / "dog" / "img_3.png"
+    _png(bomb, 20000, 20000)
+    args = ["dataset.name=pacs", f"dataset.root={root}", "dataset.domains=[photo]"]
+    args += ["dataset.size=8", "dataset.cache=false", "model.name=cnn", "train.rounds=1"]
+    assert main(["run", *args, "--quiet", "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedshift: error: {bomb}: ") and "decompression bomb" in err
+    warn_only = tmp_path / "big.png"  # 1x-2x the limit: Pillow only warns
+    _png(warn_only, 10000, 10000)
+    for reader in (read_image, read_image_fedbn, read_mask):
+        with pytest.raises(DataError, match=r"big.png: .*MAX_IMAGE_PIXELS.*decompression bomb"):
+            reader(warn_only)

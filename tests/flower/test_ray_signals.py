@@ -28,7 +28,7 @@ from fedshift.runtime.simulation import run_experiment
 SRC = Path(fedshift.__file__).resolve().parents[1]
 ROUNDS = 12
 #: FedBN: its BN layers stay on the clients, so the resumes below also check that client state
-#: survives a stop on Ray (tests/test_resume.py's other engines do the same)
+#: survives a stop on Ray (tests/runtime/test_resume.py's other engines do the same)
 OVER = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t",
         "algorithm.name=fedbn", "checkpoint.every=0", "checkpoint.minutes=0",
         f"train.rounds={ROUNDS}"]  # fmt: skip
