@@ -77,7 +77,7 @@ class Prose:
 Mark = Run | ByTest | Long | NotRun | Synopsis | Prose
 
 # reasons used more than once
-REMOTE = "needs a SuperLink and SuperNodes on other machines (tests/test_flower_deploy.py runs the same commands on 127.0.0.1)"
+REMOTE = "needs a SuperLink and SuperNodes on other machines (tests/flower/test_flower_deploy.py runs the same commands on 127.0.0.1)"
 NETWORK = "installs packages from PyPI (CI installs [dev], which holds every extra)"
 GPU = "needs a CUDA GPU (benchmarks/gpu_check.sh runs it on one)"
 SERVER = "starts a server that runs until stopped"
@@ -113,7 +113,7 @@ MARKS: dict[str, Mark] = {
     "fedshift config show -c configs/demo.yaml": Run(),
     "fedshift run -c configs/demo.yaml": Run(CHEAP),
     "fedshift run -c configs/demo.yaml --jobs 2": ByTest(
-        "tests/test_ux.py::test_long_runs_run_jobs_equal_sequential",
+        "tests/cli/test_ux.py::test_long_runs_run_jobs_equal_sequential",
         "`fedshift run --jobs 2` on a two-run sweep (two worker processes: too slow to repeat here)",
     ),
     "fedshift run algorithm.name=fedprox algorithm.mu=0.01 train.rounds=100 model.name=digitmodel":
@@ -146,7 +146,7 @@ MARKS: dict[str, Mark] = {
         why="--screenshot needs a headless Chromium, which CI does not have",
     ),
     "fedshift data fetch fashion-mnist": NotRun(
-        "downloads Debian's dataset-fashion-mnist (~31 MB) with apt-get; tests/test_fashion.py "
+        "downloads Debian's dataset-fashion-mnist (~31 MB) with apt-get; tests/data/test_fashion.py "
         "runs the fetch on a package it builds"
     ),
     "fedshift run dataset.name=fashion-mnist partition.name=classes partition.classes_per_client=2 "
@@ -184,11 +184,11 @@ MARKS: dict[str, Mark] = {
         before=("fedshift run name=x algorithm.name=fedavg " + " ".join(CHEAP),),
     ),
     "fedshift flower simulate -c configs/demo.yaml algorithm.name=fedbn": ByTest(
-        "tests/test_flower.py::test_flower_simulation_engine_equals_native",
+        "tests/flower/test_flower.py::test_flower_simulation_engine_equals_native",
         "Flower's Ray engine on toyshift (Ray's start-up alone takes about 30 s)",
     ),
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedfa": ByTest(
-        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native",
         "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on toyshift",
     ),
     "fedshift flower certs certs/ --host superlink.example.org": Run(),
@@ -224,7 +224,7 @@ MARKS: dict[str, Mark] = {
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(
-        "downloads Debian's opencv-doc with apt-get; tests/test_digits.py runs the fetch with a "
+        "downloads Debian's opencv-doc with apt-get; tests/data/test_digits.py runs the fetch with a "
         "stand-in apt-get"
     ),
     "fedshift data build digits": Run(
@@ -270,7 +270,7 @@ MARKS: dict[str, Mark] = {
     "example: arrays-from-python": Run(),
     # -------------------------------------------------------------------------- DEPLOY.md
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedbn": ByTest(
-        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native",
         "the same local deployment on toyshift, FedBN and FedFA",
     ),
     "fedshift flower certs certs/ --host superlink.example.org --host 10.0.0.5": Run(),
@@ -294,7 +294,7 @@ MARKS: dict[str, Mark] = {
     "fedshift flower app DIR -c CONFIG --nodes 6": Synopsis(),
     "flwr run DIR fedshift": Synopsis(REMOTE),
     "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0-<digest>'\"": Synopsis(REMOTE),
-    "flwr run DIR": Synopsis("runs the generated app on Flower's local simulation: tests/test_runs_identity.py checks the app's pinned federation"),
+    "flwr run DIR": Synopsis("runs the generated app on Flower's local simulation: tests/eval/test_runs_identity.py checks the app's pinned federation"),
     "fedshift flower simulate --resume RUN_DIR": Synopsis(),
     "python benchmarks/flower_vs_native.py -c CONFIG": Synopsis(),
     # ----------------------------------------------------------------------- EXTENDING.md

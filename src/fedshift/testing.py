@@ -25,7 +25,7 @@ augment: FedAvg with it; a model: FedAvg on it):
 * a model: it subclasses :class:`~fedshift.models.base.FedModel`, names its stages, and
   ``forward(x) == head(features(x))`` with an embedding per image and a logit per class.
 
-tests/test_contract.py runs these checks on every built-in algorithm.
+tests/core/test_contract.py runs these checks on every built-in algorithm.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report)
 :mod:`fedshift.cli.export` and :mod:`fedshift.cli.docs`.
 Building the parser imports only the standard library: every handler imports what it needs
 (torch, the registries, Flower...) when it runs, so ``fedshift --help`` and a mistyped command
-answer at once. ``tests/test_cli_speed.py`` keeps it that way.
+answer at once. ``tests/cli/test_cli_speed.py`` keeps it that way.
 
 Exit codes: 0 done; 2 an error a user can fix, printed as one ``fedshift: error: ...`` line
 (a :class:`~fedshift.core.errors.FedshiftError`, or an ``OSError`` such as a full disk, a

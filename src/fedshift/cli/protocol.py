@@ -3,7 +3,7 @@ parsers and handlers of the evaluation protocols in :mod:`fedshift.protocols`.
 
 Building the parser imports nothing of the protocols (they load torch and matplotlib); each
 handler imports its protocol when it runs. The choice lists below are therefore written out
-here; ``tests/test_cli_speed.py`` checks they equal the protocols' own.
+here; ``tests/cli/test_cli_speed.py`` checks they equal the protocols' own.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The ServerApp (:class:`~fedshift.flower.server.FlowerServer`) runs in this proce
 client is a virtual SuperNode whose ClientApp runs in Flower's Ray backend (``engine=ray``)
 or, for debugging without Ray, in this process (``engine=in-process``, :mod:`.inprocess`).
 The virtual node ``partition-id=k`` is the k-th client of the federation. With the same seed
-the run ends with the metrics of ``fedshift run`` (tested: ``tests/test_flower.py``).
+the run ends with the metrics of ``fedshift run`` (tested: ``tests/runtime/test_same_run.py``).
 
 SIGINT and SIGTERM stop a simulation on either engine as they stop ``fedshift run``: the
 round in progress is rolled back, the last whole round saved, and the command exits 130 /

@@ -21,8 +21,8 @@ random streams derived from (seed, round, client), so every client computes what
 in one process; the replies come back in the sampled order, so aggregation sums in the same
 order; the server's process takes over the global RNG state the last sampled client left (as
 one process would). With the same ``run.threads`` (every process, server included) a run
-with N workers gives the numbers of the sequential run, bit for bit (tests/test_pool.py, for
-every algorithm and augment).
+with N workers gives the numbers of the sequential run, bit for bit (tests/runtime/test_same_run.py,
+for every algorithm and augment).
 
 **Failure.** An exception in a worker comes back to the run's process and is raised there
 with its type and message (a note names the worker, the client and the worker's traceback);

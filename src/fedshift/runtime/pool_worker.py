@@ -245,7 +245,12 @@ class _Worker:
 
         exp = self.exp
         for cid in cids:
-            data = exp.train_clients.get(cid) or exp.fed.client(cid)
+            if cid in exp.train_clients:
+                data = exp.train_clients[cid]
+            elif cid in exp.holdout:  # never trains; its augments' own statistics
+                data = exp.fed.client(cid)
+            else:  # evaluated only (central training's clients): no state, as in-process
+                continue
             # init_client reads the model: the initial weights, whatever ran before
             exp.model.load_state_dict(self.initial)
             self.states[cid] = init_client_state(exp, exp.seed, cid, data)
