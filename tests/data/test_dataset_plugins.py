@@ -166,3 +166,24 @@ def test_list_shows_installed_dataset_plugins(installed, capsys):
     assert "striped images" in line
     line = next(ln for ln in lines if ln.strip().startswith("ghost "))
     assert "(cannot load)" in line and "fsdataplug:Nothing" in line
+
+
+def test_the_guide_dataset_runs_by_module_class(tmp_path):
+    """docs/EXTENDING.md's dataset, saved as mydatasets.py, runs with the guide's command."""
+    import re
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "EXTENDING.md").read_text()
+    code = re.search(r"<!-- example: mydatasets.py -->\s*```python\n(.*?)```", guide, re.S)
+    cmd = re.search(r"python -m fedshift run (dataset.name=mydatasets:Stripes[^\n]*)", guide)
+    assert code and cmd
+    (tmp_path / "mydatasets.py").write_text(code.group(1))
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, "-m", "fedshift", "run", *cmd.group(1).split(), "--quiet"]
+    out = subprocess.run([*argv, "--out", "r"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (path,) = (tmp_path / "r").rglob("summary.json")
+    s = json.loads(path.read_text())
+    assert s["dataset"] == "mydatasets:Stripes" and sorted(s["test_per_client"]) == [
+        "c0", "c1", "c2",
+    ]  # fmt: skip
