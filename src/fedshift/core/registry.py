@@ -164,7 +164,7 @@ class Registry(Generic[T]):
         else:
             params = build_dataclass(entry.params, rest, prefix)
         extra = tuple((k, data[k]) for k in extra_keys if k in data)
-        return Component(entry.name, params, entry.obj, extra)
+        return Component(entry.name, params, entry.obj, extra, entry.task)
 
     def get(self, name: str, key: str | None = None) -> T:
         return self.entry(name, key).obj

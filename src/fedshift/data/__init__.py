@@ -225,7 +225,10 @@ def load_dataset(
             f"dataset {dataset.name!r} ({keys})",
             "lower dataset.train_size / val_size / test_size (or clients)",
         )
-    task = dataset_task(dataset.name, dataset.params)
+    if dataset.task is None:  # a component made without its registry entry
+        task = dataset_task(dataset.name, dataset.params)
+    else:  # resolved: the entry's task came with it, no second lookup
+        task = params_task(dataset.task, dataset.params, type(dataset.params))
     fed = check_loaded(dataset.factory(dataset.params), dataset.name, task, dataset.factory)
     return apply_partition(fed, partition or {"name": "none"})
 
