@@ -330,6 +330,15 @@ MARKS: dict[str, Mark] = {
         "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
         "as written, in the venv the package is installed in",
     ),
+    "example: mydatasets.py": ByTest(
+        "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
+        "the module written from this page, run by module:Class name",
+    ),
+    "python -m fedshift run dataset.name=mydatasets:Stripes dataset.clients=3 model.name=cnn "
+    "train.rounds=1": ByTest(
+        "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
+        "as written, with the module written from this page",
+    ),
     "example: fedshift-mylab/tests/test_contract.py": ByTest(
         "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
         "run with pytest in the package's venv",

@@ -7,9 +7,9 @@ config *schema* (:mod:`fedshift.core.config`) knows nothing of the components. E
 resolves to a typed :class:`~fedshift.core.components.Component` (the name, the registered
 class or loader, the validated ``Params``), which the builders take as it is.
 
-Algorithms, augments and models may also be a user's own classes, named ``module:Class`` or
-by an entry point (:meth:`~fedshift.core.registry.Registry.accept_plugins`, switched on
-below), and every ``model`` section takes pretrained weights (``model.weights``,
+Algorithms, augments, models and datasets may also be a user's own classes, named
+``module:Class`` or by an entry point (:meth:`~fedshift.core.registry.Registry.accept_plugins`,
+switched on below), and every ``model`` section takes pretrained weights (``model.weights``,
 :mod:`fedshift.models.weights`), resolved to the file's path and SHA-256.
 """
 
@@ -22,6 +22,7 @@ from fedshift.algorithms import ALGORITHMS, Algorithm
 from fedshift.augment import AUGMENTS, Augment
 from fedshift.core.components import Component
 from fedshift.core.config import COMPONENT_SECTIONS, RunConfig, build_dataclass, check_ranges
+from fedshift.core.datasets import DatasetSpec, dataset_entry
 from fedshift.core.errors import ConfigError
 from fedshift.core.registry import Registry
 from fedshift.core.tasks import check_task
@@ -40,10 +41,12 @@ REGISTRIES: dict[str, Registry] = {
 }
 
 # Components of your own, by 'module:Class' or an entry point in these groups
-# (fedshift.core.registry, docs/EXTENDING.md); datasets and partitions are built in only.
+# (fedshift.core.registry, docs/EXTENDING.md); partitions are built in only. A dataset
+# plug-in follows the DatasetSpec contract (no base class): dataset_entry checks it.
 ALGORITHMS.accept_plugins(Algorithm, "fedshift.algorithms")
 AUGMENTS.accept_plugins(Augment, "fedshift.augments")
 MODELS.accept_plugins(FedModel, "fedshift.models")
+DATASETS.accept_plugins(DatasetSpec, "fedshift.datasets", dataset_entry)
 
 
 def registry_for(section: str) -> Registry:

@@ -57,7 +57,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.tensors import clone, subset
@@ -171,7 +170,6 @@ def spreadout_step(
 
 
 # ----------------------------------------------------------------------------- algorithm
-@register
 class FedAwS(FedAvg):
     """FedAvg of the encoder + positive-only client loss + spreadout of W at the server."""
 

@@ -38,7 +38,6 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State
 from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.tensors import clone, subset
@@ -118,7 +117,6 @@ def prototype_regulariser(
     return reg / z.shape[1] if form == "mse" else reg
 
 
-@register
 class FedProto(Algorithm):
     """Federated prototype learning: personal models, shared class prototypes."""
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
@@ -54,7 +53,6 @@ class HarmoFLParams(FLParams):
     amplitude_norm: bool = True
 
 
-@register
 class HarmoFL(FedAvg):
     """FedAvg + amplitude normalisation (ampnorm augment) + weight-perturbed (SAM) local steps."""
 

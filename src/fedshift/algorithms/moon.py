@@ -56,7 +56,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.tensors import clone
@@ -139,7 +138,6 @@ class _Features(nn.Module):
         return self.model.features(x)
 
 
-@register
 class MOON(FedAvg):
     """FedAvg with the model-contrastive local objective."""
 

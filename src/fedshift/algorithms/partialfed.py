@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 import torch
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.fedavg import FedAvg
@@ -87,7 +86,6 @@ def relaxed_gates(
     return soft, (soft > 0.5).double()
 
 
-@register
 class PartialFed(FedAvg):
     """FedAvg with partial initialisation from the client's previous local model: a fixed
     per-layer strategy (Fix) or a learned one per client (Adaptive)."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.local_train import build_optimizer
@@ -49,7 +48,6 @@ class PFedAvgParams(FLParams):
     finetune_lr: float | None = bounded(None, gt=0)  # step size of the fine-tuning (None: train.lr)
 
 
-@register
 class FedAvgFT(FedAvg):
     """FedAvg, evaluated per client after local fine-tuning of the received global model."""
 

@@ -50,7 +50,6 @@ from typing import Any, Literal
 
 import torch
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, require_sgd
 from fedshift.algorithms.local_train import run_steps
 from fedshift.algorithms.tensors import clone, subset
@@ -112,7 +111,6 @@ def blend(previous: torch.Tensor, average: torch.Tensor, beta: float) -> torch.T
     return (1.0 - beta) * previous + beta * average
 
 
-@register
 class PFedMe(Algorithm):
     """Personalised FL with Moreau envelopes."""
 

@@ -47,6 +47,9 @@ class Component(Generic[T]):
     #: ``(key, value)`` pairs every component of its section takes besides its own
     #: parameters (a model's ``weights``, ``weights_sha256``, ``weights_skip``), resolved
     extra: tuple[tuple[str, Any], ...] = ()
+    #: the registry entry's task (datasets: ``classification``, ``segmentation`` or
+    #: ``params``); None where the registry has no tasks. Not part of the section's values
+    task: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def factory(self) -> T:

@@ -6,7 +6,9 @@ benchmark), :mod:`~fedshift.data.medical` (brain-mri, prostate, camelyon17, nucl
 Fashion-MNIST, the synthetic toys); what they share is in :mod:`~fedshift.data.common`.
 :mod:`~fedshift.data.base` holds the federation types and :mod:`~fedshift.data.partition`
 the label-skew partitions. This module keeps the registry :data:`DATASETS`,
-:func:`load_dataset` and :func:`dataset_task`.
+:func:`load_dataset` and :func:`dataset_task`. A dataset follows the contract of
+:mod:`fedshift.core.datasets` (name, Params, task, load); the federation types live in
+:mod:`fedshift.core.federation`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 from fedshift.core.components import Component
 from fedshift.core.config import RunConfig
+from fedshift.core.datasets import DATASET_TASKS, TASK_FROM_PARAMS, check_loaded, params_task
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
@@ -49,128 +52,159 @@ from fedshift.data.medical.nuclei import NucleiParams, load_nuclei
 from fedshift.data.medical.prostate import ProstateParams, load_prostate
 from fedshift.data.medical.segfolders import SegFoldersParams, load_segfolders
 
-DATASETS: Registry[Callable[..., Federation]] = Registry("dataset")
+#: every built-in dataset, by one ``DATASETS.add(name, load, Params, description, task=...)``
+#: call: the dataset contract (:mod:`fedshift.core.datasets`) with ``load`` as the entry's
+#: object; plug-ins come in through :func:`fedshift.core.datasets.dataset_entry`
+DATASETS: Registry[Callable[..., Federation]] = Registry("dataset", tasks=DATASET_TASKS)
 DATASETS.add(
     "digits",
     load_digits,
     DigitsParams,
     "offline Digits: mnist, mnistm, optdigits, synth, opencv (real data from packages)",
+    task="classification",
 )
 DATASETS.add(
     "fashion-mnist",
     load_fashion,
     FashionParams,
     "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition",
+    task="classification",
 )
 DATASETS.add(
     "brain-mri",
     load_brain_mri,
     BrainMRIParams,
     "offline segmentation: real MNI152 brain anatomy (nilearn), K sites with simulated scanners",
+    task="segmentation",
 )
 DATASETS.add(
     "prostate",
     load_prostate,
     ProstateParams,
     "multi-site prostate MRI segmentation (your NIfTI files: BIDMC, HK, I2CVB, BMC, RUNMC, UCL)",
+    task="segmentation",
 )
 DATASETS.add(
     "camelyon17",
     load_camelyon,
     CamelyonParams,
     "Camelyon17 histology patches, five hospitals (your WILDS or HarmoFL data.pkl folder)",
+    task="classification",
 )
 DATASETS.add(
     "nuclei",
     load_nuclei,
     NucleiParams,
     "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})",
+    task="segmentation",
 )
 DATASETS.add(
     "digits5",
     load_digits5,
     Digits5Params,
     "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)",
+    task="classification",
 )
 DATASETS.add(
     "office-caltech10",
     load_office,
     OfficeParams,
     "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)",
+    task="classification",
 )
 DATASETS.add(
     "domainnet",
     load_domainnet,
     DomainNetParams,
     "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)",
+    task="classification",
 )
 DATASETS.add(
     "pacs",
     load_pacs,
     PACSParams,
     "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)",
+    task="classification",
 )
 DATASETS.add(
     "officehome",
     load_officehome,
     OfficeHomeParams,
     "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)",
+    task="classification",
 )
-DATASETS.add("cifar10", load_cifar10, CifarParams, "CIFAR-10 (your python batches); partition it")
 DATASETS.add(
-    "cifar100", load_cifar100, CifarParams, "CIFAR-100 (your python batches); partition it"
+    "cifar10",
+    load_cifar10,
+    CifarParams,
+    "CIFAR-10 (your python batches); partition it",
+    task="classification",
+)
+DATASETS.add(
+    "cifar100",
+    load_cifar100,
+    CifarParams,
+    "CIFAR-100 (your python batches); partition it",
+    task="classification",
 )
 DATASETS.add(
     "chmnist",
     load_chmnist,
     CHMNISTParams,
     "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it",
+    task="classification",
 )
 DATASETS.add(
     "cub200",
     load_cub200,
     CUBParams,
     "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
+    task="classification",
 )
 DATASETS.add(
     "folders",
     load_folders,
     FoldersParams,
     "your images: <root>/<site>/<class>/<image>, one client per site (docs/DATASETS.md)",
+    task="classification",
 )
 DATASETS.add(
     "segfolders",
     load_segfolders,
     SegFoldersParams,
     "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)",
+    task="segmentation",
 )
 DATASETS.add(
     "arrays",
     load_arrays,
     ArraysParams,
     "your numpy arrays: <root>/<site>.npz (x, y[, split]) or fedshift.run(federation=...)",
+    task=TASK_FROM_PARAMS,
 )
-DATASETS.add("toyshift", load_toy, ToyParams, "tiny synthetic feature-shift data for smoke tests")
+DATASETS.add(
+    "toyshift",
+    load_toy,
+    ToyParams,
+    "tiny synthetic feature-shift data for smoke tests",
+    task="classification",
+)
 DATASETS.add(
     "toyseg",
     load_toyseg,
     ToySegParams,
     "tiny synthetic segmentation data with feature shift (tests)",
+    task="segmentation",
 )
 
 
-#: datasets whose labels are per-pixel maps (every other dataset is a classification task,
-#: unless its Params have a ``task`` key: ``arrays``)
-SEGMENTATION = ("brain-mri", "prostate", "nuclei", "segfolders", "toyseg")
-
-
 def dataset_task(name: str, params: object = None) -> str:
-    """The task of a registered dataset, known before loading it (config-time checks): the
-    ``task`` key of its Params where it has one (``arrays``), else by name."""
-    task = getattr(params, "task", None)
-    if task in ("classification", "segmentation"):
-        return str(task)
-    return "segmentation" if name in SEGMENTATION else "classification"
+    """The task of a registered dataset, known before loading it (config-time checks): its
+    registry entry's, or for a dataset whose Params decide (``arrays``) the ``task`` of
+    ``params`` (their defaults when None)."""
+    entry = DATASETS.entry(name, "dataset.name")
+    assert entry.task is not None  # DATASETS is made with tasks: every entry has one
+    return params_task(entry.task, params, entry.params)
 
 
 def load_dataset(
@@ -191,9 +225,11 @@ def load_dataset(
             f"dataset {dataset.name!r} ({keys})",
             "lower dataset.train_size / val_size / test_size (or clients)",
         )
-    fed = dataset.factory(dataset.params)
-    if fed.task != dataset_task(dataset.name, dataset.params):
-        raise AssertionError(f"dataset {dataset.name!r} loaded a {fed.task} federation")
+    if dataset.task is None:  # a component made without its registry entry
+        task = dataset_task(dataset.name, dataset.params)
+    else:  # resolved: the entry's task came with it, no second lookup
+        task = params_task(dataset.task, dataset.params, type(dataset.params))
+    fed = check_loaded(dataset.factory(dataset.params), dataset.name, task, dataset.factory)
     return apply_partition(fed, partition or {"name": "none"})
 
 

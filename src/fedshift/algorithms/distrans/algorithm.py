@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, Reply, State
 from fedshift.algorithms.bn import FrozenBNStats, bn_keys
 from fedshift.algorithms.distrans.aggregator import (
@@ -51,7 +50,6 @@ def _frozen(param: nn.Parameter) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- the algorithm
-@register
 class DisTrans(Algorithm):
     """Per-client offsets + a double-input-channel model averaged FedAvg-style."""
 

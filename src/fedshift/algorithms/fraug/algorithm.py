@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, Reply, State
 from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.fraug.nets import (
@@ -38,7 +37,6 @@ from fedshift.models.base import FedModel
 NETS = "fraug/nets"
 
 
-@register
 class FRAug(Objectives, Algorithm):
     """FedBN + a shared embedding generator + local RTNets; synthetic embeddings train the head."""
 

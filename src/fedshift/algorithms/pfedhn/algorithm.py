@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import Algorithm, Reply, State
 from fedshift.algorithms.partialfed import resolve_layer_keys
 from fedshift.algorithms.pfedhn.hypernet import HyperNetwork
@@ -24,7 +23,6 @@ from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 
-@register
 class PFedHN(Algorithm):
     """Server hypernetwork generating each client's model; updated through delta theta."""
 
