@@ -3,8 +3,8 @@
 #   tests        the CUDA-only tests: every algorithm and augment on the GPU with the data
 #                resident (tests/test_device_audit.py), a GPU run repeated bit for bit, equal
 #                to the CPU run up to float rounding, extended to the longer run, vmap equal
-#                to sequential on the GPU (tests/test_vmap.py), CUDA's generators in a
-#                checkpoint (tests/test_hardening_checkpoint.py);
+#                to sequential on the GPU (tests/runtime/test_vmap.py), CUDA's generators in a
+#                checkpoint (tests/runtime/test_checkpoints.py);
 #   executors    benchmarks/executors.py: sequential against vmap, seconds per round, on the
 #                GPU, with 6,000 and 60,000 Fashion-MNIST training examples;
 #   determinism  benchmarks/determinism.py through the real command line on the GPU: the
@@ -37,8 +37,8 @@ EOF
 if want tests; then
     echo "== CUDA tests"
     timeout 200 "$PY" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-8}" -rs \
-        tests/test_device_audit.py tests/test_vmap.py \
-        tests/test_hardening_checkpoint.py::test_item1_rng_state_restores_the_gpu_generators_too \
+        tests/test_device_audit.py tests/runtime/test_vmap.py \
+        tests/runtime/test_checkpoints.py::test_rng_state_restores_the_gpu_generators_too \
         2>&1 | tee "$OUT/tests.log" | tail -25
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

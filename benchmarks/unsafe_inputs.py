@@ -315,10 +315,12 @@ def selected_copied(tmp: Path) -> Result:
     code = textwrap.dedent(
         """
         import sys
-        from fedshift.runtime.simulation import load_finished
-        sim = load_finished(sys.argv[1], weights="last")
+        from fedshift.runtime.checkpoint_io import read_run_state
+        from fedshift.runtime.saved import read_selected
+        from fedshift.runtime.simulation import saved_config
+        key = read_run_state(sys.argv[1])["run_key"]
         try:
-            sim.load_checkpoint("selected.pt")
+            read_selected(sys.argv[1], saved_config(sys.argv[1]), key)
         except Exception as e:
             print(type(e).__name__, e)
         """

@@ -10,11 +10,42 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import fedshift
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 
 torch.set_num_threads(1)
+
+#: the repository root (tests in subfolders find configs/, docs/ and src/ from here)
+ROOT = Path(__file__).resolve().parents[1]
+#: the folder holding the fedshift package the tests import
+SRC = Path(fedshift.__file__).resolve().parents[1]
+
+
+def fedshift_env(**extra: str) -> dict[str, str]:
+    """The environment of a subprocess that runs the fedshift these tests import."""
+    return {**os.environ, "PYTHONPATH": str(SRC), **extra}
+
+
+def write_suite(tmp_path: Path, name: str = "suite", **keys) -> Path:
+    """A tiny suite file, ``<tmp_path>/<name>.yaml``, its runs under ``<tmp_path>/runs``:
+    toyshift on LeNet-5, 2 rounds, a checkpoint every round, seeds 0 and 1; ``keys``
+    replace its top-level keys (None drops one)."""
+    raw = {
+        "name": name,
+        "out": str(tmp_path / "runs"),
+        "dataset": {"name": "toyshift"},
+        "model": {"name": "lenet5"},
+        "train": {"rounds": 2, "batch_size": 16},
+        "checkpoint": {"every": 1},
+        "sweep": {"seed": [0, 1]},
+        **keys,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if v is not None}))
+    return path
 
 
 def toy_cfg(*overrides: str, rounds: int = 3):
@@ -26,6 +57,25 @@ def toy_cfg(*overrides: str, rounds: int = 3):
         "name=test",
     ]
     return resolve(load_config(None, [*base, *overrides]))
+
+
+#: a tiny segmentation run: ``toyseg`` (12 training images a client), a 4-channel U-Net, Adam
+SEG = [
+    "dataset.name=toyseg",
+    "dataset.train_size=12",
+    "dataset.val_size=4",
+    "dataset.test_size=4",
+    "model.name=unet",
+    "model.width=4",
+    "train.batch_size=6",
+    "train.optimizer=adam",
+    "train.lr=0.003",
+    "name=test",
+]
+
+
+def seg_cfg(*overrides: str, rounds: int = 2):
+    return resolve(load_config(None, [*SEG, f"train.rounds={rounds}", *overrides]))
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +143,16 @@ def ledger(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "ledger.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def worker_pool():
+    """Two pool workers (``run.workers``) shared by a module's runs (each run rebuilds its
+    experiment in them): starting workers costs seconds, a run on them milliseconds."""
+    from fedshift.runtime.pool import WorkerPool
+
+    with WorkerPool(2) as pool:
+        yield pool
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test, whatever ran before: runs compared bit for bit must use
@@ -113,10 +173,10 @@ def one_thread():
 #: groups, so that the two killed-SuperNode tests, each waiting out a 45 s round timeout,
 #: run at the same time on two workers
 GROUPS = {
-    "tests/test_flower_deploy.py::test_three_supernodes_match_native[fedbn]": "deploy-a",
-    "tests/test_flower_deploy.py::test_killed_supernode_round_completes": "deploy-a",
-    "tests/test_flower_deploy.py::test_three_supernodes_match_native[fedfa]": "deploy-b",
-    "tests/test_flower_deploy.py::test_killed_supernode_below_the_minimum": "deploy-b",
+    "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native[fedbn]": "deploy-a",
+    "tests/flower/test_flower_deploy.py::test_killed_supernode_round_completes": "deploy-a",
+    "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native[fedfa]": "deploy-b",
+    "tests/flower/test_flower_deploy.py::test_killed_supernode_below_the_minimum": "deploy-b",
 }
 
 
@@ -134,23 +194,27 @@ def pytest_xdist_auto_num_workers(config) -> int:
 #: pools, real processes killed, signalled and resumed, wheels built and installed. ``make
 #: check`` (the everyday loop) leaves them out; ``make test`` (and CI) runs them.
 PROCESS = (
-    "tests/test_flower_deploy.py",
-    "tests/test_flower.py::test_flower_simulation_engine_equals_native",
-    "tests/test_flower.py::test_client_errors_and_bad_nodes_are_reported",
-    "tests/test_flower.py::test_node_state_can_live_on_disk",
-    "tests/test_pool.py",
+    "tests/flower/test_flower_deploy.py",
+    "tests/flower/test_flower.py::test_flower_simulation_engine_equals_native",
+    "tests/flower/test_flower.py::test_client_errors_and_bad_nodes_are_reported",
+    "tests/flower/test_flower.py::test_node_state_can_live_on_disk",
+    "tests/runtime/test_pool.py",
+    "tests/runtime/test_same_run.py::test_same_run[pool-",
     "tests/test_packaging.py",
-    "tests/test_tracking_services.py",
-    "tests/test_resume.py::test_signal_at_a_random_moment",
-    "tests/test_resume.py::test_flower_",
-    "tests/test_hardening_bench.py::test_item2_",
-    "tests/test_hardening_bench.py::test_item4_",
-    "tests/test_hardening_bench.py::test_item6_",
-    "tests/test_hardening_bench.py::test_item7_",
+    "tests/runtime/test_tracking_services.py",
+    "tests/runtime/test_resume.py::test_signal_at_a_random_moment",
+    "tests/runtime/test_resume.py::test_flower_",
+    "tests/runtime/test_rundir.py::test_new_run_dirs_are_claimed_atomically",
+    "tests/runtime/test_rundir.py::test_second_process_is_refused",
+    "tests/runtime/test_rundir.py::test_lock_dies_with_its_process",
+    "tests/test_bench.py::test_bench_results_do_not_depend_on_workers",
+    "tests/test_bench.py::test_failing_cell_does_not_stop_the_others",
+    "tests/test_bench.py::test_signal_stops_the_suite_and_is_not_a_failure",
+    "tests/test_bench.py::test_killed_bench_leaves_no_worker",
     "tests/test_bench.py::test_parallel_workers_match_sequential",
     "tests/test_bench.py::test_cli_bench",
-    "tests/test_ux.py::test_long_runs_run_jobs_equal_sequential",
-    "tests/test_ux.py::test_long_runs_flower_simulate",
+    "tests/cli/test_ux.py::test_long_runs_run_jobs_equal_sequential",
+    "tests/cli/test_ux.py::test_long_runs_flower_simulate",
     "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
 )
 

@@ -77,7 +77,7 @@ class Prose:
 Mark = Run | ByTest | Long | NotRun | Synopsis | Prose
 
 # reasons used more than once
-REMOTE = "needs a SuperLink and SuperNodes on other machines (tests/test_flower_deploy.py runs the same commands on 127.0.0.1)"
+REMOTE = "needs a SuperLink and SuperNodes on other machines (tests/flower/test_flower_deploy.py runs the same commands on 127.0.0.1)"
 NETWORK = "installs packages from PyPI (CI installs [dev], which holds every extra)"
 GPU = "needs a CUDA GPU (benchmarks/gpu_check.sh runs it on one)"
 SERVER = "starts a server that runs until stopped"
@@ -113,7 +113,7 @@ MARKS: dict[str, Mark] = {
     "fedshift config show -c configs/demo.yaml": Run(),
     "fedshift run -c configs/demo.yaml": Run(CHEAP),
     "fedshift run -c configs/demo.yaml --jobs 2": ByTest(
-        "tests/test_ux.py::test_long_runs_run_jobs_equal_sequential",
+        "tests/cli/test_ux.py::test_long_runs_run_jobs_equal_sequential",
         "`fedshift run --jobs 2` on a two-run sweep (two worker processes: too slow to repeat here)",
     ),
     "fedshift run algorithm.name=fedprox algorithm.mu=0.01 train.rounds=100 model.name=digitmodel":
@@ -128,6 +128,16 @@ MARKS: dict[str, Mark] = {
              "train.rounds=80": "train.rounds=2"},
     ),
     "fedshift data show digits --out montage.png": Run(DIGITS),
+    "fedshift data check digits": Run(DIGITS),
+    "fedshift data check brain-mri": Run(
+        ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
+    ),
+    "fedshift data check brain-mri dataset.scanner_strength=0 --out data-check/brain-mri-s0": Run(
+        ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
+    ),
+    "python benchmarks/shift_construction.py": Long(
+        "about 1 min", "four brain-mri builds (scanner strengths 0-2) and the same slices under six scanners"
+    ),
     "fedshift bench configs/suites/fraug_table2.yaml": Run(
         (*CHEAP_GRID, "sweep.algorithm.name=[fedavg,fraug]"), why="two of its eight algorithms"
     ),
@@ -136,7 +146,7 @@ MARKS: dict[str, Mark] = {
         why="--screenshot needs a headless Chromium, which CI does not have",
     ),
     "fedshift data fetch fashion-mnist": NotRun(
-        "downloads Debian's dataset-fashion-mnist (~31 MB) with apt-get; tests/test_fashion.py "
+        "downloads Debian's dataset-fashion-mnist (~31 MB) with apt-get; tests/data/test_fashion.py "
         "runs the fetch on a package it builds"
     ),
     "fedshift run dataset.name=fashion-mnist partition.name=classes partition.classes_per_client=2 "
@@ -174,11 +184,11 @@ MARKS: dict[str, Mark] = {
         before=("fedshift run name=x algorithm.name=fedavg " + " ".join(CHEAP),),
     ),
     "fedshift flower simulate -c configs/demo.yaml algorithm.name=fedbn": ByTest(
-        "tests/test_flower.py::test_flower_simulation_engine_equals_native",
+        "tests/flower/test_flower.py::test_flower_simulation_engine_equals_native",
         "Flower's Ray engine on toyshift (Ray's start-up alone takes about 30 s)",
     ),
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedfa": ByTest(
-        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native",
         "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on toyshift",
     ),
     "fedshift flower certs certs/ --host superlink.example.org": Run(),
@@ -214,7 +224,7 @@ MARKS: dict[str, Mark] = {
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(
-        "downloads Debian's opencv-doc with apt-get; tests/test_digits.py runs the fetch with a "
+        "downloads Debian's opencv-doc with apt-get; tests/data/test_digits.py runs the fetch with a "
         "stand-in apt-get"
     ),
     "fedshift data build digits": Run(
@@ -246,9 +256,21 @@ MARKS: dict[str, Mark] = {
     "fedshift bench SUITE.yaml": Synopsis(),
     "fedshift report RUN_DIR... [--reference ALGO[/FLOW]] [--screenshot]": Synopsis(),
     "fedshift protocol ...": Synopsis(),
+    # ------------------------------------------------------------------------- DATASETS.md
+    # the generic loaders: each snippet makes a tiny tree in the scratch folder, the
+    # commands after it run on it (two rounds of a small model: seconds)
+    "fedshift data show NAME root=DIR": Synopsis(),
+    "example: make-folders": Run(),
+    "fedshift data show folders root=mydata size=28": Run(),
+    "fedshift run dataset.name=folders dataset.root=mydata dataset.size=28 model.name=cnn train.rounds=2": Run(),
+    "example: make-segfolders": Run(),
+    "fedshift run dataset.name=segfolders dataset.root=myseg 'dataset.labels=[0,255]' dataset.size=16 model.name=unet model.width=8 train.rounds=2": Run(),
+    "example: make-arrays": Run(),
+    "fedshift run dataset.name=arrays dataset.root=myarrays model.name=cnn train.rounds=2": Run(),
+    "example: arrays-from-python": Run(),
     # -------------------------------------------------------------------------- DEPLOY.md
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedbn": ByTest(
-        "tests/test_flower_deploy.py::test_three_supernodes_match_native",
+        "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native",
         "the same local deployment on toyshift, FedBN and FedFA",
     ),
     "fedshift flower certs certs/ --host superlink.example.org --host 10.0.0.5": Run(),
@@ -272,7 +294,7 @@ MARKS: dict[str, Mark] = {
     "fedshift flower app DIR -c CONFIG --nodes 6": Synopsis(),
     "flwr run DIR fedshift": Synopsis(REMOTE),
     "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0-<digest>'\"": Synopsis(REMOTE),
-    "flwr run DIR": Synopsis("runs the generated app on Flower's local simulation: tests/test_runs_identity.py checks the app's pinned federation"),
+    "flwr run DIR": Synopsis("runs the generated app on Flower's local simulation: tests/eval/test_runs_identity.py checks the app's pinned federation"),
     "fedshift flower simulate --resume RUN_DIR": Synopsis(),
     "python benchmarks/flower_vs_native.py -c CONFIG": Synopsis(),
     # ----------------------------------------------------------------------- EXTENDING.md
@@ -307,6 +329,15 @@ MARKS: dict[str, Mark] = {
     "dataset.name=toyshift train.rounds=2": ByTest(
         "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
         "as written, in the venv the package is installed in",
+    ),
+    "example: mydatasets.py": ByTest(
+        "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
+        "the module written from this page, run by module:Class name",
+    ),
+    "python -m fedshift run dataset.name=mydatasets:Stripes dataset.clients=3 model.name=cnn "
+    "train.rounds=1": ByTest(
+        "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
+        "as written, with the module written from this page",
     ),
     "example: fedshift-mylab/tests/test_contract.py": ByTest(
         "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",

@@ -1,37 +1,39 @@
-"""`fedshift bench`: cells cached by config digest, a killed suite resumes, no cell runs twice."""
+"""`fedshift bench`: cells cached by config digest, a killed suite resumes, no cell runs twice;
+and under faults: results that do not depend on --workers, a failing cell that stops no
+other, a signal, an empty summary.json, workers that die with a killed suite."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-import yaml
+from conftest import ROOT, fedshift_env, results_of, write_suite
+from support.same_run import assert_runs_equal
 
 from fedshift.bench import cell_status, config_digest, plan, run_suite
 from fedshift.catalog import resolve
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.simulation import RunInterrupted, Simulation
-
-SUITE = {
-    "name": "suite",
-    "dataset": {"name": "toyshift"},
-    "model": {"name": "lenet5"},
-    "train": {"rounds": 3, "batch_size": 16},
-    "checkpoint": {"every": 1},
-    "sweep": {"algorithm.name": ["fedavg", "fedbn"], "seed": [0, 1]},
-}
+from fedshift.runtime.results import write_text_atomic
+from fedshift.runtime.simulation import RunInterrupted, RunSignal, Simulation
 
 
-def write_suite(tmp_path: Path, **extra) -> Path:
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump({**SUITE, **extra, "out": str(tmp_path / "runs")}))
-    return path
+def two_methods(tmp_path: Path, **extra) -> Path:
+    """FedAvg and FedBN, seeds 0 and 1, 3 rounds (conftest's write_suite otherwise)."""
+    sweep = {"algorithm.name": ["fedavg", "fedbn"], "seed": [0, 1]}
+    return write_suite(tmp_path, **{"train": {"rounds": 3, "batch_size": 16}, "sweep": sweep,
+                                    **extra})  # fmt: skip
 
 
 def test_plan_digest_and_duplicates(tmp_path):
-    cells = plan(write_suite(tmp_path))
+    cells = plan(two_methods(tmp_path))
     assert len(cells) == 4 and len({c.digest for c in cells}) == 4
     # name, out and checkpoint frequency do not change the digest; a training key does
     cfg = cells[0].cfg
@@ -39,13 +41,13 @@ def test_plan_digest_and_duplicates(tmp_path):
     assert config_digest(same) == cells[0].digest
     changed = resolve({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "lr": 0.02}})
     assert config_digest(changed) != cells[0].digest
-    dup = write_suite(tmp_path, sweep={"seed": [0, 0]})
+    dup = two_methods(tmp_path, sweep={"seed": [0, 0]})
     with pytest.raises(FedshiftError, match="same config"):
         plan(dup)
 
 
 def test_killed_suite_continues_without_rerunning(tmp_path):
-    suite = write_suite(tmp_path)
+    suite = two_methods(tmp_path)
     cells = plan(suite)
     # emulate a suite killed midway: two cells finished, one stopped after round 1
     run_suite(suite, workers=1, progress=False, overrides=["sweep.seed=[0]"])
@@ -72,9 +74,9 @@ def test_killed_suite_continues_without_rerunning(tmp_path):
     for d, t in mtimes.items():  # finished cells untouched
         assert (d / "summary.json").stat().st_mtime_ns == t
     # the resumed cell ends exactly like an uninterrupted run of the same config
-    fresh = Simulation(partial.cfg, tmp_path / "fresh", progress=False).run().summary
-    resumed = next(s for s in summaries if s["run_dir"] == str(partial.run_dir))
-    assert resumed["test_per_client"] == fresh["test_per_client"]
+    fresh = Simulation(partial.cfg, tmp_path / "fresh", progress=False).run()
+    assert str(partial.run_dir) in {s["run_dir"] for s in summaries}
+    assert_runs_equal(partial.run_dir, fresh.run_dir)
     # a third call runs nothing
     run_suite(suite, workers=1, progress=False)
     again = json.loads((tmp_path / "runs/suite/bench.json").read_text())
@@ -82,7 +84,7 @@ def test_killed_suite_continues_without_rerunning(tmp_path):
 
 
 def test_changed_config_reruns_cell(tmp_path):
-    suite = write_suite(tmp_path)
+    suite = two_methods(tmp_path)
     run_suite(suite, workers=1, progress=False, overrides=["sweep.seed=[0]"])
     run_suite(suite, workers=1, progress=False, overrides=["sweep.seed=[0]", "train.lr=0.02"])
     rows = json.loads((tmp_path / "runs/suite/bench.json").read_text())
@@ -91,18 +93,18 @@ def test_changed_config_reruns_cell(tmp_path):
 
 @pytest.mark.slow
 def test_parallel_workers_match_sequential(tmp_path):
-    suite = write_suite(tmp_path)
+    suite = two_methods(tmp_path)
     seq = run_suite(suite, workers=1, progress=False, overrides=["sweep.seed=[0]"])
     par = run_suite(
         suite, workers=2, progress=False, out=str(tmp_path / "par"), overrides=["sweep.seed=[0]"]
     )
     key = lambda s: s["label"]  # noqa: E731
     for a, b in zip(sorted(seq, key=key), sorted(par, key=key), strict=True):
-        assert a["test_per_client"] == b["test_per_client"]
+        assert_runs_equal(Path(b["run_dir"]), Path(a["run_dir"]))
 
 
 def test_cli_bench(tmp_path, capsys):
-    suite = write_suite(tmp_path)
+    suite = two_methods(tmp_path)
     assert main(["bench", str(suite), "sweep.seed=[0]", "--workers", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "fedavg" in out and "fedbn" in out and "suite folder" in out
@@ -114,7 +116,7 @@ def test_in_process_suite_leaves_the_callers_torch_threads(tmp_path):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_suite(write_suite(tmp_path), workers=1, threads=2, progress=False,
+        run_suite(two_methods(tmp_path), workers=1, threads=2, progress=False,
                   overrides=["sweep.seed=[0]", "train.rounds=1"])  # fmt: skip
         assert torch.get_num_threads() == 1
     finally:
@@ -152,3 +154,154 @@ def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
     other = run_suite(suite, ["train.lr=0.02"], out=str(tmp_path / "d"), workers=1,
                       progress=False)
     assert all((Path(s["run_dir"]) / "checkpoint.pt").is_file() for s in other)
+
+
+# ---------------------------------------------------------------------------- under faults
+def _manifest(path: Path) -> dict[str, dict]:
+    return {r["digest"]: r for r in json.loads(path.read_text())}
+
+
+def test_bench_results_do_not_depend_on_workers(tmp_path):
+    """Threads per cell were cores // workers, so --workers changed results and digests."""
+    suite = write_suite(tmp_path)
+    rows = {}
+    for n in (1, 2):
+        run_suite(suite, workers=n, progress=False, out=str(tmp_path / f"w{n}"))
+        rows[n] = _manifest(tmp_path / f"w{n}/suite/bench.json")
+    assert rows[1].keys() == rows[2].keys() and len(rows[1]) == 2
+    for n in (1, 2):
+        for row in rows[n].values():
+            summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+            cell = json.loads((Path(row["run_dir"]) / "cell.json").read_text())
+            assert summary["threads"] == cell["threads"] == row["threads"] == 1
+    for digest, row in rows[2].items():
+        assert_runs_equal(Path(row["run_dir"]), Path(rows[1][digest]["run_dir"]))
+    # threads=1 leaves every cached digest as it was; another count is a different cell
+    cfg = plan(suite)[0].cfg
+    assert config_digest(cfg) == config_digest(cfg, 1) != config_digest(cfg, 2)
+    # (fedrdn_table1's first cell: its digest since 199aa57, committed in results/)
+    cells = plan(ROOT / "configs/suites/fedrdn_table1.yaml")
+    assert cells[0].run_dir.name == "fedavg-digits-seed0-4fe1b2d40c"
+
+
+@pytest.fixture(scope="module")
+def failing_suite(tmp_path_factory):
+    """A suite of two good cells and two that fail while building, with 1 and 2 workers."""
+    tmp = tmp_path_factory.mktemp("failing")
+    suite = write_suite(tmp, sweep={"seed": [0, 1], "federation.holdout": [[], ["nope"]]})
+    out = {}
+    for n in (1, 2):
+        with pytest.raises(FedshiftError) as err:
+            run_suite(suite, workers=n, progress=False, out=str(tmp / f"w{n}"))
+        out[n] = (str(err.value), _manifest(tmp / f"w{n}/suite/bench.json"))
+    return out
+
+
+def test_failing_cell_does_not_stop_the_others(failing_suite):
+    """With one worker the first failing cell aborted the suite (no bench.json, no cell named)."""
+    for n in (1, 2):
+        message, rows = failing_suite[n]
+        failed = [r for r in rows.values() if r["status"] == "failed"]
+        assert len(failed) == 2 and sum(r["status"] == "ran" for r in rows.values()) == 2
+        for r in failed:
+            assert "nope" in r["label"] and "federation.holdout" in r["reason"]
+            assert f"{r['label']} ({r['run_dir']}): config key 'federation.holdout'" in message
+        assert message.startswith("2 of 4 cells failed")
+
+
+def test_signal_stops_the_suite_and_is_not_a_failure(tmp_path, monkeypatch):
+    """A signal in a cell must stop the suite at once, recorded, not as a failed cell."""
+    suite = write_suite(tmp_path, sweep={"seed": [0, 1, 2]})
+    real = Simulation.run
+    seen: list[dict] = []
+
+    def run(self, *a, **k):
+        seen.append(_manifest(tmp_path / "runs/suite/bench.json"))  # written as cells end
+        if self.cfg.seed == 1:
+            raise RunSignal(signal.SIGTERM, self.run_dir, None)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Simulation, "run", run)
+    with pytest.raises(RunSignal) as err:
+        run_suite(suite, workers=1, progress=False)
+    assert err.value.exit_code == 143 and "fedshift bench" in str(err.value)
+    assert [r["status"] for r in seen[1].values()] == ["ran", "pending", "pending"]
+    rows = json.loads((tmp_path / "runs/suite/bench.json").read_text())
+    assert [r["status"] for r in rows] == ["ran", "interrupted", "pending"]
+
+
+def test_empty_summary_is_recovered(tmp_path, monkeypatch):
+    """A 0-byte summary.json (disk full) was `done` and every rerun died on JSONDecodeError."""
+    suite = write_suite(tmp_path, sweep={"seed": [0]})
+    (before,) = run_suite(suite, workers=1, progress=False)
+    (cell,) = plan(suite)
+    (cell.run_dir / "summary.json").write_text("")
+    assert cell_status(cell) == "partial"
+    (after,) = run_suite(suite, workers=1, progress=False)
+    assert results_of(after) == results_of(before)
+    assert _manifest(tmp_path / "runs/suite/bench.json")[cell.digest]["status"] == "resumed"
+    # a failed write leaves the old file whole and no temporary file behind
+    target = tmp_path / "x.json"
+    target.write_text("old")
+
+    def full(*a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError):
+        write_text_atomic(target, "new")
+    assert target.read_text() == "old" and sorted(os.listdir(tmp_path)).count("x.json.tmp") == 0
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out |= {int(x) for x in (task / "children").read_text().split()}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_killed_bench_leaves_no_worker(tmp_path):
+    """kill -9 of `fedshift bench --workers 2` left both workers and the resource tracker."""
+    suite = write_suite(tmp_path, train={"rounds": 5000, "batch_size": 16}, eval={"every": 5000})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedshift", "bench", str(suite), "--workers", "2", "--quiet"],
+        env=fedshift_env(),
+        stderr=subprocess.DEVNULL,
+    )
+    kids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        # both cells past their first round (a cell killed in round 1 has nothing to save)
+        while len(list((tmp_path / "runs/suite").glob("*/checkpoint.pt"))) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "cells did not start"
+            time.sleep(0.1)
+        kids = _children(proc.pid)
+        cmds = [Path(f"/proc/{k}/cmdline").read_bytes() for k in kids]
+        assert sum(b"spawn_main" in c for c in cmds) == 2  # the two workers
+        assert sum(b"resource_tracker" in c for c in cmds) == 1
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [k for k in kids if _alive(k)]
+        # each running cell kept a checkpoint: the suite resumes them
+        assert {cell_status(c) for c in plan(suite)} == {"partial"}
+    finally:
+        for k in kids:
+            if _alive(k):
+                os.kill(k, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "fedshift"
 #: ``.to(device)``)
 FILES = sorted(
     [
-        *ROOT.glob("algorithms/*.py"),
+        *ROOT.glob("algorithms/**/*.py"),
         *ROOT.glob("augment/*.py"),
         ROOT / "core" / "context.py",
         ROOT / "core" / "tasks.py",
@@ -69,7 +69,7 @@ PLACING = frozenset({"to", "cuda"})
 #: (file, function, call) -> why it is device-safe (reviewed)
 ALLOWED: dict[tuple[str, str, str], str] = {
     # -- host-side values by design (moved with .to() where they meet device tensors)
-    ("algorithms/distrans.py", "DisTrans.wrap_model", "randint"):
+    ("algorithms/distrans/algorithm.py", "DisTrans.wrap_model", "randint"):
         "a seed drawn from the global CPU RNG, turned into a Python int",
     ("algorithms/fedaws.py", "FedAwS.broadcast", "tensor"):
         "class ids sent as a host record; indexing uses classes.to(w.device)",

@@ -1,7 +1,8 @@
 """No test compares against a float recorded on one machine: a number literal with more
 significant digits than a person would type (9 or more) is such a recording, and fails on a
 CPU whose kernels round differently. Compute the reference in the test instead (see
-tests/test_vmap.py::test_train_stacked_is_sgd_per_client, tests/test_fraug.py)."""
+tests/runtime/test_vmap.py::test_train_stacked_is_sgd_per_client,
+tests/algorithms/test_fraug.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_no_float_literal_recorded_from_a_run():
         for tok in tokens:
             is_float = tok.type == tokenize.NUMBER and re.search(r"[.eE]", tok.string)
             if is_float and _significant_digits(tok.string) >= 9:
-                found.append(f"{path.name}:{tok.start[0]}: {tok.string}")
+                found.append(f"{path.relative_to(TESTS)}:{tok.start[0]}: {tok.string}")
     assert not found, "floats recorded on one machine:\n" + "\n".join(found)
 
 

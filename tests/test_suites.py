@@ -18,7 +18,7 @@ SUITES = sorted((Path(__file__).parents[1] / "configs" / "suites").glob("*.yaml"
 def test_suite_plans(suite):
     cells = plan(suite)
     assert cells and len({c.digest for c in cells}) == len(cells)
-    names = {c.cfg.dataset["name"] for c in cells}
+    names = {c.cfg.dataset.name for c in cells}
     for name in names:
         params = DATASETS.entry(name).params
         if params is not None and "root" in getattr(params, "__dataclass_fields__", {}):

@@ -2,16 +2,26 @@
 
 __version__ = "0.1.0"
 
-# The Python API (fedshift.api), imported on first use so that `import fedshift` (and with it
-# `fedshift --help`) does not import torch.
-_API = ("run", "load_run", "LoadedRun", "export_model", "load_exported")
+# The Python API, imported on first use so that `import fedshift` (and with it
+# `fedshift --help`) does not import torch: each name and the module that defines it.
+_API = {
+    "run": "fedshift.api",
+    "resume": "fedshift.api",
+    "load_run": "fedshift.api",
+    "LoadedRun": "fedshift.api",
+    "export_model": "fedshift.api",
+    "load_exported": "fedshift.api",
+    # what fedshift.run returns, and a finished run rebuilt (LoadedRun.rebuild)
+    "RunResult": "fedshift.runtime.results",
+    "SavedRun": "fedshift.runtime.saved",
+}
 
 
 def __getattr__(name: str):  # noqa: ANN202 - module attribute hook (PEP 562)
     if name in _API:
-        from fedshift import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'fedshift' has no attribute {name!r}")
 
 

@@ -6,13 +6,28 @@
     print(result.summary["test_mean"], result.run_dir)
     run = fedshift.load_run(result.run_dir)
     run.summary, run.metrics, run.config
+    saved = run.rebuild()  # a fedshift.SavedRun: the model and state, to evaluate
+
+    # your own arrays, one (x, y) per site (numpy or torch): the dataset "arrays"
+    result = fedshift.run({"model": {"name": "cnn"}}, federation={"a": (xa, ya), "b": (xb, yb)})
+    fedshift.resume(result.run_dir, federation={"a": (xa, ya), "b": (xb, yb)})
 
 :func:`run` takes the config as a nested dict (what a YAML config file holds), the path of a
 YAML file, or a :class:`~fedshift.core.config.RunConfig`, plus ``key=value`` overrides as on
 the command line, and checks it the same way (a :class:`~fedshift.core.errors.ConfigError`
 names the key and the fix). :func:`load_run` reads a run directory's text files only
 (``config.yaml``, ``summary.json``, ``metrics.jsonl``): nothing is unpickled and no plug-in
-is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation.
+is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation (a
+:class:`~fedshift.runtime.saved.SavedRun`, ``fedshift.SavedRun``). :func:`run` returns a
+:class:`~fedshift.runtime.results.RunResult` (``fedshift.RunResult``).
+:func:`run` and :func:`resume` take ``federation=``: a mapping of site name -> arrays
+(:func:`~fedshift.data.domains.arrays.read_mapping` lists the forms), checked and converted
+as the ``arrays`` dataset does with files (docs/DATASETS.md). The run's config then names the
+dataset ``arrays`` with ``source: python`` and ``fingerprint``, the sha256 of the arrays, so
+``config.yaml`` and ``summary.json`` say the data came from Python and which data it was.
+The arrays are not saved: resuming such a run (:func:`resume`) or rebuilding it
+(:meth:`LoadedRun.rebuild`) needs them again, and checks them against the fingerprint;
+``fedshift run --resume`` on the command line cannot, and says so.
 :func:`export_model` writes a run's trained model as a plain ``state_dict`` (loadable with
 ``torch.load(path, weights_only=True)``) plus a JSON description; :func:`load_exported`
 builds that model again and loads the weights.
@@ -32,9 +47,9 @@ from fedshift.core.errors import ConfigError, FedshiftError
 if TYPE_CHECKING:
     from fedshift.core.config import RunConfig
     from fedshift.runtime.results import RunResult
-    from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.saved import SavedRun
 
-__all__ = ["LoadedRun", "export_model", "load_exported", "load_run", "run"]
+__all__ = ["LoadedRun", "export_model", "load_exported", "load_run", "resume", "run"]
 
 
 def _raw_config(config: Any, overrides: list[str]) -> tuple[dict, str]:
@@ -57,10 +72,49 @@ def _raw_config(config: Any, overrides: list[str]) -> tuple[dict, str]:
     return apply_overrides(base, overrides), source
 
 
+def _with_arrays(raw: dict, federation: object) -> tuple[dict, list]:
+    """``raw`` with its dataset section naming the arrays given to :func:`run` (``arrays``,
+    ``source: python``, their fingerprint, their task unless the config sets one), and the
+    sites read from ``federation``."""
+    from fedshift.data.domains.arrays import fingerprint, read_mapping
+
+    sites = read_mapping(federation)
+    section = raw.get("dataset")
+    section = {"name": section} if isinstance(section, str) else dict(section or {})
+    name = section.get("name", "arrays")
+    if name != "arrays":
+        raise ConfigError(
+            f"fedshift.run(federation=...) trains on the arrays given, but the config names "
+            f"dataset {name!r}; drop dataset.name (or set it to arrays: its keys, e.g. "
+            "dataset.fractions or dataset.size, apply to the arrays)"
+        )
+    for key, why in (("root", "the arrays come from Python"), ("source", "set by fedshift.run")):
+        if section.get(key) not in (None, "python"):
+            raise ConfigError(f"fedshift.run(federation=...): drop dataset.{key} ({why})")
+    if "task" not in section:
+        section["task"] = "segmentation" if sites[0].y.ndim == 3 else "classification"
+    section.update(name="arrays", source="python", fingerprint=fingerprint(sites))
+    return {**raw, "dataset": section}, sites
+
+
+def _arrays_federation(cfg: RunConfig, federation: object, run_dir: str | Path):
+    """The federation of a run started with ``federation=``, from the same arrays again."""
+    from fedshift.data.domains.arrays import build_federation, read_mapping
+
+    if cfg.dataset.name != "arrays" or cfg.dataset.params.source != "python":
+        raise ConfigError(
+            f"federation=: the run in {run_dir} was started from dataset "
+            f"{cfg.dataset.name!r} (its config.yaml), not from arrays given in Python; "
+            "leave federation out"
+        )
+    return build_federation(read_mapping(federation), cfg.dataset.params)
+
+
 def run(
     config: dict | str | Path | RunConfig | None = None,
     overrides: list[str] | None = None,
     *,
+    federation: object = None,
     out: str | Path | None = None,
     progress: bool = False,
     workers: int | str | None = None,
@@ -82,9 +136,16 @@ def run(
     already is handled as there: ``exists="error"`` (the default) raises
     :class:`~fedshift.runtime.rundir.RunDirExists` saying what it holds and how its config
     differs; ``"overwrite"`` deletes it and runs again (``--overwrite``); ``"new"`` runs into
-    the next free ``-2``, ``-3``... (``--new``)."""
+    the next free ``-2``, ``-3``... (``--new``).
+
+    ``federation``: your own data instead of the config's dataset, a mapping of site name ->
+    ``(x, y)``, ``{"x": x, "y": y, "split": split}`` or ``{"train": (x, y), "val": (x, y),
+    "test": (x, y)}`` of numpy arrays or torch tensors (the ``arrays`` dataset: its
+    ``dataset.*`` keys apply, its checks run; the module docstring says what the run records
+    and how it resumes)."""
     from fedshift.catalog import resolve
     from fedshift.core.config import expand_sweep
+    from fedshift.data.domains.arrays import build_federation
     from fedshift.runtime.results import claim_dirs, release
     from fedshift.runtime.rundir import clear_run_dir, hold_run
     from fedshift.runtime.simulation import run_experiment
@@ -95,6 +156,9 @@ def run(
             f"string {overrides!r}; write [{overrides!r}]"
         )
     raw, source = _raw_config(config, list(overrides or []))
+    sites = None
+    if federation is not None:
+        raw, sites = _with_arrays(raw, federation)
     cells = expand_sweep(raw, source)
     if len(cells) != 1:
         keys = ", ".join(raw.get("sweep") or {})
@@ -104,14 +168,42 @@ def run(
             "key's sweep), or run the grid with fedshift run -c FILE"
         )
     cfg = resolve(cells[0], source)
+    fed = None if sites is None else build_federation(sites, cfg.dataset.params)
     [run_dir] = claim_dirs([cfg], out, exists, "fedshift.run")
     try:
         with hold_run(run_dir):
             if exists == "overwrite":
                 clear_run_dir(run_dir)
-            return run_experiment(cfg, run_dir=run_dir, progress=progress, workers=workers)
+            return run_experiment(
+                cfg, run_dir=run_dir, federation=fed, progress=progress, workers=workers
+            )
     finally:
         release([run_dir])  # a run that could not even start leaves no empty directory
+
+
+def resume(
+    run_dir: str | Path,
+    *,
+    federation: object = None,
+    rounds: int | None = None,
+    progress: bool = False,
+    workers: int | str | None = None,
+) -> RunResult:
+    """Continue a run from its last checkpoint, as ``fedshift run --resume`` does (its config
+    is checked first; ``rounds`` extends it); returns its
+    :class:`~fedshift.runtime.results.RunResult`. ``federation``: for a run started with
+    ``fedshift.run(..., federation=...)``, the same arrays again (checked against the
+    fingerprint the run recorded; a run whose data came from Python cannot resume without
+    them)."""
+    from fedshift.runtime.simulation import resume_config, resume_experiment
+
+    fed = None
+    if federation is not None:
+        cfg, _ = resume_config(run_dir, rounds)
+        fed = _arrays_federation(cfg, federation, run_dir)
+    return resume_experiment(
+        run_dir, federation=fed, progress=progress, rounds=rounds, workers=workers
+    )
 
 
 @dataclass
@@ -130,18 +222,26 @@ class LoadedRun:
     def finished(self) -> bool:
         return self.summary is not None
 
-    def rebuild(self, weights: str = "selected", allow_plugins: bool = False) -> Simulation:
+    def rebuild(
+        self, weights: str = "selected", allow_plugins: bool = False, federation: object = None
+    ) -> SavedRun:
         """The run rebuilt for evaluation from its saved state (the federation, the model and
-        every client's state at the ``selected`` round, or the ``last``):
-        :func:`~fedshift.runtime.simulation.load_finished`. Its checkpoint is read without
+        every client's state at the ``selected`` round, or the ``last``: a
+        :class:`~fedshift.runtime.saved.SavedRun`, as
+        :func:`~fedshift.runtime.simulation.load_finished` returns). Its checkpoint is read without
         running code (tensors and plain data only); a plug-in its config names
         (``module:Class``) is code, imported only with ``allow_plugins=True`` (a run
-        directory may come from anyone: :mod:`fedshift.core.consent`)."""
+        directory may come from anyone: :mod:`fedshift.core.consent`). ``federation``: the
+        arrays of a run started with ``fedshift.run(..., federation=...)``, again (checked
+        against its fingerprint)."""
         from fedshift.core.consent import allowed
-        from fedshift.runtime.simulation import load_finished
+        from fedshift.runtime.simulation import load_finished, saved_config
 
         with allowed() if allow_plugins else contextlib.nullcontext():
-            return load_finished(self.run_dir, weights=weights)
+            fed = None
+            if federation is not None:
+                fed = _arrays_federation(saved_config(self.run_dir), federation, self.run_dir)
+            return load_finished(self.run_dir, federation=fed, weights=weights)
 
 
 def _read_metrics(path: Path) -> list[dict]:

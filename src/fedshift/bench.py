@@ -66,7 +66,7 @@ from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.identity import number_config
 from fedshift.runtime.cores import share_cores
-from fedshift.runtime.parallel import ReportingSimulation, Stopped, report, run_cells
+from fedshift.runtime.parallel import RoundReport, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
 from fedshift.runtime.results import run_dir_base
 from fedshift.runtime.rundir import (
@@ -162,7 +162,7 @@ def plan(
             for k in keys
             if k not in skip and lookup(one, k) is not None
         ]
-        head = _fmt(one["algorithm"]) if "algorithm" in keys else cfg.algorithm["name"]
+        head = _fmt(one["algorithm"]) if "algorithm" in keys else cfg.algorithm.name
         label = " ".join([head, *extra])
         base = f"{run_dir_base(cfg)}-{digest}"
         cells.append(Cell(cfg, label, Path(cfg.out) / cfg.name / base, digest))
@@ -266,7 +266,7 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
     import torch
 
     from fedshift.runtime.results import write_text_atomic
-    from fedshift.runtime.simulation import make_transport
+    from fedshift.runtime.simulation import Simulation, make_transport
 
     threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)
@@ -285,7 +285,8 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
         report("start", run_dir, cfg.train.rounds)
         transport = make_transport(cfg, workers=workers)
         try:
-            sim = ReportingSimulation(cfg, path, progress=False, transport=transport)
+            hooks = [RoundReport(path, cfg.train.rounds)]
+            sim = Simulation(cfg, path, progress=False, transport=transport, hooks=hooks)
             result = sim.run(resume=status == "partial")
         finally:
             transport.close()

@@ -25,7 +25,7 @@ augment: FedAvg with it; a model: FedAvg on it):
 * a model: it subclasses :class:`~fedshift.models.base.FedModel`, names its stages, and
   ``forward(x) == head(features(x))`` with an embedding per image and a logit per class.
 
-tests/test_contract.py runs these checks on every built-in algorithm.
+tests/core/test_contract.py runs these checks on every built-in algorithm.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_state
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
-from fedshift.models import MODELS
 from fedshift.models.base import FedModel
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 
@@ -297,7 +296,7 @@ def check_one_round(cfg: RunConfig, fed: Federation | None = None) -> None:
     """One round of ``cfg``: plain, savable state; finite payloads; weights with the model's
     keys; ``server_view`` gives the personal weights the full server state gives."""
     fed = fed or tiny_federation(cfg)
-    name = cfg.algorithm["name"]
+    name = cfg.algorithm.name
     run = start(cfg, fed)
     comp = run.exp.algo
     _require(isinstance(comp, FederatedAlgorithm), f"{name}: not a FederatedAlgorithm")
@@ -332,7 +331,7 @@ def _pair(cfg: RunConfig, fed: Federation) -> tuple[Run, Composition, Experiment
     run = start(cfg, fed)
     full_round(run, 1)
     other = build_experiment(cfg, fed)
-    return run, Composition(run.exp.algo.algo, other.augments), other
+    return run, Composition(run.exp.algo.algorithm, other.augments), other
 
 
 def interleave(cfg: RunConfig, fed: Federation) -> tuple[list[str], tuple, tuple]:
@@ -352,7 +351,7 @@ def interleave(cfg: RunConfig, fed: Federation) -> tuple[list[str], tuple, tuple
         return run, comp_b, exp_b, a, b, key_b
 
     run, comp_b, exp_b, a, b, key_b = setup()
-    algo = run.exp.algo.algo
+    algo = run.exp.algo.algorithm
     before = snapshot(algo)
     seq_a = client_round(run, 2, a, run.states[a])
     seq_b = client_round(run, 2, b, run.states[key_b], comp_b, exp_b)
@@ -378,7 +377,7 @@ def check_reentrancy(cfg: RunConfig, fed: Federation | None = None) -> None:
     """``broadcast`` / ``local_update`` leave the algorithm object unchanged, and a client's
     round inside another's gives both the results of running them one after the other."""
     fed = fed or tiny_federation(cfg)
-    name = cfg.algorithm["name"]
+    name = cfg.algorithm.name
     changed, seq, got = interleave(cfg, fed)
     _require(
         not changed,
@@ -414,9 +413,9 @@ def check_model(model: str | type, *overrides: str, algorithm: str = "fedavg") -
     name = _name(model)
     cfg = tiny_cfg(algorithm, f"model.name={name}", *overrides)
     fed = tiny_federation(cfg)
-    entry = MODELS.entry(name, key="model.name")
+    cls = cfg.model.factory
     _require(
-        isinstance(entry.obj, type) and issubclass(entry.obj, FedModel),
+        isinstance(cls, type) and issubclass(cls, FedModel),
         f"{name}: not a subclass of FedModel",
     )
     built = build_experiment(cfg, fed).model

@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
@@ -215,7 +214,6 @@ def pgd_attack(
 
 
 # ----------------------------------------------------------------------------- algorithm
-@register
 class AdvProp(FedAvg):
     """FedAvg whose local steps minimise CE(clean; main BNs) + CE(PGD adversarial; aux BNs)."""
 

@@ -16,21 +16,30 @@ that it checkpoints with ``torch.save``. The algorithm object holds configuratio
 what one client's round computes and its hooks read is passed explicitly (the down payload,
 the client state, ``ctx.scratch``), so several clients' rounds may share one object.
 
-Shared mechanisms live here once: the BN policy (which state-dict keys stay on the client),
-weighted averaging of named tensors, the standard up payload (``reply``) and the local
-mini-batch loop with its hooks (``loss``, ``penalty`` for FedProx-like objectives,
-``before_step`` for gradient corrections).
+This module holds the defaults: the key lists of the BN policy, FedAvg-shaped server and
+client steps, the standard up payload (``reply``), the hooks of the local loop (``loss``,
+``penalty`` for FedProx-like objectives, ``before_step`` for gradient corrections) and
+``setup(model)``, where a subclass builds what it needs once per run (no constructor of its
+own). The mechanisms live in their own modules: :mod:`fedshift.algorithms.local_train` (the
+local mini-batch loop, optimisers, SAM), :mod:`fedshift.algorithms.tensors` (named-tensor
+copies and weighted averages) and :mod:`fedshift.algorithms.bn` (BN policy, frozen BN
+statistics).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 
+# the shared helpers live in their own modules; imported here for the algorithms (and the
+# plug-ins) that import them from ``fedshift.algorithms.base``
+from fedshift.algorithms.bn import BN_STATS, BNPolicy, bn_keys, require_bn_tensors
+from fedshift.algorithms.local_train import build_optimizer, restore_optimizer, sam_second_pass
+from fedshift.algorithms.local_train import sgd_steps as _sgd_steps
+from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.contract import Reply, State, expect
@@ -39,8 +48,11 @@ from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
 
-BNPolicy = Literal["global", "local", "stats-local"]
-BN_STATS = ("running_mean", "running_var", "num_batches_tracked")
+__all__ = [
+    "BN_STATS", "FLParams", "Algorithm", "BNPolicy", "Reply", "State", "Weighting",
+    "bn_keys", "build_optimizer", "clone", "require_bn_tensors", "require_sgd",
+    "resolve_weighting", "subset", "weighted_average",
+]  # fmt: skip
 
 Weighting = Literal["samples", "uniform"]
 
@@ -56,72 +68,6 @@ class FLParams:
     """
 
     bn_policy: BNPolicy = "global"
-
-
-# ----------------------------------------------------------------------------- BN policy
-def bn_keys(model: FedModel, policy: BNPolicy) -> list[str]:
-    """State-dict keys of ``model`` that the BN policy keeps local, in state-dict order."""
-    if policy == "global":
-        return []
-    layers = model.bn_layer_names()
-    out = []
-    for key in model.state_dict():
-        owner, _, leaf = key.rpartition(".")
-        if owner in layers and (policy == "local" or leaf in BN_STATS):
-            out.append(key)
-    return out
-
-
-def require_bn_tensors(algorithm: str, policy: BNPolicy, model: FedModel) -> None:
-    """Build-time check: a BN policy other than ``global`` must find tensors to keep local.
-
-    Without it FedBN on a model whose BatchNorm has neither affine parameters nor running
-    statistics (``model.bn=harmofl``: ``affine=False, track_running_stats=False``), or on a
-    model without BN, keeps nothing local and silently runs FedAvg."""
-    if policy == "global" or bn_keys(model, policy):
-        return
-    layers = model.bn_layer_names()
-    what = (
-        "running statistics"
-        if policy == "stats-local"
-        else "affine parameters or running statistics"
-    )
-    found = (
-        f"its {len(layers)} BN layer(s) have no {what}" if layers else "it has no batch-norm layer"
-    )
-    raise ConfigError(
-        f"algorithm {algorithm!r} with algorithm.bn_policy={policy!r} keeps BN tensors on the "
-        f"clients, but model {type(model).__name__} has none to keep: {found} (model.bn=harmofl "
-        "is BatchNorm without affine parameters or running statistics). Give this algorithm "
-        "a model with standard BN (model.bn=standard, or bn=true for the digits models), or "
-        "set algorithm.bn_policy=global"
-    )
-
-
-# ----------------------------------------------------------------------------- tensor math
-def clone(tensors: Tensors) -> Tensors:
-    return {k: v.detach().clone() for k, v in tensors.items()}
-
-
-def weighted_average(items: Sequence[tuple[float, Tensors]]) -> Tensors:
-    """``sum_i w_i t_i / sum_i w_i`` per key; integer tensors (BN counters) are rounded."""
-    if not items:
-        raise ValueError("weighted_average of no tensors")
-    total = float(sum(w for w, _ in items))
-    if total <= 0:
-        raise ValueError("weighted_average: weights sum to zero")
-    out: Tensors = {}
-    for key, ref in items[0][1].items():
-        dtype = ref.dtype if ref.is_floating_point() else torch.float64
-        acc = torch.zeros(ref.shape, dtype=dtype, device=ref.device)
-        for w, t in items:
-            acc.add_(t[key].to(acc.dtype), alpha=w / total)
-        out[key] = acc if ref.is_floating_point() else acc.round().to(ref.dtype)
-    return out
-
-
-def subset(tensors: Tensors, keys: Iterable[str]) -> Tensors:
-    return {k: tensors[k] for k in keys}
 
 
 def resolve_weighting(requested: str, algorithm: type[Algorithm]) -> Weighting:
@@ -146,40 +92,7 @@ def require_sgd(algorithm: str, why: str, train: TrainConfig) -> None:
         )
 
 
-def build_optimizer(params: list, train: TrainConfig) -> torch.optim.Optimizer:
-    """The local optimiser ``train`` asks for: SGD with ``momentum``/``weight_decay``, or Adam
-    with ``betas`` (HarmoFL's segmentation tasks: (0.9, 0.99), Sec. 4.1 / App. C) and
-    ``weight_decay``."""
-    if train.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
-        )
-    return torch.optim.Adam(
-        params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay
-    )
-
-
-def _freeze_bn_stats(model: torch.nn.Module) -> list[tuple[torch.nn.Module, float | None]]:
-    """Stop BN layers from updating running statistics (the second SAM pass must not count)."""
-    saved = []
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
-            saved.append((m, m.momentum))
-            m.momentum = 0.0
-    return saved
-
-
-def _restore_bn_stats(model: torch.nn.Module, saved: list) -> None:
-    for m, momentum in saved:
-        m.momentum = momentum
-        m.num_batches_tracked.sub_(1)
-
-
 # ----------------------------------------------------------------------------- the contract
-def _scalar(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() == 0
-
-
 class Algorithm:
     """Base class. Subclasses override the hooks they need; see FedAvg for the plain flow."""
 
@@ -224,6 +137,13 @@ class Algorithm:
         self.shared_param_keys: list[str] = [k for k in self.shared_keys if k in params_named]
         #: shared keys that are buffers (BN running statistics): always plainly averaged
         self.shared_buffer_keys: list[str] = [k for k in self.shared_keys if k not in params_named]
+        self.setup(model)
+
+    def setup(self, model: FedModel) -> None:
+        """Build what the algorithm needs beyond the base's key lists, once per run, from the
+        (wrapped) initial model: called at the end of the constructor, with ``params``,
+        ``train``, ``federation``, ``num_clients``, ``local_keys`` and ``shared_keys`` set.
+        Override it instead of ``__init__`` (nothing by default)."""
 
     #: SAM radius rho for the local steps (None: plain steps). FedSAM and HarmoFL set it.
     sam_rho: float | None = None
@@ -338,11 +258,8 @@ class Algorithm:
         return [p for p in ctx.model.parameters() if p.requires_grad]
 
     def make_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.Optimizer:
-        t = self.train
-        opt = build_optimizer(self.trainable(ctx), t)
-        if t.optimizer_state == "persist" and "optimizer" in state:
-            opt.load_state_dict(state["optimizer"])
-        return opt
+        opt = build_optimizer(self.trainable(ctx), self.train)
+        return restore_optimizer(opt, state, "optimizer", self.train)
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Local objective on one batch: the task's loss (cross-entropy, or the segmentation
@@ -365,50 +282,17 @@ class Algorithm:
         the round's values, e.g. SCAFFOLD's correction, are in ``ctx.scratch``)."""
 
     def local_train(self, ctx: ClientContext, state: State) -> tuple[int, float]:
-        """Run the round's local mini-batch steps; returns (steps taken, mean loss)."""
-        model = ctx.model
-        model.train()
-        opt = self.make_optimizer(ctx, state)
-        expect(opt, torch.optim.Optimizer, self, "make_optimizer", "a torch.optim.Optimizer")
-        total = torch.zeros((), device=ctx.device)
-        steps = 0
-        for x, y in ctx.batches():
-            opt.zero_grad(set_to_none=True)
-            loss = expect(self.loss(ctx, x, y), _scalar, self, "loss", "a scalar tensor")
-            loss.backward()
-            if self.sam_rho:
-                self.sam_second_pass(ctx, x, y, self.sam_rho)
-            self.before_step(ctx)
-            opt.step()
-            total += loss.detach()
-            steps += 1
-        if self.train.optimizer_state == "persist":
-            state["optimizer"] = opt.state_dict()
-        return steps, float(total) / max(steps, 1)
+        """Run the round's local mini-batch steps; returns (steps taken, mean loss). Default:
+        :func:`fedshift.algorithms.local_train.sgd_steps` (``loss``, the SAM pass when
+        ``sam_rho`` is set, ``before_step``, one optimiser step per mini-batch)."""
+        return _sgd_steps(self, ctx, state)
 
     def sam_second_pass(
         self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, rho: float
     ) -> None:
-        """Sharpness-aware step (Foret et al., ICLR 2021, Eq. 2; HarmoFL's weight perturbation,
-        Jiang et al., AAAI 2022, Eq. 6-7). With the gradient g at w already in ``.grad``:
-        epsilon = rho * g / ||g|| (one norm over all parameters), then the gradient is taken
-        again at w + epsilon and left in ``.grad`` while the weights go back to w, so the
-        optimiser applies the perturbed gradient at w. BN running statistics are not updated
-        by the second forward pass."""
-        params = [p for p in ctx.model.parameters() if p.grad is not None]
-        norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
-        scale = rho / (norm + 1e-12)
-        saved = [p.detach().clone() for p in params]  # exact restore: (w + e) - e != w in float
-        with torch.no_grad():
-            for p in params:
-                p.add_(p.grad * scale)
-        bn_momenta = _freeze_bn_stats(ctx.model)
-        ctx.model.zero_grad(set_to_none=True)
-        self.loss(ctx, x, y).backward()
-        _restore_bn_stats(ctx.model, bn_momenta)
-        with torch.no_grad():
-            for p, w in zip(params, saved, strict=True):
-                p.copy_(w)
+        """The sharpness-aware second pass of a local step
+        (:func:`fedshift.algorithms.local_train.sam_second_pass`)."""
+        sam_second_pass(self, ctx, x, y, rho)
 
     # -- evaluation ------------------------------------------------------------------------
     def global_weights(self, server: State) -> Tensors | None:

@@ -57,11 +57,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, Reply, State, clone, subset
+from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
-from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
@@ -171,7 +170,6 @@ def spreadout_step(
 
 
 # ----------------------------------------------------------------------------- algorithm
-@register
 class FedAwS(FedAvg):
     """FedAvg of the encoder + positive-only client loss + spreadout of W at the server."""
 
@@ -192,15 +190,7 @@ class FedAwS(FedAvg):
         }
         return model
 
-    def __init__(
-        self,
-        params: Any,
-        train: TrainConfig,
-        federation: FederationConfig,
-        model: FedModel,
-        num_clients: int,
-    ) -> None:
-        super().__init__(params, train, federation, model, num_clients)
+    def setup(self, model: FedModel) -> None:
         self.w_key = class_embedding_key(model)
         holders = getattr(model, "fedaws_holders", None)
         if holders is None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedshift.algorithms.base import BNPolicy, FLParams
+from fedshift.algorithms.base import FLParams
+from fedshift.algorithms.bn import BNPolicy
 from fedshift.algorithms.fedavg import FedAvg
 
 

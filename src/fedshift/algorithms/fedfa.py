@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedshift.algorithms import register
 from fedshift.algorithms.fedavg import FedAvg
 
 
-@register
 class FedFA(FedAvg):
     """FedAvg + federated feature augmentation (FFA layers with shared variances)."""
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedshift.algorithms.base import Reply, State, require_sgd, subset
+from fedshift.algorithms.base import Reply, State, require_sgd
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
+from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext

@@ -38,16 +38,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from fedshift.algorithms import register
-from fedshift.algorithms.base import (
-    Algorithm,
-    FLParams,
-    Reply,
-    State,
-    bn_keys,
-    clone,
-    subset,
-)
+from fedshift.algorithms.base import Algorithm, FLParams, Reply, State
+from fedshift.algorithms.bn import bn_keys
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
@@ -124,7 +117,6 @@ def prototype_regulariser(
     return reg / z.shape[1] if form == "mse" else reg
 
 
-@register
 class FedProto(Algorithm):
     """Federated prototype learning: personal models, shared class prototypes."""
 

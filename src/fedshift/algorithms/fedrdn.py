@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedshift.algorithms import register
 from fedshift.algorithms.fedavg import FedAvg
 
 
-@register
 class FedRDNAlgorithm(FedAvg):
     """FedAvg + random normalisation with federation statistics."""
 

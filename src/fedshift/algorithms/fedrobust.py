@@ -47,7 +47,6 @@ from typing import Literal
 
 import torch
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
@@ -100,7 +99,6 @@ def _project(t: torch.Tensor, centre: torch.Tensor | float, radius: float) -> No
             t.copy_(centre + diff * (radius / norm))
 
 
-@register
 class FedRobust(FedAvg):
     """FedAvg whose clients train against their own learned affine input shift (local SGDA)."""
 

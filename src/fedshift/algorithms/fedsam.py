@@ -9,11 +9,11 @@ HarmoFL's weight perturbation: :meth:`fedshift.algorithms.base.Algorithm.sam_sec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
+from fedshift.models.base import FedModel
 
 
 @dataclass
@@ -27,6 +27,5 @@ class FedSAM(FedAvg):
     name = "fedsam"
     Params = FedSAMParams
 
-    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(params, *args, **kwargs)
-        self.sam_rho = params.rho
+    def setup(self, model: FedModel) -> None:
+        self.sam_rho = self.params.rho

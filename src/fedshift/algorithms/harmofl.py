@@ -35,12 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedshift.algorithms import register
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
+from fedshift.models.base import FedModel
 
 
 @dataclass
@@ -53,7 +53,6 @@ class HarmoFLParams(FLParams):
     amplitude_norm: bool = True
 
 
-@register
 class HarmoFL(FedAvg):
     """FedAvg + amplitude normalisation (ampnorm augment) + weight-perturbed (SAM) local steps."""
 
@@ -62,9 +61,8 @@ class HarmoFL(FedAvg):
     #: Alg. 1 line 16 with the equal-sized (truncated) clients of Sec. 4.1: p_i = 1/N
     paper_weighting: ClassVar[str] = "uniform"
 
-    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(params, *args, **kwargs)
-        self.sam_rho = params.rho if params.perturbation else None
+    def setup(self, model: FedModel) -> None:
+        self.sam_rho = self.params.rho if self.params.perturbation else None
 
     @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:

@@ -56,9 +56,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, clone
+from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
@@ -138,7 +138,6 @@ class _Features(nn.Module):
         return self.model.features(x)
 
 
-@register
 class MOON(FedAvg):
     """FedAvg with the model-contrastive local objective."""
 

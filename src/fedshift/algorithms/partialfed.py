@@ -1,58 +1,12 @@
 """PartialFed (Sun, Huo, Yang, Bai, "PartialFed: Cross-Domain Personalized Federated Learning
 via Partial Initialization", NeurIPS 2021): PartialFed-Fix and PartialFed-Adaptive.
 
-PartialFed changes only how a client *initialises* its model at the start of a round: instead
-of loading the whole global model, it loads a subset of the global model's parameters and
-takes the rest from its own local model of the previous round (partial initialisation). It then
-trains locally and uploads the whole model; the server averages everything, as FedAvg does
-(``paper_weighting = "samples"``, inherited from FedAvg).
-
-* Round start, client i: w_i <- A_i(w_global, w_i^prev), layer by layer. In its first round a
-  client has no previous model and loads the global model entirely.
-* Local training and the upload ("weights", every shared tensor) are FedAvg's; the server's
-  average is the global model (evaluated as ``global``).
-* Each client's personalised model is its whole model after its last local update (kept in its
-  state, never sent; evaluated as ``personal``).
-
-``strategy=fix`` (PartialFed-Fix, default): a hand-designed loading strategy, the same for every
-client and round. ``local_layers`` lists what comes from w_i^prev:
-
-* ``"bn"``: every batch-norm layer (all of its tensors: affine parameters, running mean and
-  variance, counter), found through ``FedModel.bn_layer_names``;
-* a stage name of the model (``conv1``, ...): that stage's tensors (``stages.<name>.*``);
-* any other module path of the model (``classifier``, ``embed``, ``embed.fc2``, ...): the
-  tensors under it.
-
-The default ``["bn", "classifier"]`` follows the paper's findings on hand-designed strategies:
-initialising the BN layers locally helps, and so does keeping the top of the network (the
-classifier) local while loading the lower, shared feature layers from the global model. Other
-fixed strategies are one ``local_layers`` list away.
-
-``strategy=adaptive`` (PartialFed-Adaptive): the loading strategy is learned per client and per
-layer. Source of each choice: the PartialFed paper's description of the adaptive variant (a
-per-client, per-layer binary choice between the global and the local weights, relaxed so that
-the client's training loss drives it); the PartialFed paper's text is not among the papers
-shipped in ``shared/papers``, and FRAug (Sec. 4, Table 1) re-implemented PartialFed without
-code, so the relaxation and step sizes below are fedshift's, named as options:
-
-* a "layer" is a module owning shared tensors (``stages.conv1.conv``, ``stages.conv1.bn``,
-  ``classifier``, ...: :func:`layer_units`); its parameters and buffers follow one gate;
-* client i keeps a logit alpha_{i,l} per layer (its state, never sent; 0 at start: p = 1/2);
-* at the start of a round with a previous model it draws a binary Gumbel-softmax (logistic)
-  relaxation ``s_l = sigmoid((alpha_l + log u - log(1 - u)) / temperature)``, u ~ U(0, 1), and
-  the hard gate ``g_l = [s_l > 1/2]`` (1: the layer loads w_global, 0: w_i^prev):
-  ``w_l = g_l w_global,l + (1 - g_l) w_prev,l``;
-* the gate is learned with the straight-through estimator on the round's first mini-batch:
-  dL/dg_l = <dL/dw_l, w_global,l - w_prev,l> at the initialised weights (the first step's
-  gradient), dL/dalpha_l = dL/dg_l * s_l (1 - s_l) / temperature, and
-  ``alpha_l <- alpha_l - strategy_lr * dL/dalpha_l``.
-
-So a layer whose global weights lower the client's loss drifts towards loading globally, one
-whose own weights do drifts towards staying local, and a layer where both agree keeps its
-logit. The last hard gates are in the client state (``gates``) for inspection.
-
-``bn_policy`` composes with both: tensors the policy keeps local (FedBN) are never sent at all,
-and ``local_layers`` / the gates then choose among the shared tensors.
+A client starts each round from a partial initialisation ``w_i <- A_i(w_global, w_i^prev)``,
+layer by layer, then trains and uploads as FedAvg does; its personal model is its whole model
+after its last update. ``strategy=fix``: the layers ``local_layers`` come from ``w_i^prev``;
+``strategy=adaptive``: a per-client, per-layer gate learned through a relaxed binary choice
+(straight-through on the round's first mini-batch; fedshift's relaxation, the paper's text
+not being available). docs/METHODS.md ("Implementation notes per method") has the details.
 """
 
 from __future__ import annotations
@@ -62,11 +16,12 @@ from typing import Any, Literal
 
 import torch
 
-from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, bn_keys, clone, subset
+from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
-from fedshift.core.config import FederationConfig, TrainConfig
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
@@ -131,7 +86,6 @@ def relaxed_gates(
     return soft, (soft > 0.5).double()
 
 
-@register
 class PartialFed(FedAvg):
     """FedAvg with partial initialisation from the client's previous local model: a fixed
     per-layer strategy (Fix) or a learned one per client (Adaptive)."""
@@ -149,15 +103,8 @@ class PartialFed(FedAvg):
                 "name the layers to initialise locally (e.g. [bn, classifier])"
             )
 
-    def __init__(
-        self,
-        params: Any,
-        train: TrainConfig,
-        federation: FederationConfig,
-        model: FedModel,
-        num_clients: int,
-    ) -> None:
-        super().__init__(params, train, federation, model, num_clients)
+    def setup(self, model: FedModel) -> None:
+        params = self.params
         shared = set(self.shared_keys)
         #: Fix: shared keys that a client initialises from its own previous model
         self.partial_keys: list[str] = (

@@ -30,9 +30,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fedshift.algorithms import register
-from fedshift.algorithms.base import FLParams, State, build_optimizer, clone, subset
+from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.local_train import build_optimizer
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload, Tensors
@@ -47,7 +48,6 @@ class PFedAvgParams(FLParams):
     finetune_lr: float | None = bounded(None, gt=0)  # step size of the fine-tuning (None: train.lr)
 
 
-@register
 class FedAvgFT(FedAvg):
     """FedAvg, evaluated per client after local fine-tuning of the received global model."""
 

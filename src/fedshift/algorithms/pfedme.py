@@ -50,8 +50,9 @@ from typing import Any, Literal
 
 import torch
 
-from fedshift.algorithms import register
-from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, clone, require_sgd, subset
+from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, require_sgd
+from fedshift.algorithms.local_train import run_steps
+from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
@@ -110,7 +111,6 @@ def blend(previous: torch.Tensor, average: torch.Tensor, beta: float) -> torch.T
     return (1.0 - beta) * previous + beta * average
 
 
-@register
 class PFedMe(Algorithm):
     """Personalised FL with Moreau envelopes."""
 
@@ -158,17 +158,17 @@ class PFedMe(Algorithm):
         model.train()
         theta = [q for q in model.parameters() if q.requires_grad]  # the working weights
         w = [q.detach().clone() for q in theta]  # w_{i,0} = w_t
-        total = torch.zeros((), device=ctx.device)
-        steps = 0
-        for x, y in ctx.batches():
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             for _ in range(p.k):  # K steps on the inner problem (Eq. 7), warm-started
                 model.zero_grad(set_to_none=True)
                 loss = self.loss(ctx, x, y)
                 loss.backward()
                 inner_step(theta, [q.grad for q in theta], w, p.personal_lr, p.lam, p.inner_l2)
             outer_step(w, theta, self.train.lr, p.lam)  # Eq. 8
-            total += loss.detach()
-            steps += 1
+            return loss
+
+        steps, mean_loss = run_steps(ctx, step)
         model.zero_grad(set_to_none=True)
         personal = clone(model.state_dict())  # theta_i with the BN statistics
         with torch.no_grad():
@@ -179,7 +179,7 @@ class PFedMe(Algorithm):
             state["personal"] = personal
         else:
             state["personal"] = clone(model.state_dict())
-        return self.reply(ctx, state, steps, float(total) / max(steps, 1))
+        return self.reply(ctx, state, steps, mean_loss)
 
     # -- evaluation ------------------------------------------------------------------------
     def personal_weights(self, server: State, state: State) -> Tensors | None:

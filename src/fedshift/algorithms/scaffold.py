@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fedshift.algorithms.base import FLParams, Reply, State, require_sgd, subset
+from fedshift.algorithms.base import FLParams, Reply, State, require_sgd
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext

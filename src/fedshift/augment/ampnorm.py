@@ -73,7 +73,6 @@ from typing import Any, Literal
 
 import torch
 
-from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
@@ -134,7 +133,6 @@ def rebuild(x: torch.Tensor, amplitude: torch.Tensor, dc_only: bool = False) -> 
     return torch.fft.ifft2(torch.polar(amp, phase)).real.to(x.dtype)
 
 
-@register
 class AmpNorm(Augment):
     """HarmoFL's amplitude normalisation: every client's images get one global amplitude."""
 

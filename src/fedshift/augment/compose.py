@@ -14,7 +14,7 @@ from __future__ import annotations
 from fedshift.algorithms.base import Algorithm
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
-from fedshift.core.contract import ContractError, Reply, State, expect
+from fedshift.core.contract import AlgorithmSpec, ContractError, Reply, State, expect
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -62,6 +62,11 @@ class Composition:
     @property
     def needs_setup(self) -> bool:
         return any(a.needs_setup for a in self.augments)
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The algorithm without its augments (``algo``)."""
+        return self.algo
 
     def global_weights(self, server: State) -> Tensors | None:
         w = self.algo.global_weights(server)

@@ -60,7 +60,6 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
 from fedshift.core.bounds import bounded
@@ -142,7 +141,6 @@ def pipeline_jvp(z_in: torch.Tensor, raw: torch.Tensor, v: torch.Tensor) -> torc
     return torch.zeros_like(z_in) if jv is None else jv.detach()
 
 
-@register
 class FedMix(Augment):
     """FedMix / NaiveMix under Mean Augmented FL: averaged local data shared once."""
 

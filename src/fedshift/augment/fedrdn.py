@@ -42,7 +42,6 @@ from typing import Any, Literal
 
 import torch
 
-from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounds
 from fedshift.core.errors import ConfigError
@@ -119,7 +118,6 @@ class NormParams:
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD), metadata=bounds(gt=0))
 
 
-@register
 class Norm(_ClientStats):
     """The "+norm" flow: conventional data normalisation, Eq. 4 (``NormParams``)."""
 
@@ -190,7 +188,6 @@ class _Federated(_ClientStats):
         server["std"] = torch.stack([r["fedrdn_stats"]["std"] for _, r in replies])
 
 
-@register
 class FedRDN(_Federated):
     """Random normalisation with a random client's statistics during training."""
 
@@ -219,7 +216,6 @@ class FedRDN(_Federated):
         return _normalize(x, mean.to(x.device), std.to(x.device)), y
 
 
-@register
 class FedRDNV(_Federated):
     """FedRDN-V: the federation's averaged statistics for training and test (Eq. 9)."""
 

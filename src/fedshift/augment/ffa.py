@@ -93,7 +93,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from fedshift.augment import register
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
@@ -366,7 +365,6 @@ def _zeros_ones(layers: dict[str, FFALayer], fill_std: float) -> Tensors:
     return out
 
 
-@register
 class FFA(Augment):
     """FedFA's feature augmentation layers after conv stages, with server-side variances."""
 

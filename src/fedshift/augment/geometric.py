@@ -50,7 +50,6 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from fedshift.augment import register
 from fedshift.augment.base import Augment, State
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
@@ -125,7 +124,6 @@ def flip_rotate(
     return x, y
 
 
-@register
 class FlipRotate(Augment):
     """Random horizontal flip + random rotation (FedBN's Office / DomainNet training
     transforms), per image, training only; see the module docstring."""
@@ -188,7 +186,6 @@ def rot90_flip(
     return torch.stack(xs), torch.stack(ys)
 
 
-@register
 class Rot90Flip(Augment):
     """HarmoFL's prostate MRI training augmentation (its App. C, "Prostate MRI segmentation",
     following Liu et al. 2020, MS-Net): each image is rotated by an angle drawn from

@@ -45,7 +45,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedshift.augment import register
 from fedshift.augment.base import Augment, State
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
@@ -143,7 +142,6 @@ class MixupParams:
     alpha: float = bounded(0.2, ge=0)
 
 
-@register
 class Mixup(_MixesLabels):
     """mixup (Zhang et al., ICLR 2018): convex combinations of input pairs and their labels."""
 
@@ -181,7 +179,6 @@ class _Pending:
     fire: bool = True
 
 
-@register
 class ManifoldMixup(_MixesLabels):
     """Manifold Mixup (Verma et al., ICML 2019): mixup of the representation at a random
     eligible layer, labels mixed with the same lam and permutation."""
@@ -266,7 +263,6 @@ def mixstyle(
     return (h - mu) / sig * sig_mix + mu_mix
 
 
-@register
 class MixStyle(Augment):
     """MixStyle (Zhou et al., ICLR 2021): mixes instance-level feature statistics between
     examples of a batch after early stages, training only; labels unchanged."""
@@ -338,7 +334,6 @@ def moment_exchange(
     return (h - mu) / sig * sig[perm] + mu[perm]
 
 
-@register
 class MoEx(_MixesLabels):
     """Moment exchange (Li et al., CVPR 2021): each example takes the early-layer moments of
     another; the label is lam * own + (1 - lam) * other's."""

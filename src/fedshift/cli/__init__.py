@@ -9,6 +9,7 @@ fedshift config show [-c CONFIG] [key=value ...]         the resolved config, as
 fedshift report RUN_DIR... [--out DIR]                   Markdown + HTML + CSV report of runs
 fedshift protocol cross-site|loco|sweep|rounds|...       the papers' evaluation protocols
 fedshift data build|show|fetch ...                       offline benchmarks
+fedshift data check [DATASET|CONFIG] [key=value ...]     how the sites differ: the shift report
 fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
 fedshift claims [--check] | claims collect ...           the claims ledger from results/
 fedshift export RUN_DIR --out model.pt                   the trained model as a plain state_dict
@@ -19,7 +20,7 @@ One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report)
 :mod:`fedshift.cli.export` and :mod:`fedshift.cli.docs`.
 Building the parser imports only the standard library: every handler imports what it needs
 (torch, the registries, Flower...) when it runs, so ``fedshift --help`` and a mistyped command
-answer at once. ``tests/test_cli_speed.py`` keeps it that way.
+answer at once. ``tests/cli/test_cli_speed.py`` keeps it that way.
 
 Exit codes: 0 done; 2 an error a user can fix, printed as one ``fedshift: error: ...`` line
 (a :class:`~fedshift.core.errors.FedshiftError`, or an ``OSError`` such as a full disk, a

@@ -1,4 +1,5 @@
-"""``fedshift data build|show|fetch``: build, inspect or fetch offline benchmark data."""
+"""``fedshift data build|show|fetch|check``: build, inspect or fetch offline benchmark data,
+and check a federation's data (its sites' shift report)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from fedshift.core.errors import FedshiftError
+from fedshift.cli.run import count_or
+from fedshift.core.errors import ConfigError, FedshiftError
 
 
 def _dataset_params(name: str, overrides: list[str]):
@@ -21,6 +23,13 @@ def _dataset_params(name: str, overrides: list[str]):
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
+    if args.action == "check":
+        return _check(args)
+    if args.config is not None or args.name is None:
+        raise FedshiftError(
+            f"'fedshift data {args.action}' takes a dataset name (e.g. digits) and no -c; "
+            "'fedshift data check' is the one that reads a config"
+        )
     from fedshift.data import digits
     from fedshift.data.domains import fashion
 
@@ -74,7 +83,10 @@ def _show_other(args: argparse.Namespace) -> int:
     entry, params = _dataset_params(args.name, args.overrides)
     section = {"name": args.name, **dataclasses.asdict(params)}
     fed = load_dataset(section)
-    print(json.dumps({"task": fed.task, "classes": fed.classes, "counts": fed.counts()}, indent=2))
+    shown = {"task": fed.task, "classes": fed.classes, "counts": fed.counts()}
+    if "skipped_files" in fed.info:  # what a user's folder held that is not data
+        shown["skipped_files"] = fed.info["skipped_files"]
+    print(json.dumps(shown, indent=2))
     if args.name == "brain-mri":
         from fedshift.data.medical.brain_mri import scanner_preview
 
@@ -84,18 +96,151 @@ def _show_other(args: argparse.Namespace) -> int:
     return 0
 
 
+#: config sections (and keys) that change what ``data check`` measures; a sweep over one of
+#: them is refused (``seed`` is not: the check uses the config's own seed)
+SWEPT_DATA = ("dataset", "partition", "model", "input", "federation.data_fraction")
+
+
+def _check_inputs(args: argparse.Namespace) -> tuple[str | None, list[str], str]:
+    """The config and overrides ``data check`` was given: its first word is a ``key=value``
+    override, a dataset name (``dataset.name=<it>``) or a config (a YAML file or a shipped
+    config's name); ``-c`` names a config too. Returns them and what to call the source."""
+    overrides = list(args.overrides)
+    config = args.config
+    word = args.name
+    if word is not None:
+        from fedshift.data import DATASETS
+
+        if "=" in word:
+            overrides.insert(0, word)
+        elif word in DATASETS:
+            overrides.insert(0, f"dataset.name={word}")
+        elif config is not None:
+            raise FedshiftError(
+                f"'fedshift data check {word}': {word!r} is not a dataset, and -c already "
+                f"names the config ({config}); give one config, then key=value overrides"
+            )
+        else:
+            config = word
+    return config, overrides, config or "defaults"
+
+
+def _max_per_site(text: str) -> int | None:
+    """``--max-per-site``: a whole number >= 1, or 0 / ``all`` for every image (None)."""
+    n = count_or("all", 0)(text)
+    return None if n in ("all", 0) else int(n)
+
+
+def _bare_dataset_keys(raw: dict, overrides: list[str]) -> None:
+    """A bare ``train_size=500`` (as ``data show`` takes it) is a :class:`ConfigError` that
+    names the config key ``data check`` wants: ``dataset.train_size=500``."""
+    import dataclasses
+
+    from fedshift.core.config import RunConfig, parse_override
+    from fedshift.data import DATASETS
+
+    top = {f.name for f in dataclasses.fields(RunConfig)}
+    section = raw.get("dataset")
+    name = section.get("name") if isinstance(section, dict) else None
+    if not isinstance(name, str) or name not in DATASETS:
+        return
+    params = DATASETS.entry(name).params
+    keys = {f.name for f in dataclasses.fields(params)} if params is not None else set()
+    for item in overrides:
+        key, _ = parse_override(item)
+        if "." not in key and key not in top and key in keys:
+            raise ConfigError(
+                f"config key '{key}': 'data check' takes config keys as 'fedshift run' does, "
+                f"and this is a key of dataset {name!r}: write dataset.{item}"
+            )
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``data check``: load the config's dataset (its loader's checks first), measure how the
+    sites differ and write the report (:mod:`fedshift.eval.shift_report`)."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.eval.shift_report import check
+
+    config, overrides, source = _check_inputs(args)
+    if args.model_weights:
+        overrides.append(f"model.weights={args.model_weights}")
+    raw = load_config(config, overrides)
+    _bare_dataset_keys(raw, overrides)
+    cfg = resolve(raw, source)
+    varied = [k for k in raw.get("sweep") or {} if k.split(".")[0] in SWEPT_DATA or k in SWEPT_DATA]
+    if varied:
+        raise ConfigError(
+            f"{source}: config key 'sweep.{varied[0]}': the sweep varies what 'data check' "
+            f"measures ({', '.join(varied)}), and it measures one federation: give one "
+            f"value, e.g. {varied[0]}=VALUE"
+        )
+    out = Path(args.out or Path("data-check") / cfg.dataset.name)
+    _, data, text = check(
+        cfg,
+        out,
+        model_given="model" in raw,
+        split=args.split,
+        max_per_site=args.max_per_site,
+    )
+    print(text)
+    files = ", ".join(p.name for p in sorted(out.glob("*")) if p.suffix in (".md", ".json", ".png"))
+    print(f"report folder: {out} ({files})")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``data`` to the main parser's subcommands."""
-    data = sub.add_parser("data", help="build, inspect or fetch offline benchmark data")
-    data.add_argument("action", choices=["build", "show", "fetch"])
+    data = sub.add_parser(
+        "data",
+        help="build, inspect or fetch offline benchmark data; check a federation's shift",
+        description="'check': validate a config's data and measure how its sites differ "
+        "(intensity, amplitude spectrum, feature statistics, label mix): report.md, "
+        "shift.json, montage.png and one PNG per axis in --out, and which methods address "
+        "the dominant shift. E.g. fedshift data check digits; fedshift data check -c my.yaml "
+        "dataset.size=64",
+    )
+    data.add_argument("action", choices=["build", "show", "fetch", "check"])
     data.add_argument(
         "name",
+        nargs="?",
         help="dataset ('show': any dataset, e.g. digits, brain-mri, prostate) or what to fetch "
-        "(opencv, fashion-mnist)",
+        "(opencv, fashion-mnist); 'check': a dataset, a config (YAML file or shipped name) or "
+        "a first key=value",
     )
-    data.add_argument("overrides", nargs="*", help="dataset keys, e.g. train_size=500")
+    data.add_argument(
+        "overrides",
+        nargs="*",
+        help="dataset keys, e.g. train_size=500 ('check': config keys as 'fedshift run' "
+        "takes them, e.g. dataset.train_size=500 model.name=lenet5)",
+    )
+    data.add_argument("-c", "--config", help="'check': the config whose data to check")
     data.add_argument("--force", action="store_true", help="rebuild even if cached")
-    data.add_argument("--out", help="montage PNG path for 'show'")
+    data.add_argument(
+        "--out",
+        help="montage PNG path for 'show'; report folder for 'check' (default: "
+        "data-check/<dataset>)",
+    )
+    data.add_argument(
+        "--split",
+        default="train",
+        choices=["train", "val", "test", "all"],
+        help="'check': the split whose images are measured (default: train)",
+    )
+    data.add_argument(
+        "--max-per-site",
+        type=_max_per_site,
+        default=2000,
+        metavar="N",
+        help="'check': measure a seeded sample of at most N images per site (default 2000; "
+        "0 or 'all': every image)",
+    )
+    data.add_argument(
+        "--model-weights",
+        metavar="PATH",
+        help="'check': the features axis uses this state dict (model.weights=PATH) instead "
+        "of the model's seeded random initialisation",
+    )
     data.add_argument("--cache", help="cache folder for 'fetch' (default: $FEDSHIFT_CACHE)")
     data.add_argument(
         "--apt-update",

@@ -5,7 +5,7 @@ one-line help from the dataclasses' comments and docstrings), and ``fedshift con
 A key's help is the comment on its line, else the comment block above it, else its entry in
 the class docstring (``` ``key``: what it does ```), else its range's reason; always whole
 sentences (the first one), never cut. Imports only the standard library at module level (the
-parser is built at every ``fedshift`` start; ``tests/test_cli_speed.py``).
+parser is built at every ``fedshift`` start; ``tests/cli/test_cli_speed.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ parsers and handlers of the evaluation protocols in :mod:`fedshift.protocols`.
 
 Building the parser imports nothing of the protocols (they load torch and matplotlib); each
 handler imports its protocol when it runs. The choice lists below are therefore written out
-here; ``tests/test_cli_speed.py`` checks they equal the protocols' own.
+here; ``tests/cli/test_cli_speed.py`` checks they equal the protocols' own.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fedshift.protocols.common import ProtocolResult
+    from fedshift.protocols.common import ProtocolResult, SuiteOptions
 
 #: ``--pipeline`` of cross-site (:data:`fedshift.protocols.common.PIPELINES`)
 PIPELINES = ("data", "model")
@@ -46,20 +46,25 @@ def _cmd_cross_site(args: argparse.Namespace) -> int:
     )
 
 
+def _suite_options(args: argparse.Namespace) -> SuiteOptions:
+    """The options every protocol that runs a config's grid shares."""
+    from fedshift.protocols import SuiteOptions
+
+    return SuiteOptions(
+        config=args.config,
+        overrides=tuple(args.overrides or ()),
+        workers=args.workers,
+        threads=args.threads,
+        out=args.out,
+        runs_out=args.runs,
+        progress=not args.quiet,
+    )
+
+
 def _cmd_loco(args: argparse.Namespace) -> int:
     from fedshift.protocols import loco
 
-    return _print(
-        loco(
-            args.config,
-            args.overrides,
-            args.workers,
-            args.threads,
-            args.out,
-            args.runs,
-            not args.quiet,
-        )
-    )
+    return _print(loco(_suite_options(args)))
 
 
 def _cmd_head_finetune(args: argparse.Namespace) -> int:
@@ -67,37 +72,13 @@ def _cmd_head_finetune(args: argparse.Namespace) -> int:
     from fedshift.protocols import head_finetune
 
     console()  # its progress lines between the suite's cells and the table
-    return _print(
-        head_finetune(
-            args.config,
-            args.overrides,
-            args.epochs,
-            args.workers,
-            args.threads,
-            args.out,
-            args.runs,
-            not args.quiet,
-            args.weights,
-        )
-    )
+    return _print(head_finetune(_suite_options(args), args.epochs, args.weights))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from fedshift.protocols import sweep
 
-    return _print(
-        sweep(
-            args.config,
-            args.key,
-            args.values,
-            args.overrides,
-            args.workers,
-            args.threads,
-            args.out,
-            args.runs,
-            not args.quiet,
-        )
-    )
+    return _print(sweep(_suite_options(args), args.key, args.values))
 
 
 def _cmd_rounds(args: argparse.Namespace) -> int:

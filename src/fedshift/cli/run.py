@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fedshift.cli import keys
@@ -50,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfgs = [resolve(r, source) for r in raws]
     grid_keys = [k for k in grid if k not in ("seed", "algorithm.name")]
     labels = [
-        " ".join([cfg.algorithm["name"], *(f"{k}={lookup(one, k)}" for k in grid_keys)])
+        " ".join([cfg.algorithm.name, *(f"{k}={lookup(one, k)}" for k in grid_keys)])
         for cfg, one in zip(cfgs, raws, strict=True)
     ]
     exists = "overwrite" if args.overwrite else "new" if args.new else "error"
@@ -85,17 +86,27 @@ def announce_out(config: str | None, overrides: list[str], out_flag: str | None)
     )
 
 
-def _workers(text: str) -> int | str:
-    """``--workers``: a whole number of at least 1, or ``auto``."""
-    if text == "auto":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}")
-    return n
+def count_or(word: str, minimum: int) -> Callable[[str], int | str]:
+    """An argparse ``type``: a whole number of at least ``minimum``, or ``word`` itself."""
+
+    def parse(text: str) -> int | str:
+        if text == word:
+            return text
+        try:
+            n = int(text)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number >= {minimum} or {word!r}, got {text!r}"
+            )
+        return n
+
+    return parse
+
+
+#: ``--workers``: a whole number of at least 1, or ``auto``
+_workers = count_or("auto", 1)
 
 
 def _resume_rounds(args: argparse.Namespace) -> int | None:

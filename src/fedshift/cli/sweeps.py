@@ -88,7 +88,7 @@ def _sequential(
     summaries = []
     for i, (cfg, label, path) in enumerate(zip(cfgs, labels, dirs, strict=True), 1):
         if len(cfgs) > 1 and progress:
-            print(f"[{i}/{len(cfgs)}] {cfg.algorithm['name']} seed={cfg.seed}", file=sys.stderr)
+            print(f"[{i}/{len(cfgs)}] {cfg.algorithm.name} seed={cfg.seed}", file=sys.stderr)
         with hold_run(path):
             if overwrite:
                 clear_run_dir(path)

@@ -2,7 +2,9 @@
 
 A config is a nested mapping. The fixed sections (``train``, ``federation``, ``eval``, ...)
 are dataclasses below; the ``dataset``, ``model`` and ``algorithm`` sections hold a ``name``
-plus the keys of that component's own parameter dataclass (found through the registries).
+plus the keys of that component's own parameter dataclass (found through the registries);
+:func:`fedshift.catalog.resolve` turns each into a typed
+:class:`~fedshift.core.components.Component`.
 Every error names the offending key (and the file it came from) and lists the valid choices.
 
 Values: a float key takes any number, or a string Python's ``float()`` reads (YAML 1.1 reads
@@ -40,6 +42,7 @@ from typing import Any, Literal
 import yaml
 
 from fedshift.core.bounds import bounded, bounds, check_bounds
+from fedshift.core.components import Component
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
 from fedshift.core.presets import config_file
@@ -166,14 +169,17 @@ class RunConfig:
     # "cpu", "cuda", "cuda:1", or "auto" (the GPU when there is one, else the CPU); the device
     # a run used is recorded in summary.json (runtime.device)
     device: str = "cpu"
-    dataset: dict = field(default_factory=lambda: {"name": "digits"})
-    model: dict = field(default_factory=lambda: {"name": "cnn"})
-    algorithm: dict = field(default_factory=lambda: {"name": "fedavg"})
+    # The component sections: written {name: ..., **params}; typed components
+    # (fedshift.core.components) once fedshift.catalog.resolve has checked them. A RunConfig
+    # that was never resolved names its default components only.
+    dataset: Component = field(default_factory=lambda: Component("digits"))
+    model: Component = field(default_factory=lambda: Component("cnn"))
+    algorithm: Component = field(default_factory=lambda: Component("fedavg"))
     # How the dataset's pooled examples are re-split across clients (label skew); ``none``
     # keeps the dataset's own clients (domains).
-    partition: dict = field(default_factory=lambda: {"name": "none"})
+    partition: Component = field(default_factory=lambda: Component("none"))
     # Plug-ins composed with the algorithm, in order: names or {name: ..., **params}.
-    augment: list = field(default_factory=list)
+    augment: list[Component] = field(default_factory=list)
     train: TrainConfig = field(default_factory=TrainConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     input: InputConfig = field(default_factory=InputConfig)
@@ -190,7 +196,22 @@ class RunConfig:
     sweep: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as plain data (``config.yaml``'s content): each component section as
+        ``{name, **params}`` (:meth:`Component.to_dict`), in field order."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Component):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return copy.deepcopy(value)
 
 
 COMPONENT_SECTIONS = ("dataset", "model", "algorithm", "partition")

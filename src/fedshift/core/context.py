@@ -16,8 +16,8 @@ from fedshift.core.tasks import Classification, Task
 
 if TYPE_CHECKING:  # types only: core imports nothing above it
     from fedshift.core.config import InputConfig, TrainConfig
-    from fedshift.data.base import ClientData, Split
-    from fedshift.models.base import FedModel
+    from fedshift.core.federation import ClientData, Split
+    from fedshift.core.model import FedModel
 
 
 class Normalize:

@@ -33,7 +33,8 @@ Rules both sides rely on:
   a runtime whose clients live elsewhere (Flower) evaluates personal models from the view.
 
 This module belongs to ``fedshift.core`` and imports nothing above it; the model and data
-types are named for type checkers only.
+types it names live in core too (:mod:`fedshift.core.model`, :mod:`fedshift.core.federation`),
+imported for type checkers only. The dataset contract is :mod:`fedshift.core.datasets`.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from fedshift.core.payload import Payload, Tensors
 
 if TYPE_CHECKING:  # types only: core imports nothing above it
     from fedshift.core.config import TrainConfig
-    from fedshift.data.base import ClientData, Federation
-    from fedshift.models.base import FedModel
+    from fedshift.core.federation import ClientData, Federation
+    from fedshift.core.model import FedModel
 
 #: server or client state: plain data (tensors, numbers, strings, None, nested dicts/lists)
 State = dict[str, Any]
@@ -65,6 +66,7 @@ __all__ = [
     "State",
     "Tensors",
     "check_component_class",
+    "check_params",
     "expect",
 ]
 
@@ -98,6 +100,12 @@ class FederatedAlgorithm(Protocol):
     @property
     def needs_setup(self) -> bool:
         """The one-off setup exchange runs before round 1."""
+        ...
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The configured algorithm itself (``algorithm.name``), without its augments: the
+        one accessor for what the run's algorithm is (its name, weighting, class flags)."""
         ...
 
     # -- state -------------------------------------------------------------------------------
@@ -310,18 +318,23 @@ def _callable_as(base_fn: Any, fn: Any) -> bool:
     return True
 
 
-def check_component_class(cls: type, base: type, what: str) -> None:
-    """The static part of a plug-in's contract, checked when it is registered: its
-    ``Params`` (if any) is a dataclass, and every method of ``base`` it overrides is of the
-    same kind (method, classmethod, staticmethod, property) and takes the arguments fedshift
-    passes to it. Raises :class:`ContractError` naming the member and the fix."""
-    params = getattr(cls, "Params", None)
+def check_params(params: Any, what: str) -> None:
+    """A component's ``Params`` is None or a dataclass (its config keys); else a
+    :class:`ContractError` saying so."""
     if params is not None and not (isinstance(params, type) and dataclasses.is_dataclass(params)):
         shown = params.__name__ if isinstance(params, type) else repr(params)[:60]
         raise ContractError(
             f"{what}: its Params ({shown}) must be a @dataclass whose fields are the "
             f"component's config keys, with types and defaults (see {GUIDE})"
         )
+
+
+def check_component_class(cls: type, base: type, what: str) -> None:
+    """The static part of a plug-in's contract, checked when it is registered: its
+    ``Params`` (if any) is a dataclass, and every method of ``base`` it overrides is of the
+    same kind (method, classmethod, staticmethod, property) and takes the arguments fedshift
+    passes to it. Raises :class:`ContractError` naming the member and the fix."""
+    check_params(getattr(cls, "Params", None), what)
     for name, member in vars(cls).items():
         if name.startswith("_"):
             continue

@@ -1,16 +1,27 @@
 """Name -> component registries (algorithms, datasets, models) with helpful lookup errors.
 
+Every built-in component is registered the same way, by one :meth:`Registry.add` call in its
+kind's package ``__init__`` (``ALGORITHMS.add(name, cls, Params)``, ``MODELS.add(name, cls,
+Params, description)``, ``DATASETS.add(name, load, Params, description, task=...)``): the
+name, the implementation, its parameter dataclass, a one-line description and, for a
+registry made with ``tasks`` (datasets), the task, which lives on the :class:`Entry`.
+
 A registry that accepts plug-ins (:meth:`Registry.accept_plugins`; the catalog switches it on
-for algorithms, augments and models) also finds components that are not built in, the first
-time their name is asked for:
+for algorithms, augments, models and datasets) also finds components that are not built in,
+the first time their name is asked for:
 
 * ``package.module:Class`` (a dotted attribute path after the colon is allowed): the module is
   imported, the class taken and checked to subclass the registry's base class, then
   registered under that full name, so configs, summaries and ``--resume`` name it the same;
 * a plain name that is not built in: an entry point of that name in the registry's group
-  (``fedshift.algorithms``, ``fedshift.augments``, ``fedshift.models``), declared by an
+  (``fedshift.algorithms``, ``fedshift.augments``, ``fedshift.models``,
+  ``fedshift.datasets``), declared by an
   installed package, loaded the same way. Entry points are read only for such a name, so
   built-in names never touch the installed packages' metadata.
+
+A registry whose plug-ins follow a structural contract rather than a base class (datasets:
+:class:`~fedshift.core.datasets.DatasetSpec`) passes ``plugin_entry``, which checks the
+object and makes its :class:`Entry`.
 
 A class without its own ``name`` attribute gets the name it was registered under (augment
 state and records are keyed by ``name``; two plug-ins must not share the base class's).
@@ -24,13 +35,16 @@ import difflib
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from fedshift.core import consent
+from fedshift.core.components import Component
+from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError
+from fedshift.core.yamlsafe import short_repr
 
 T = TypeVar("T")
 
@@ -52,40 +66,56 @@ class Entry(Generic[T]):
     obj: T
     params: type | None  # a dataclass describing the component's config keys
     description: str
+    #: the component's task, in a registry made with ``tasks`` (datasets), else None
+    task: str | None = None
 
 
 class Registry(Generic[T]):
     """A named collection of components. ``get`` fails with the valid choices listed."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, tasks: tuple[str, ...] | None = None) -> None:
         self.kind = kind
+        #: the tasks an entry may declare; None: entries declare none
+        self.tasks = tasks
         self._entries: dict[str, Entry[T]] = {}
         #: plug-ins: the class they must subclass and their entry-point group (None: none)
         self._base: type | None = None
         self._group: str | None = None
         self._plugins: set[str] = set()
+        self._plugin_entry: Callable[[str, Any, str], Entry[T]] | None = None
         _REGISTRIES.append(self)
 
-    def register(
-        self, name: str, params: type | None = None, description: str = ""
-    ) -> Callable[[T], T]:
-        def deco(obj: T) -> T:
-            self.add(name, obj, params, description)
-            return obj
-
-        return deco
-
-    def add(self, name: str, obj: T, params: type | None = None, description: str = "") -> None:
+    def add(
+        self,
+        name: str,
+        obj: T,
+        params: type | None = None,
+        description: str = "",
+        task: str | None = None,
+    ) -> None:
+        """Register ``obj`` under ``name`` with its ``Params`` dataclass, a one-line
+        description (default: the first line of its docstring) and, in a registry made with
+        ``tasks``, its task (one of them)."""
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} registered twice")
+        if (task is None) != (self.tasks is None) or (task is not None and task not in self.tasks):
+            want = f"task= one of {self.tasks}" if self.tasks else "no task"
+            raise ValueError(f"{self.kind} {name!r} registered with task={task!r}: needs {want}")
         doc = description or (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
-        self._entries[name] = Entry(name, obj, params, doc)
+        self._entries[name] = Entry(name, obj, params, doc, task)
 
-    def accept_plugins(self, base: type, group: str) -> None:
+    def accept_plugins(
+        self,
+        base: type,
+        group: str,
+        plugin_entry: Callable[[str, Any, str], Entry[T]] | None = None,
+    ) -> None:
         """Let :meth:`entry` load components that are not built in (see the module
         docstring): subclasses of ``base``, named ``module:Class`` or by an entry point in
-        ``group``."""
-        self._base, self._group = base, group
+        ``group``; with ``plugin_entry``, anything that function accepts (it checks the
+        loaded object against the contract ``base`` states and returns its :class:`Entry`,
+        or raises an error naming the plug-in and what is missing)."""
+        self._base, self._group, self._plugin_entry = base, group, plugin_entry
 
     def entry(self, name: str, key: str | None = None) -> Entry[T]:
         if name not in self._entries and self._base is not None:
@@ -105,6 +135,36 @@ class Registry(Generic[T]):
                 f"{where}unknown {self.kind} {name!r}{did}; valid: {', '.join(choices)}{own}"
             )
         return self._entries[name]
+
+    def component(
+        self,
+        data: Mapping[str, Any] | Component[T],
+        section: str,
+        prefix: str | None = None,
+        extra_keys: tuple[str, ...] = (),
+    ) -> Component[T]:
+        """``data`` as a typed :class:`~fedshift.core.components.Component`: one is returned
+        as it is; a ``{name: ..., **params}`` mapping has its entry looked up (``<section>.name``
+        in errors) and its other keys validated into the entry's ``Params`` (errors name keys
+        as ``<prefix>.<key>``, default: the section). ``extra_keys`` are kept aside, unchecked,
+        as :attr:`Component.extra` (the caller resolves them: a model's weights keys)."""
+        if isinstance(data, Component):
+            return data
+        if not isinstance(data, Mapping) or "name" not in data:
+            raise ConfigError(
+                f"config section '{section}' needs a 'name' key, got {short_repr(data)}"
+            )
+        entry = self.entry(str(data["name"]), key=f"{section}.name")
+        rest = {k: v for k, v in data.items() if k != "name" and k not in extra_keys}
+        prefix = prefix or section
+        if entry.params is None:
+            if rest:
+                raise unknown_key_error(f"{prefix}.{next(iter(rest))}", ["name"])
+            params = None
+        else:
+            params = build_dataclass(entry.params, rest, prefix)
+        extra = tuple((k, data[k]) for k in extra_keys if k in data)
+        return Component(entry.name, params, entry.obj, extra, entry.task)
 
     def get(self, name: str, key: str | None = None) -> T:
         return self.entry(name, key).obj
@@ -170,6 +230,11 @@ class Registry(Generic[T]):
     def _add_plugin(self, name: str, obj: Any, what: str) -> None:
         base = self._base
         assert base is not None
+        if self._plugin_entry is not None:
+            e = self._plugin_entry(name, obj, what)
+            self.add(name, e.obj, e.params, e.description, e.task)
+            self._plugins.add(name)
+            return
         if not (isinstance(obj, type) and issubclass(obj, base)):
             kind = f"class {obj.__name__!r}" if isinstance(obj, type) else type(obj).__name__
             raise ConfigError(

@@ -35,7 +35,7 @@ from torch import nn
 from fedshift.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fedshift.data.base import Split
+    from fedshift.core.federation import Split
 
 LOSSES = ("auto", "ce", "dice", "ce+dice")
 SMOOTH = 1e-5  # HarmoFL's DiceLoss smoothing

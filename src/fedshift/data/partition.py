@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fedshift.core.bounds import bounded
-from fedshift.core.config import build_dataclass, unknown_key_error
+from fedshift.core.components import Component
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
@@ -457,33 +457,35 @@ PARTITIONS.add("dirichlet", dirichlet, DirichletParams, "per-class client shares
 PARTITIONS.add("one-class", one_class, OneClassParams, "one class per client; test adds negatives")
 
 
-def apply_partition(fed: Federation, section: dict) -> Federation:
-    """Apply the resolved ``partition`` config section to a loaded federation.
+def dealt_client_names(params: object) -> list[str] | None:
+    """The clients a partition deals to, known before any data is loaded: ``clients`` of
+    them, named as :func:`_build` names them; None when its ``clients`` key leaves the count
+    to the data (``one-class``'s default: one per class) or it has none (``none``)."""
+    k = getattr(params, "clients", None)
+    return _client_names(k) if isinstance(k, int) else None
+
+
+def apply_partition(fed: Federation, section: Component | dict) -> Federation:
+    """Apply the resolved ``partition`` component (or a plain ``{name: ..., **params}``
+    section, validated first) to a loaded federation.
 
     Returns a new federation (the input's ``info`` is not changed) whose ``info`` has
     ``dh``, ``label_counts`` and ``partition``.
     """
-    entry = PARTITIONS.entry(section["name"], key="partition.name")
-    rest = {k: v for k, v in section.items() if k != "name"}
-    if entry.params is None:
-        if rest:
-            raise unknown_key_error(f"partition.{next(iter(rest))}", ["name"])
-        params = None
-    else:
-        params = build_dataclass(entry.params, rest, "partition")
+    part = PARTITIONS.component(section, "partition")
     if fed.task != "classification":
-        if entry.name != "none":
+        if part.name != "none":
             raise ConfigError(
-                f"config key 'partition.name': {entry.name!r} deals out images by class, "
+                f"config key 'partition.name': {part.name!r} deals out images by class, "
                 f"which the {fed.task} dataset {fed.name!r} does not have; use none"
             )
         info = {**fed.info, "partition": {"name": "none"}}
         return dataclasses.replace(fed, info=info)
-    out = entry.obj(fed, params)
+    out = part.factory(fed, part.params)
     counts = label_counts(out)
     info = dict(out.info)
     info["dh"] = degree_of_heterogeneity(torch.tensor(counts, dtype=torch.float64))
     info["tv_heterogeneity"] = tv_heterogeneity(torch.tensor(counts, dtype=torch.float64))
     info["label_counts"] = counts
-    info["partition"] = {"name": entry.name, **(dataclasses.asdict(params) if params else {})}
+    info["partition"] = part.to_dict()
     return dataclasses.replace(out, info=info)

@@ -177,7 +177,7 @@ def claims_page(papers: list[PaperResult], results_tables: list[str]) -> str:
         "Each paper's claims are data (`claims/<paper>.yaml`: the claim, the paper's numbers,",
         "the suite on the paper's data, the offline stand-in and its command, the metric and",
         "the comparisons). `fedshift claims` reads them with the committed runs under",
-        "`results/` and writes this page and the per-paper pages; `tests/test_claims.py`",
+        "`results/` and writes this page and the per-paper pages; `tests/eval/test_claims.py`",
         "fails when the committed pages differ from what the results give. The stand-ins are",
         "small (digits, brain-mri, Fashion-MNIST on 2 CPU cores, far fewer rounds than the",
         "papers: each row states the ratio), so a **no** says the claim does not show at this",

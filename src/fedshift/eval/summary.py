@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fedshift.core.tasks import TASKS
-from fedshift.eval.tables import component_defaults
+from fedshift.core.config import RunConfig
+from fedshift.core.payload import Ledger
+from fedshift.core.tasks import TASKS, Task
 
 SELECTION_RULE = (
     "round with the best mean validation accuracy over clients (earliest on ties); "
@@ -112,62 +115,94 @@ def build_summary(
     }
 
 
-def effective_weighting(sim) -> str:
-    """The resolved ``federation.weighting`` of a run's algorithm (``samples``/``uniform``);
-    an augment composition (``sim.algo``) holds the algorithm as ``.algo``."""
-    algo = getattr(sim.algo, "algo", sim.algo)
-    return algo.weighting
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run, as the round loop fills it at the end
+    (:meth:`~fedshift.runtime.loop.RoundLoop.run_record`): everything ``summary.json``,
+    ``ledger.json`` and ``convergence.png`` are written from (:attr:`summary`,
+    :class:`~fedshift.runtime.results.ResultFiles`)."""
 
+    config: RunConfig
+    run_dir: Path
+    #: the progress label (``fedavg s0``), the title of ``convergence.png``
+    label: str
+    task: Task
+    #: the model kinds evaluated, primary first
+    kinds: list[str]
+    clients: list[str]
+    #: the augments the algorithm implies
+    implied: list[str]
+    #: label-distribution heterogeneity of the clients (DisTrans's DH, Eq. 3-4), when known
+    dh: float | None
+    #: the aggregation weighting the algorithm used (``federation.weighting``, ``auto``
+    #: resolved)
+    weighting: str
+    model_params: int
+    model_bytes: int
+    #: the metric rows of every evaluated round (``metrics.jsonl``)
+    records: list[dict]
+    ledger: Ledger
+    #: seconds of training, over every part of a resumed run
+    wall_s: float
+    #: what the transport reports (``summary["runtime"]``), when it reports anything
+    runtime: dict | None = None
+    #: what produced the run, with its end time (:func:`fedshift.runtime.track.provenance`)
+    provenance: dict | None = None
 
-def summarize(sim) -> dict[str, Any]:
-    """The ``summary.json`` of a finished :class:`~fedshift.runtime.simulation.Simulation`."""
-    cfg = sim.cfg
-    n_params = sum(p.numel() for p in sim.model.parameters())
-    model_bytes = sum(t.numel() * t.element_size() for t in sim.model.state_dict().values())
-    meta = {
-        "algorithm": cfg.algorithm["name"],
-        "dataset": cfg.dataset["name"],
-        "model": cfg.model["name"],
-        "algorithm_config": cfg.algorithm,
-        "augment": cfg.augment,
-        "implied": list(getattr(sim, "implied", [])),
-        # the components' default keys, so a report labels what a run changed without
-        # importing the components (a plug-in's module need not be importable there)
-        "defaults": {
-            "algorithm": component_defaults(cfg.algorithm, "algorithm"),
-            "augment": {a["name"]: component_defaults(a, "augment") for a in cfg.augment},
-        },
-        "partition": cfg.partition,
-        # label-distribution heterogeneity of the clients (DisTrans's DH, Eq. 3-4), when known
-        "dh": sim.fed.info.get("dh"),
-        "seed": cfg.seed,
-        # the aggregation weighting the run used (federation.weighting, "auto" resolved)
-        "weighting": effective_weighting(sim),
-        "holdout": list(cfg.federation.holdout),
-        "data_fraction": cfg.federation.data_fraction,
-        "rounds": cfg.train.rounds,
-        "clients": sim.fed.client_names,
-        "model_params": n_params,
-        "model_bytes": model_bytes,
-        "run_dir": str(sim.run_dir),
-        # the resolved config (config.yaml's content): reports group runs by it, seeds apart
-        "config": cfg.to_dict(),
-    }
-    if cfg.model.get("weights"):  # pretrained weights: the file, its SHA-256, skipped keys
-        meta["model_weights"] = {k: v for k, v in cfg.model.items() if k.startswith("weights")}
-    totals = {"up": sim.ledger.total("up"), "down": sim.ledger.total("down")}
-    setup = sim.ledger.by_round().get(0, {})
-    meta["bytes_setup"] = sum(setup.values())
-    meta["bytes_setup_by_direction"] = setup
-    return build_summary(
-        sim.records,
-        sim.kinds,
-        meta,
-        totals,
-        sim.ledger.by_record(),
-        round(sim.wall_before, 3),
-        sim.task.name,
-    )
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        """The content of ``summary.json``: model selection and test at the selected round
+        (:func:`build_summary`), what ran, the bytes, ``runtime`` and ``provenance``."""
+        cfg = self.config
+        meta = {
+            "algorithm": cfg.algorithm.name,
+            "dataset": cfg.dataset.name,
+            "model": cfg.model.name,
+            "algorithm_config": cfg.algorithm.to_dict(),
+            "augment": [a.to_dict() for a in cfg.augment],
+            "implied": list(self.implied),
+            # the components' default keys, so a report labels what a run changed without
+            # importing the components (a plug-in's module need not be importable there)
+            "defaults": {
+                "algorithm": cfg.algorithm.defaults(),
+                "augment": {a.name: a.defaults() for a in cfg.augment},
+            },
+            "partition": cfg.partition.to_dict(),
+            "dh": self.dh,
+            "seed": cfg.seed,
+            "weighting": self.weighting,
+            "holdout": list(cfg.federation.holdout),
+            "data_fraction": cfg.federation.data_fraction,
+            "rounds": cfg.train.rounds,
+            "clients": self.clients,
+            "model_params": self.model_params,
+            "model_bytes": self.model_bytes,
+            "run_dir": str(self.run_dir),
+            # the resolved config (config.yaml's content): reports group runs by it, seeds
+            # apart
+            "config": cfg.to_dict(),
+        }
+        if cfg.model.extras.get("weights"):  # pretrained weights: the file, SHA-256, skipped keys
+            meta["model_weights"] = cfg.model.extras
+        ledger = self.ledger
+        totals = {"up": ledger.total("up"), "down": ledger.total("down")}
+        setup = ledger.by_round().get(0, {})
+        meta["bytes_setup"] = sum(setup.values())
+        meta["bytes_setup_by_direction"] = setup
+        out = build_summary(
+            self.records,
+            self.kinds,
+            meta,
+            totals,
+            ledger.by_record(),
+            round(self.wall_s, 3),
+            self.task.name,
+        )
+        if self.runtime:
+            out["runtime"] = self.runtime
+        if self.provenance is not None:
+            out["provenance"] = self.provenance
+        return out
 
 
 def load_summaries(roots) -> list[dict[str, Any]]:

@@ -195,7 +195,7 @@ def write_app(
         "project": {
             "name": name,
             "version": "1.0.0",
-            "description": f"fedshift run: {cfg.algorithm['name']} on {cfg.dataset['name']}",
+            "description": f"fedshift run: {cfg.algorithm.name} on {cfg.dataset.name}",
             "license": "Apache-2.0",
             # the code is the fedshift installed on every machine, not shipped in the app
             "dependencies": [],
@@ -499,7 +499,7 @@ class LocalDeployment:
         log=None,
     ) -> tuple[str, str, str]:
         options.nodes = options.nodes or len(self.node_configs)
-        app = write_app(self.base / f"app-{cfg.algorithm['name']}", cfg, options, str(out))
+        app = write_app(self.base / f"app-{cfg.algorithm.name}", cfg, options, str(out))
         return submit_app(app, self.home, stream=True, timeout=timeout, log=log)
 
     def kill(self, i: int) -> None:

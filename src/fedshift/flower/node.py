@@ -46,7 +46,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, set_dotted
 from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
-from fedshift.data import load_dataset
+from fedshift.data import federation_key, run_federation
 from fedshift.data.base import ClientData, Federation
 from fedshift.flower.wire import (
     pack,
@@ -148,11 +148,10 @@ _RUNTIMES: dict[tuple, NodeRuntime] = {}
 
 def _federation(cfg: RunConfig) -> Federation:
     """The node's federation, loaded once per process and dataset settings."""
-    key = json.dumps([cfg.dataset, cfg.partition, cfg.federation.data_fraction], default=str)
+    key = federation_key(cfg)
     if key not in _FEDERATIONS:
-        fed = load_dataset(cfg.dataset, cfg.partition)
         _FEDERATIONS.clear()  # one federation per process: a node serves one run at a time
-        _FEDERATIONS[key] = fed.with_train_fraction(cfg.federation.data_fraction)
+        _FEDERATIONS[key] = run_federation(cfg)
     return _FEDERATIONS[key]
 
 
@@ -176,7 +175,7 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
         if settings.client not in fed.client_names:
             raise ConfigError(
                 f"SuperNode --node-config client={settings.client!r}: the dataset this node "
-                f"loaded ({cfg.dataset['name']}) has clients {fed.client_names}"
+                f"loaded ({cfg.dataset.name}) has clients {fed.client_names}"
             )
         cid = settings.client
     elif settings.partition is not None:
@@ -295,7 +294,7 @@ def hello(msg: Message, context: Context) -> Message:
         "client": rt.cid,
         "index": rt.index,
         "trains": rt.trains,
-        "dataset": rt.cfg.dataset["name"],
+        "dataset": rt.cfg.dataset.name,
         "task": fed.task,
         "classes": list(fed.classes),
         "input_shape": [int(s) for s in fed.input_shape],

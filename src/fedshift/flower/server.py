@@ -36,9 +36,9 @@ class FlowerServer:
         progress: bool = True,
         gate: SignalGate | None = None,
     ) -> None:
-        if cfg.algorithm["name"] in ("local", "central"):
+        if cfg.algorithm.name in ("local", "central"):
             raise ConfigError(
-                f"config key 'algorithm.name': {cfg.algorithm['name']!r} exchanges nothing "
+                f"config key 'algorithm.name': {cfg.algorithm.name!r} exchanges nothing "
                 "between clients and server; run it with `fedshift run`, not on Flower"
             )
         self.cfg = cfg
@@ -69,7 +69,10 @@ class FlowerServer:
             gate=gate,
         )
         try:
-            self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
-        except Caught as caught:  # while waiting for the nodes: nothing ran, nothing to save
-            raise RunSignal(caught.signum, self.run_dir, None, hint) from None
-        return self.loop.run(resume=resume, stop_after=stop_after)
+            try:
+                self.loop = RoundLoop(self.cfg, self.run_dir, transport, self.progress, options)
+            except Caught as caught:  # while waiting for the nodes: nothing ran, nothing to save
+                raise RunSignal(caught.signum, self.run_dir, None, hint) from None
+            return self.loop.run(resume=resume, stop_after=stop_after)
+        finally:
+            transport.close()

@@ -4,7 +4,7 @@ The ServerApp (:class:`~fedshift.flower.server.FlowerServer`) runs in this proce
 client is a virtual SuperNode whose ClientApp runs in Flower's Ray backend (``engine=ray``)
 or, for debugging without Ray, in this process (``engine=in-process``, :mod:`.inprocess`).
 The virtual node ``partition-id=k`` is the k-th client of the federation. With the same seed
-the run ends with the metrics of ``fedshift run`` (tested: ``tests/test_flower.py``).
+the run ends with the metrics of ``fedshift run`` (tested: ``tests/runtime/test_same_run.py``).
 
 SIGINT and SIGTERM stop a simulation on either engine as they stop ``fedshift run``: the
 round in progress is rolled back, the last whole round saved, and the command exits 130 /
@@ -32,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
-from fedshift.data import load_dataset
+from fedshift.data import client_names as dataset_client_names
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
 from fedshift.flower.transport import refuse_native_state
@@ -69,8 +69,10 @@ def build_server_app(
 
 
 def client_names(cfg: RunConfig) -> list[str]:
-    """The federation's clients (held-out ones too): one SuperNode each."""
-    return load_dataset(cfg.dataset, cfg.partition).client_names
+    """The federation's clients (held-out ones too): one SuperNode each; named from the
+    config's dataset and partition parameters where they name them (nothing is loaded),
+    else by loading the dataset (:func:`fedshift.data.client_names`)."""
+    return dataset_client_names(cfg.dataset, cfg.partition)
 
 
 def simulate(

@@ -330,6 +330,9 @@ class GridTransport:
             "eval_bytes": self.eval_bytes,
         }
 
+    def close(self) -> None:
+        """Nothing to stop: the Grid (and its SuperNodes) belong to the ServerApp."""
+
 
 def check_federation(infos: list[ClientInfo]) -> None:
     """Refuse, before round 1, a run whose SuperNodes do not cover the config's federation:

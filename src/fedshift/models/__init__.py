@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fedshift.core.bounds import bounded
+from fedshift.core.components import Component
 from fedshift.core.errors import ConfigError
 from fedshift.core.memory import check_fits, human_bytes
 from fedshift.core.registry import Registry
@@ -61,12 +63,17 @@ MODEL_INPUTS = {"cnn": (3, 28, 28), "digitmodel": (3, 28, 28), "lenet5": (3, 28,
 
 
 def build_model(
-    section: dict, num_classes: int, input_shape: tuple[int, ...], task: str = "classification"
+    section: Component | dict,
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    task: str = "classification",
 ) -> FedModel:
-    """Instantiate the model of a resolved ``model`` config section for this dataset, with
-    the pretrained weights of ``model.weights`` if set (:mod:`fedshift.models.weights`)."""
-    name = section["name"]
-    why = MODELS.get(name).check_input(tuple(input_shape), task)
+    """Instantiate the resolved ``model`` component (or a plain ``{name: ..., **params}``
+    section, validated first) for this dataset, with the pretrained weights of
+    ``model.weights`` if set (:mod:`fedshift.models.weights`)."""
+    component = MODELS.component(section, "model", extra_keys=WEIGHT_KEYS)
+    name, cls = component.name, component.factory
+    why = cls.check_input(tuple(input_shape), task)
     if why is not None:
         raise ConfigError(
             f"config key 'model.name': model {name!r} cannot take this dataset's "
@@ -80,9 +87,8 @@ def build_model(
             f"{'x'.join(map(str, expected))} but the dataset gives "
             f"{'x'.join(map(str, input_shape))}; choose a model for this dataset"
         )
-    params = {k: v for k, v in section.items() if k != "name" and k not in WEIGHT_KEYS}
+    params = dataclasses.asdict(component.params) if component.params is not None else {}
     kwargs = {"num_classes": num_classes, "in_channels": input_shape[0], **params}
-    cls = MODELS.get(name)
     size = _model_bytes(cls, kwargs)
     if size is not None:  # weights, gradients, optimizer state and the server's copy
         keys = ", ".join(f"model.{k}={v}" for k, v in params.items())
@@ -92,9 +98,10 @@ def build_model(
             "lower its size keys (model.width...) or choose a smaller model (fedshift list)",
         )
     model = cls(**kwargs)
-    if section.get("weights"):
+    weights = component.extras
+    if weights.get("weights"):
         # pretrained weights replace the seeded initial ones before anything wraps the model
-        load_weights(model, section, name)
+        load_weights(model, weights, name)
     return model
 
 

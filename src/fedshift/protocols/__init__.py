@@ -20,7 +20,8 @@
   not imported here, so importing this package does not load the runtime.
 
 ``common.py`` holds what they share (:class:`ProtocolResult`, the output files, run labels,
-:func:`load_run`, running a config's grid as a cached suite).
+:func:`load_run`, :class:`SuiteOptions`: how :func:`loco`, :func:`sweep` and
+:func:`head_finetune` read a config and run its grid as a cached suite).
 
 The functions are re-exported here under the names of their modules, so
 ``fedshift.protocols.sweep`` is the *function*; import a module's other names from the module
@@ -33,6 +34,7 @@ from fedshift.protocols.common import (
     PIPELINES,
     SPLITS,
     ProtocolResult,
+    SuiteOptions,
     load_run,
     run_label,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "PIPELINES",
     "SPLITS",
     "ProtocolResult",
+    "SuiteOptions",
     "cross_site",
     "features_of",
     "finetune_head",

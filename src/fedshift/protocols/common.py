@@ -36,7 +36,7 @@ KINDS = ("personal", "global")
 #: ``cross-site --kind``: the evaluated kinds plus ``local`` (FedRDN's Table 3)
 CROSS_SITE_KINDS = (*KINDS, "local")
 DASH = "—"
-_MISSING = object()
+MISSING = object()
 
 
 @dataclass
@@ -50,13 +50,13 @@ class ProtocolResult:
     files: dict[str, Path] = field(default_factory=dict)
 
 
-def _pct(x: float | None) -> str:
+def percent(x: float | None) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return DASH
     return f"{100 * x:.2f}"
 
 
-def _pm(values: list[float]) -> str:
+def mean_std_text(values: list[float]) -> str:
     """``mean ± std`` in % (``± n/a`` for one seed: :func:`fedshift.eval.tables.mean_std_cell`);
     a dash for none or NaN."""
     if not values or any(isinstance(v, float) and math.isnan(v) for v in values):
@@ -77,7 +77,7 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _out_dir(out: str | Path | None, name: str) -> Path:
+def output_dir(out: str | Path | None, name: str) -> Path:
     path = Path(out) if out is not None else Path(f"protocol-{name}")
     if path.exists() and not path.is_dir():
         raise FedshiftError(f"--out {path} exists and is not a folder; choose another path")
@@ -85,23 +85,23 @@ def _out_dir(out: str | Path | None, name: str) -> Path:
     return path
 
 
-def _save(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, Path]:
+def save_outputs(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, Path]:
     md, js = out / f"{name}.md", out / f"{name}.json"
     write_text_atomic(md, f"# {title}\n\n{text}\n")
     write_text_atomic(js, json.dumps(_jsonable(data), indent=2) + "\n")
     return {"md": md, "json": js}
 
 
-def _lookup_missing(tree: dict, dotted: str) -> Any:
-    return lookup(tree, dotted, _MISSING)
+def lookup_or_missing(tree: dict, dotted: str) -> Any:
+    return lookup(tree, dotted, MISSING)
 
 
-def _run_meta(sim) -> dict[str, Any]:
+def run_meta(sim) -> dict[str, Any]:
     """The summary-like fields :func:`flow_label` reads, from a rebuilt run."""
     return {
-        "algorithm": sim.cfg.algorithm["name"],
-        "algorithm_config": sim.cfg.algorithm,
-        "augment": sim.cfg.augment,
+        "algorithm": sim.cfg.algorithm.name,
+        "algorithm_config": sim.cfg.algorithm.to_dict(),
+        "augment": [a.to_dict() for a in sim.cfg.augment],
         "implied": list(sim.implied),
     }
 
@@ -151,7 +151,7 @@ def _committed_from(path: Path) -> str | None:
     return meta.get("committed") if isinstance(meta, dict) else None
 
 
-def _setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
+def setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     """The config's own sweep keys that the (algorithm, flow) label does not already say and
     that seeds do not average over: they become a ``setting`` column."""
     skip = set(exclude)
@@ -165,66 +165,97 @@ def _setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     ]
 
 
-def _label_rows(summaries: list[dict], columns: Iterable[str] = ()) -> None:
+def label_rows(summaries: list[dict], columns: Iterable[str] = ()) -> None:
     """Group the runs of a protocol's table into rows (:func:`~fedshift.eval.tables.
     group_flows`, as every table of fedshift): the keys of the ``setting`` column
-    (:func:`_with_settings`) and the table's own ``columns`` are left out of the flow labels;
+    (:func:`with_settings`) and the table's own ``columns`` are left out of the flow labels;
     any other key in which the runs differ makes rows of its own."""
     shown = tuple(summaries[0].get("_shown", ())) if summaries else ()
     group_flows(summaries, shown=(*shown, *columns))
 
 
-def _row_key(s: dict) -> tuple[str, str, str]:
-    """(algorithm, flow, setting) of a run, after :func:`_label_rows`."""
+def row_key(s: dict) -> tuple[str, str, str]:
+    """(algorithm, flow, setting) of a run, after :func:`label_rows`."""
     return (s["_flow"].algorithm, s["_flow"].label, s.get("_setting", ""))
 
 
-def _row_order(key: tuple[str, str, str]) -> tuple:
+def row_order(key: tuple[str, str, str]) -> tuple:
     algo, flow, setting = key
     return (algo, flow != "base", flow, setting)
 
 
 # ============================================================================ suites
-def _expand(raw: dict, source: str) -> list:
+def expand_configs(raw: dict, source: str) -> list:
     from fedshift.catalog import resolve
     from fedshift.core.config import expand_sweep
 
     return [resolve(one, source) for one in expand_sweep(raw, source)]
 
 
-def _run_cells(
-    raw: dict,
-    suite_path: Path,
-    runs_out: str | None,
-    workers: int | None,
-    threads: int | None,
-    progress: bool,
-    reuse: bool = True,
-) -> list[dict]:
-    """Write the expanded suite, run it through bench (cached cells) and return the summaries,
-    each with ``_cfg`` = its cell's resolved config dict. ``reuse``: take cells committed in
-    ``results/`` (a protocol that loads the cells' models passes False)."""
-    from fedshift.bench import plan, run_suite
+@dataclass(frozen=True)
+class SuiteOptions:
+    """How a protocol that runs a config's grid as a bench suite (:func:`~fedshift.protocols.
+    loco`, :func:`~fedshift.protocols.sweep`, :func:`~fedshift.protocols.head_finetune`)
+    reads the config and runs the suite: one value instead of seven arguments.
 
-    write_text_atomic(suite_path, yaml.safe_dump(raw, sort_keys=False))
-    cells = plan(suite_path, None, runs_out, threads)
-    summaries = run_suite(
-        suite_path,
-        None,
-        out=runs_out,
-        workers=workers,
-        progress=progress,
-        threads=threads,
-        reuse=reuse,
-    )
-    for c, s in zip(cells, summaries, strict=True):
-        if Path(s["run_dir"]) != c.run_dir:  # run_suite keeps plan order; never mix them up
-            raise FedshiftError(f"suite cell {c.run_dir} returned the summary of {s['run_dir']}")
-        s["_cfg"] = c.cfg.to_dict()
-    return summaries
+    ``config``: a YAML file or a shipped config's name (None: the defaults), with the
+    ``key=value`` ``overrides``; ``workers`` / ``threads``: as ``fedshift bench`` (None: its
+    defaults); ``out``: the protocol's output folder (default ``./protocol-<name>``);
+    ``runs_out``: where the suite's runs go (default: the config's ``out``); ``progress``:
+    print the suite's progress."""
+
+    config: str | Path | None = None
+    overrides: tuple[str, ...] = ()
+    workers: int | None = None
+    threads: int | None = None
+    out: str | Path | None = None
+    runs_out: str | None = None
+    progress: bool = True
+
+    @property
+    def source(self) -> str:
+        """The config's name in messages."""
+        return str(self.config) if self.config else "defaults"
+
+    def load(self) -> dict:
+        """The raw config, overrides applied."""
+        from fedshift.core.config import load_config
+
+        return load_config(self.config, list(self.overrides))
+
+    def output_dir(self, name: str) -> Path:
+        """The protocol's output folder (made if missing)."""
+        return output_dir(self.out, name)
+
+    def run_cells(self, raw: dict, suite_path: Path, reuse: bool = True) -> list[dict]:
+        """Write the expanded suite ``raw`` to ``suite_path``, run it through bench (cached
+        cells) and return the summaries, each with ``_cfg`` = its cell's resolved config dict.
+        ``reuse``: take cells committed in ``results/`` (a protocol that loads the cells'
+        models passes False)."""
+        from fedshift.bench import plan, run_suite
+
+        write_text_atomic(suite_path, yaml.safe_dump(raw, sort_keys=False))
+        cells = plan(suite_path, None, self.runs_out, self.threads)
+        summaries = run_suite(
+            suite_path,
+            None,
+            out=self.runs_out,
+            workers=self.workers,
+            progress=self.progress,
+            threads=self.threads,
+            reuse=reuse,
+        )
+        for c, s in zip(cells, summaries, strict=True):
+            if Path(s["run_dir"]) != c.run_dir:  # run_suite keeps plan order; never mix them
+                raise FedshiftError(
+                    f"suite cell {c.run_dir} returned the summary of {s['run_dir']}"
+                )
+            s["_cfg"] = c.cfg.to_dict()
+        return summaries
 
 
-def _with_settings(summaries: list[dict], keys: list[str]) -> None:
+def with_settings(summaries: list[dict], keys: list[str]) -> None:
     for s in summaries:
-        s["_setting"] = " ".join(f"{k}={short_value(_lookup_missing(s['_cfg'], k))}" for k in keys)
+        shown = (f"{k}={short_value(lookup_or_missing(s['_cfg'], k))}" for k in keys)
+        s["_setting"] = " ".join(shown)
         s["_shown"] = tuple(keys)

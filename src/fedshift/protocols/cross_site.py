@@ -9,11 +9,10 @@ training, FedRDN Sec. 4.4 / Table 3) instead of the aggregated or personalised o
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -30,13 +29,16 @@ from fedshift.protocols.common import (  # noqa: E402
     PIPELINES,
     SPLITS,
     ProtocolResult,
-    _out_dir,
-    _pct,
-    _run_meta,
-    _save,
     load_run,
+    output_dir,
+    percent,
     run_label,
+    run_meta,
+    save_outputs,
 )
+
+if TYPE_CHECKING:
+    from fedshift.runtime.saved import SavedRun
 
 
 @torch.no_grad()
@@ -75,7 +77,44 @@ def cross_site(
     if split not in SPLITS:
         raise FedshiftError(f"--split {split!r}: choose one of {', '.join(SPLITS)}")
     sim = load_run(run_dir, weights)
-    kind = kind or sim.kinds[0]
+    kind = _checked_kind(sim, run_dir, kind or sim.kinds[0])
+    mats = _matrices(sim, kind, split, pipeline, progress)
+    clients = sim.fed.client_names
+    primary = sim.task.primary
+    mat = mats[primary.name]
+    st = matrix_stats(mat)
+    meta = run_meta(sim)
+    at = f"round {sim.round}" if kind != "local" else f"local update {sim.round + 1}"
+    caption = (
+        f"Cross-site {split} {primary.label} (%) of {run_label(meta)} ({kind} models, {at}), "
+        f"data through the {pipeline}'s client's input pipeline"
+    )
+    note = _note(st, kind, split, pipeline, weights, sim.round)
+    text = f"{caption}:\n\n{_table(mat, st, clients)}\n\n_{note}_"
+    data = {
+        "weights": weights,
+        "protocol": "cross-site",
+        "run_dir": str(run_dir),
+        **meta,
+        "flow": flow_label(meta),
+        "kind": kind,
+        "split": split,
+        "pipeline": pipeline,
+        "round": sim.round,
+        "clients": clients,
+        "metric": primary.name,
+        "metric_labels": {m.name: m.label for m in sim.task.metrics},
+        "matrices": mats,
+        "stats": {m: matrix_stats(v) for m, v in mats.items()},
+    }
+    outp = output_dir(out, "cross-site")
+    files = save_outputs(outp, "cross-site", "Cross-site evaluation", text, data)
+    files["png"] = _heatmap(mat, clients, caption, outp / "cross-site.png")
+    return ProtocolResult("cross-site", text, data, files)
+
+
+def _checked_kind(sim: Any, run_dir: str | Path, kind: str) -> str:
+    """``kind`` if the run has such models (``local``: every client trains)."""
     if kind == "local":
         if not sim.train_clients or any(c not in sim.train_clients for c in sim.fed.client_names):
             raise FedshiftError(
@@ -87,6 +126,14 @@ def cross_site(
             f"--kind {kind}: run {run_dir} has no {kind} model (it has {', '.join(sim.kinds)}"
             "; or --kind local)"
         )
+    return kind
+
+
+def _matrices(
+    sim: Any, kind: str, split: str, pipeline: str, progress: bool
+) -> dict[str, list[list[float]]]:
+    """Every metric's matrix: ``[i][j]`` = client *i*'s ``kind`` model on client *j*'s
+    ``split``, the data through the input pipeline of *j* (``pipeline="data"``) or *i*."""
     clients = sim.fed.client_names
     n = len(clients)
     names = [m.name for m in sim.task.metrics]
@@ -105,102 +152,75 @@ def cross_site(
             res = sim.task.evaluate(sim.model, data, prepare, bs, sim.device)
             for m in names:
                 mats[m][i][j] = res[m]
+    return mats
 
-    def stats(mat: list[list[float]]) -> dict[str, Any]:
-        off = [mat[i][j] for i in range(n) for j in range(n) if i != j]
-        return {
-            "row_mean": [statistics.fmean(r) for r in mat],
-            "row_off_diagonal_mean": [
-                statistics.fmean([mat[i][j] for j in range(n) if j != i]) if n > 1 else math.nan
-                for i in range(n)
-            ],
-            "column_mean": [statistics.fmean(mat[i][j] for i in range(n)) for j in range(n)],
-            "diagonal_mean": statistics.fmean(mat[i][i] for i in range(n)),
-            "off_diagonal_mean": statistics.fmean(off) if off else math.nan,
-        }
 
-    primary = sim.task.primary
-    mat = mats[primary.name]
-    st = stats(mat)
-    meta = _run_meta(sim)
+def matrix_stats(mat: list[list[float]]) -> dict[str, Any]:
+    """Row, column, diagonal and off-diagonal means of a square cross-site matrix."""
+    n = len(mat)
+    off = [mat[i][j] for i in range(n) for j in range(n) if i != j]
+    return {
+        "row_mean": [statistics.fmean(r) for r in mat],
+        "row_off_diagonal_mean": [
+            statistics.fmean([mat[i][j] for j in range(n) if j != i]) if n > 1 else math.nan
+            for i in range(n)
+        ],
+        "column_mean": [statistics.fmean(mat[i][j] for i in range(n)) for j in range(n)],
+        "diagonal_mean": statistics.fmean(mat[i][i] for i in range(n)),
+        "off_diagonal_mean": statistics.fmean(off) if off else math.nan,
+    }
+
+
+def _table(mat: list[list[float]], st: dict[str, Any], clients: list[str]) -> str:
+    """The matrix in %, own data in bold, with row means, off-diagonal means and a mean row."""
     header = ["model \\ data", *clients, "mean", "off-diag mean"]
     rows = []
     for i, ci in enumerate(clients):
-        cells = [f"**{_pct(v)}**" if i == j else _pct(v) for j, v in enumerate(mat[i])]
-        rows.append([ci, *cells, _pct(st["row_mean"][i]), _pct(st["row_off_diagonal_mean"][i])])
+        cells = [f"**{percent(v)}**" if i == j else percent(v) for j, v in enumerate(mat[i])]
+        rows.append(
+            [ci, *cells, percent(st["row_mean"][i]), percent(st["row_off_diagonal_mean"][i])]
+        )
     rows.append(
         [
             "mean",
-            *(_pct(v) for v in st["column_mean"]),
-            _pct(statistics.fmean(st["row_mean"])),
-            _pct(st["off_diagonal_mean"]),
+            *(percent(v) for v in st["column_mean"]),
+            percent(statistics.fmean(st["row_mean"])),
+            percent(st["off_diagonal_mean"]),
         ]
     )
-    at = f"round {sim.last_round}" if kind != "local" else f"local update {sim.last_round + 1}"
-    caption = (
-        f"Cross-site {split} {primary.label} (%) of {run_label(meta)} ({kind} models, {at}), "
-        f"data through the {pipeline}'s client's input pipeline"
-    )
-    note = (
+    return grid(header, rows)
+
+
+def _note(
+    st: dict[str, Any], kind: str, split: str, pipeline: str, weights: str, last_round: int
+) -> str:
+    """What the table's rows, columns and weights are, under it."""
+    picked = "the round model selection picked" if weights == "selected" else "the last round"
+    if pipeline == "data":
+        through = "each data client's own state (its own statistics, FedRDN Eq. 8)."
+    else:
+        through = "the model client's state."
+    if kind != "local":
+        whose = f" Weights of round {last_round} ({picked})."
+    else:
+        whose = (
+            f" Local models: one round of each client's local training from round "
+            f"{last_round}'s broadcast ({picked}; FedRDN Table 3)."
+        )
+    return (
         f"Row i = client i's {kind} model, column j = client j's {split} data; bold = own data. "
-        f"Diagonal mean {_pct(st['diagonal_mean'])}, off-diagonal mean "
-        f"{_pct(st['off_diagonal_mean'])}. Input pipeline: "
-        + (
-            "each data client's own state (its own statistics, FedRDN Eq. 8)."
-            if pipeline == "data"
-            else "the model client's state."
-        )
-        + (
-            f" Weights of round {sim.last_round} ("
-            + ("the round model selection picked" if weights == "selected" else "the last round")
-            + ")."
-            if kind != "local"
-            else f" Local models: one round of each client's local training from round "
-            f"{sim.last_round}'s broadcast ("
-            + ("the round model selection picked" if weights == "selected" else "the last round")
-            + "; FedRDN Table 3)."
-        )
+        f"Diagonal mean {percent(st['diagonal_mean'])}, off-diagonal mean "
+        f"{percent(st['off_diagonal_mean'])}. Input pipeline: {through}{whose}"
     )
-    text = f"{caption}:\n\n{grid(header, rows)}\n\n_{note}_"
-    data = {
-        "weights": weights,
-        "protocol": "cross-site",
-        "run_dir": str(run_dir),
-        **meta,
-        "flow": flow_label(meta),
-        "kind": kind,
-        "split": split,
-        "pipeline": pipeline,
-        "round": sim.last_round,
-        "clients": clients,
-        "metric": primary.name,
-        "metric_labels": {m.name: m.label for m in sim.task.metrics},
-        "matrices": mats,
-        "stats": {m: stats(mats[m]) for m in names},
-    }
-    outp = _out_dir(out, "cross-site")
-    files = _save(outp, "cross-site", "Cross-site evaluation", text, data)
-    files["png"] = _heatmap(mat, clients, caption, outp / "cross-site.png")
-    return ProtocolResult("cross-site", text, data, files)
 
 
-def local_models(sim) -> dict[str, dict[str, torch.Tensor]]:
+def local_models(sim: SavedRun) -> dict[str, dict[str, torch.Tensor]]:
     """Each training client's local model for ``cross_site(kind="local")``: the weights after
-    its local update of round ``last_round + 1`` from the server's broadcast (the algorithm's
-    own ``local_update``, with the run's augments and seeded batches). The server, the client
-    states and the ledger are restored afterwards, so the run is unchanged."""
-    rnd = sim.last_round + 1
-    saved = (copy.deepcopy(sim.states), sim.ledger.state_dict())
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    try:
-        with torch.enable_grad():
-            for cid in sim.train_clients:
-                sim.client_round(rnd, cid)
-                out[cid] = {k: v.detach().clone() for k, v in sim.model.state_dict().items()}
-    finally:
-        sim.states = saved[0]
-        sim.ledger.load_state_dict(saved[1])
-    return out
+    its local update of round ``round + 1`` from the server's broadcast (the algorithm's
+    own ``local_update``, with the run's augments and seeded batches:
+    :meth:`~fedshift.runtime.saved.SavedRun.local_update`); the saved run is unchanged."""
+    with torch.enable_grad():
+        return {cid: sim.local_update(sim.round + 1, cid) for cid in sim.train_clients}
 
 
 def _heatmap(mat: list[list[float]], clients: list[str], title: str, path: Path) -> Path:

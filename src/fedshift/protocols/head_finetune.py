@@ -44,12 +44,11 @@ from fedshift.eval.stats import paired_ttest
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
     ProtocolResult,
-    _expand,
-    _out_dir,
-    _pm,
-    _run_cells,
-    _save,
+    SuiteOptions,
+    expand_configs,
     load_run,
+    mean_std_text,
+    save_outputs,
 )
 from fedshift.runtime.progress import fmt_duration
 
@@ -157,42 +156,28 @@ def finetune_run(run_dir: str | Path, epochs: int, weights: str = "selected") ->
 
 
 def head_finetune(
-    config: str | Path | None,
-    overrides: list[str] | None = None,
-    epochs: int = 10,
-    workers: int | None = None,
-    threads: int | None = None,
-    out: str | Path | None = None,
-    runs_out: str | None = None,
-    progress: bool = True,
-    weights: str = "selected",
+    options: SuiteOptions, epochs: int = 10, weights: str = "selected"
 ) -> ProtocolResult:
     """Run the config's cells (step 1), finetune each client's head on all its training data
     (step 2) and tabulate test scores w/o and w. finetuning per client, mean ± std over the
     cells (seeds). Returns a :class:`fedshift.protocols.common.ProtocolResult`."""
-    from fedshift.core.config import load_config
-
     if epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {epochs}")
-    source = str(config) if config else "defaults"
-    raw = load_config(config, overrides)
-    cfgs = _expand(raw, source)
+    source = options.source
+    raw = options.load()
+    cfgs = expand_configs(raw, source)
     for c in cfgs:
         if c.federation.data_fraction >= 1:
             raise ConfigError(
                 f"{source}: head-finetune trains on a fraction of each client's data first; "
                 "set federation.data_fraction below 1 (FRAug Table 1: 0.1)"
             )
-    outp = _out_dir(out, "head-finetune")
-    say = _say if progress else lambda msg: None
+    outp = options.output_dir("head-finetune")
+    say = _say if options.progress else lambda msg: None
     say(f"head-finetune: step 1, {len(cfgs)} run(s) of {source} (finished cells are reused)")
-    summaries = _run_cells(
+    summaries = options.run_cells(
         copy.deepcopy(raw),
         outp / "head-finetune-suite.yaml",
-        runs_out,
-        workers,
-        threads,
-        progress,
         reuse=False,  # the head is retrained on each cell's model: the cells must hold it
     )
     per_run = {}
@@ -212,7 +197,9 @@ def head_finetune(
         )
     text, data = head_table(per_run, epochs)
     data["suite"] = str(outp / "head-finetune-suite.yaml")
-    files = _save(outp, "head-finetune", "Prediction-head finetuning (FRAug Table 1)", text, data)
+    files = save_outputs(
+        outp, "head-finetune", "Prediction-head finetuning (FRAug Table 1)", text, data
+    )
     files["suite"] = outp / "head-finetune-suite.yaml"
     return ProtocolResult("head-finetune", text, data, files)
 
@@ -229,11 +216,15 @@ def head_table(per_run: dict[str, dict[str, Any]], epochs: int) -> tuple[str, di
 
     rows, data = [], {"epochs": epochs, "runs": per_run, "clients": clients}
     for key, label in (("before", "w/o finetune"), ("after", "w. finetune")):
-        cells = [_pm([r[c][key] for r in runs]) for c in clients]
-        rows.append([label, *cells, _pm([avg(r, key) for r in runs])])
+        cells = [mean_std_text([r[c][key] for r in runs]) for c in clients]
+        rows.append([label, *cells, mean_std_text([avg(r, key) for r in runs])])
     gains = [[r[c]["after"] - r[c]["before"] for r in runs] for c in clients]
     rows.append(
-        ["gain", *[_pm(g) for g in gains], _pm([avg(r, "after") - avg(r, "before") for r in runs])]
+        [
+            "gain",
+            *[mean_std_text(g) for g in gains],
+            mean_std_text([avg(r, "after") - avg(r, "before") for r in runs]),
+        ]
     )
     before = {i: avg(r, "before") for i, r in enumerate(runs)}
     after = {i: avg(r, "after") for i, r in enumerate(runs)}

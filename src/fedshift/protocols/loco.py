@@ -22,42 +22,32 @@ from fedshift.eval.stats import mean_std, paired_ttest
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
     ProtocolResult,
-    _expand,
-    _label_rows,
-    _out_dir,
-    _pct,
-    _pm,
-    _row_key,
-    _row_order,
-    _run_cells,
-    _save,
-    _setting_keys,
-    _with_settings,
+    SuiteOptions,
+    expand_configs,
+    label_rows,
+    mean_std_text,
+    percent,
+    row_key,
+    row_order,
+    save_outputs,
+    setting_keys,
+    with_settings,
 )
 
 
-def loco(
-    config: str | Path | None,
-    overrides: list[str] | None = None,
-    workers: int | None = None,
-    threads: int | None = None,
-    out: str | Path | None = None,
-    runs_out: str | None = None,
-    progress: bool = True,
-) -> ProtocolResult:
+def loco(options: SuiteOptions) -> ProtocolResult:
     """Leave-one-client-out federated domain generalisation (FedFA's Table 4).
 
-    The config (with its own ``sweep``, e.g. algorithm x seed) gets one more sweep key,
-    ``federation.holdout`` = ``[c]`` for each client ``c`` of its dataset; the suite is
+    The config of ``options`` (with its own ``sweep``, e.g. algorithm x seed) gets one more
+    sweep key, ``federation.holdout`` = ``[c]`` for each client ``c`` of its dataset; the
+    suite is
     written to ``<out>/loco-suite.yaml`` and run by :func:`fedshift.bench.run_suite` (cells
     cached by config digest). A held-out client never trains; model selection uses the source
     clients' validation score only, and the target's test score at the selected round is its
     ``target_test_mean``. Table: one row per (algorithm, flow[, setting]), one column per
     target (mean over seeds) and the average over targets, mean ± std over seeds."""
-    from fedshift.core.config import load_config
-
-    source = str(config) if config else "defaults"
-    raw = load_config(config, overrides)
+    source = options.source
+    raw = options.load()
     fed_section = raw.get("federation")
     if isinstance(fed_section, dict) and fed_section.get("holdout"):
         raise ConfigError(
@@ -69,16 +59,16 @@ def loco(
             f"{source}: the sweep already varies 'federation.holdout'; loco adds that key "
             "itself, so remove it from the sweep"
         )
-    cfgs = _expand(raw, source)
+    cfgs = expand_configs(raw, source)
     clients = _loco_clients(cfgs, source)
     grid_raw = copy.deepcopy(raw)
     grid_raw.setdefault("sweep", {})["federation.holdout"] = [[c] for c in clients]
-    outp = _out_dir(out, "loco")
-    summaries = _run_cells(grid_raw, outp / "loco-suite.yaml", runs_out, workers, threads, progress)
-    _with_settings(summaries, _setting_keys(raw))
+    outp = options.output_dir("loco")
+    summaries = options.run_cells(grid_raw, outp / "loco-suite.yaml")
+    with_settings(summaries, setting_keys(raw))
     text, data = loco_table(summaries, clients)
     data["suite"] = str(outp / "loco-suite.yaml")
-    files = _save(outp, "loco", "Leave-one-client-out generalisation", text, data)
+    files = save_outputs(outp, "loco", "Leave-one-client-out generalisation", text, data)
     files["suite"] = outp / "loco-suite.yaml"
     return ProtocolResult("loco", text, data, files)
 
@@ -94,7 +84,8 @@ def _loco_clients(cfgs: list, source: str) -> list[str]:
     clients: list[str] | None = None
     checked: set[str] = set()
     for cfg in cfgs:
-        key = json.dumps([cfg.dataset, cfg.partition], sort_keys=True, default=str)
+        sections = [cfg.dataset.to_dict(), cfg.partition.to_dict()]
+        key = json.dumps(sections, sort_keys=True, default=str)
         if key not in feds:
             feds[key] = load_dataset(cfg.dataset)  # before partition: Simulation applies it
             names = apply_partition(feds[key], cfg.partition).client_names
@@ -107,7 +98,7 @@ def _loco_clients(cfgs: list, source: str) -> list[str]:
         assert clients is not None
         if len(clients) < 2:
             raise ConfigError(
-                f"{source}: dataset {cfg.dataset['name']!r} has {len(clients)} client; "
+                f"{source}: dataset {cfg.dataset.name!r} has {len(clients)} client; "
                 "leave-one-client-out needs at least 2"
             )
         d = cfg.to_dict()
@@ -133,14 +124,14 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
     if not summaries:
         raise FedshiftError("loco: no cells")
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
-    _label_rows(summaries, ["federation.holdout"])  # the held-out client is the columns
+    label_rows(summaries, ["federation.holdout"])  # the held-out client is the columns
     for s in summaries:
         hold = s.get("holdout") or []
         if len(hold) != 1 or s.get("target_test_mean") is None:
             raise FedshiftError(
                 f"{s.get('run_dir')}: not a leave-one-client-out cell (holdout {hold})"
             )
-        groups[_row_key(s)][hold[0]][s["seed"]] = s
+        groups[row_key(s)][hold[0]][s["seed"]] = s
     first = summaries[0]
     metric, label = first.get("metric", "acc"), first.get("metric_label", "accuracy")
     others = list(first.get("metrics", {}))
@@ -148,66 +139,15 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
     header = ["algorithm", "flow", *(["setting"] if with_setting else []), "seeds"]
     header += [*clients, "avg ± std"]
     rows, out_rows = [], []
-    for key in sorted(groups, key=_row_order):
+    for key in sorted(groups, key=row_order):
         algo, flow, setting = key
-        by_target = groups[key]
-        seeds = sorted({seed for t in by_target.values() for seed in t})
-        targets: dict[str, Any] = {}
-        cells = []
-        for c in clients:
-            per_seed = {seed: s["target_test_mean"] for seed, s in by_target.get(c, {}).items()}
-            extra = {
-                m: {
-                    seed: s["metrics"][m]["test_per_client"][c]
-                    for seed, s in by_target.get(c, {}).items()
-                }
-                for m in others
-            }
-            source_mean = {seed: s["test_mean"] for seed, s in by_target.get(c, {}).items()}
-            mean = statistics.fmean(per_seed.values()) if per_seed else math.nan
-            targets[c] = {
-                "per_seed": per_seed,
-                "mean": mean,
-                "metrics": extra,
-                "source_test_mean_per_seed": source_mean,
-                "run_dirs": {seed: s["run_dir"] for seed, s in by_target.get(c, {}).items()},
-                "best_round": {seed: s["best_round"] for seed, s in by_target.get(c, {}).items()},
-            }
-            cells.append(_pct(mean))
-        complete = [seed for seed in seeds if all(seed in by_target.get(c, {}) for c in clients)]
-        avg = {
-            seed: statistics.fmean(by_target[c][seed]["target_test_mean"] for c in clients)
-            for seed in complete
-        }
-        m, sd = mean_std(list(avg.values()))
-        row = [algo, flow, *([setting] if with_setting else []), str(len(seeds)), *cells]
-        row.append(_pm(list(avg.values())))
+        numbers = _loco_row(groups[key], clients, others)
+        row = [algo, flow, *([setting] if with_setting else []), str(len(numbers["seeds"]))]
+        row += [percent(numbers["targets"][c]["mean"]) for c in clients]
+        row.append(mean_std_text(list(numbers["average"]["per_seed"].values())))
         rows.append(row)
-        out_rows.append(
-            {
-                "algorithm": algo,
-                "flow": flow,
-                "setting": setting,
-                "seeds": seeds,
-                "targets": targets,
-                "average": {"per_seed": avg, "mean": m, "std": sd},
-            }
-        )
-    # paired t-test (over seeds) of each row's average against FedAvg's (else the first row)
-    ref = next(
-        (i for i, r in enumerate(out_rows) if (r["algorithm"], r["flow"]) == ("fedavg", "base")),
-        0,
-    )
-    ref_name = out_rows[ref]["algorithm"] + (
-        "" if out_rows[ref]["flow"] == "base" else f" {out_rows[ref]['flow']}"
-    )
-    if len(out_rows) > 1:
-        header.append(f"p vs {ref_name}")
-        for i, (row, out) in enumerate(zip(rows, out_rows, strict=True)):
-            base = out_rows[ref]["average"]["per_seed"]
-            pv = None if i == ref else paired_ttest(out["average"]["per_seed"], base)
-            out["p_vs_reference"] = pv
-            row.append("" if pv is None else f"{pv:.3f}")
+        out_rows.append({"algorithm": algo, "flow": flow, "setting": setting, **numbers})
+    ref_name = _add_p_values(header, rows, out_rows)
     rule = (
         f"round with the best mean validation {label} over the source clients (earliest on "
         "ties; the held-out target never trains and takes no part in selection); the "
@@ -230,3 +170,53 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
         "rows": out_rows,
     }
     return text, data
+
+
+def _loco_row(by_target: dict[str, dict[int, dict]], clients: list[str], others: list[str]) -> dict:
+    """One row's numbers: its seeds, each target's scores and the average over targets per
+    seed (over the seeds that have every target), with its mean and std."""
+    seeds = sorted({seed for t in by_target.values() for seed in t})
+    targets = {c: _target(by_target.get(c, {}), c, others) for c in clients}
+    complete = [seed for seed in seeds if all(seed in by_target.get(c, {}) for c in clients)]
+    avg = {
+        seed: statistics.fmean(by_target[c][seed]["target_test_mean"] for c in clients)
+        for seed in complete
+    }
+    m, sd = mean_std(list(avg.values()))
+    return {"seeds": seeds, "targets": targets, "average": {"per_seed": avg, "mean": m, "std": sd}}
+
+
+def _target(runs: dict[int, dict], c: str, others: list[str]) -> dict[str, Any]:
+    """Held-out client ``c``'s numbers from its runs (by seed)."""
+    per_seed = {seed: s["target_test_mean"] for seed, s in runs.items()}
+    return {
+        "per_seed": per_seed,
+        "mean": statistics.fmean(per_seed.values()) if per_seed else math.nan,
+        "metrics": {
+            m: {seed: s["metrics"][m]["test_per_client"][c] for seed, s in runs.items()}
+            for m in others
+        },
+        "source_test_mean_per_seed": {seed: s["test_mean"] for seed, s in runs.items()},
+        "run_dirs": {seed: s["run_dir"] for seed, s in runs.items()},
+        "best_round": {seed: s["best_round"] for seed, s in runs.items()},
+    }
+
+
+def _add_p_values(header: list[str], rows: list[list[str]], out_rows: list[dict]) -> str:
+    """A paired t-test (over seeds) of each row's average against FedAvg's (else the first
+    row's), as a column and ``p_vs_reference``; returns the reference row's name."""
+    ref = next(
+        (i for i, r in enumerate(out_rows) if (r["algorithm"], r["flow"]) == ("fedavg", "base")),
+        0,
+    )
+    ref_name = out_rows[ref]["algorithm"] + (
+        "" if out_rows[ref]["flow"] == "base" else f" {out_rows[ref]['flow']}"
+    )
+    if len(out_rows) > 1:
+        header.append(f"p vs {ref_name}")
+        for i, (row, out) in enumerate(zip(rows, out_rows, strict=True)):
+            base = out_rows[ref]["average"]["per_seed"]
+            pv = None if i == ref else paired_ttest(out["average"]["per_seed"], base)
+            out["p_vs_reference"] = pv
+            row.append("" if pv is None else f"{pv:.3f}")
+    return ref_name

@@ -18,12 +18,12 @@ from fedshift.core.errors import FedshiftError
 from fedshift.eval.summary import read_summary
 from fedshift.eval.tables import grid, group_flows
 from fedshift.protocols.common import (
-    _MISSING,
     DASH,
+    MISSING,
     ProtocolResult,
-    _lookup_missing,
-    _out_dir,
-    _save,
+    lookup_or_missing,
+    output_dir,
+    save_outputs,
 )
 
 
@@ -100,8 +100,6 @@ def rounds_to_threshold(
     ``config.yaml``; for the default ``partition.clients`` a dataset's own clients are
     counted when the partition has no such key); cells: mean over the seeds that reached the
     threshold, with how many of the seeds did (``—`` if none)."""
-    from fedshift.core.config import load_yaml
-
     if split not in ("val", "test"):
         raise FedshiftError(f"--split {split!r}: choose val or test")
     ths = parse_thresholds(thresholds)
@@ -109,47 +107,8 @@ def rounds_to_threshold(
     per_run, summaries = [], []
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for d in tqdm(runs, desc="rounds", disable=not progress, leave=False):
-        for f in ("config.yaml", "metrics.jsonl"):
-            if not (d / f).is_file():
-                raise FedshiftError(f"{d} has a summary.json but no {f}: not a fedshift run")
-        s = read_summary(d / "summary.json")
-        cfg = load_yaml(d / "config.yaml")
-        value = _lookup_missing(cfg, by)
-        if value is _MISSING:
-            if by != "partition.clients":
-                raise FedshiftError(
-                    f"{d}/config.yaml has no key '{by}'; choose an existing --by key "
-                    "(e.g. partition.clients, train.local_epochs)"
-                )
-            value = len(s["clients"])  # the dataset's own clients (partition none)
-        rows = []
-        with open(d / "metrics.jsonl") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise FedshiftError(f"{d}/metrics.jsonl line {n}: not JSON ({e})") from None
-        kind, metric = s["evaluated_model"], s.get("metric", "acc")
-        try:
-            curve = mean_curve(rows, kind, f"{split}_{metric}")
-        except KeyError as e:
-            raise FedshiftError(f"{d}/metrics.jsonl: a {kind} row lacks {e}") from None
-        if not curve:
-            raise FedshiftError(f"{d}/metrics.jsonl has no evaluated rounds of the {kind} model")
-        reached = {t: first_round_reaching(curve, t) for t in ths}
-        s["_dir"], s["_config"] = str(d), cfg
+        s, rec = _read_run(d, by, split, ths)
         summaries.append(s)
-        rec = {
-            "run_dir": str(d),
-            "algorithm": s["algorithm"],
-            "by": value,
-            "seed": s["seed"],
-            "kind": kind,
-            "metric": metric,
-            "curve": curve,
-            "first_round": reached,
-        }
         per_run.append(rec)
     # rows: the runs of one config over seeds, the --by key apart (its own column; for a
     # partition key the whole partition, which decides the clients the column counts)
@@ -159,15 +118,96 @@ def rounds_to_threshold(
         groups[(s["algorithm"], rec["flow"], json.dumps(rec["by"], default=str))].append(rec)
     first = per_run[0]
     label = _metric_label(runs[0], first["metric"])
-
-    def order(k: tuple) -> tuple:
-        v = json.loads(k[2])
-        num = isinstance(v, int | float) and not isinstance(v, bool)
-        return (k[0], k[1] != "base", k[1], not num, v if num else 0, str(v))
-
     header = ["algorithm", "flow", by, "seeds", *(f"≥ {100 * t:g}%" for t in ths)]
-    rows_out, table = [], []
-    for k in sorted(groups, key=order):
+    table, rows_out = _threshold_rows(groups, ths)
+    caption = f"Rounds to reach a mean {split} {label} (over clients) by {by}"
+    note = (
+        f"First evaluated round whose mean {split} {label} over clients (the evaluated model; "
+        "held-out clients excluded) reaches the threshold; mean over the seeds that reached it "
+        f"(reached/seeds); {DASH}: no seed reached it within its rounds."
+    )
+    text = f"{caption}:\n\n{grid(header, table)}\n\n_{note}_"
+    data = {
+        "protocol": "rounds",
+        "split": split,
+        "by": by,
+        "thresholds": ths,
+        "metric": first["metric"],
+        "rows": rows_out,
+        "runs": per_run,
+    }
+    outp = output_dir(out, "rounds")
+    files = save_outputs(outp, "rounds", "Rounds to reach a threshold", text, data)
+    return ProtocolResult("rounds", text, data, files)
+
+
+def _read_run(d: Path, by: str, split: str, ths: list[float]) -> tuple[dict, dict]:
+    """A finished run's summary (with ``_dir`` and ``_config``) and its record: the value of
+    ``by``, the mean curve over clients and the first round reaching each threshold."""
+    from fedshift.core.config import load_yaml
+
+    for f in ("config.yaml", "metrics.jsonl"):
+        if not (d / f).is_file():
+            raise FedshiftError(f"{d} has a summary.json but no {f}: not a fedshift run")
+    s = read_summary(d / "summary.json")
+    cfg = load_yaml(d / "config.yaml")
+    value = lookup_or_missing(cfg, by)
+    if value is MISSING:
+        if by != "partition.clients":
+            raise FedshiftError(
+                f"{d}/config.yaml has no key '{by}'; choose an existing --by key "
+                "(e.g. partition.clients, train.local_epochs)"
+            )
+        value = len(s["clients"])  # the dataset's own clients (partition none)
+    rows = _metric_rows(d)
+    kind, metric = s["evaluated_model"], s.get("metric", "acc")
+    try:
+        curve = mean_curve(rows, kind, f"{split}_{metric}")
+    except KeyError as e:
+        raise FedshiftError(f"{d}/metrics.jsonl: a {kind} row lacks {e}") from None
+    if not curve:
+        raise FedshiftError(f"{d}/metrics.jsonl has no evaluated rounds of the {kind} model")
+    s["_dir"], s["_config"] = str(d), cfg
+    rec = {
+        "run_dir": str(d),
+        "algorithm": s["algorithm"],
+        "by": value,
+        "seed": s["seed"],
+        "kind": kind,
+        "metric": metric,
+        "curve": curve,
+        "first_round": {t: first_round_reaching(curve, t) for t in ths},
+    }
+    return s, rec
+
+
+def _metric_rows(d: Path) -> list[dict]:
+    """The rows of a run's ``metrics.jsonl``."""
+    rows = []
+    with open(d / "metrics.jsonl") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise FedshiftError(f"{d}/metrics.jsonl line {n}: not JSON ({e})") from None
+    return rows
+
+
+def _group_order(k: tuple) -> tuple:
+    """Rows by algorithm, base flow first, then by the ``--by`` value (numbers in order)."""
+    v = json.loads(k[2])
+    num = isinstance(v, int | float) and not isinstance(v, bool)
+    return (k[0], k[1] != "base", k[1], not num, v if num else 0, str(v))
+
+
+def _threshold_rows(
+    groups: dict[tuple, list[dict]], ths: list[float]
+) -> tuple[list[list[str]], list[dict]]:
+    """The table's rows and their numbers: per threshold, the mean first round over the
+    seeds that reached it and how many did."""
+    table, rows_out = [], []
+    for k in sorted(groups, key=_group_order):
         recs = groups[k]
         cells, cols = [], {}
         for t in ths:
@@ -186,25 +226,7 @@ def rounds_to_threshold(
                 "thresholds": cols,
             }
         )
-    caption = f"Rounds to reach a mean {split} {label} (over clients) by {by}"
-    note = (
-        f"First evaluated round whose mean {split} {label} over clients (the evaluated model; "
-        "held-out clients excluded) reaches the threshold; mean over the seeds that reached it "
-        f"(reached/seeds); {DASH}: no seed reached it within its rounds."
-    )
-    text = f"{caption}:\n\n{grid(header, table)}\n\n_{note}_"
-    data = {
-        "protocol": "rounds",
-        "split": split,
-        "by": by,
-        "thresholds": ths,
-        "metric": first["metric"],
-        "rows": rows_out,
-        "runs": per_run,
-    }
-    outp = _out_dir(out, "rounds")
-    files = _save(outp, "rounds", "Rounds to reach a threshold", text, data)
-    return ProtocolResult("rounds", text, data, files)
+    return table, rows_out
 
 
 def _metric_label(run_dir: Path, metric: str) -> str:

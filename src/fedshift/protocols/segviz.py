@@ -13,6 +13,7 @@ foreground Dice on that image. The runs must share the dataset (same sites and t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -23,6 +24,7 @@ import torch  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.core.files import atomic_output  # noqa: E402
+from fedshift.protocols.common import run_label, run_meta  # noqa: E402
 from fedshift.runtime.simulation import load_finished  # noqa: E402
 
 #: label colours: background black, then red, cyan, yellow, magenta, green...
@@ -72,6 +74,36 @@ def foreground_dice(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> fl
     return nanmean(per_class[1:])
 
 
+def _site_row(
+    axes: Any,
+    client: Any,
+    sims: list,
+    split: str,
+    index: int | None,
+    channel: int | None,
+    num_classes: int,
+) -> None:
+    """One site's row: its image, the ground truth and each run's prediction with its Dice."""
+    data = client.split(split)
+    if len(data) == 0:
+        raise FedshiftError(f"client {client.name!r} has no {split} images")
+    i = index if index is not None else int(data.y.flatten(1).gt(0).sum(1).argmax())
+    if not 0 <= i < len(data):
+        raise FedshiftError(f"index {i} is outside {client.name}'s {len(data)} {split} images")
+    # drawn on the host: the run's data may be resident on a GPU
+    x, y = data.x[i].cpu(), data.y[i].cpu()
+    img, cmap = _image(x, channel)
+    axes[0].imshow(img, cmap=cmap, vmin=0, vmax=1)
+    axes[0].set_ylabel(f"{client.name}\n{split} #{i}", fontsize=9)
+    axes[1].imshow(_colour(y.numpy()))
+    for c, sim in enumerate(sims):
+        pred = predict(sim, client.name, x[None])[0]
+        d = foreground_dice(pred, y, num_classes)
+        ax = axes[2 + c]
+        ax.imshow(_colour(pred.numpy()))
+        ax.set_title(f"Dice {100 * d:.1f}", fontsize=8, pad=2)
+
+
 def site_predictions_figure(
     run_dirs: list[str | Path],
     out: str | Path,
@@ -86,8 +118,6 @@ def site_predictions_figure(
     ``channel``: show one input channel in gray (e.g. 1, the centre slice of a 3-slice
     stack) instead of RGB; ``labels``: column titles (default: each run's algorithm and
     augments)."""
-    from fedshift.eval.tables import flow_label
-
     if not run_dirs:
         raise FedshiftError("site_predictions_figure: no run directories given")
     sims = []
@@ -97,40 +127,14 @@ def site_predictions_figure(
         fed = fed or sim.fed
         sims.append(sim)
     if labels is None:
-        labels = []
-        for sim in sims:
-            s = {
-                "algorithm": sim.cfg.algorithm["name"],
-                "algorithm_config": sim.cfg.algorithm,
-                "augment": sim.cfg.augment,
-                "implied": sim.implied,
-            }
-            flow = flow_label(s)
-            labels.append(s["algorithm"] + ("" if flow == "base" else f" {flow}"))
+        labels = [run_label(run_meta(sim)) for sim in sims]
     clients = fed.clients
     ncol = 2 + len(sims)
     fig, axes = plt.subplots(
         len(clients), ncol, figsize=(1.9 * ncol, 1.9 * len(clients)), squeeze=False
     )
     for r, client in enumerate(clients):
-        data = client.split(split)
-        if len(data) == 0:
-            raise FedshiftError(f"client {client.name!r} has no {split} images")
-        i = index if index is not None else int(data.y.flatten(1).gt(0).sum(1).argmax())
-        if not 0 <= i < len(data):
-            raise FedshiftError(f"index {i} is outside {client.name}'s {len(data)} {split} images")
-        # drawn on the host: the run's data may be resident on a GPU
-        x, y = data.x[i].cpu(), data.y[i].cpu()
-        img, cmap = _image(x, channel)
-        axes[r, 0].imshow(img, cmap=cmap, vmin=0, vmax=1)
-        axes[r, 0].set_ylabel(f"{client.name}\n{split} #{i}", fontsize=9)
-        axes[r, 1].imshow(_colour(y.numpy()))
-        for c, sim in enumerate(sims):
-            pred = predict(sim, client.name, x[None])[0]
-            d = foreground_dice(pred, y, fed.num_classes)
-            ax = axes[r, 2 + c]
-            ax.imshow(_colour(pred.numpy()))
-            ax.set_title(f"Dice {100 * d:.1f}", fontsize=8, pad=2)
+        _site_row(axes[r], client, sims, split, index, channel, fed.num_classes)
         if r == 0:
             axes[r, 0].set_title("image", fontsize=8)
             axes[r, 1].set_title("ground truth", fontsize=8)

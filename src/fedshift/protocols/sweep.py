@@ -23,19 +23,18 @@ from fedshift.eval.stats import mean_std, paired_ttest  # noqa: E402
 from fedshift.eval.summary import selection_rule  # noqa: E402
 from fedshift.eval.tables import grid  # noqa: E402
 from fedshift.protocols.common import (  # noqa: E402
-    _MISSING,
+    MISSING,
     ProtocolResult,
-    _expand,
-    _label_rows,
-    _lookup_missing,
-    _out_dir,
-    _pm,
-    _row_key,
-    _row_order,
-    _run_cells,
-    _save,
-    _setting_keys,
-    _with_settings,
+    SuiteOptions,
+    expand_configs,
+    label_rows,
+    lookup_or_missing,
+    mean_std_text,
+    row_key,
+    row_order,
+    save_outputs,
+    setting_keys,
+    with_settings,
 )
 
 
@@ -62,57 +61,43 @@ def parse_values(text: str) -> list[Any]:
     return values
 
 
-def sweep(
-    config: str | Path | None,
-    key: str,
-    values: str | list[Any],
-    overrides: list[str] | None = None,
-    workers: int | None = None,
-    threads: int | None = None,
-    out: str | Path | None = None,
-    runs_out: str | None = None,
-    progress: bool = True,
-) -> ProtocolResult:
-    """A one-key sweep through the cached bench machinery: the config's own grid (e.g.
+def sweep(options: SuiteOptions, key: str, values: str | list[Any]) -> ProtocolResult:
+    """A one-key sweep through the cached bench machinery: the config of ``options``, its grid (e.g.
     algorithm x seed) times ``key`` = each of ``values``. FedFA's Fig. 2 / Table 16:
     ``federation.data_fraction`` = 0.1, 0.25, 0.5, 1; FedRDN's Fig. 2 / HarmoFL's Fig. 5b:
     ``train.local_epochs`` = 1, 2, 5, 10. Table: one row per (algorithm, flow[, setting]),
     one column per value, mean ± std over seeds of the test score at the selected round;
     ``sweep.png``: the mean against the value with std error bars per row."""
-    from fedshift.core.config import load_config
-
-    source = str(config) if config else "defaults"
+    source = options.source
     vals = parse_values(values) if isinstance(values, str) else list(values)
     if not vals:
         raise ConfigError("--values: give at least one value")
     if key == "seed" or key.startswith("sweep"):
         raise ConfigError(f"--key {key}: seeds are what each cell averages over; sweep another key")
-    raw = load_config(config, overrides)
+    raw = options.load()
     if key in (raw.get("sweep") or {}):
         raise ConfigError(
             f"{source}: the config's sweep already varies {key!r}; remove it from the sweep "
             "or choose another --key"
         )
-    for cfg in _expand(raw, source):
-        if _lookup_missing(cfg.to_dict(), key) is _MISSING:
+    for cfg in expand_configs(raw, source):
+        if lookup_or_missing(cfg.to_dict(), key) is MISSING:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            node = _lookup_missing(cfg.to_dict(), parent) if parent else cfg.to_dict()
+            node = lookup_or_missing(cfg.to_dict(), parent) if parent else cfg.to_dict()
             valid = ", ".join(sorted(node)) if isinstance(node, dict) else "(not a section)"
             where = f"under '{parent}'" if parent else "at the top level"
             raise ConfigError(
                 f"{source}: config key '{key}' does not exist (algorithm "
-                f"{cfg.algorithm['name']!r}); valid keys {where}: {valid}"
+                f"{cfg.algorithm.name!r}); valid keys {where}: {valid}"
             )
     grid_raw = copy.deepcopy(raw)
     grid_raw.setdefault("sweep", {})[key] = vals
-    outp = _out_dir(out, "sweep")
-    summaries = _run_cells(
-        grid_raw, outp / "sweep-suite.yaml", runs_out, workers, threads, progress
-    )
-    _with_settings(summaries, _setting_keys(raw, exclude=[key]))
+    outp = options.output_dir("sweep")
+    summaries = options.run_cells(grid_raw, outp / "sweep-suite.yaml")
+    with_settings(summaries, setting_keys(raw, exclude=[key]))
     labels = [str(v) for v in vals]
     for s in summaries:
-        got = _lookup_missing(s["_cfg"], key)
+        got = lookup_or_missing(s["_cfg"], key)
         idx = [i for i, v in enumerate(vals) if v == got]
         if not idx:
             raise FedshiftError(f"{s['run_dir']}: {key}={got!r} is not one of {vals}")
@@ -120,7 +105,7 @@ def sweep(
     text, data = sweep_table(summaries, key, labels)
     data["values"] = vals
     data["suite"] = str(outp / "sweep-suite.yaml")
-    files = _save(outp, "sweep", f"Sweep over {key}", text, data)
+    files = save_outputs(outp, "sweep", f"Sweep over {key}", text, data)
     files["png"] = _sweep_png(data, vals, outp / "sweep.png")
     files["suite"] = outp / "sweep-suite.yaml"
     return ProtocolResult("sweep", text, data, files)
@@ -135,14 +120,14 @@ def sweep_table(summaries: list[dict], key: str, labels: list[str]) -> tuple[str
     metric, label = first.get("metric", "acc"), first.get("metric_label", "accuracy")
     others = list(first.get("metrics", {}))
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
-    _label_rows(summaries, [key])  # the swept key is the columns, not part of a row's flow
+    label_rows(summaries, [key])  # the swept key is the columns, not part of a row's flow
     for s in summaries:
-        groups[_row_key(s)][s["_value"]][s["seed"]] = s
+        groups[row_key(s)][s["_value"]][s["seed"]] = s
     with_setting = any(k[2] for k in groups)
     header = ["algorithm", "flow", *(["setting"] if with_setting else []), "seeds"]
     header += [f"{key}={v}" for v in labels]
     rows, out_rows = [], []
-    for k in sorted(groups, key=_row_order):
+    for k in sorted(groups, key=row_order):
         algo, flow, setting = k
         seeds = sorted({seed for by in groups[k].values() for seed in by})
         cells, points = [], {}
@@ -160,7 +145,7 @@ def sweep_table(summaries: list[dict], key: str, labels: list[str]) -> tuple[str
                 },
                 "run_dirs": {seed: s["run_dir"] for seed, s in by_seed.items()},
             }
-            cells.append(_pm(list(per_seed.values())))
+            cells.append(mean_std_text(list(per_seed.values())))
         rows.append([algo, flow, *([setting] if with_setting else []), str(len(seeds)), *cells])
         out_rows.append(
             {"algorithm": algo, "flow": flow, "setting": setting, "seeds": seeds, "points": points}

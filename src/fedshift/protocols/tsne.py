@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -21,11 +22,11 @@ from fedshift.eval.tables import grid  # noqa: E402
 from fedshift.protocols.common import (  # noqa: E402
     SPLITS,
     ProtocolResult,
-    _out_dir,
-    _run_meta,
-    _save,
     load_run,
+    output_dir,
     run_label,
+    run_meta,
+    save_outputs,
 )
 
 
@@ -76,9 +77,6 @@ def tsne(
     perplexity < n); the value used is written into the figure and the JSON. The table gives
     the silhouette score of the client labels in the feature space and in the embedding
     (lower: clients' features mixed; higher: separated by client)."""
-    from sklearn.manifold import TSNE
-    from sklearn.metrics import silhouette_score
-
     if per_client < 2:
         raise FedshiftError(f"--per-client {per_client}: needs at least 2 images per client")
     if perplexity <= 0:
@@ -92,42 +90,73 @@ def tsne(
     panels = []
     for r, d in enumerate(tqdm(run_dirs, desc="t-SNE", disable=not progress, leave=False)):
         sim = load_run(d, weights)
-        feats, who = [], []
-        for ci, c in enumerate(sim.fed.clients):
-            data = c.split(split)
-            idx = subsample(len(data), per_client, seed + ci)
-            feats.append(features_of(sim, c.name, data.x[idx]))
-            who += [c.name] * len(idx)
-        z = torch.cat(feats).numpy()
-        n = len(z)
-        if n < 4:
-            raise FedshiftError(f"{d}: only {n} {split} images in all; t-SNE needs at least 4")
-        perp = min(float(perplexity), (n - 1) / 3)
-        emb = TSNE(
-            n_components=2,
-            perplexity=perp,
-            init="pca",
-            learning_rate="auto",
-            random_state=seed,
-        ).fit_transform(z)
-        multi = len(set(who)) > 1
-        meta = _run_meta(sim)
-        panels.append(
-            {
-                "run_dir": str(d),
-                "label": labels[r] if labels else f"{run_label(meta)} ({sim.kinds[0]})",
-                "kind": sim.kinds[0],
-                "clients": sim.fed.client_names,
-                "points": len(who),
-                "feature_dim": int(z.shape[1]),
-                "perplexity": perp,
-                "silhouette_features": float(silhouette_score(z, who)) if multi else math.nan,
-                "silhouette_embedding": float(silhouette_score(emb, who)) if multi else math.nan,
-                "x": emb[:, 0].tolist(),
-                "y": emb[:, 1].tolist(),
-                "client": who,
-            }
-        )
+        panel = _panel(sim, d, per_client, perplexity, seed, split)
+        panel["label"] = labels[r] if labels else f"{run_label(run_meta(sim))} ({sim.kinds[0]})"
+        panels.append(panel)
+    table = _panel_table(panels)
+    caption = f"t-SNE of {split} features by client (up to {per_client} images per client)"
+    note = (
+        "Silhouette of the client labels (in [-1, 1]): high = features cluster by client "
+        f"(domain-specific), near 0 = clients mixed. TSNE(init=pca, random_state={seed})."
+    )
+    text = f"{caption}:\n\n{table}\n\n_{note}_"
+    data = {
+        "protocol": "tsne",
+        "split": split,
+        "per_client": per_client,
+        "seed": seed,
+        "panels": panels,
+    }
+    outp = output_dir(out, "tsne")
+    files = save_outputs(outp, "tsne", "t-SNE of client features", text, data)
+    files["png"] = _tsne_png(panels, outp / "tsne.png")
+    return ProtocolResult("tsne", text, data, files)
+
+
+def _panel(
+    sim: Any, d: str | Path, per_client: int, perplexity: float, seed: int, split: str
+) -> dict[str, Any]:
+    """One run's panel: its clients' features embedded by t-SNE, with the silhouettes."""
+    from sklearn.manifold import TSNE
+    from sklearn.metrics import silhouette_score
+
+    feats, who = [], []
+    for ci, c in enumerate(sim.fed.clients):
+        data = c.split(split)
+        idx = subsample(len(data), per_client, seed + ci)
+        feats.append(features_of(sim, c.name, data.x[idx]))
+        who += [c.name] * len(idx)
+    z = torch.cat(feats).numpy()
+    n = len(z)
+    if n < 4:
+        raise FedshiftError(f"{d}: only {n} {split} images in all; t-SNE needs at least 4")
+    perp = min(float(perplexity), (n - 1) / 3)
+    emb = TSNE(
+        n_components=2,
+        perplexity=perp,
+        init="pca",
+        learning_rate="auto",
+        random_state=seed,
+    ).fit_transform(z)
+    multi = len(set(who)) > 1
+    return {
+        "run_dir": str(d),
+        "label": "",
+        "kind": sim.kinds[0],
+        "clients": sim.fed.client_names,
+        "points": len(who),
+        "feature_dim": int(z.shape[1]),
+        "perplexity": perp,
+        "silhouette_features": float(silhouette_score(z, who)) if multi else math.nan,
+        "silhouette_embedding": float(silhouette_score(emb, who)) if multi else math.nan,
+        "x": emb[:, 0].tolist(),
+        "y": emb[:, 1].tolist(),
+        "client": who,
+    }
+
+
+def _panel_table(panels: list[dict]) -> str:
+    """One row per panel: its model, points, feature size, perplexity and silhouettes."""
     header = [
         "run",
         "model",
@@ -149,23 +178,7 @@ def tsne(
         ]
         for p in panels
     ]
-    caption = f"t-SNE of {split} features by client (up to {per_client} images per client)"
-    note = (
-        "Silhouette of the client labels (in [-1, 1]): high = features cluster by client "
-        f"(domain-specific), near 0 = clients mixed. TSNE(init=pca, random_state={seed})."
-    )
-    text = f"{caption}:\n\n{grid(header, rows)}\n\n_{note}_"
-    data = {
-        "protocol": "tsne",
-        "split": split,
-        "per_client": per_client,
-        "seed": seed,
-        "panels": panels,
-    }
-    outp = _out_dir(out, "tsne")
-    files = _save(outp, "tsne", "t-SNE of client features", text, data)
-    files["png"] = _tsne_png(panels, outp / "tsne.png")
-    return ProtocolResult("tsne", text, data, files)
+    return grid(header, rows)
 
 
 def _tsne_png(panels: list[dict], path: Path) -> Path:

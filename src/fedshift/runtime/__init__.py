@@ -5,6 +5,8 @@ by every transport), ``transport`` (the interface the loop talks to), ``loop`` (
 sampling, aggregation, ledger, evaluation, model selection, checkpoints, signals), ``native``
 (the in-process transport), ``pool`` / ``pool_worker`` (clients in worker processes,
 ``run.workers``), ``cores`` (how many processes and threads), ``simulation`` (the
-single-machine run and its entry points), ``results`` (run directory files), ``executor``
-(how one process runs a round's clients).
+single-machine run and its entry points), ``vmap`` (the in-process transport with a round's
+clients vectorised), ``hooks`` (what a run does besides its round protocol: model selection,
+metrics files, checkpoint timing, progress, trackers, the summary), ``results`` (run directory
+files and their hooks), ``saved`` (a finished run rebuilt for evaluation).
 """

@@ -68,7 +68,8 @@ def build_experiment(
     num_clients: int | None = None,
     check_holdout: bool = True,
 ) -> Experiment:
-    """The parts of one run over ``fed`` (already partitioned and fraction-reduced).
+    """The parts of one run over ``fed`` (already partitioned and fraction-reduced), built
+    from ``cfg``'s resolved components as they are (no registry lookup, no second check).
 
     ``num_clients`` overrides the number of training clients the algorithm is built for (a
     Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
@@ -89,29 +90,26 @@ def build_experiment(
                 f"but not all of the clients {fed.client_names}"
             )
     seed_global(cfg.seed, "init")
-    entry = ALGORITHMS.entry(cfg.algorithm["name"], key="algorithm.name")
-    params = cfg.algorithm.copy()
-    params.pop("name")
-    algo_params = entry.params(**params) if entry.params is not None else None
+    algo_cls, algo_params = cfg.algorithm.factory, cfg.algorithm.params
     model = build_model(cfg.model, fed.num_classes, fed.input_shape, fed.task)
     # algorithms that change the architecture (DisTrans's double-input-channel model)
-    model = entry.obj.wrap_model(algo_params, model, fed)
+    model = algo_cls.wrap_model(algo_params, model, fed)
     model.to(device)
-    if MODELS.is_plugin(cfg.model["name"]) or ALGORITHMS.is_plugin(cfg.algorithm["name"]):
-        check_model_output(model, fed, device, cfg.model["name"])  # a plug-in's model
-    implied = entry.obj.implied_augments(algo_params)
+    if MODELS.is_plugin(cfg.model.name) or ALGORITHMS.is_plugin(cfg.algorithm.name):
+        check_model_output(model, fed, device, cfg.model.name)  # a plug-in's model
+    implied = algo_cls.implied_augments(algo_params)
     augments = build_augments(cfg.augment, cfg.seed, fed.num_classes)
     for a in augments:
         a.attach(model)
     sources = [c for c in fed.clients if c.name not in holdout]
     source_fed = dataclasses.replace(fed, clients=sources)
-    train_clients = {c.name: c for c in entry.obj.training_data(source_fed)}
+    train_clients = {c.name: c for c in algo_cls.training_data(source_fed)}
     n = len(train_clients) if num_clients is None else num_clients
-    algo: Algorithm = entry.obj(algo_params, cfg.train, fed_cfg, model, n)
+    algo: Algorithm = algo_cls(algo_params, cfg.train, fed_cfg, model, n)
     composed = Composition(algo, augments)
     if holdout and (composed.has_personal_model or not composed.has_global_model):
         raise ConfigError(
-            f"config key 'federation.holdout': algorithm {cfg.algorithm['name']!r} keeps "
+            f"config key 'federation.holdout': algorithm {cfg.algorithm.name!r} keeps "
             "client-local tensors, so a held-out client has no model to be tested with; "
             "leave-one-client-out needs an algorithm with one global model"
         )

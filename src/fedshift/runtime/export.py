@@ -28,7 +28,6 @@ amplitude) are not part of the weights: apply them yourself, or evaluate inside 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -115,19 +114,9 @@ def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the base model's state dict (no algorithm wrapper, no augment)."""
     from fedshift.models import build_model
 
-    section = _model_section(cfg.to_dict()["model"])
+    section = dataclasses.replace(cfg.model, extra=())  # the base model, no pretrained weights
     model = build_model(section, fed.num_classes, fed.input_shape, fed.task)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def _model_section(section: dict) -> dict:
-    """The ``model`` section without the pretrained-weights keys (the export replaces them)."""
-    from fedshift.models.weights import WEIGHT_KEYS
-
-    out = copy.deepcopy(section)
-    for k in WEIGHT_KEYS:
-        out.pop(k, None)
-    return out
 
 
 def export_model(
@@ -162,7 +151,7 @@ def export_model(
         torch.save(tensors, tmp)
     cfg, fed = sim.cfg, sim.fed
     summary = read_json(Path(run_dir) / "summary.json")
-    rnd = int(summary["best_round"]) if weights == "selected" else int(sim.last_round)
+    rnd = int(summary["best_round"]) if weights == "selected" else sim.round
     raw = cfg.to_dict()
     desc = {
         "format": EXPORT_FORMAT,
@@ -170,7 +159,8 @@ def export_model(
         "torch": torch.__version__,
         "state_dict": out.name,
         "sha256": _sha256(out),
-        "model": _model_section(raw["model"]),
+        # the model section without the pretrained-weights keys (the export replaces them)
+        "model": dataclasses.replace(cfg.model, extra=()).to_dict(),
         "num_classes": fed.num_classes,
         "input_shape": list(fed.input_shape),
         "task": fed.task,
@@ -236,10 +226,8 @@ def build_exported(desc: dict) -> torch.nn.Module:
     model = build_model(desc["model"], int(desc["num_classes"]), shape, desc["task"])
     if desc.get("plain"):
         return model
-    algo = dict(desc["algorithm"])
-    entry = ALGORITHMS.entry(algo.pop("name"), key="algorithm.name")
-    params = entry.params(**algo) if entry.params is not None else None
-    model = entry.obj.wrap_model(params, model, _stub_federation(desc))
+    algo = ALGORITHMS.component(desc["algorithm"], "algorithm")
+    model = algo.factory.wrap_model(algo.params, model, _stub_federation(desc))
     for a in build_augments(desc["augment"], int(desc["source"]["seed"]), int(desc["num_classes"])):
         a.attach(model)
     return model

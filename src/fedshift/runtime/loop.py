@@ -1,36 +1,32 @@
-"""The round loop: one implementation for every transport.
+"""The round loop: one implementation for every transport, holding the round protocol only.
 
 :class:`RoundLoop` is one run. It builds the experiment from the federation its transport
-connects to, then (after the setup exchange, round 0, when an augment needs one) every round:
-samples clients, hands the transport each sampled client's broadcast payload, checks the
-replies for non-finite values, lets the algorithm aggregate, and every ``eval.every`` rounds
-(and at the last round) evaluates every client with the global and/or personal model. Every
-payload passes the :class:`~fedshift.core.payload.Ledger`. Model selection picks the round
-with the best mean *validation* primary metric (never test).
+connects to (:func:`start_experiment`), then (after the setup exchange, round 0, when an
+augment needs one) every round:
 
-Runs survive interruption:
+1. keeps what undoes the round (server state, ledger length, the sampled clients' state);
+2. samples clients (:func:`sample_clients`, from the run's ``sample`` stream of the round);
+3. hands the transport each sampled client's broadcast payload, checks the replies for
+   non-finite values and lost clients (``min_clients``), and lets the algorithm aggregate;
+4. every ``eval.every`` rounds and at the last, evaluates every client with the global
+   and/or personal model;
+5. commits the round (no undo any more) and hands it to the run's hooks.
 
-* a checkpoint (all server state, the client state the transport holds, the ledger, the
-  metric rows) is written atomically every ``checkpoint.every`` rounds or
-  ``checkpoint.minutes`` minutes, whichever comes first, and at the last round;
-* SIGINT (Ctrl-C) and SIGTERM save one at once: the round in progress is rolled back to its
-  start (server state, the ledger and the sampled clients' state) and the state of the last
-  whole round is written, then :class:`~fedshift.runtime.stopping.RunSignal` propagates
-  (the CLI exits 130 / 143; :mod:`fedshift.runtime.stopping`);
-* ``selected.pt`` keeps the state at the best scheduled evaluation round (the model selection
-  of every scheduled round; the last round is in ``checkpoint.pt``), so protocols evaluate the
-  selected model by default.
+Every payload passes the :class:`~fedshift.core.payload.Ledger`. Randomness is derived from
+(seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so a resumed, or extended, run
+ends with exactly the numbers of an uninterrupted one: the loop also owns the run's state
+(:meth:`RoundLoop.state_dict`, written atomically to ``checkpoint.pt`` by
+:meth:`RoundLoop.save_checkpoint`, read back by :meth:`RoundLoop.load_checkpoint`,
+:mod:`fedshift.runtime.checkpoint_io`) and SIGINT / SIGTERM (Ctrl-C): the round in progress
+is rolled back to its start and the state of the last whole round is written, then
+:class:`~fedshift.runtime.stopping.RunSignal` propagates (the CLI exits 130 / 143).
 
-State files are written and read by :mod:`fedshift.runtime.checkpoint_io` (checksummed,
-loaded with ``weights_only=True``; a failed write leaves the previous checkpoint intact).
-
-Randomness is derived from (seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so
-a resumed, or extended, run ends with exactly the numbers of an uninterrupted one.
-
-Every run logs (logger ``fedshift.runtime``) its directory, one line per round and its end
-to ``run.log`` (:mod:`fedshift.core.logs`), hands each whole round to its trackers
-(``metrics.csv``, TensorBoard: :mod:`fedshift.runtime.track`) and records its provenance
-in ``summary.json``.
+Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`, one interface, called
+at run start, resume, evaluation, round end, checkpoint, run end): ``metrics.jsonl``, model
+selection (``selected.pt``), the trackers (``metrics.csv``, TensorBoard...), the round line
+and progress bar, when checkpoints are written, and ``summary.json`` (from the typed
+:class:`~fedshift.eval.summary.RunRecord` the loop fills at the end). Its log records go to
+``run.log`` (:mod:`fedshift.core.logs`).
 """
 
 from __future__ import annotations
@@ -40,33 +36,37 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from fedshift.core.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
-from fedshift.eval.summary import select_round
+from fedshift.eval.summary import RunRecord
 from fedshift.runtime import track, tracking
 from fedshift.runtime.checkpoint_io import (
     CHECKPOINT,
-    SELECTED,
-    check_selected,
-    config_digest,
     read_run_state,
     write_checkpoint,
     write_failed,
 )
 from fedshift.runtime.client import check_reply
-from fedshift.runtime.experiment import build_experiment
-from fedshift.runtime.results import RunResult, finish_run, write_metrics
+from fedshift.runtime.experiment import Experiment, build_experiment
+from fedshift.runtime.hooks import (
+    Checkpoints,
+    Hook,
+    Hooks,
+    ModelSelection,
+    ProgressLine,
+    RoundRecord,
+)
+from fedshift.runtime.results import MetricsFile, ResultFiles, RunResult
 from fedshift.runtime.rundir import hold_run
 from fedshift.runtime.stopping import Caught, RunInterrupted, RunSignal, SignalGate
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
@@ -104,8 +104,21 @@ def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list
     return [ids[i] for i in sorted(perm[:m].tolist())]
 
 
+def start_experiment(
+    cfg: RunConfig, transport: Transport, identity: RunIdentity
+) -> tuple[Experiment, dict]:
+    """The experiment of a run over ``transport`` (built from the federation it connects
+    to, which the transport is then attached to) and the server's initial state."""
+    exp = build_experiment(cfg, transport.connect(cfg))
+    server = exp.algo.init_server(exp.model)
+    exp.algo.register_clients(list(exp.train_clients))
+    transport.attach(exp, identity)
+    return exp, server
+
+
 class RoundLoop:
-    """One run over a :class:`~fedshift.runtime.transport.Transport` (module docstring)."""
+    """One run over a :class:`~fedshift.runtime.transport.Transport` (module docstring);
+    ``hooks``: called after the run's own (:meth:`hooks_for`)."""
 
     def __init__(
         self,
@@ -114,6 +127,7 @@ class RoundLoop:
         transport: Transport,
         progress: bool = True,
         options: LoopOptions | None = None,
+        hooks: Iterable[Hook] = (),
     ) -> None:
         tracking.check_trackers(cfg.track)  # a missing package fails before anything loads
         self.cfg = cfg
@@ -121,30 +135,31 @@ class RoundLoop:
         self.transport = transport
         self.progress = progress
         self.options = options or LoopOptions()
-        self.fed = transport.connect(cfg)
-        exp = build_experiment(cfg, self.fed)
+        self.identity = RunIdentity(key=uuid.uuid4().hex)
+        exp, self.server = start_experiment(cfg, transport, self.identity)
         self.exp, self.fed = exp, exp.fed  # the federation as placed on the run's device
         self.device = exp.device
         self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
         self.pipeline, self.kinds = exp.pipeline, exp.kinds
-        self.server = self.algo.init_server(self.model)
-        self.algo.register_clients(list(self.train_clients))
-        self.identity = RunIdentity(key=uuid.uuid4().hex)
-        transport.attach(exp, self.identity)
         self.ledger = Ledger()
         self.records: list[dict] = []
         self.last_round = 0
         self.wall_before = 0.0
-        self.selected_round: int | None = None  # best scheduled evaluation so far
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
         # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
         self.gate = self.options.gate or SignalGate()
-        self._last_save = time.monotonic()
+        self._t0 = time.perf_counter()  # since when the run's wall_s has not been counted
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
-        self._tracking: tracking.Tracking | None = None
+        self.extra_hooks = list(hooks)
+        self.hooks = Hooks([])  # the run's hooks, made when it starts (hooks_for)
+
+    @property
+    def label(self) -> str:
+        """``<algorithm> s<seed>``: the progress bar's and the convergence plot's title."""
+        return f"{self.cfg.algorithm.name} s{self.cfg.seed}{self.options.label_suffix}"
 
     # ------------------------------------------------------------------ one round
     def sample(self, rnd: int) -> list[str]:
@@ -253,26 +268,10 @@ class RoundLoop:
             rows.append(row)
         return rows
 
-    def val_mean(self, rows: list[dict]) -> float:
-        """Mean validation primary metric of the primary model over the scored training
-        clients (held-out and lost clients excluded, as in model selection)."""
-        kind, metric = self.kinds[0], self.task.primary.name
-        scored = [r[kind][f"val_{metric}"] for r in rows if kind in r and not r.get("holdout")]
-        return sum(scored) / max(len(scored), 1)
-
-    def weights_for(self, client: str, kind: str | None = None) -> dict[str, torch.Tensor]:
-        """The state dict of ``client``'s model of ``kind`` (``personal`` / ``global``;
-        default: the kind the run's tables evaluate), from the state as loaded."""
-        kind = kind or self.kinds[0]
-        if kind not in self.kinds:
-            raise FedshiftError(f"this run has no {kind} model (it has {self.kinds})")
-        if kind == "global":
-            return self.algo.global_weights(self.server)  # type: ignore[return-value]
-        state = (self.transport.state_dict() or {})[client]
-        return self.algo.personal_weights(self.server, state)  # type: ignore[return-value]
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
+        """The run's state after its last whole round (``checkpoint.pt``), with what its
+        hooks add (``selected_round``)."""
         return {
             "round": self.last_round,
             "server": self.server,
@@ -283,49 +282,48 @@ class RoundLoop:
             "wall_s": self.wall_before,
             "config": self.cfg.to_dict(),
             "run_key": self.identity.key,
-            "selected_round": self.selected_round,
+            **self.hooks.state_dict(),
         }
 
-    def _atomic_save(self, obj: dict, name: str, then: Callable[[], None] | None = None) -> None:
-        """Write ``obj`` to ``name`` with SIGINT / SIGTERM held off; ``then`` runs once it is
-        written, still held off (the trackers logging the rounds it made durable)."""
+    def atomic_save(self, obj: dict, name: str) -> None:
+        """Write ``obj`` to ``name`` in the run directory with SIGINT / SIGTERM held off."""
         with self.gate.held():
             try:
                 write_checkpoint(obj, self.run_dir / name)
             except OSError as e:  # disk full, read-only: the previous file is intact
                 raise write_failed(e, self.run_dir, name, self.identity.checkpointed) from None
-            if then is not None:
-                then()
+            if name == CHECKPOINT:  # still held off: the hooks log the rounds it made durable
+                self.identity.checkpointed = self.last_round
+                self.hooks.checkpointed(self.last_round)
 
     def save_checkpoint(self) -> None:
-        self._atomic_save(self.state_dict(), CHECKPOINT, then=self._saved)
+        """``checkpoint.pt``: the state of the last whole round (when: the
+        :class:`~fedshift.runtime.hooks.Checkpoints` hook, and after a signal)."""
+        self._clock()
+        self.atomic_save(self.state_dict(), CHECKPOINT)
         log.info("checkpoint: round %d saved", self.last_round)
 
-    def _saved(self) -> None:
-        """The checkpoint is written: record it, then the trackers log the rounds it holds."""
-        self.identity.checkpointed = self.last_round
-        self._last_save = time.monotonic()
-        if self._tracking is not None:
-            self._tracking.checkpointed(self.last_round)
+    def _clock(self) -> None:
+        """Count the time since the last count into the run's ``wall_s``."""
+        now = time.perf_counter()
+        self.wall_before += now - self._t0
+        self._t0 = now
 
-    def load_checkpoint(self, name: str = CHECKPOINT) -> dict:
-        ck = read_run_state(self.run_dir, name, map_location=self.device)
-        if name == SELECTED:  # after checkpoint.pt: it must be this run's state
-            check_selected(ck, self.run_dir / name, self.identity.key, self.cfg.to_dict())
+    def load_checkpoint(self) -> dict:
+        """Load ``checkpoint.pt``: the run continues after its round (returns its dict)."""
+        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device)
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])
-        if "ledger" in ck:  # selected.pt holds the state only
-            self.ledger.load_state_dict(ck["ledger"])
-            self.records = ck["records"]
-            self.wall_before = float(ck["wall_s"])
-            set_rng_state(ck["rng"])
-            self.selected_round = ck.get("selected_round")
-            self.identity.key = ck.get("run_key") or self.identity.key
-            self.setup_complete = True  # checkpoints are written after the setup exchange
-            self.identity.resume_from = self.last_round
-            self.identity.checkpointed = self.last_round
-            self.identity.worked = self._worked_until(self.last_round)
+        self.ledger.load_state_dict(ck["ledger"])
+        self.records = ck["records"]
+        self.wall_before = float(ck["wall_s"])
+        set_rng_state(ck["rng"])
+        self.identity.key = ck.get("run_key") or self.identity.key
+        self.setup_complete = True  # checkpoints are written after the setup exchange
+        self.identity.resume_from = self.last_round
+        self.identity.checkpointed = self.last_round
+        self.identity.worked = self._worked_until(self.last_round)
         return ck
 
     def _worked_until(self, rnd: int) -> set[str]:
@@ -362,39 +360,76 @@ class RoundLoop:
         # on the terminal where a console shows it (the Flower ServerApp prints its own)
         shown = not self.options.round_log
         log.info("run directory %s", self.run_dir.resolve(), extra={"console": shown})
-        if resumed:
-            self.load_checkpoint()
+        ck = self.load_checkpoint() if resumed else None
         if rounds is not None:
             self._extend(rounds, resumed)
         if not resumed:
             dump_config(self.cfg, self.run_dir / "config.yaml")
         self.provenance = track.provenance(track.utc_now(), self.last_round if resumed else None)
         log.info("%s", track.describe_start(self, resumed))
-        started = time.perf_counter()
-        self._tracking = tracking.Tracking(self.run_dir, self.cfg.track, self.cfg.to_dict())
+        self._t0 = time.perf_counter()
+        self.hooks = Hooks(self.hooks_for())
+        if ck is not None:
+            self.hooks.resume(ck)
         try:
             with self.gate.installed():
                 self.gate.poll()
                 if not resumed and self.algo.needs_setup:
                     self.setup_exchange()
-                write_metrics(self.run_dir, self.records)
-                self._tracking.open(self.last_round, self.records, resumed)
+                self.hooks.open(self.last_round, self.records, resumed)
                 self._rounds(stop_after)
+            self._clock()
+            record = self.run_record()
+            self.hooks.end(record)
         except Caught as caught:
-            saved = self._save_interrupted(started)
+            saved = self._save_interrupted()
             stop = RunSignal(caught.signum, self.run_dir, saved, self.options.resume_hint)
             log.info("stopped by %s", stop)
             raise stop from None
         finally:
-            self._tracking.close()
-        self.wall_before += time.perf_counter() - self._t0
-        label = f"{self.cfg.algorithm['name']} s{self.cfg.seed}{self.options.label_suffix}"
+            self.hooks.close()
+        log.info("%s", track.describe_end(record.summary))
+        return RunResult(self.run_dir, record.summary)
+
+    def hooks_for(self) -> list[Hook]:
+        """The run's hooks, in the order they are called (:mod:`fedshift.runtime.hooks`)."""
+        cfg = self.cfg
+        console = self.options.round_log and not self.progress
+        metric = self.task.primary.name
+        return [
+            MetricsFile(self.run_dir),
+            ModelSelection(self),
+            *tracking.trackers(self.run_dir, cfg.track, cfg.to_dict()),
+            ProgressLine(self.label, cfg.train.rounds, metric, self.progress, console),
+            ResultFiles(),
+            *self.extra_hooks,
+            Checkpoints(self),  # last: every hook has seen the round it makes durable
+        ]
+
+    def run_record(self) -> RunRecord:
+        """The finished run, typed: what ``summary.json`` is written from."""
         info = self.transport.info()
         if info is not None:
             info = {**info, "device": str(self.device), **self.exp.placement}
-        summary = finish_run(self, label, {"runtime": info} if info else None)
-        log.info("%s", track.describe_end(summary))
-        return RunResult(self.run_dir, summary)
+        end = None if self.provenance is None else {**self.provenance, "end": track.utc_now()}
+        return RunRecord(
+            config=self.cfg,
+            run_dir=self.run_dir,
+            label=self.label,
+            task=self.task,
+            kinds=list(self.kinds),
+            clients=self.fed.client_names,
+            implied=list(self.implied),
+            dh=self.fed.info.get("dh"),
+            weighting=self.algo.algorithm.weighting,
+            model_params=sum(p.numel() for p in self.model.parameters()),
+            model_bytes=sum(t.numel() * t.element_size() for t in self.model.state_dict().values()),
+            records=self.records,
+            ledger=self.ledger,
+            wall_s=self.wall_before,
+            runtime=info,
+            provenance=end,
+        )
 
     def _extend(self, rounds: int, resumed: bool) -> None:
         if rounds < self.last_round:
@@ -402,10 +437,10 @@ class RoundLoop:
                 f"train.rounds={rounds}: the run in {self.run_dir} already trained "
                 f"{self.last_round} rounds; a run can be extended, not shortened"
             )
-        algo = getattr(self.algo, "algo", self.algo)
-        if rounds != self.cfg.train.rounds and getattr(algo, "depends_on_rounds", False):
+        algo = self.algo.algorithm
+        if rounds != self.cfg.train.rounds and algo.depends_on_rounds:
             raise ConfigError(
-                f"train.rounds={rounds}: {self.cfg.algorithm['name']}'s local work depends on "
+                f"train.rounds={rounds}: {self.cfg.algorithm.name}'s local work depends on "
                 f"the run's total rounds ({self.cfg.train.rounds}: a ramp-up schedule), so the "
                 "extended run would not equal a run of that many rounds from the start; "
                 "start a new run instead"
@@ -420,79 +455,36 @@ class RoundLoop:
         dump_config(self.cfg, self.run_dir / "config.yaml")
 
     def _rounds(self, stop_after: int | None) -> None:
-        cfg = self.cfg
-        rounds, every = cfg.train.rounds, cfg.eval.every
-        label = f"{cfg.algorithm['name']} s{cfg.seed}{self.options.label_suffix}"
-        bar = tqdm(
-            range(self.last_round + 1, rounds + 1),
-            desc=label,
-            initial=self.last_round,
-            total=rounds,
-            disable=not self.progress,
-            leave=False,
-            dynamic_ncols=True,
-        )
+        rounds, every = self.cfg.train.rounds, self.cfg.eval.every
         self._t0 = time.perf_counter()
-        for rnd in bar:
+        for rnd in range(self.last_round + 1, rounds + 1):
             self.gate.poll()  # a signal recorded for a loop in another thread
             mark = len(self.ledger.rows)  # the round's first ledger row
             self._undo = (copy.deepcopy(self.server), mark)
             self.transport.begin_round(self.sample(rnd))
             train_metrics = self.run_round(rnd)
-            line = self._round_line(rnd, rounds, train_metrics)
             rows = None
             if rnd % every == 0 or rnd == rounds:
                 rows = self.evaluate_round(rnd, train_metrics)
-                val = self.val_mean(rows)
-                line += f", val {self.task.primary.name} {val:.4f} ({self.kinds[0]})"
-                bar.set_postfix_str(f"val {self.task.primary.name} {val:.3f}")
             self._commit(rnd, rows)
-            if self._tracking is not None:
-                self._tracking.log_round(track.round_record(self, rnd, train_metrics, rows, mark))
-            log.info("%s", line, extra={"console": self.options.round_log and not self.progress})
-            if self._checkpoint_due(rnd):
-                self.wall_before += time.perf_counter() - self._t0
-                self._t0 = time.perf_counter()
-                self.save_checkpoint()
+            ledger_rows = self.ledger.rows[mark:]  # the round's own
+            self.hooks.log_round(RoundRecord.of(rnd, train_metrics, rows, ledger_rows, self.kinds))
             if stop_after is not None and rnd >= stop_after and rnd < rounds:
-                bar.close()
                 raise RunInterrupted(f"stopped after round {rnd} (stop_after)")
-        bar.close()
-
-    def _round_line(self, rnd: int, rounds: int, train_metrics: dict[str, dict]) -> str:
-        loss = [m["train_loss"] for m in train_metrics.values() if "train_loss" in m]
-        line = f"round {rnd}/{rounds}: {len(train_metrics)} replies"
-        return line + (f", train loss {sum(loss) / len(loss):.4f}" if loss else "")
 
     def _commit(self, rnd: int, rows: list[dict] | None) -> None:
-        """Round ``rnd`` is whole: keep its rows, track the selected round, drop the undo."""
+        """Round ``rnd`` is whole: drop the undo, keep its rows, hand them to the hooks."""
         self._undo = None
         self.transport.begin_round([])  # nothing to undo any more
         self.last_round = rnd
-        if rows is None:
-            return
-        self.records.extend(rows)
-        write_metrics(self.run_dir, rows, append=True)
-        if rnd % self.cfg.eval.every == 0:
-            scheduled = [r for r in self.records if r["round"] % self.cfg.eval.every == 0]
-            best = select_round(scheduled, self.kinds[0], self.task.primary.name)["best"]
-            if best["round"] == rnd:
-                self.selected_round = rnd
-                state = {"round": rnd, "server": self.server}
-                state["clients"] = self.transport.state_dict()
-                # whose state this is: a selected.pt copied from another run is refused
-                state["run_key"] = self.identity.key
-                state["config_digest"] = config_digest(self.cfg.to_dict())
-                self._atomic_save(state, SELECTED)
+        if rows is not None:
+            self.records.extend(rows)
+            self.hooks.evaluated(rnd, rows)
 
-    def _checkpoint_due(self, rnd: int) -> bool:
-        ck = self.cfg.checkpoint
-        if rnd == self.cfg.train.rounds or (ck.every and rnd % ck.every == 0):
-            return True
-        return bool(ck.minutes) and time.monotonic() - self._last_save >= 60 * ck.minutes
-
-    def _save_interrupted(self, started: float) -> int | None:
-        """After a signal: undo the round in progress and save the last whole round."""
+    def _save_interrupted(self) -> int | None:
+        """After a signal: undo the round in progress and save the last whole round. A
+        signal during the setup exchange leaves nothing to save: a half-done exchange
+        (statistics sent but not yet received back) must not be checkpointed."""
         self.gate.stopping = True
         if self._undo is not None:
             server, rows = self._undo
@@ -500,14 +492,7 @@ class RoundLoop:
             del self.ledger.rows[rows:]
             self.transport.rollback()
             self._undo = None
-        if self.last_round == 0 and not self._setup_done():
+        if self.last_round == 0 and not self.setup_complete:
             return None
-        self.wall_before += time.perf_counter() - getattr(self, "_t0", started)
-        self._t0 = time.perf_counter()
         self.save_checkpoint()
         return self.last_round
-
-    def _setup_done(self) -> bool:
-        """A signal during the setup exchange leaves nothing to save: a half-done exchange
-        (statistics sent but not yet received back) must not be checkpointed."""
-        return self.setup_complete

@@ -14,11 +14,9 @@ import torch
 
 from fedshift.core.config import RunConfig
 from fedshift.core.payload import Payload
-from fedshift.data import load_dataset
+from fedshift.data import run_federation
 from fedshift.data.base import Federation
-from fedshift.data.partition import apply_partition
 from fedshift.runtime.client import evaluate_client, train_client
-from fedshift.runtime.executor import SequentialExecutor
 from fedshift.runtime.experiment import Experiment, init_client_state
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
 
@@ -29,18 +27,13 @@ class InProcessTransport:
 
     name = "native"
 
-    def __init__(self, federation: Federation | None = None, executor=None) -> None:
+    def __init__(self, federation: Federation | None = None) -> None:
         self.preloaded = federation
-        self.executor = executor or SequentialExecutor()
         self.states: dict[str, dict] = {}
         self._undo: dict[str, dict] | None = None
 
     def connect(self, cfg: RunConfig) -> Federation:
-        if self.preloaded is None:
-            fed = load_dataset(cfg.dataset, cfg.partition)
-        else:
-            fed = apply_partition(self.preloaded, cfg.partition)
-        self.fed = fed.with_train_fraction(cfg.federation.data_fraction)
+        self.fed = run_federation(cfg, self.preloaded)
         return self.fed
 
     def attach(self, exp: Experiment, run: RunIdentity) -> None:
@@ -64,13 +57,13 @@ class InProcessTransport:
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
-        exp = self.exp
-
-        def one(cid: str) -> tuple[str, Payload]:
-            data = exp.train_clients[cid]
-            return cid, train_client(exp, exp.seed, cid, data, rnd, down(cid), self.states[cid])
-
-        return dict(self.executor.map(one, cids)), []
+        exp, states = self.exp, self.states
+        return {
+            cid: train_client(
+                exp, exp.seed, cid, exp.train_clients[cid], rnd, down(cid), states[cid]
+            )
+            for cid in cids
+        }, []
 
     def evaluate(
         self, rnd: int, cids: list[str], request: EvalRequest
@@ -113,4 +106,4 @@ class InProcessTransport:
         }
 
     def close(self) -> None:
-        """Nothing to stop (the pool transport's counterpart)."""
+        """Nothing to stop (the pool transport stops its worker processes)."""

@@ -6,7 +6,7 @@ processes, each reporting its rounds back: the machinery under ``fedshift bench`
 it) once per cell and hands each outcome, a plain dict (:func:`guarded`), to ``done`` in the
 calling thread as the cell ends. With one worker the cells run here; with more, in spawned
 processes that die with this one (:func:`~fedshift.core.lifeline.die_with_parent`). A cell
-reports its progress through :func:`report` (a :class:`ReportingSimulation` reports each whole
+reports its progress through :func:`report` (a :class:`RoundReport` hook reports each whole
 round): in this process straight to ``sink``, from a worker through a queue that a thread of
 this process drains into ``sink`` (:class:`~fedshift.runtime.progress.CellProgress`).
 
@@ -32,13 +32,14 @@ import torch
 from fedshift.catalog import resolve
 from fedshift.core.errors import FedshiftError
 from fedshift.core.lifeline import die_with_parent
+from fedshift.runtime.hooks import Hook, RoundRecord
 from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_run, lock_holder
 from fedshift.runtime.simulation import Simulation, make_transport
 from fedshift.runtime.stopping import RunSignal
 
 __all__ = [
     "PARENT_GONE_GRACE_S",
-    "ReportingSimulation",
+    "RoundReport",
     "Stopped",
     "guarded",
     "install",
@@ -72,13 +73,15 @@ class Stopped(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
         self.signum = signum
 
 
-class ReportingSimulation(Simulation):
-    """A :class:`~fedshift.runtime.simulation.Simulation` that reports every whole round
-    (``("round", str(run_dir), round, train.rounds)``) through :func:`report`."""
+class RoundReport(Hook):
+    """A round-loop hook that reports every whole round of the run in ``run_dir``
+    (``("round", str(run_dir), round, rounds)``) through :func:`report`."""
 
-    def _commit(self, rnd: int, rows: list[dict] | None) -> None:
-        super()._commit(rnd, rows)
-        report("round", str(self.run_dir), rnd, self.cfg.train.rounds)
+    def __init__(self, run_dir: str | Path, rounds: int) -> None:
+        self.run_dir, self.rounds = str(run_dir), rounds
+
+    def log_round(self, record: RoundRecord) -> None:
+        report("round", self.run_dir, record.round, self.rounds)
 
 
 def guarded(task: Callable[..., str], *args: Any) -> dict:
@@ -307,7 +310,8 @@ def run_job(cfg_dict: dict, run_dir: str, workers: int, overwrite: bool) -> str:
         report("start", run_dir, cfg.train.rounds)
         transport = make_transport(cfg, workers=workers)
         try:
-            ReportingSimulation(cfg, path, progress=False, transport=transport).run()
+            hooks = [RoundReport(path, cfg.train.rounds)]
+            Simulation(cfg, path, progress=False, transport=transport, hooks=hooks).run()
         finally:
             transport.close()
     return "ran"

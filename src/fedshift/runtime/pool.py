@@ -21,8 +21,8 @@ random streams derived from (seed, round, client), so every client computes what
 in one process; the replies come back in the sampled order, so aggregation sums in the same
 order; the server's process takes over the global RNG state the last sampled client left (as
 one process would). With the same ``run.threads`` (every process, server included) a run
-with N workers gives the numbers of the sequential run, bit for bit (tests/test_pool.py, for
-every algorithm and augment).
+with N workers gives the numbers of the sequential run, bit for bit (tests/runtime/test_same_run.py,
+for every algorithm and augment).
 
 **Failure.** An exception in a worker comes back to the run's process and is raised there
 with its type and message (a note names the worker, the client and the worker's traceback);
@@ -54,9 +54,8 @@ from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import set_rng_state
-from fedshift.data import load_dataset
+from fedshift.data import run_federation
 from fedshift.data.base import Federation
-from fedshift.data.partition import apply_partition
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.pool_worker import dumps, recv, send, worker_main
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
@@ -319,11 +318,7 @@ class PoolTransport:
 
     # ------------------------------------------------------------------ set-up
     def connect(self, cfg: RunConfig) -> Federation:
-        if self.preloaded is None:
-            fed = load_dataset(cfg.dataset, cfg.partition)
-        else:
-            fed = apply_partition(self.preloaded, cfg.partition)
-        self.fed = fed.with_train_fraction(cfg.federation.data_fraction)
+        self.fed = run_federation(cfg, self.preloaded)
         self.cfg = cfg
         if self.pool is None:
             self.pool = WorkerPool(max(1, min(self.workers, len(self.fed.clients))))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import io
-import json
 import os
 import pickle
 import signal
@@ -221,23 +220,18 @@ class _Worker:
         import torch
 
         from fedshift.catalog import resolve
-        from fedshift.data import load_dataset
-        from fedshift.data.partition import apply_partition
+        from fedshift.data import federation_key, run_federation
         from fedshift.runtime.experiment import build_experiment
 
         torch.set_num_threads(threads)
         cfg = resolve(cfg_dict, source="the run config sent to the pool worker")
         if preloaded is not None:
-            fed = apply_partition(preloaded, cfg.partition)
-            fed = fed.with_train_fraction(cfg.federation.data_fraction)
+            fed = run_federation(cfg, preloaded)
         else:
-            key = json.dumps(
-                [cfg.dataset, cfg.partition, cfg.federation.data_fraction], default=str
-            )
+            key = federation_key(cfg)
             if key not in self.feds:
                 self.feds.clear()  # one federation at a time: a pool serves one run
-                loaded = load_dataset(cfg.dataset, cfg.partition)
-                self.feds[key] = loaded.with_train_fraction(cfg.federation.data_fraction)
+                self.feds[key] = run_federation(cfg)
             fed = self.feds[key]
         self.exp = None  # the previous run's, if any, goes first
         self.states, self.undo = {}, None
@@ -251,7 +245,12 @@ class _Worker:
 
         exp = self.exp
         for cid in cids:
-            data = exp.train_clients.get(cid) or exp.fed.client(cid)
+            if cid in exp.train_clients:
+                data = exp.train_clients[cid]
+            elif cid in exp.holdout:  # never trains; its augments' own statistics
+                data = exp.fed.client(cid)
+            else:  # evaluated only (central training's clients): no state, as in-process
+                continue
             # init_client reads the model: the initial weights, whatever ran before
             exp.model.load_state_dict(self.initial)
             self.states[cid] = init_client_state(exp, exp.seed, cid, data)

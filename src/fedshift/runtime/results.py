@@ -17,7 +17,8 @@ from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
 from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
 from fedshift.eval.plots import plot_convergence
-from fedshift.eval.summary import summarize
+from fedshift.eval.summary import RunRecord
+from fedshift.runtime.hooks import Hook
 from fedshift.runtime.rundir import (
     EXISTS,
     LOCK_FILE,
@@ -27,11 +28,12 @@ from fedshift.runtime.rundir import (
     hold_run,
     is_empty,
 )
-from fedshift.runtime.track import utc_now
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
+    """A run that finished: its directory and ``summary.json``'s content."""
+
     run_dir: Path
     summary: dict
 
@@ -49,11 +51,11 @@ def run_dir_base(cfg: RunConfig) -> str:
     """``<algorithm>-<dataset>-seed<seed>``: the head of a suite cell's folder name (``fedshift
     bench`` appends the cell's config digest); a plug-in's ``module:Class`` algorithm name has
     its colon as a dot (not allowed on Windows)."""
-    return f"{_algo(cfg)}-{cfg.dataset['name']}-seed{cfg.seed}"
+    return f"{_algo(cfg)}-{cfg.dataset.name}-seed{cfg.seed}"
 
 
 def _algo(cfg: RunConfig) -> str:
-    return str(cfg.algorithm["name"]).replace(":", ".")
+    return cfg.algorithm.name.replace(":", ".")
 
 
 #: the longest readable part of a run directory's name (the digest keeps names unique)
@@ -76,7 +78,7 @@ def run_dir_name(cfg: RunConfig) -> str:
             shown.append(f"+{len(tokens) - i}")
             break
         shown.append(t)
-    parts = [_algo(cfg), str(cfg.dataset["name"]), *shown, f"seed{cfg.seed}", run_digest(cfg)]
+    parts = [_algo(cfg), cfg.dataset.name, *shown, f"seed{cfg.seed}", run_digest(cfg)]
     return "-".join(parts)
 
 
@@ -114,19 +116,18 @@ def config_changes(cfg: RunConfig) -> list[tuple[str, object]]:
     fixed sections' keys (``train.lr``), and the execution keys that change the last bits
     (``threads``, ``executor``...). Not the algorithm and dataset names, the seed or
     ``train.rounds`` (a run's folder names those apart or not at all)."""
-    from fedshift.eval.tables import component_defaults
-
     d = number_config(cfg.to_dict())
     base = number_config(RunConfig().to_dict())
     out: list[tuple[str, object]] = []
     for section in ("algorithm", "augment", "dataset", "model", "partition"):
         given, default = d.pop(section), base.pop(section)
         if section == "augment":
-            out += _augment_changes(cfg, given)
+            out += _augment_changes(cfg)
             continue
-        if section in ("model", "partition") and given.get("name") != default.get("name"):
-            out.append((section, given["name"]))
-        own = component_defaults(given, section)
+        component = getattr(cfg, section)
+        if section in ("model", "partition") and component.name != default["name"]:
+            out.append((section, component.name))
+        own = component.defaults()
         for k, v in given.items():
             if k != "name" and not k.endswith("_sha256") and (k not in own or own[k] != v):
                 out.append((f"{section}.{k}", v))
@@ -140,22 +141,16 @@ def config_changes(cfg: RunConfig) -> list[tuple[str, object]]:
     return out
 
 
-def _augment_changes(cfg: RunConfig, augments: list[dict]) -> list[tuple[str, object]]:
+def _augment_changes(cfg: RunConfig) -> list[tuple[str, object]]:
     """The augments a run adds to its algorithm's own, and the changed keys of each."""
-    from fedshift.catalog import registry_for
-    from fedshift.eval.tables import component_defaults
-
-    entry = registry_for("algorithm").entry(cfg.algorithm["name"])
-    keys = {k: v for k, v in cfg.algorithm.items() if k != "name"}
-    params = entry.params(**keys) if entry.params is not None else None
-    implied = set(entry.obj.implied_augments(params))
+    implied = set(cfg.algorithm.factory.implied_augments(cfg.algorithm.params))
     names, changed = [], []
-    for a in augments:
-        own = component_defaults(a, "augment")
-        diff = [(f"augment.{a['name']}.{k}", v) for k, v in a.items()
+    for a in cfg.augment:
+        own = a.defaults()
+        diff = [(f"augment.{a.name}.{k}", v) for k, v in a.to_dict().items()
                 if k != "name" and own.get(k) != v]  # fmt: skip
-        if a["name"] not in implied:
-            names.append(a["name"])
+        if a.name not in implied:
+            names.append(a.name)
         changed += diff
     return ([("augment", "+".join(names))] if names else []) + changed
 
@@ -233,26 +228,43 @@ def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None
         write_text_atomic(path, text)
 
 
-def finish_run(run, label: str, extra: dict | None = None) -> dict:
-    """Write ``summary.json`` (+ ``extra`` keys), ``ledger.json`` and ``convergence.png`` of
-    a finished run (a :class:`~fedshift.runtime.loop.RoundLoop`). ``summary["provenance"]``
-    records what produced the run (:func:`fedshift.runtime.track.provenance`), with its end
-    time; it is not a result."""
-    summary = summarize(run)
-    summary.update(extra or {})
-    if getattr(run, "provenance", None) is not None:
-        summary["provenance"] = {**run.provenance, "end": utc_now()}
-    run_dir = Path(run.run_dir)
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    ledger = run.ledger
-    data = {
-        "by_record": ledger.by_record(),
-        "by_round": {str(k): v for k, v in ledger.by_round().items()},
-        "total": {"up": ledger.total("up"), "down": ledger.total("down")},
-    }
-    write_text_atomic(run_dir / "ledger.json", json.dumps(data, indent=2) + "\n")
-    metric = run.task.primary
-    plot_convergence(
-        run.records, run.kinds, run_dir / "convergence.png", label, metric.name, metric.label
-    )
-    return summary
+class MetricsFile(Hook):
+    """``metrics.jsonl``: rewritten from the checkpoint's rows when the run opens, then each
+    evaluated round's rows appended."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+        write_metrics(self.run_dir, records)
+
+    def evaluated(self, rnd: int, rows: list[dict]) -> None:
+        write_metrics(self.run_dir, rows, append=True)
+
+
+class ResultFiles(Hook):
+    """At the end of a run: ``summary.json`` (:attr:`RunRecord.summary
+    <fedshift.eval.summary.RunRecord.summary>`; its ``provenance`` records what produced
+    the run, :func:`fedshift.runtime.track.provenance`, and is not a result),
+    ``ledger.json`` and ``convergence.png``."""
+
+    def end(self, record: RunRecord) -> None:
+        run_dir = Path(record.run_dir)
+        text = json.dumps(record.summary, indent=2) + "\n"
+        write_text_atomic(run_dir / "summary.json", text)
+        ledger = record.ledger
+        data = {
+            "by_record": ledger.by_record(),
+            "by_round": {str(k): v for k, v in ledger.by_round().items()},
+            "total": {"up": ledger.total("up"), "down": ledger.total("down")},
+        }
+        write_text_atomic(run_dir / "ledger.json", json.dumps(data, indent=2) + "\n")
+        metric = record.task.primary
+        plot_convergence(
+            record.records,
+            record.kinds,
+            run_dir / "convergence.png",
+            record.label,
+            metric.name,
+            metric.label,
+        )

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -28,20 +29,19 @@ from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.identity import NOT_SET, config_diff
+from fedshift.core.seeding import set_rng_state
 from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
-from fedshift.runtime.checkpoint_io import read_run_state
+from fedshift.runtime.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
 from fedshift.runtime.cores import resolve_workers
-from fedshift.runtime.loop import (
-    CHECKPOINT,
-    SELECTED,
-    LoopOptions,
-    RoundLoop,
-)
+from fedshift.runtime.hooks import Hook
+from fedshift.runtime.loop import LoopOptions, RoundLoop, start_experiment
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.pool import PoolTransport, WorkerPool
 from fedshift.runtime.results import RunResult, new_run_dir
+from fedshift.runtime.saved import SavedRun, read_selected
 from fedshift.runtime.stopping import RunInterrupted, RunSignal
+from fedshift.runtime.transport import RunIdentity, held_client_state
 from fedshift.runtime.vmap import VmapTransport
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "RunInterrupted",
     "RunResult",
     "RunSignal",
+    "SavedRun",
     "Simulation",
     "load_finished",
     "make_transport",
@@ -84,10 +85,11 @@ class Simulation(RoundLoop):
         progress: bool = True,
         options: LoopOptions | None = None,
         transport: InProcessTransport | PoolTransport | None = None,
+        hooks: Iterable[Hook] = (),
     ) -> None:
         with torch_threads(cfg.run.threads):
             transport = transport or InProcessTransport(federation)
-            super().__init__(cfg, run_dir, transport, progress, options)
+            super().__init__(cfg, run_dir, transport, progress, options, hooks)
 
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
@@ -279,11 +281,13 @@ def resume_experiment(
 
 def load_finished(
     run_dir: str | Path, federation: Federation | None = None, weights: str = "selected"
-) -> Simulation:
+) -> SavedRun:
     """A run rebuilt from its ``config.yaml`` and saved state, ready to evaluate (pictures,
     cross-site matrices, features): the federation, the model, the algorithm and every
     client's state at the round ``weights`` names, ``selected`` (the round model selection
-    picked on validation, the one the run's tables report: default) or ``last``."""
+    picked on validation, the one the run's tables report: default) or ``last``. The state
+    is read without running code and ``selected.pt`` is checked to be this run's
+    (:mod:`fedshift.runtime.checkpoint_io`)."""
     if weights not in WEIGHTS:
         raise ConfigError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     run_dir = Path(run_dir)
@@ -291,10 +295,20 @@ def load_finished(
         raise FedshiftError(
             f"{run_dir} is not a finished fedshift run (it needs config.yaml and {CHECKPOINT})"
         )
-    sim = Simulation(saved_config(run_dir), run_dir, federation, progress=False)
-    sim.load_checkpoint()
-    if weights == "last":
-        return sim
+    cfg = saved_config(run_dir)
+    with torch_threads(cfg.run.threads):
+        identity = RunIdentity(key=uuid.uuid4().hex)
+        exp, _ = start_experiment(cfg, InProcessTransport(federation), identity)
+    ck = read_run_state(run_dir, CHECKPOINT, map_location=exp.device)
+    set_rng_state(ck["rng"])
+    state = ck if weights == "last" else _selected_state(run_dir, cfg, ck, exp.device)
+    clients = held_client_state(state["clients"])
+    return SavedRun(run_dir, cfg, weights, int(state["round"]), exp, state["server"], clients)
+
+
+def _selected_state(run_dir: Path, cfg: RunConfig, ck: dict, device: torch.device) -> dict:
+    """The state of the round ``summary.json`` selected: ``checkpoint.pt``'s (``ck``) when it
+    is the last round, else ``selected.pt``'s, checked to belong to this run."""
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise FedshiftError(
@@ -302,17 +316,17 @@ def load_finished(
             "use the last weights (--weights last) or finish it (fedshift run --resume)"
         )
     best = read_summary(summary_path)["best_round"]  # checked: the file and field named
-    if best == sim.last_round:
-        return sim
+    if best == int(ck["round"]):
+        return ck
     if not (run_dir / SELECTED).is_file():
         raise FedshiftError(
             f"{run_dir} selected round {best} but has no {SELECTED} (a run made before "
             "fedshift kept the selected state); use its last weights with --weights last"
         )
-    ck = sim.load_checkpoint(SELECTED)
-    if int(ck["round"]) != best:
+    state = read_selected(run_dir, cfg, ck["run_key"], device)
+    if int(state["round"]) != best:
         raise FedshiftError(
-            f"{run_dir / SELECTED} holds round {ck['round']} but summary.json selected round "
-            f"{best}; the run directory is inconsistent (rerun it, or use --weights last)"
+            f"{run_dir / SELECTED} holds round {state['round']} but summary.json selected "
+            f"round {best}; the run directory is inconsistent (rerun it, or use --weights last)"
         )
-    return sim
+    return state

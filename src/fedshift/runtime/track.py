@@ -20,9 +20,9 @@ The config key ``track`` lists the optional ones (``track=[tensorboard,wandb,mlf
   MLflow run in a SQLite store): the same scalars, each round logged once the checkpoint
   that covers it is written (:meth:`Tracker.checkpointed`), since neither can drop steps.
 
-Adding a tracker: a :class:`Tracker` subclass in :data:`fedshift.runtime.tracking.TRACKERS`
-and its name in the
-``track`` key's choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
+Adding a tracker: a :class:`Tracker` subclass (a :class:`~fedshift.runtime.hooks.Hook` of the
+round loop) in :data:`fedshift.runtime.tracking.TRACKERS` and its name in the ``track`` key's
+choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
 imports it in ``open``, never at module level (``fedshift --help`` stays instant).
 
 :func:`provenance` is what produced a run: versions, the git commit of the fedshift source,
@@ -42,7 +42,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,10 +49,10 @@ from typing import Any, ClassVar
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import csv_safe, write_text_atomic
 from fedshift.core.machine import machine
+from fedshift.runtime.hooks import Hook, RoundRecord
 
 __all__ = [
     "CsvTracker",
-    "RoundRecord",
     "TensorBoardTracker",
     "Tracker",
     "describe_end",
@@ -61,7 +60,6 @@ __all__ = [
     "flatten_row",
     "git_state",
     "provenance",
-    "round_record",
     "round_scalars",
     "utc_now",
 ]
@@ -70,27 +68,13 @@ METRICS_CSV = "metrics.csv"
 TENSORBOARD_DIR = "tensorboard"
 
 
-@dataclass
-class RoundRecord:
-    """What one whole round produced."""
-
-    round: int
-    #: train loss of each client's reply (clients whose reply had one)
-    train_loss: dict[str, float]
-    #: the evaluation rows (``metrics.jsonl`` lines) when the round was evaluated
-    rows: list[dict] | None = None
-    bytes_up: int = 0
-    bytes_down: int = 0
-    #: model kinds the run evaluates, primary first
-    kinds: list[str] = field(default_factory=list)
-
-
-class Tracker:
-    """One destination of a run's rounds. ``open`` is called once the run's earlier rows
-    are known (``records``: those of the checkpoint a resumed run starts from; ``resumed``:
-    the run continues after round ``last_round``, else it starts from round 1).
-    ``config``: the run's resolved config (:meth:`~fedshift.core.config.RunConfig.to_dict`),
-    when the caller has it."""
+class Tracker(Hook):
+    """One destination of a run's rounds: a :class:`~fedshift.runtime.hooks.Hook` of its loop
+    that sees ``open``, ``log_round``, ``checkpointed`` and ``close``. ``open`` is called once
+    the run's earlier rows are known (``records``: those of the checkpoint a resumed run
+    starts from; ``resumed``: the run continues after round ``last_round``, else it starts
+    from round 1). ``config``: the run's resolved config
+    (:meth:`~fedshift.core.config.RunConfig.to_dict`), when the caller has it."""
 
     #: the pip package the tracker needs (None: none)
     package: ClassVar[str | None] = None
@@ -102,16 +86,6 @@ class Tracker:
     @classmethod
     def check(cls) -> None:
         """Raise :class:`ConfigError` naming the fix when the tracker cannot run here."""
-
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None: ...
-
-    def log_round(self, record: RoundRecord) -> None: ...
-
-    def checkpointed(self, rnd: int) -> None:
-        """The run's checkpoint now holds every round up to ``rnd``: a resume never runs
-        them again. Called with SIGINT / SIGTERM held off, as the checkpoint write is."""
-
-    def close(self) -> None: ...
 
 
 # ----------------------------------------------------------------------------- CSV
@@ -246,19 +220,6 @@ class TensorBoardTracker(Tracker):
             self.writer = None
 
 
-def round_record(
-    run: Any, rnd: int, train_metrics: dict[str, dict], rows: list[dict] | None, mark: int
-) -> RoundRecord:
-    """Round ``rnd`` of ``run`` (a :class:`~fedshift.runtime.loop.RoundLoop`) as the
-    trackers see it: the replies' ``train_metrics``, the evaluation ``rows`` (None when not
-    evaluated) and the bytes of the ledger rows from ``mark`` on (the round's own)."""
-    sent = {"up": 0, "down": 0}
-    for _, _, direction, _, nbytes in run.ledger.rows[mark:]:
-        sent[direction] = sent.get(direction, 0) + nbytes
-    losses = {c: m["train_loss"] for c, m in train_metrics.items() if "train_loss" in m}
-    return RoundRecord(rnd, losses, rows, sent["up"], sent["down"], list(run.kinds))
-
-
 def describe_start(run: Any, resumed: bool) -> str:
     """The ``run.log`` line that opens a run: what runs, on what, with which fedshift."""
     cfg, prov = run.cfg, run.provenance or {}
@@ -267,7 +228,7 @@ def describe_start(run: Any, resumed: bool) -> str:
     if git:
         source = f" (git {git['commit'][:10]}{', with local changes' if git['dirty'] else ''})"
     line = (
-        f"{cfg.algorithm['name']} on {cfg.dataset['name']}, seed {cfg.seed}, "
+        f"{cfg.algorithm.name} on {cfg.dataset.name}, seed {cfg.seed}, "
         f"{cfg.train.rounds} rounds, {len(run.fed.client_names)} clients, device {run.device}; "
         f"fedshift {prov.get('fedshift')}{source}, torch {prov.get('torch')}"
     )

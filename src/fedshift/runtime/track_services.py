@@ -73,7 +73,8 @@ from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import read_json, write_text_atomic
-from fedshift.runtime.track import RoundRecord, Tracker, flatten_row, round_scalars
+from fedshift.runtime.hooks import RoundRecord
+from fedshift.runtime.track import Tracker, flatten_row, round_scalars
 
 __all__ = ["DurableTracker", "MlflowTracker", "WandbTracker", "wandb_mode"]
 

@@ -1,9 +1,10 @@
 """How the round loop reaches its clients: the :class:`Transport` interface.
 
-The loop (:mod:`fedshift.runtime.loop`) owns everything that is the same for every way of
-running a federation: the server state, client sampling, the setup exchange, aggregation, the
-ledger, reply checks, evaluation rows, model selection, checkpoints and resume, progress and
-the summary. A transport only delivers messages and brings back replies:
+The loop (:mod:`fedshift.runtime.loop`, with its hooks: :mod:`fedshift.runtime.hooks`) owns
+everything that is the same for every way of running a federation: the server state, client
+sampling, the setup exchange, aggregation, the ledger, reply checks, evaluation rows, model
+selection, checkpoints and resume, progress and the summary. A transport only delivers
+messages and brings back replies:
 
 ============================  ===============================================================
 ``connect(cfg)``              the federation the server builds the experiment from (natively
@@ -24,11 +25,15 @@ the summary. A transport only delivers messages and brings back replies:
 ``begin_round(cids)`` / ``rollback()``  make the round's client work undoable, so a run
                               interrupted mid-round saves the state of the last whole round
 ``info()``                    what the summary records about the transport (``runtime``)
+``close()``                   the run is over: stop what the transport started (the pool
+                              transport's worker processes; in-process and on Flower: nothing)
 ============================  ===============================================================
 
-Three implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
-process, one after another), :class:`fedshift.runtime.pool.PoolTransport` (clients in
-long-lived worker processes of this machine, ``run.workers``) and
+Four implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
+process, one after another), :class:`fedshift.runtime.vmap.VmapTransport` (the same, a
+round's clients trained together: ``run.executor=vmap``),
+:class:`fedshift.runtime.pool.PoolTransport` (clients in long-lived worker processes of this
+machine, ``run.workers``) and
 :class:`fedshift.flower.transport.GridTransport` (clients behind Flower SuperNodes, in
 simulation or deployed).
 """
@@ -124,3 +129,5 @@ class Transport(Protocol):
     def rollback(self) -> None: ...
 
     def info(self) -> dict | None: ...
+
+    def close(self) -> None: ...

@@ -69,7 +69,7 @@ def check_vmap(exp: Experiment, workers: int = 1) -> None:
     """Refuse a run the vectorised executor cannot compute as the sequential one does,
     naming what stands in the way and the fix."""
     fix = "use run.executor=sequential"
-    algo = exp.algo.algo
+    algo = exp.algo.algorithm
     name = algo.name
     if workers != 1:
         raise ConfigError(
@@ -198,7 +198,7 @@ class VmapTransport(InProcessTransport):
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
         exp = self.exp
-        comp, algo = exp.algo, exp.algo.algo
+        comp, algo = exp.algo, exp.algo.algorithm
         clients = []
         for cid in cids:
             state = self.states[cid]

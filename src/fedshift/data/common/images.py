@@ -2,6 +2,7 @@
 
 * :func:`read_image`: PNG / JPEG / TIFF / BMP as float32 ``(3, H, W)`` in ``[0, 1]``
   (Pillow ``convert("RGB")``; gray, 16-bit and float images handled, see its docstring);
+* :func:`read_image_gray`: an image as float32 ``(1, H, W)`` (colour through Pillow's luma);
 * :func:`read_image_fedbn`: an image as FedBN's Office / DomainNet datasets open it;
 * :func:`read_mask`: a label image's raw values ``(H, W)``;
 * :func:`resize_images` / :func:`resize_labels`: batch resizing in plain torch (bilinear with
@@ -35,6 +36,7 @@ __all__ = [
     "LABEL_EXTENSIONS",
     "read_image",
     "read_image_fedbn",
+    "read_image_gray",
     "read_mask",
     "resize_images",
     "resize_labels",
@@ -76,9 +78,19 @@ def _no_bombs(path: Path) -> Iterator[None]:
         ) from None
 
 
+def _empty(path: Path) -> None:
+    """A 0-byte file is a :class:`DataError` saying so (Pillow's message would not)."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            raise DataError(
+                f"{path}: the file is empty (0 bytes), not an image; replace or remove it"
+            )
+
+
 def _open(path: Path):
     from PIL import Image, UnidentifiedImageError
 
+    _empty(path)
     try:
         with _no_bombs(path):
             img = Image.open(path)
@@ -131,17 +143,44 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(gray, (3, *gray.shape)))
 
 
-def read_mask(path: str | os.PathLike) -> np.ndarray:
+def read_image_gray(path: str | os.PathLike) -> np.ndarray:
+    """An image as float32 ``(1, H, W)`` in ``[0, 1]``: gray images as :func:`read_image`
+    scales them (8-bit / 255, 16-bit / 65535, float kept); colour images (RGB(A), palette...)
+    through Pillow's ``convert("L")`` (ITU-R 601-2 luma: 0.299 R + 0.587 G + 0.114 B), / 255.
+    Raises :class:`DataError` naming the file."""
+    path = Path(path)
+    img = _open(path)
+    if img.mode in ("LA", "La"):
+        img = img.getchannel("L")
+    if img.mode in ("1", "L", "P", "F") or img.mode.startswith("I"):
+        gray = _scaled_gray(path, img)  # a palette through convert("L"): its colours' luma
+    else:
+        gray = np.asarray(img.convert("L"), dtype=np.float64) / 255.0
+    return np.ascontiguousarray(gray.astype(np.float32)[None])
+
+
+def read_mask(path: str | os.PathLike, gray_rgb: bool = False) -> np.ndarray:
     """A label image as an ``(H, W)`` array of its raw values (no binarisation).
 
     Single-channel modes (1, L, P = palette indices, I;16, I, F) give their values; for RGB(A)
     masks a pixel's value is its largest colour channel (alpha ignored), so a pixel is
-    non-zero exactly when any colour channel is.
+    non-zero exactly when any colour channel is. With ``gray_rgb``, an RGB(A) mask must be
+    gray (R = G = B in every pixel: a gray mask saved as RGB), else it is a
+    :class:`DataError`: colours are not class indices (two colours with one largest channel
+    would merge).
     """
     path = Path(path)
     img = _open(path)
     if img.mode in ("RGB", "RGBA", "RGBX"):
-        return np.asarray(img.convert("RGB")).max(axis=2)
+        rgb = np.asarray(img.convert("RGB"))
+        if gray_rgb and not (
+            np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 0], rgb[..., 2])
+        ):
+            raise DataError(
+                f"{path}: a colour mask (its pixels are not gray), whose colours fedshift does "
+                "not read as class indices; save the class indices as a gray or palette PNG"
+            )
+        return rgb.max(axis=2)
     if img.mode in ("LA", "La"):
         img = img.getchannel("L")
     if img.mode in ("1", "L", "P") or img.mode.startswith("I") or img.mode == "F":
@@ -162,6 +201,7 @@ def read_image_fedbn(path: str | os.PathLike) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
+    _empty(path)
     try:
         with _no_bombs(path), Image.open(path) as img:
             img.load()

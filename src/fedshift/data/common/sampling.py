@@ -10,7 +10,15 @@ import numpy as np
 from fedshift.core.errors import DataError
 from fedshift.data.base import SPLITS
 
-__all__ = ["class_quota", "cut_points", "split_indices", "stratified_subsample"]
+__all__ = [
+    "class_quota",
+    "cut_points",
+    "permutation_cut",
+    "split_indices",
+    "stratified_cut",
+    "stratified_subsample",
+    "uniform_subsample",
+]
 
 #: classes of the 28x28 benchmarks that use :func:`split_indices` (digits, Fashion-MNIST)
 TEN = 10
@@ -80,3 +88,40 @@ def cut_points(n: int, fractions: Sequence[float]) -> tuple[int, int]:
     """
     f0, f1 = float(fractions[0]), float(fractions[1])
     return int(f0 * n), int((f0 + f1) * n)
+
+
+def stratified_cut(
+    labels: np.ndarray, fractions: Sequence[float], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Indices of each split, per class: for every class present (ascending), a permutation of
+    its items (one ``rng.permutation`` draw) cut at :func:`cut_points`; each split lists the
+    classes in order, each class's picks in ascending index order."""
+    labels = np.asarray(labels)
+    parts: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        perm = rng.permutation(len(idx))
+        a, b = cut_points(len(idx), fractions)
+        for split, sel in zip(SPLITS, (perm[:a], perm[a:b], perm[b:]), strict=True):
+            parts[split].append(idx[np.sort(sel)])
+    empty = np.zeros(0, dtype=np.int64)
+    return {s: np.concatenate(p).astype(np.int64) if p else empty for s, p in parts.items()}
+
+
+def permutation_cut(
+    n: int, fractions: Sequence[float], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Sorted indices of each split: one permutation of ``n`` items cut at
+    :func:`cut_points` (no strata: segmentation images, volumes)."""
+    order = rng.permutation(n)
+    a, b = cut_points(n, fractions)
+    parts = {"train": order[:a], "val": order[a:b], "test": order[b:]}
+    return {s: np.sort(v).astype(np.int64) for s, v in parts.items()}
+
+
+def uniform_subsample(n: int, cap: int | None, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of a uniform random subset of ``cap`` of ``n`` items (``None`` or
+    ``cap >= n``: all)."""
+    if cap is None or cap >= n:
+        return np.arange(n)
+    return np.sort(rng.choice(n, size=cap, replace=False))

@@ -73,6 +73,10 @@ class DigitsParams:
         """The cache folder these params use."""
         return cache.cache_dir(self.cache_dir)
 
+    def client_names(self) -> list[str]:
+        """The clients :func:`load_digits` makes: one per domain, in order."""
+        return list(self.domains)
+
 
 # --------------------------------------------------------------------------------------------
 # validation

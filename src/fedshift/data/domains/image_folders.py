@@ -19,8 +19,10 @@ Layout (nothing is downloaded; ``dataset.root`` is the folder you keep)::
 
 Classes are the sorted class-folder names and must be the same set in every domain (an error
 names the domain and the difference otherwise). Files are listed recursively under each
-class folder in sorted order; only image suffixes count (other files, e.g. ``Thumbs.db``, are
-skipped and counted in ``info["skipped_files"]``); a class folder without images is an error.
+class folder in sorted order (:mod:`fedshift.data.domains.class_folders`, shared with
+``folders``); only image suffixes count (other files, e.g. ``Thumbs.db``, are skipped and
+counted in ``info["skipped_files"]``); symbolic links are followed, each folder entered once
+(a symlink loop is an error naming the link); a class folder without images is an error.
 
 Splits: neither FedFA's nor FedRDN's released code ships a PACS or OfficeHome loader, and no
 split is stated there, so fedshift splits each domain itself: per class, a seeded permutation
@@ -50,10 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
-
 from fedshift.core.errors import DataError, MissingSourceError
-from fedshift.data.base import SPLITS, Federation
+from fedshift.data.base import Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,
@@ -65,17 +65,15 @@ from fedshift.data.common.checks import (
     check_size,
     require_root,
 )
-from fedshift.data.common.images import IMAGE_SUFFIXES
-from fedshift.data.common.sampling import cut_points
-from fedshift.data.common.seeding import seeded_rng
-from fedshift.data.domains.image_files import (
-    ClientSource,
-    SplitSource,
-    cache_root,
-    cap_split,
-    federation_info,
-    materialize_client,
+from fedshift.data.domains.class_folders import (
+    ReadOptions,
+    check_same_classes,
+    fraction_rng,
+    list_domain,
+    read_client,
+    split_by_class,
 )
+from fedshift.data.domains.image_files import cache_root, federation_info
 
 __all__ = [
     "OFFICEHOME_DOMAINS",
@@ -215,76 +213,6 @@ def locate_domains(root: Path, spec: FolderSpec, domains: list[str]) -> tuple[Pa
     return base, folders
 
 
-def _hidden(path: Path, start: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(start).parts)
-
-
-def list_domain(folder: Path) -> tuple[dict[str, list[Path]], int]:
-    """``{class: sorted image files}`` of a domain folder and the number of skipped files."""
-    classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise DataError(
-            f"{folder} has no class sub-folders; expected {folder}/<class>/<image files>"
-        )
-    out, skipped = {}, 0
-    for name in classes:
-        cdir = folder / name
-        files = []
-        for f in cdir.rglob("*"):
-            if not f.is_file() or _hidden(f, cdir):
-                continue
-            if f.suffix.lower() in IMAGE_SUFFIXES:
-                files.append(f)
-            else:
-                skipped += 1
-        if not files:
-            raise DataError(
-                f"{cdir} holds no image file ({', '.join(IMAGE_SUFFIXES)}); every class "
-                f"folder needs at least one image"
-            )
-        out[name] = sorted(files, key=lambda p: p.relative_to(cdir).as_posix())
-    return out, skipped
-
-
-def check_same_classes(spec: FolderSpec, listed: dict[str, dict[str, list[Path]]], folders):
-    """Every domain has the first domain's class folders; returns the sorted class list."""
-    first = next(iter(listed))
-    ref = set(listed[first])
-    for d, classes in listed.items():
-        have = set(classes)
-        if have != ref:
-            missing, extra = sorted(ref - have), sorted(have - ref)
-            parts = []
-            if missing:
-                parts.append(f"lacks {missing}")
-            if extra:
-                parts.append(f"has extra {extra}")
-            raise DataError(
-                f"{spec.name}: domain {d!r} ({folders[d]}) {' and '.join(parts)} compared with "
-                f"domain {first!r} ({folders[first]}); every domain needs the same class folders"
-            )
-    return sorted(ref)
-
-
-def split_domain(
-    files: dict[str, list[Path]],
-    classes: list[str],
-    fractions: tuple[float, float, float],
-    rng: np.random.Generator,
-) -> dict[str, SplitSource]:
-    """Per class, a seeded permutation cut at ``int(f0 n)`` and ``int((f0 + f1) n)``."""
-    parts: dict[str, tuple[list[Path], list[int]]] = {s: ([], []) for s in SPLITS}
-    for c, name in enumerate(classes):
-        items = files[name]
-        perm = rng.permutation(len(items))
-        a, b = cut_points(len(items), fractions)
-        for split, sel in zip(SPLITS, (perm[:a], perm[a:b], perm[b:]), strict=True):
-            for i in np.sort(sel):
-                parts[split][0].append(items[int(i)])
-                parts[split][1].append(c)
-    return {s: SplitSource(p, np.asarray(y, dtype=np.int64)) for s, (p, y) in parts.items()}
-
-
 def load_folder_federation(params: FolderParams, progress: bool = True) -> Federation:
     """The federation of a folder-per-domain-per-class dataset (``pacs``, ``officehome``)."""
     params.validate()
@@ -295,27 +223,26 @@ def load_folder_federation(params: FolderParams, progress: bool = True) -> Feder
     listed, skipped = {}, {}
     for d in params.domains:
         listed[d], skipped[d] = list_domain(folders[d])
-    classes = check_same_classes(spec, listed, folders)
+    classes = check_same_classes(spec.name, listed, folders)
     store = cache_root(params.cache, params.cache_dir)
+    options = ReadOptions(
+        params.size, "rgb", params.max_per_split, params.seed, store, progress=progress
+    )
     clients, available, cache_info = [], {}, {}
     for d in params.domains:
-        rng = seeded_rng(params.seed, f"{spec.name}/{d}/split")
-        splits = split_domain(listed[d], classes, fractions, rng)
+        rng = fraction_rng(spec.name, d, params.seed)
+        splits = split_by_class(listed[d], classes, fractions, rng)
         available[d] = {s: len(src) for s, src in splits.items()}
-        for split, src in splits.items():
-            if len(src) == 0:
-                n = sum(len(v) for v in listed[d].values())
-                raise DataError(
-                    f"{spec.name}: domain {d!r} ({folders[d]}, {n} images) gets an empty "
-                    f"{split} split with dataset.fractions={list(fractions)} (cut per class at "
-                    f"int(f0 n), int((f0 + f1) n)); add images or change dataset.fractions"
-                )
-            tag = f"{spec.name}/{d}/{split}/cap"
-            splits[split] = cap_split(src, params.max_per_split, params.seed, tag)
-        fix = "restore the file or fix dataset.root"
-        client, cache_info[d] = materialize_client(
-            spec.name, ClientSource(d, splits), params.size, "rgb", store, fix, progress
-        )
+        n = sum(len(v) for v in listed[d].values())
+
+        def empty(split: str, d: str = d, n: int = n) -> str:
+            return (
+                f"{spec.name}: domain {d!r} ({folders[d]}, {n} images) gets an empty "
+                f"{split} split with dataset.fractions={list(fractions)} (cut per class at "
+                f"int(f0 n), int((f0 + f1) n)); add images or change dataset.fractions"
+            )
+
+        client, cache_info[d] = read_client(spec.name, d, splits, options, empty)
         clients.append(client)
     shape = (3, params.size, params.size)
     fed = Federation(spec.name, clients, classes, shape, task="classification")

@@ -28,6 +28,10 @@ class ToyParams:
     test_size: int = bounded(20, ge=1)
     seed: int = bounded(0, ge=0)
 
+    def client_names(self) -> list[str]:
+        """The clients :func:`load_toy` makes, named without making them."""
+        return [f"client{c}" for c in range(self.clients)]
+
     def memory_bytes(self) -> int:
         """The float32 images of every split of every client, and the two temporaries of
         the same size generating one split takes (a lower bound of what loading needs)."""
@@ -71,6 +75,10 @@ class ToySegParams:
     val_size: int = bounded(8, ge=1)
     test_size: int = bounded(8, ge=1)
     seed: int = bounded(0, ge=0)
+
+    def client_names(self) -> list[str]:
+        """The clients :func:`load_toyseg` makes, named without making them."""
+        return [f"client{c}" for c in range(self.clients)]
 
     def memory_bytes(self) -> int:
         """The float32 images and int64 label maps of every split of every client (a lower

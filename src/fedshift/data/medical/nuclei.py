@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.errors import DataError
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import check_size, require_root
 from fedshift.data.common.images import (
@@ -54,6 +54,7 @@ from fedshift.data.common.images import (
     resize_images,
     resize_labels,
 )
+from fedshift.data.common.sites import check_sites_key
 
 NAME = "nuclei"
 CLASSES = ["background", "nucleus"]
@@ -80,17 +81,7 @@ class NucleiParams:
 
     def validate(self, prefix: str = "dataset") -> None:
         """Raise :class:`ConfigError` naming the key for a value the loader cannot honour."""
-        if self.sites is not None:
-            sites = self.sites
-            ok = isinstance(sites, list | tuple) and all(isinstance(s, str) for s in sites)
-            if not ok or not sites:
-                raise ConfigError(
-                    f"config key '{prefix}.sites' must be null or a non-empty list of site "
-                    f"folder names, got {sites!r}"
-                )
-            dupes = sorted({s for s in sites if list(sites).count(s) > 1})
-            if dupes:
-                raise ConfigError(f"config key '{prefix}.sites' lists {dupes} more than once")
+        check_sites_key(self.sites, f"{prefix}.sites")
         check_size(self.size, f"{prefix}.size", multiple=16, minimum=16)
 
 

@@ -1,0 +1,257 @@
+"""``folders``: your own images, a folder per site and per class (one client per site).
+
+Layout (nothing is downloaded; ``dataset.root`` is the folder you keep)::
+
+    <dataset.root>/
+      <site>/                      one client per site folder (sorted, or dataset.sites)
+        <class>/                   the same class folders in every site
+          <image>.png|jpg|jpeg|bmp|tif|tiff    (sub-folders are listed too)
+        train.txt val.txt test.txt   optional split lists, paths relative to <site>/
+
+It is the machinery of ``pacs`` / ``officehome`` (:mod:`fedshift.data.domains.class_folders`)
+for any number of sites and classes:
+
+* **Clients** are the site folders, named as :mod:`fedshift.data.common.sites` says
+  (``Site A`` -> ``site_a``); ``dataset.sites`` picks and orders them by folder name.
+* **Classes** are the sorted class-folder names (or ``classes``, the folder names in label
+  order: set it when nodes load one site each, so that every node has the same classes);
+  every site must have the same set, with at least one image in each. A site lacking a
+  class (or whose class folder holds no image) is a :class:`~fedshift.core.errors.DataError`
+  naming the site and the class, unless ``allow_missing_classes=true``: then the classes
+  are the union over the sites (or ``classes``) and a site simply has no image of the
+  classes it lacks (label skew on top of the feature skew).
+* **Files**: images are listed recursively (:mod:`fedshift.data.common.walk`): hidden
+  entries ignored; other files (``Thumbs.db``, ``notes.txt``) skipped, counted in
+  ``info["skipped_files"]`` and named in a warning; symbolic links followed, each folder
+  entered once (a symlink loop is an error naming the link). A file Pillow cannot read (a
+  0-byte or damaged image) is an error naming it, as in every fedshift image loader; with
+  ``skip_unreadable=true`` it is dropped from its split instead (after the split is drawn,
+  so no other image moves), counted and named in a warning.
+* **Splits**, per site: the lists ``<site>/train.txt``, ``val.txt``, ``test.txt``
+  (:mod:`fedshift.data.common.split_lists`) where the site has them (``splits=auto``, the
+  default; ``lists``: every site must have them; ``fractions``: ignore them), else per
+  class a seeded permutation cut at ``int(f0 n)`` and ``int((f0 + f1) n)`` with
+  ``fractions`` = [0.64, 0.16, 0.2] (as ``pacs``). Then ``max_per_split`` caps each split to
+  a seeded class-stratified subsample. An empty split is an error.
+* **Images**: ``channels=3`` (default): Pillow ``convert("RGB")``, gray (8- or 16-bit)
+  copied to three channels, alpha dropped; ``channels=1``: gray kept, colour images
+  converted to luma (0.299 R + 0.587 G + 0.114 B). So a mix of gray and colour images is
+  always read into one channel count. Every image is resized to ``size x size`` (default
+  224; aspect ratio not kept) by antialiased bilinear interpolation and rounded to 8 bits
+  (the cache holds uint8), then float32 in [0, 1] ``(N, C, size, size)``.
+* **Cache** (``cache=true``): decoded, resized images per client in
+  ``<cache>/folders/<digest>.npz``, the digest over the files' paths, sizes and
+  modification times (:mod:`fedshift.data.domains.image_files`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from fedshift.core.errors import ConfigError, DataError
+from fedshift.data.base import SPLITS, Federation
+from fedshift.data.common.checks import (
+    check_cache_dir,
+    check_flag,
+    check_fractions,
+    check_root_key,
+    check_size,
+    require_root,
+)
+from fedshift.data.common.sites import check_sites_key, site_folders
+from fedshift.data.common.split_lists import check_split_keys, find_split_lists, read_split_lists
+from fedshift.data.common.walk import warn_skipped
+from fedshift.data.domains.class_folders import (
+    ReadOptions,
+    SiteListing,
+    check_same_classes,
+    fraction_rng,
+    list_site,
+    read_client,
+    split_by_class,
+)
+from fedshift.data.domains.image_files import SplitSource, cache_root, federation_info
+
+__all__ = ["FoldersParams", "load_folders"]
+
+NAME = "folders"
+TREE = """\
+<dataset.root>/
+  <site>/                 one client per site folder
+    <class>/              the same class folders in every site
+      <image>.png .jpg .jpeg .bmp .tif .tiff
+    train.txt val.txt test.txt   (optional split lists: <class>/<image> per line)"""
+MISSING_HINT = (
+    " (or set dataset.allow_missing_classes=true to let a site lack classes; the classes are "
+    "then the union over the sites)"
+)
+
+
+@dataclass
+class FoldersParams:
+    """The ``dataset.*`` keys of ``folders``."""
+
+    root: str | None = None  # the folder holding one folder per site
+    sites: list[str] | None = None  # site folder names, in client order; None: all, sorted
+    size: int = 224  # images resized to size x size
+    channels: Literal[1, 3] = 3  # 3: RGB (gray copied); 1: gray (colour -> luma)
+    splits: Literal["auto", "lists", "fractions"] = "auto"  # per-site lists or fractions
+    fractions: list[float] = field(default_factory=lambda: [0.64, 0.16, 0.2])
+    seed: int = 0  # the fraction split and the max_per_split subsample
+    max_per_split: int | None = None  # per site and split, stratified subsample; None = all
+    classes: list[str] | None = None  # class folder names in label order; None: sorted union
+    allow_missing_classes: bool = False  # a site may lack classes (classes = the union)
+    skip_unreadable: bool = False  # drop (and count) images Pillow cannot read; else error
+    cache: bool = True  # cache decoded, resized images
+    cache_dir: str | None = None  # None -> $FEDSHIFT_CACHE or ~/.cache/fedshift
+
+    def validate(self, prefix: str = "dataset") -> None:
+        """Raise :class:`ConfigError` naming the key for a value the loader cannot honour."""
+        check_root_key(self.root, f"{prefix}.root")
+        check_sites_key(self.sites, f"{prefix}.sites")
+        check_size(self.size, f"{prefix}.size")
+        if self.channels not in (1, 3):
+            raise ConfigError(f"config key '{prefix}.channels' must be 1 or 3")
+        check_split_keys(self, prefix)
+        if self.classes is not None and (
+            not self.classes
+            or len(set(self.classes)) != len(self.classes)
+            or not all(isinstance(c, str) and c for c in self.classes)
+        ):
+            raise ConfigError(
+                f"config key '{prefix}.classes' must be null or distinct class folder names"
+            )
+        check_flag(self.allow_missing_classes, f"{prefix}.allow_missing_classes")
+        check_flag(self.skip_unreadable, f"{prefix}.skip_unreadable")
+        check_flag(self.cache, f"{prefix}.cache")
+        check_cache_dir(self.cache_dir, f"{prefix}.cache_dir")
+
+
+def _listed_splits(
+    listing: SiteListing, lists: dict[str, Path], classes: list[str]
+) -> tuple[dict[str, SplitSource], int]:
+    """A site's splits from its lists, and how many of its images no list names."""
+    folder = listing.folder
+    label = {}
+    known = {}
+    for cls, files in listing.files.items():
+        for f in files:
+            rel = f.relative_to(folder).as_posix()
+            known[rel] = rel
+            label[rel] = classes.index(cls)
+    entries = read_split_lists(lists, known, f"an image in a class folder of {folder}")
+    splits = {}
+    for split in SPLITS:
+        rels = entries[split]
+        splits[split] = SplitSource(
+            [folder / r for r in rels],
+            np.asarray([label[r] for r in rels], dtype=np.int64),
+            [str(lists[split])] * len(rels),
+        )
+    unlisted = len(known) - sum(len(v) for v in entries.values())
+    return splits, unlisted
+
+
+def _without(info: dict[str, dict], key: str) -> dict[str, dict]:
+    return {c: {k: v for k, v in i.items() if k != key} for c, i in info.items()}
+
+
+def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
+    """The ``folders`` federation: one client per site folder (module docstring)."""
+    params.validate()
+    fractions = check_fractions(params.fractions)
+    root = require_root(params.root, NAME, TREE)
+    folders = site_folders(root, params.sites, NAME, TREE)
+    allow = params.allow_missing_classes
+    hint = "" if allow else MISSING_HINT
+    listed = {c: list_site(f, allow_empty=allow, hint=hint) for c, f in folders.items()}
+    files = {c: site.files for c, site in listed.items()}
+    if params.classes is not None:
+        classes = list(params.classes)
+        for client, site in listed.items():
+            extra = sorted((set(site.files) | set(site.empty)) - set(classes))
+            lacks = sorted(set(classes) - set(site.files))
+            if extra:
+                raise DataError(
+                    f"{NAME}: site {client!r} ({folders[client]}) has the class folder(s) "
+                    f"{extra}, which dataset.classes does not list; add them to it or move "
+                    "the folders out"
+                )
+            if lacks and not allow:
+                raise DataError(
+                    f"{NAME}: site {client!r} ({folders[client]}) lacks {lacks} of "
+                    f"dataset.classes; every site needs every class folder{hint}"
+                )
+    elif allow:
+        classes = sorted({cls for site in files.values() for cls in site})
+    else:
+        classes = check_same_classes(NAME, files, folders, unit="site", hint=hint)
+    missing = {c: sorted(set(classes) - set(f)) for c, f in files.items()}
+    options = ReadOptions(
+        params.size,
+        "rgb" if params.channels == 3 else "gray",
+        params.max_per_split,
+        params.seed,
+        cache_root(params.cache, params.cache_dir),
+        progress=progress,
+        skip_unreadable=params.skip_unreadable,
+    )
+    clients, available, how, unlisted, cache_info = [], {}, {}, {}, {}
+    for client, folder in folders.items():
+        lists = find_split_lists(folder, params.splits)
+        if lists is None:
+            splits = split_by_class(
+                files[client], classes, fractions, fraction_rng(NAME, client, params.seed)
+            )
+            how[client] = f"fractions {list(fractions)}, per class"
+            rule = f"dataset.fractions={list(fractions)} (cut per class at int(f0 n))"
+        else:
+            splits, unlisted[client] = _listed_splits(listed[client], lists, classes)
+            how[client] = "lists " + ", ".join(str(p) for p in lists.values())
+            rule = "its split lists"
+        available[client] = {s: len(src) for s, src in splits.items()}
+        n = listed[client].count
+
+        def empty(split: str, client: str = client, n: int = n, rule: str = rule) -> str:
+            return (
+                f"{NAME}: site {client!r} ({folders[client]}, {n} images) gets an empty "
+                f"{split} split from {rule}; add images, or change the lists / "
+                f"dataset.fractions"
+            )
+
+        data, cache_info[client] = read_client(NAME, client, splits, options, empty)
+        clients.append(data)
+    skipped = {c: [str(p) for p in site.skipped] for c, site in listed.items()}
+    unreadable = {c: cache_info[c].get("unreadable", []) for c in folders}
+    warn_skipped(NAME, "files that are not images", skipped)
+    warn_skipped(NAME, "unreadable images (dataset.skip_unreadable=true)", unreadable)
+    shape = (params.channels, params.size, params.size)
+    fed = Federation(NAME, clients, classes, shape, task="classification")
+    fed.info = {
+        "root": str(root),
+        "site_folders": {c: str(f) for c, f in folders.items()},
+        "split": how,
+        "fractions": list(fractions),
+        "available": available,
+        "unlisted": unlisted,
+        "missing_classes": {c: m for c, m in missing.items() if m},
+        "max_per_split": params.max_per_split,
+        "seed": params.seed,
+        "size": params.size,
+        "channels": params.channels,
+        "reader": (
+            "Pillow convert('RGB'), gray copied to 3 channels"
+            if params.channels == 3
+            else "Pillow gray; colour to luma (convert('L'))"
+        )
+        + "; antialiased bilinear resize, rounded to 8 bits",
+        "skipped_files": {c: len(skipped[c]) + len(unreadable[c]) for c in folders},
+        "skipped": {"not_images": skipped, "unreadable": unreadable},
+        "cache": None if options.cache_dir is None else _without(cache_info, "unreadable"),
+        **federation_info(fed, params.size),
+    }
+    return fed

@@ -1,0 +1,115 @@
+"""A finished run rebuilt from its saved state: :class:`SavedRun`, what
+:func:`fedshift.runtime.simulation.load_finished`, the protocols' ``load_run`` and the Python
+API's :meth:`fedshift.LoadedRun.rebuild <fedshift.api.LoadedRun.rebuild>` return.
+
+It holds the run's experiment (federation, model, algorithm, input pipeline, task: built
+from ``config.yaml`` as the run built it) and the server and client state of one round: the
+round model selection picked (``selected.pt``, or ``checkpoint.pt`` when that round is the
+last) or the last one. Nothing in it runs rounds; :meth:`SavedRun.local_update` computes one
+client's local update of a further round without changing the saved state.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
+from fedshift.runtime.checkpoint_io import SELECTED, check_selected, read_run_state
+from fedshift.runtime.client import check_reply, train_client
+from fedshift.runtime.experiment import Experiment
+
+__all__ = ["SavedRun", "read_selected"]
+
+
+def read_selected(
+    run_dir: str | Path, cfg: RunConfig, run_key: str, device: str | torch.device = "cpu"
+) -> dict:
+    """``selected.pt`` of ``run_dir``, read without running code and checked to belong to
+    the run whose ``checkpoint.pt`` holds ``run_key`` and whose config is ``cfg`` (a file
+    copied from another run is refused: :func:`~fedshift.runtime.checkpoint_io.check_selected`)."""
+    state = read_run_state(run_dir, SELECTED, map_location=device)
+    check_selected(state, Path(run_dir) / SELECTED, run_key, cfg.to_dict())
+    return state
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A finished run's experiment and its state at one round (module docstring)."""
+
+    run_dir: Path
+    #: the run's resolved config (``config.yaml``)
+    cfg: RunConfig
+    #: which state: ``selected`` (the round model selection picked on validation) or ``last``
+    weights: str
+    #: the round whose state this is
+    round: int
+    exp: Experiment
+    #: the server state of that round
+    server: dict
+    #: every client's state of that round (held-out clients included), by client name
+    states: dict[str, dict]
+
+    @property
+    def fed(self):
+        return self.exp.fed
+
+    @property
+    def model(self):
+        """The run's working model (load weights into it: :meth:`weights_for`)."""
+        return self.exp.model
+
+    @property
+    def algo(self):
+        return self.exp.algo
+
+    @property
+    def task(self):
+        return self.exp.task
+
+    @property
+    def pipeline(self):
+        return self.exp.pipeline
+
+    @property
+    def device(self) -> torch.device:
+        return self.exp.device
+
+    @property
+    def kinds(self) -> list[str]:
+        """The model kinds the run evaluates, primary first (``personal`` / ``global``)."""
+        return self.exp.kinds
+
+    @property
+    def train_clients(self):
+        return self.exp.train_clients
+
+    @property
+    def implied(self) -> list[str]:
+        return self.exp.implied
+
+    def weights_for(self, client: str, kind: str | None = None) -> dict[str, torch.Tensor]:
+        """The state dict of ``client``'s model of ``kind`` (``personal`` / ``global``;
+        default: the kind the run's tables evaluate)."""
+        kind = kind or self.kinds[0]
+        if kind not in self.kinds:
+            raise FedshiftError(f"this run has no {kind} model (it has {self.kinds})")
+        if kind == "global":
+            return self.algo.global_weights(self.server)  # type: ignore[return-value]
+        return self.algo.personal_weights(self.server, self.states[client])  # type: ignore[return-value]
+
+    def local_update(self, rnd: int, client: str) -> dict[str, torch.Tensor]:
+        """``client``'s model after its local update of round ``rnd`` from the saved server
+        state's broadcast (the algorithm's own local training, with the run's augments and
+        seeded batches), as a fresh state dict; the working model is left at those weights.
+        The saved client state is not changed (the update works on a copy)."""
+        exp = self.exp
+        state = copy.deepcopy(self.states[client])
+        down = self.algo.broadcast(self.server, rnd, client)
+        up = train_client(exp, exp.seed, client, exp.train_clients[client], rnd, down, state)
+        check_reply(rnd, client, up)
+        return {k: v.detach().clone() for k, v in exp.model.state_dict().items()}

@@ -1,0 +1,249 @@
+"""The claims ledger: the rubric's verdicts on hand-computed cases, claims files matched to
+results, the generated pages, and the committed ledger regenerated from ``results/``."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+from scipy import stats
+
+from fedshift.eval import rubric
+from fedshift.eval.claim_spec import ClaimsError, Selector, load_paper
+from fedshift.eval.claims import evaluate, load_papers
+from fedshift.eval.ledger import render
+
+
+# ------------------------------------------------------------------------------- rubric
+def _t_two_sided(d: list[float]) -> float:
+    """The paired t-test written out: t = mean / (sd / sqrt(n)), n - 1 degrees of freedom."""
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    return 2 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1)
+
+
+def test_greater_reproduces_only_with_significance_over_three_seeds():
+    clear = [0.020, 0.021, 0.022]  # t = 0.021 / (0.001 / sqrt 3) = 36.4: p = 0.00075
+    r = rubric.judge(clear, "greater")
+    assert r.verdict == rubric.REPRODUCES
+    assert r.p == pytest.approx(_t_two_sided(clear), rel=1e-9)
+    assert r.n == 3 and r.mean == pytest.approx(0.021)
+    noisy = [0.01, 0.02, 0.03]  # t = 3.46, p = 0.074: right sign, not significant
+    r = rubric.judge(noisy, "greater")
+    assert r.p == pytest.approx(_t_two_sided(noisy), rel=1e-9)
+    assert r.p > rubric.ALPHA and r.verdict == rubric.IN_DIRECTION
+    # two seeds never reproduce, however large the effect
+    assert rubric.judge([0.10, 0.11], "greater").verdict == rubric.IN_DIRECTION
+
+
+def test_opposite_sign_is_no_whatever_the_p_value():
+    assert rubric.judge([-0.01, -0.02, -0.03], "greater").verdict == rubric.NO
+    assert rubric.judge([-0.020, -0.021, -0.022], "greater").verdict == rubric.NO
+    assert rubric.judge([0.01, 0.02, 0.03], "less").verdict == rubric.NO
+    assert rubric.judge([-0.020, -0.021, -0.022], "less").verdict == rubric.REPRODUCES
+    assert rubric.judge([0.0, 0.0, 0.0], "greater").verdict == rubric.NO  # no change
+
+
+def test_equal_is_an_equivalence_test_with_a_margin():
+    tight = [0.001, -0.001, 0.0005]
+    r = rubric.judge(tight, "equal", margin=0.01)
+    # TOST: both one-sided tests of d - m < 0 and d + m > 0; p is the larger
+    n, mean = 3, sum(tight) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in tight) / 2)
+    se = sd / math.sqrt(n)
+    p_lower = stats.t.sf((mean + 0.01) / se, n - 1)
+    p_upper = stats.t.cdf((mean - 0.01) / se, n - 1)
+    assert r.p == pytest.approx(max(p_lower, p_upper), rel=1e-9)
+    assert r.verdict == rubric.REPRODUCES
+    assert rubric.judge([0.02, 0.021, 0.019], "equal").verdict == rubric.NO
+    # level on average but too noisy to show equivalence
+    assert rubric.judge([0.009, -0.008, 0.004], "equal").verdict == rubric.IN_DIRECTION
+
+
+def test_constant_differences_and_no_pairs():
+    r = rubric.judge([0.01, 0.01, 0.01], "greater")
+    assert r.p == 0.0 and r.verdict == rubric.REPRODUCES
+    r = rubric.judge([], "greater")
+    assert r.verdict == rubric.NOT_MEASURED and r.n == 0
+    with pytest.raises(ValueError, match="expect"):
+        rubric.judge([0.1], "bigger")
+
+
+def test_a_claim_combines_its_comparisons():
+    R, D, N, M = rubric.REPRODUCES, rubric.IN_DIRECTION, rubric.NO, rubric.NOT_MEASURED
+    assert rubric.combine([R, R]) == R
+    assert rubric.combine([R, D]) == D
+    assert rubric.combine([R, N, D]) == N
+    assert rubric.combine([R, M]) == M
+    assert rubric.combine([N, M]) == N  # a measured "no" is not waiting for the other rows
+    assert rubric.combine([]) == M
+
+
+# ------------------------------------------------------------------------ a fake tree
+def _run(root: Path, name: str, seed: int, cfg: dict, score: float, **summary) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    full = {"name": "s", "seed": seed, "dataset": {"name": "toyshift"}, **cfg}
+    (d / "config.yaml").write_text(yaml.safe_dump(full))
+    s = {
+        "seed": seed,
+        "rounds": 10,
+        "metric": "acc",
+        "evaluated_model": "global",
+        "test_mean": score,
+        "test_per_client": {"c0": score, "c1": score},
+        "clients": ["c0", "c1"],
+        "implied": [],
+        "defaults": {"augment": {"ffa": {"p": 0.5}, "fedrdn": {"draw": "paper"}}},
+        **summary,
+    }
+    (d / "summary.json").write_text(json.dumps(s))
+    rows = [
+        {"round": r, "client": c, "global": {"val_acc": score * r / 10, "test_acc": score}}
+        for r in (2, 4, 6, 8, 10)
+        for c in ("c0", "c1")
+    ]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _tree(tmp_path: Path, gains: list[float]) -> Path:
+    results = tmp_path / "results"
+    for seed, g in enumerate(gains):
+        base = 0.70 + 0.01 * seed
+        _run(results / "suite", f"fedavg-s{seed}", seed,
+             {"algorithm": {"name": "fedavg"}, "augment": []}, base)
+        _run(results / "suite", f"rdn-s{seed}", seed,
+             {"algorithm": {"name": "fedavg"}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
+             base + g)
+    (results / "suite" / "source.json").write_text(json.dumps(
+        {"command": "fedshift bench x.yaml", "commit": "abcdef0123",
+         "machine": {"cpu": "Test CPU", "capability": "AVX2", "cores": 2, "torch": "2.x"}}))
+    return results
+
+
+def _claims(tmp_path: Path, extra: dict | None = None) -> Path:
+    claim = {
+        "id": "T1",
+        "where": "Table 1",
+        "statement": "FedRDN helps FedAvg.",
+        "paper": "62.5 -> 69.8",
+        "stand_in": {"suite": "x.yaml", "command": "fedshift bench x.yaml", "results": "suite",
+                     "paper_rounds": 100},
+        "compare": [{"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+        **(extra or {}),
+    }
+    d = tmp_path / "claims"
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"paper": "Toy", "page": "docs/parts/toy-claims.md", "claims": [claim]}
+    (d / "toy.yaml").write_text(yaml.safe_dump(doc))
+    return d
+
+
+def test_evaluate_reads_results_and_judges(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    (paper,) = evaluate(_claims(tmp_path), results)
+    (claim,) = paper.claims
+    assert claim.verdict == rubric.REPRODUCES
+    (c,) = claim.comparisons
+    assert c.result.n == 3 and c.result.mean == pytest.approx(0.041)
+    assert claim.rounds == 10
+    assert paper.counts()[rubric.REPRODUCES] == 1
+
+    (paper,) = evaluate(_claims(tmp_path), _tree(tmp_path / "b", [0.04, -0.01, 0.01]))
+    assert paper.claims[0].verdict == rubric.IN_DIRECTION
+    (paper,) = evaluate(_claims(tmp_path), _tree(tmp_path / "c", [-0.04, -0.03, -0.05]))
+    assert paper.claims[0].verdict == rubric.NO
+
+
+def test_missing_results_are_not_measured_and_needs_is_not_runnable(tmp_path):
+    (paper,) = evaluate(_claims(tmp_path), tmp_path / "nothing")
+    assert paper.claims[0].verdict == rubric.NOT_MEASURED
+    claims = _claims(tmp_path / "n", {"needs": "Office-Caltech-10 images"})
+    (paper,) = evaluate(claims, tmp_path / "nothing")
+    assert paper.claims[0].verdict == rubric.NOT_RUNNABLE
+
+
+def test_a_selector_that_matches_two_runs_of_a_seed_is_refused(tmp_path):
+    results = _tree(tmp_path, [0.04, 0.04, 0.04])
+    claims = _claims(tmp_path, {"compare": [
+        {"label": "x", "a": {"algorithm.name": "fedavg"}, "b": {"augment": []}}]})
+    with pytest.raises(ClaimsError, match="matches 2 runs of seed 0"):
+        evaluate(claims, results)
+
+
+def test_selectors_match_augments_by_their_defaults_without_implied_ones():
+    defaults = {"defaults": {"augment": {"ffa": {"p": 0.5}, "fedrdn": {"draw": "paper"}}}}
+    fedfa = {"algorithm": {"name": "fedfa"}, "augment": [{"name": "ffa", "p": 0.5},
+                                                         {"name": "fedrdn", "draw": "paper"}]}
+    s = {**defaults, "implied": ["ffa"]}
+    assert Selector.of({"augment": ["fedrdn"]}, "t").matches(fedfa, s)
+    assert Selector.of({"algorithm.name": "fedfa", "augment": ["fedrdn"]}, "t").matches(fedfa, s)
+    assert not Selector.of({"augment": []}, "t").matches(fedfa, s)
+    tuned = {"algorithm": {"name": "fedavg"}, "augment": [{"name": "ffa", "p": 0.1}]}
+    s = {**defaults, "implied": []}
+    assert not Selector.of({"augment": ["ffa"]}, "t").matches(tuned, s)  # not the defaults
+    assert Selector.of({"augment": [{"name": "ffa", "p": 0.1}]}, "t").matches(tuned, s)
+    assert not Selector.of({"algorithm": {"name": "fedavg", "mu": 1}}, "t").matches(tuned, s)
+    assert not Selector.of({"flag": True}, "t").matches({"flag": 1}, s)  # bool is not 1
+
+
+def test_bad_claims_files_name_the_file_and_claim(tmp_path):
+    claims = _claims(tmp_path, {"expected": "x"})
+    with pytest.raises(ClaimsError, match=r"toy.yaml claim T1: unknown key\(s\) \['expected'\]"):
+        load_papers(claims)
+    claims = _claims(tmp_path / "b", {"compare": []})
+    with pytest.raises(ClaimsError, match="needs a stand_in and comparisons"):
+        load_papers(claims)
+    claims = _claims(tmp_path / "c", {"kind": "design"})
+    with pytest.raises(ClaimsError, match="names its test"):
+        load_papers(claims)
+
+
+def test_rendering_is_deterministic_and_states_the_numbers(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    claims = _claims(tmp_path)
+    pages = render(claims, results)
+    assert pages == render(claims, results)
+    assert set(pages) == {"docs/CLAIMS.md", "docs/parts/toy-claims.md", "docs/results/suite.md"}
+    page = pages["docs/parts/toy-claims.md"]
+    assert "| +FedRDN vs FedAvg | 75.10 ± 1.10 | 71.00 ± 1.00 | +4.10 ± 0.10 |" in page
+    assert "**Verdict: reproduces.**" in page
+    assert "10 rounds (the paper 100: 0.10 of its length)" in page
+    assert "2-core Test CPU (AVX2), torch 2.x, commit abcdef0" in page
+    top = pages["docs/CLAIMS.md"]
+    assert rubric.RUBRIC in top
+    assert "| [Toy](parts/toy-claims.md) | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in top
+    assert str(tmp_path) not in "".join(pages.values())  # no absolute paths
+
+
+# ------------------------------------------------------------ the committed ledger
+def test_the_committed_ledger_is_what_results_give():
+    """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate
+    them with `fedshift claims` after changing claims/ or results/."""
+    pages = render(ROOT / "claims", ROOT / "results")
+    stale = [rel for rel, text in pages.items()
+             if not (ROOT / rel).is_file() or (ROOT / rel).read_text() != text]
+    assert not stale, f"run `fedshift claims` and commit: {stale}"
+    generated = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs/results").glob("*.md")}
+    assert generated <= set(pages), "docs/results/ holds pages no results folder gives"
+
+
+def test_every_file_a_claim_names_exists():
+    for path in sorted((ROOT / "claims").glob("*.yaml")):
+        paper = load_paper(path)
+        for c in paper.claims:
+            commands = " ".join(c.stand_in.commands) if c.stand_in else ""
+            text = " ".join(filter(None, [c.real_suite, c.stand_in and c.stand_in.suite,
+                                          commands, c.figure]))
+            for ref in re.findall(r"(?:configs/\S+?\.yaml|docs/img/\S+?\.png)", text):
+                assert (ROOT / ref).is_file(), f"{path.name} {c.id}: {ref} does not exist"
+            if c.test:
+                file, _, name = c.test.partition("::")
+                assert f"def {name}(" in (ROOT / file).read_text(), f"{c.id}: {c.test}"

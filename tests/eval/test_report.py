@@ -1,0 +1,94 @@
+"""``fedshift report``: Markdown + self-contained HTML + CSV from finished runs."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+from conftest import seg_cfg, toy_cfg
+
+from fedshift.cli import main
+from fedshift.core.errors import FedshiftError
+from fedshift.eval.report import build_report, load_runs
+from fedshift.runtime.simulation import run_experiment
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for algo, aug in (("fedavg", "[]"), ("fedavg", "[fedrdn]"), ("fedbn", "[]")):
+        for seed in (0, 1):
+            cfg = toy_cfg(f"algorithm.name={algo}", f"augment={aug}", f"seed={seed}", rounds=2)
+            tag = "rdn" if "fedrdn" in aug else "base"
+            run_experiment(cfg, run_dir=root / f"{algo}-{tag}-s{seed}", progress=False)
+    return root
+
+
+def test_report_tables_deltas_and_reference(runs_root, tmp_path):
+    files = build_report([runs_root], tmp_path / "rep", reference="fedbn")
+    md = files["md"].read_text()
+    runs = load_runs([runs_root])
+    assert "Test accuracy (%), mean over 2 seed(s)" in md
+    assert "Model selection: round with the best mean validation accuracy" in md
+    row = next(line for line in md.splitlines() if line.startswith("| fedavg | +fedrdn"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # Δ vs base = mean over seeds of the +fedrdn runs minus that of the base runs (points)
+    by = {
+        (s["algorithm"], "rdn" if s["augment"] else "base", s["seed"]): s["test_mean"] for s in runs
+    }
+    want = 100 * ((by["fedavg", "rdn", 0] + by["fedavg", "rdn", 1]) / 2) - 100 * (
+        (by["fedavg", "base", 0] + by["fedavg", "base", 1]) / 2
+    )
+    delta = cells[-3]
+    assert float(delta.split()[0]) == pytest.approx(want, abs=0.006)
+    assert delta.endswith("↑" if want > 0 else "↓" if want < 0 else "=")
+    assert "p vs fedbn/base" in md
+    assert "### Communication" in md and (tmp_path / "rep/convergence-toyshift.png").is_file()
+
+
+def test_report_html_is_self_contained(runs_root, tmp_path):
+    files = build_report([runs_root], tmp_path / "rep")
+    page = files["html"].read_text()
+    assert page.startswith("<!doctype html>") and "<table>" in page
+    srcs = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+
+
+def test_report_csv_has_a_row_per_run_client_metric(runs_root, tmp_path):
+    files = build_report([runs_root], tmp_path / "rep")
+    rows = list(csv.DictReader(files["csv"].open()))
+    runs = load_runs([runs_root])
+    assert len(rows) == len(runs) * (len(runs[0]["clients"]) + 1)
+    one = next(r for r in rows if r["client"] == "mean" and r["algorithm"] == "fedbn")
+    s = next(s for s in runs if s["algorithm"] == "fedbn" and s["seed"] == int(one["seed"]))
+    assert float(one["test"]) == pytest.approx(s["test_mean"])
+
+
+def test_report_segmentation_has_both_dice_tables(tmp_path):
+    run_experiment(seg_cfg(rounds=1), run_dir=tmp_path / "runs/seg", progress=False)
+    md = build_report([tmp_path / "runs"], tmp_path / "rep")["md"].read_text()
+    assert "Test foreground Dice (%)" in md and "Test mean Dice incl. background (%)" in md
+    assert "best mean validation foreground Dice" in md
+
+
+def test_report_errors(runs_root, tmp_path):
+    with pytest.raises(FedshiftError, match="no finished runs"):
+        build_report([tmp_path], tmp_path / "rep")
+    with pytest.raises(ValueError, match="reference 'scaffold' is not among the runs"):
+        build_report([runs_root], tmp_path / "rep", reference="scaffold")
+
+
+def test_report_cli(runs_root, tmp_path, capsys):
+    assert main(["report", str(runs_root), "--out", str(tmp_path / "r")]) == 0
+    assert "html:" in capsys.readouterr().out
+    assert main(["report", str(runs_root), "--out", str(tmp_path / "r"), "--reference", "x"]) == 2
+
+
+def test_report_sections_per_partition(tmp_path):
+    for part in ("iid", "classes"):
+        cfg = toy_cfg(f"partition.name={part}", "partition.clients=3", rounds=1)
+        run_experiment(cfg, run_dir=tmp_path / f"runs/{part}", progress=False)
+    page = build_report([tmp_path / "runs"], tmp_path / "rep")["html"].read_text()
+    heads = re.findall(r"<h2>([^<]*)</h2>", page)
+    assert len(heads) == 2 and any("iid DH=0%" in h for h in heads)

@@ -1,0 +1,118 @@
+"""A real Flower deployment on 127.0.0.1: one SuperLink and three SuperNode processes, TLS and
+SuperNode authentication on, runs submitted with `flwr run` (what `fedshift flower submit`
+does). Two rounds of FedBN and of FedFA must end with the native engine's numbers; a
+SuperNode killed mid-run must neither hang nor crash the server: the round completes with the
+other two when min-clients allows, otherwise the run stops with a clear error.
+
+About 3 minutes on 2 cores: every Flower message starts a fresh ClientApp process, and each
+killed-SuperNode test waits out a 45 s round timeout. The tests share one deployment per
+pytest-xdist worker; conftest.py GROUPS says which tests run together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import metric_rows, toy_cfg
+from support.same_run import assert_runs_equal
+
+from fedshift.flower.deploy import LocalDeployment
+from fedshift.flower.server import FlowerOptions
+from fedshift.runtime.simulation import run_experiment
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # one_thread: exact
+rows = metric_rows
+
+
+#: largest |difference| of any loss or metric against the native run (0: bit-identical)
+TOLERANCE = 0.0
+
+
+def max_abs_diff(a: list[dict], b: list[dict]) -> float:
+    assert [(r["round"], r["client"]) for r in a] == [(r["round"], r["client"]) for r in b]
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        assert sorted(x) == sorted(y)
+        for kind in ("personal", "global"):
+            for k, v in x.get(kind, {}).items():
+                worst = max(worst, abs(v - y[kind][k]))
+        if "train_loss" in x:
+            worst = max(worst, abs(x["train_loss"] - y["train_loss"]))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sites")
+    nodes = [
+        {"client": f"client{i}", "state-dir": str(base / f"state{i}"), "threads": 1}
+        for i in range(3)
+    ]
+    dep = LocalDeployment(base, nodes).start()
+    yield dep
+    dep.close()
+
+
+@pytest.fixture
+def sites(deployment):
+    """The deployment with its three SuperNodes running: a SuperNode an earlier test killed
+    comes back first, so no test depends on the order the tests run in."""
+    dead = [i for i in range(3) if deployment.procs[f"node{i}"].poll() is not None]
+    for i in dead:
+        deployment.start_node(i)
+    if dead:
+        deployment.wait_online(3, 120)
+    return deployment
+
+
+def run_dir_of(log: str) -> Path:
+    line = next(x for x in log.splitlines() if "fedshift: run directory" in x)
+    return Path(line.split("run directory", 1)[1].strip())
+
+
+@pytest.mark.parametrize("algo", ["fedbn", "fedfa"])
+def test_three_supernodes_match_native(sites, tmp_path, algo):
+    cfg = toy_cfg(f"algorithm.name={algo}", "eval.every=2", rounds=2)
+    run_id, status, log = sites.submit(cfg, FlowerOptions(round_timeout=300), tmp_path, 400)
+    assert status == "finished:completed", log + sites.log("superlink")
+    flower_dir = run_dir_of(log)
+    native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
+    # the SuperNodes use one torch thread like the tests (node config threads=1): exact
+    assert max_abs_diff(rows(flower_dir), rows(native.run_dir)) <= TOLERANCE
+    assert_runs_equal(flower_dir, native.run_dir)
+    summary = json.loads((flower_dir / "summary.json").read_text())
+    assert summary["runtime"]["mode"] == "deployment"
+    assert sorted(summary["runtime"]["nodes"]) == ["client0", "client1", "client2"]
+    assert "fedshift: round 2/2: 3 replies" in log
+    # the client state was kept on each node's disk too
+    assert all(list((sites.base / f"state{i}").glob("*/client*/r*.pt")) for i in range(3))
+
+
+def _kill_after_round_one(sites, victim: int):
+    def on_line(line: str) -> None:
+        if "fedshift: round 1/3" in line:
+            sites.kill(victim)
+
+    return on_line
+
+
+def test_killed_supernode_round_completes_with_the_others(sites, tmp_path):
+    cfg = toy_cfg("algorithm.name=fedavg", "eval.every=3", rounds=3)
+    opts = FlowerOptions(round_timeout=45, min_clients=2)
+    _, status, log = sites.submit(cfg, opts, tmp_path, 400, _kill_after_round_one(sites, 2))
+    assert status == "finished:completed", log
+    summary = json.loads((run_dir_of(log) / "summary.json").read_text())
+    assert summary["runtime"]["lost"] == {"client2": 2}
+    assert "round 2/3: 2 replies" in log
+    last = [r for r in rows(run_dir_of(log)) if r["round"] == 3]
+    assert [r["client"] for r in last if r.get("lost")] == ["client2"]
+
+
+def test_killed_supernode_below_the_minimum_stops_with_a_clear_error(sites, tmp_path):
+    cfg = toy_cfg("algorithm.name=fedavg", "eval.every=3", rounds=3)
+    opts = FlowerOptions(round_timeout=45)  # every sampled client must reply
+    _, status, log = sites.submit(cfg, opts, tmp_path, 400, _kill_after_round_one(sites, 1))
+    assert status == "finished:failed", log
+    assert "round 2: aggregation needs 3 of the 3 sampled clients but only 2 replied" in log
+    assert "client1" in log and "--min-clients" in log

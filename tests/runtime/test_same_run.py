@@ -1,0 +1,119 @@
+"""Every registered algorithm and augment gives the same run every way it can be run: killed
+after a round and resumed, with its clients in worker processes, and on Flower (in-process
+simulation, uninterrupted and resumed), bit for bit (:mod:`support.same_run`).
+
+One test, parametrised over the registries (a new algorithm or augment is tested without
+being listed here) and over two groups of ways, each compared with the uninterrupted native
+run of the case:
+
+* ``resume``: killed after round 1 of 2 and resumed, every checkpoint read back with
+  ``torch.load(weights_only=True)`` only; for the :data:`FLOWER` cases also on Flower
+  in-process, uninterrupted and stopped and resumed (the clients restored from the nodes'
+  snapshots): each kind of record and state that crosses Flower's wire;
+* ``pool``: two worker processes (``run.workers``): process-level, ``make check`` leaves
+  these out.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import toy_cfg
+from support.same_run import TINY, assert_same_run
+
+from fedshift.algorithms import ALGORITHMS
+from fedshift.augment import AUGMENTS
+from fedshift.runtime.simulation import load_finished
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
+#: registered components that cannot run on the toy config, with why (none today: a name
+#: listed here is left out of the cases below, and the test says so)
+CANNOT_RUN: dict[str, str] = {}
+
+#: on Flower too: BN kept on the clients, control variates, FFA statistics, amplitudes,
+#: held-out clients, FedRDN's statistics, offsets, generators and prototypes, a
+#: hypernetwork, a server optimiser; sampled rounds
+FLOWER = [
+    ("algorithm.name=fedbn",),
+    ("algorithm.name=fedbn", "federation.sample_fraction=0.67"),
+    ("algorithm.name=scaffold",),
+    ("algorithm.name=scaffold", "federation.sample_fraction=0.67"),
+    ("algorithm.name=fedfa",),
+    ("algorithm.name=harmofl",),
+    ("algorithm.name=harmofl", "federation.holdout=[client2]"),
+    ("algorithm.name=fedavg", "augment=[fedrdn]"),
+    ("algorithm.name=fedavg", "augment=[fedrdn]", "federation.holdout=[client2]"),
+    ("algorithm.name=distrans",),
+    ("algorithm.name=fraug",),
+    ("algorithm.name=pfedhn",),
+    ("algorithm.name=fedadam", "train.optimizer_state=persist", "train.momentum=0.9"),
+]
+
+#: every algorithm, FedAvg with every augment; then sampled rounds, persisted optimiser
+#: state, held-out clients and stacked augments
+CASES = [
+    *[(f"algorithm.name={a}",) for a in ALGORITHMS.names() if a not in CANNOT_RUN],
+    *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names() if a not in CANNOT_RUN],
+    ("algorithm.name=scaffold", "federation.sample_fraction=0.67",
+     "train.optimizer_state=persist", "train.momentum=0.9"),
+    ("algorithm.name=scaffold", "augment=[fedrdn,fedmix]", "train.optimizer_state=persist",
+     "train.momentum=0.5"),
+    ("algorithm.name=pfedhn", "federation.sample_fraction=0.67"),
+    ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),
+    ("algorithm.name=fedprox", "augment=[fedrdn,fedmix]"),
+]  # fmt: skip
+CASES += [c for c in FLOWER if c not in CASES]
+
+PARAMS = [pytest.param(g, c, id=f"{g}-{' '.join(c)}") for g in ("resume", "pool") for c in CASES]
+
+
+def _ways(group: str, over: tuple[str, ...]) -> tuple[str, ...]:
+    if group == "pool":
+        return ("native", "pool")
+    return ("native", "resume", *(("flower", "flower-resume") if over in FLOWER else ()))
+
+
+@pytest.mark.parametrize(("group", "over"), PARAMS)
+def test_same_run(tmp_path, monkeypatch, request, group, over):
+    """2 rounds, a checkpoint after each; the stopped ways stop after round 1 and resume
+    from its checkpoint. Metric rows, summary results, ledger and the final checkpoint
+    (server, clients, RNG) must equal the uninterrupted native run's."""
+    cfg = toy_cfg(*TINY, *over, "checkpoint.every=1", rounds=2)
+    pool = request.getfixturevalue("worker_pool") if group == "pool" else None
+    if group == "resume":  # nothing a run reads back may run code
+        real = torch.load
+
+        def strict(*args, **kwargs):
+            assert kwargs.get("weights_only") is not False, "torch.load(weights_only=False)"
+            return real(*args, **{**kwargs, "weights_only": True})
+
+        monkeypatch.setattr(torch, "load", strict)
+    runs = assert_same_run(cfg, tmp_path, _ways(group, over), stop_after=1, pool=pool)
+    if group == "pool":
+        assert runs["native"].summary["runtime"] == {
+            "engine": "native", "executor": "sequential", "workers": 1, "threads": 1,
+            "device": "cpu"}  # fmt: skip
+        assert runs["pool"].summary["runtime"] == {
+            "engine": "native", "executor": "pool", "workers": 2, "threads": 1,
+            "device": "cpu"}  # fmt: skip
+        return
+    assert runs.saved_round["resume"] == 1
+    for weights in ("last", "selected"):  # the finished run rebuilds from its state
+        assert load_finished(runs.dir("resume"), weights=weights).round >= 1
+    if over in FLOWER:
+        assert runs.saved_round["flower-resume"] == 1
+        assert runs["flower"].summary["runtime"]["mode"] == "simulation (in-process)"
+        assert runs["flower"].summary["runtime"]["lost"] == {}
+
+
+def test_every_registered_component_is_a_case():
+    """Nothing is left out silently: every algorithm and augment runs in :func:`test_same_run`
+    or is in :data:`CANNOT_RUN` with why."""
+    named = {o.split("=", 1)[1] for c in CASES for o in c if o.startswith("algorithm.name=")}
+    augments = {c[1][len("augment=[") : -1] for c in CASES if len(c) == 2 and "augment" in c[1]}
+    for name in ALGORITHMS.names():
+        assert name in named or CANNOT_RUN.get(name), name
+    for name in AUGMENTS.names():
+        assert name in augments or CANNOT_RUN.get(name), name
+    assert all(CANNOT_RUN.values()), "every entry of CANNOT_RUN says why"
