@@ -15,7 +15,6 @@ one was fingerprinted before but not now). Compare files made on one machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loader_fingerprints import OFFICEHOME, PACS, _digest, make_tree  # noqa: E402
+from loader_fingerprints import (  # noqa: E402
+    OFFICEHOME,
+    PACS,
+    _digest,
+    make_tree,
+    write_and_compare,
+)
 
 SMALL = {"train_size": 12, "val_size": 6, "test_size": 6}
 
@@ -117,19 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 skipped[key] = str(e).split("\n")[0][:160]
     for key, why in skipped.items():
         print(f"skipped {key}: {why}")
-    Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    print(f"{len(results)} datasets -> {args.out}")
-    if args.compare:
-        before = json.loads(Path(args.compare).read_text())
-        differ = sorted(k for k in set(before) | set(results) if before.get(k) != results.get(k))
-        for k in differ:
-            old, new = before.get(k) or {}, results.get(k) or {}
-            fields = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
-            print(f"DIFFERS: {k}: {', '.join(fields) or 'missing'}")
-        print(f"{len(results) - len(differ)} of {len(set(before) | set(results))} identical")
-        return 1 if differ else 0
-    return 0
-
+    return write_and_compare(results, args.out, args.compare, "datasets")
 
 if __name__ == "__main__":
     sys.exit(main())

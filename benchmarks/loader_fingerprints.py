@@ -140,18 +140,25 @@ def main(argv: list[str] | None = None) -> int:
                 results[f"{name}#{i} {json.dumps(case)}"] = fingerprint(
                     name, root, base / f"cache{i}", case, names
                 )
-    Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    print(f"{len(results)} cases -> {args.out}")
-    if args.compare:
-        before = json.loads(Path(args.compare).read_text())
-        differ = sorted(k for k in set(before) | set(results) if before.get(k) != results.get(k))
-        for k in differ:
-            old, new = before.get(k) or {}, results.get(k) or {}
-            fields = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
-            print(f"DIFFERS: {k}: {', '.join(fields)}")
-        print(f"{len(results) - len(differ)} of {len(results)} cases identical")
-        return 1 if differ else 0
-    return 0
+    return write_and_compare(results, args.out, args.compare, "cases")
+
+
+def write_and_compare(results: dict, out: str, compare: str | None, what: str) -> int:
+    """Write ``results`` to ``out`` and, with ``compare`` (an earlier output), print which
+    entries differ and in which fields; 1 when any does."""
+    Path(out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(f"{len(results)} {what} -> {out}")
+    if not compare:
+        return 0
+    before = json.loads(Path(compare).read_text())
+    keys = set(before) | set(results)
+    differ = sorted(k for k in keys if before.get(k) != results.get(k))
+    for k in differ:
+        old, new = before.get(k) or {}, results.get(k) or {}
+        fields = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
+        print(f"DIFFERS: {k}: {', '.join(fields) or 'missing'}")
+    print(f"{len(keys) - len(differ)} of {len(keys)} {what} identical")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":
