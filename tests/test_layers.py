@@ -159,8 +159,8 @@ def test_no_import_cycle_between_packages():
 def _module_graph(root: Path = SRC) -> dict[str, set[str]]:
     """Module-level imports between the modules of the package at ``root`` (those a module
     runs when it is imported; a function's own import is not one), without a package's
-    ``__init__`` importing its own submodules (the registries' idiom: the package imports
-    each method's module, which imports the package's ``register``)."""
+    ``__init__`` importing its own submodules (the registries' idiom: a package's
+    ``__init__`` imports its components' modules and adds them to its registry)."""
 
     def name_of(path: Path) -> str:
         parts = list(path.relative_to(root.parent).with_suffix("").parts)
