@@ -221,6 +221,21 @@ def test_rendering_is_deterministic_and_states_the_numbers(tmp_path):
     assert rubric.RUBRIC in top
     assert "| [Toy](parts/toy-claims.md) | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in top
     assert str(tmp_path) not in "".join(pages.values())  # no absolute paths
+    assert "made by" not in page  # the results were made by the printed command
+
+
+def test_results_made_by_another_command_name_it_and_the_machine(tmp_path):
+    """A row measured on a GPU machine (or with other flags) says the command that really
+    made its results beside the stand-in's own command."""
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    source = results / "suite" / "source.json"
+    made = "fedshift bench x.yaml device=cuda --workers 8"
+    src = json.loads(source.read_text())
+    src["command"] = made
+    src["machine"]["gpu"] = "Test GPU"
+    source.write_text(json.dumps(src))
+    page = render(_claims(tmp_path), results)["docs/parts/toy-claims.md"]
+    assert f"made by `{made}` on 2-core Test CPU (AVX2), Test GPU, torch 2.x" in page
 
 
 # ------------------------------------------------------------ the committed ledger

@@ -79,7 +79,12 @@ def _claim_section(c: ClaimResult) -> str:
             facts.append(ratio)
         where = ", ".join(f"`results/{r}`" for r in st.results)
         if c.measured:
-            facts.append(f"results in {where}, measured on {machine_text(c.source)}")
+            made = (c.source or {}).get("command")
+            if made and made not in st.commands:
+                # e.g. a GPU machine's run: name the command that really made the results
+                facts.append(f"results in {where}, made by `{made}` on {machine_text(c.source)}")
+            else:
+                facts.append(f"results in {where}, measured on {machine_text(c.source)}")
         elif st.results:
             facts.append(
                 f"no results in {where} yet: run the commands, then "
