@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CORES  := $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))")
 
 .PHONY: demo test check install data lint bench clean
 
@@ -43,10 +44,11 @@ test: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
 
 # the everyday loop: everything but the process-level tests (Flower deployment and Ray
-# simulations, worker pools, kill / signal / resume of real processes, packaging)
+# simulations, worker pools, kill / signal / resume, fresh interpreters, packaging), one
+# worker per core (no Flower workers to wait for) and bytecode kept between runs
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -m "not process"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not process" -n $(CORES)
 
 bench: data
 	$(BIN)/python benchmarks/engine_overhead.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -177,6 +178,10 @@ GROUPS = {
     "tests/flower/test_flower_deploy.py::test_killed_supernode_round_completes": "deploy-a",
     "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native[fedfa]": "deploy-b",
     "tests/flower/test_flower_deploy.py::test_killed_supernode_below_the_minimum": "deploy-b",
+    # modules whose tests share a module fixture of finished runs (seconds to make): one
+    # worker makes it once instead of each worker making it
+    "tests/eval/test_report.py": "report",
+    "tests/eval/test_runs_identity.py": "runs-identity",
 }
 
 
@@ -198,6 +203,7 @@ PROCESS = (
     "tests/flower/test_flower.py::test_flower_simulation_engine_equals_native",
     "tests/flower/test_flower.py::test_client_errors_and_bad_nodes_are_reported",
     "tests/flower/test_flower.py::test_node_state_can_live_on_disk",
+    "tests/flower/test_ray_signals.py::test_sigint_and_sigterm_stop_a_ray_simulation_cleanly",
     "tests/runtime/test_pool.py",
     "tests/runtime/test_same_run.py::test_same_run[pool-",
     "tests/test_packaging.py",
@@ -215,7 +221,20 @@ PROCESS = (
     "tests/test_bench.py::test_cli_bench",
     "tests/cli/test_ux.py::test_long_runs_run_jobs_equal_sequential",
     "tests/cli/test_ux.py::test_long_runs_flower_simulate",
+    "tests/cli/test_ux.py::test_long_runs_bench_shows_rounds_and_eta_inside_cells[2]",
     "tests/test_extending.py::test_extending_plugin_package_from_the_guide_installs_lists_and_runs",
+    # fresh Python processes (plug-in consent, entry points, the guide's examples run from
+    # outside the package): each starts an interpreter and imports torch
+    "tests/test_extending.py::test_extending_guide_example_runs_by_name_from_outside_the_package",
+    "tests/core/test_consent.py::test_received_run_dir_imports_no_plugin_unasked",
+    "tests/core/test_consent.py::test_suite_plugins_need_consent_but_command_line_names_do_not",
+    "tests/core/test_consent.py::test_module_that_exits_on_import_is_an_error",
+    "tests/core/test_consent.py::test_python_m_fedshift_lets_no_file_in_the_folder_shadow_a_module",
+    "tests/data/test_dataset_plugins.py::test_installed_dataset_runs_by_name_from_the_cli",
+    "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
+    # a run stopped at a checkpoint and resumed, for every algorithm and augment (`make
+    # check` keeps tests/runtime/test_loop.py's killed-and-resumed runs: FedBN, SCAFFOLD, FedAdam)
+    "tests/runtime/test_same_run.py::test_same_run[resume-",
 )
 
 #: a test that compares floats by tolerance: it holds on every CPU only if its tolerance
@@ -225,8 +244,12 @@ _FLOAT_COMPARISON = re.compile(r"\b(approx|allclose|assert_close|isclose)\(")
 
 def _compares_floats(item) -> bool:
     fn = getattr(item, "function", None)
-    if fn is None:
-        return False
+    return fn is not None and _source_compares_floats(fn)
+
+
+@functools.cache
+def _source_compares_floats(fn) -> bool:
+    """Once per test function (a parametrized test has many items)."""
     try:
         return bool(_FLOAT_COMPARISON.search(inspect.getsource(fn)))
     except (OSError, TypeError):
