@@ -337,7 +337,7 @@ def test_office_cache_hit_and_invalidation(office_root: Path, tmp_path: Path) ->
     p = office(office_root, tmp_path, domains=["dslr"])
     first = load_office(p)
     assert first.info["cache"]["dslr"]["hit"] is False
-    assert Path(first.info["cache"]["dslr"]["path"]).is_file()
+    assert Path(first.info["cache"]["dslr"]["path"]).joinpath("kept.npz").is_file()
     second = load_office(p)
     assert second.info["cache"]["dslr"]["hit"] is True
     for s in ("train", "val", "test"):

@@ -4,8 +4,11 @@ These are the types the dataset contract (:mod:`fedshift.core.datasets`) and the
 contract (:mod:`fedshift.core.contract`) name, so they live in core; ``fedshift.data.base``
 re-exports them (every loader builds them).
 
-Images live as float tensors in ``[0, 1]`` of shape ``(N, C, H, W)`` once a benchmark is
-built; nothing on the training hot path reads files or runs per-sample Python code.
+Images are float tensors in ``[0, 1]`` of shape ``(N, C, H, W)`` once a benchmark is built,
+or, for data read from image files, :class:`~fedshift.core.images.ByteImages`: the stored
+uint8 bytes (in memory, in the decode cache's file, or on the GPU) that index as the same
+float tensor, converted per batch. Nothing on the training hot path decodes files or runs
+per-sample Python code.
 Normalisation is *not* baked in: it is part of the input pipeline (see
 :mod:`fedshift.runtime.inputs`) so that input-level methods (FedRDN, amplitude
 normalisation) see raw images.
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedshift.core.images import ByteImages, cat_images
 from fedshift.core.seeding import generator
 
 SPLITS = ("train", "val", "test")
@@ -26,10 +30,11 @@ TASKS = ("classification", "segmentation")
 
 @dataclass
 class Split:
-    """One split of one client: images ``x`` (float, [0, 1], ``(N, C, H, W)``) and int64
-    labels ``y``: ``(N,)`` class indices, or ``(N, H, W)`` label maps for segmentation."""
+    """One split of one client: images ``x`` (float, [0, 1], ``(N, C, H, W)``; or their uint8
+    bytes as :class:`~fedshift.core.images.ByteImages`, which index as that float tensor) and
+    int64 labels ``y``: ``(N,)`` class indices, or ``(N, H, W)`` label maps for segmentation."""
 
-    x: torch.Tensor
+    x: torch.Tensor | ByteImages
     y: torch.Tensor
 
     def __post_init__(self) -> None:
@@ -92,7 +97,7 @@ class Federation:
 
         def cat(split: str) -> Split:
             parts = [c.split(split) for c in self.clients]
-            return Split(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+            return Split(cat_images([p.x for p in parts]), torch.cat([p.y for p in parts]))
 
         return ClientData(name, cat("train"), cat("val"), cat("test"))
 
@@ -116,10 +121,24 @@ class Federation:
             else:
                 n = max(1, round(fraction * len(y)))
                 idx = torch.sort(torch.randperm(len(y), generator=g)[:n]).values
-            train = Split(c.train.x[idx], y[idx])
+            train = Split(c.train.x.index_select(0, idx), y[idx])
             clients.append(ClientData(c.name, train, c.val, c.test))
         info = {**self.info, "data_fraction": fraction}
         return Federation(self.name, clients, self.classes, self.input_shape, info, self.task)
+
+    def storage(self) -> dict[str, dict[str, int]]:
+        """How the images are kept, per kind: ``float32`` tensors, or uint8
+        :class:`~fedshift.core.images.ByteImages` in ``memory``, read per batch from a
+        ``file`` or on a GPU (``device``); the number of splits and bytes of each."""
+        out: dict[str, dict[str, int]] = {}
+        for c in self.clients:
+            for s in SPLITS:
+                x = c.split(s).x
+                kind = x.storage if isinstance(x, ByteImages) else "float32"
+                row = out.setdefault(kind, {"splits": 0, "bytes": 0})
+                row["splits"] += 1
+                row["bytes"] += x.element_size() * x.nelement()
+        return out
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per-client example counts per split."""

@@ -53,6 +53,7 @@ import torch
 
 from fedshift.augment.ampnorm import amplitude_phase
 from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.images import ByteImages
 from fedshift.core.seeding import generator
 from fedshift.data.base import SPLITS, Federation, Split
 from fedshift.data.partition import degree_of_heterogeneity, tv_heterogeneity
@@ -348,9 +349,12 @@ def federation_sites(fed: Federation, split: str) -> list[tuple[str, list[Split]
                 )
             if not len(s):
                 continue
-            if not bool(torch.isfinite(s.x).all()):
+            if isinstance(s.x, ByteImages):
+                pass  # 8-bit values / 255: always finite and in [0, 1]
+            elif not bool(torch.isfinite(s.x).all()):
                 raise DataError(f"{where}: images hold NaN or infinite values; check its files")
-            lo, hi = float(s.x.min()), float(s.x.max())
+            lo, hi = (0.0, 1.0) if isinstance(s.x, ByteImages) else (s.x.min(), s.x.max())
+            lo, hi = float(lo), float(hi)
             if lo < 0.0 or hi > 1.0:
                 raise DataError(
                     f"{where}: pixel values span [{lo:g}, {hi:g}] but fedshift's images are "

@@ -58,7 +58,9 @@ class Experiment:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval_batch_size: int = 256
     #: where the clients' data lives: ``device`` (resident on a GPU) or ``host``
-    #: (:func:`fedshift.runtime.device.place_data`), and the deterministic-kernel settings
+    #: (:func:`fedshift.runtime.device.place_data`), how the images are kept
+    #: (``data_storage``, :meth:`Federation.storage`, for uint8 images) and the
+    #: deterministic-kernel settings
     placement: dict = dataclasses.field(default_factory=dict)
 
 
@@ -79,6 +81,9 @@ def build_experiment(
     fed, where = place_data(fed, device, cfg.run.data)
     if device.type != "cpu":
         placement["data"] = where
+    storage = fed.storage()
+    if set(storage) != {"float32"}:  # images kept as their uint8 bytes (core/images.py)
+        placement["data_storage"] = storage
     fed_cfg = cfg.federation
     task = make_task(fed.task, cfg.train.loss)
     holdout = list(fed_cfg.holdout)

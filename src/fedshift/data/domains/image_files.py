@@ -2,12 +2,19 @@
 ``domainnet``, ``chmnist``, ``cub200``): which files make up each split of a client, reading
 and resizing them into memory, and the cache of the decoded, resized images.
 
-Cache: with caching on, a client's images are stored as uint8 in
-``<cache>/<dataset>/<digest>.npz`` (one array per split; ``<cache>`` is ``dataset.cache_dir``,
-else ``$FEDSHIFT_CACHE``, else ``~/.cache/fedshift``), written atomically and read back with
-``allow_pickle=False`` (:mod:`fedshift.data.common.cache`). The digest covers the absolute
-paths, sizes and modification times of the chosen files, the size and the reading rule, so an
-edited file or a new selection is read again (old entries are not deleted).
+Cache: with caching on, a client's images are decoded once and stored as uint8 in
+``<cache>/<dataset>/<digest>/<split>.npy`` (``<cache>`` is ``dataset.cache_dir``, else
+``$FEDSHIFT_CACHE``, else ``~/.cache/fedshift``), each file written atomically, the entry
+complete when its ``kept.npz`` is there; read back with ``allow_pickle=False``. The digest
+covers the absolute paths, sizes and modification times of the chosen files, the size and the
+reading rule, so an edited file or a new selection is read again (old entries are not
+deleted).
+
+Memory: a split's images stay uint8 (:class:`~fedshift.core.images.ByteImages`), converted to
+float per batch. A cache file up to :data:`~fedshift.core.images.IN_MEMORY_MAX_BYTES` is read
+into memory; a larger one is read per batch from the file (every worker process shares the
+operating system's one cached copy; a set larger than memory streams from disk). Without the
+cache the bytes are held in memory. The numbers do not depend on where the bytes are kept.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
+from fedshift.core.images import ByteImages, open_npy, write_npy
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.images import (
@@ -27,7 +35,6 @@ from fedshift.data.common.images import (
     read_image_fedbn,
     read_image_gray,
     resize_images,
-    to_float,
     to_uint8,
 )
 from fedshift.data.common.sampling import stratified_subsample
@@ -43,8 +50,8 @@ __all__ = [
     "read_images",
 ]
 
-#: bumped when what is cached (or how it is computed) changes
-CACHE_VERSION = 1
+#: bumped when what is cached (or how it is computed) changes (2: a folder of .npy files)
+CACHE_VERSION = 2
 #: progress bar from this many image files on
 PROGRESS_FROM = 300
 
@@ -114,12 +121,14 @@ def read_images(
     mode: str,
     bar=None,
     unreadable: list[tuple[int, str]] | None = None,
+    exact: str | None = None,
 ) -> np.ndarray:
     """Read and resize image files: uint8 ``(N, C, size, size)`` (C = 3, or 1 for ``gray``).
 
     A file Pillow cannot read raises its :class:`DataError`; with ``unreadable`` (a list),
     it is left out instead and ``(index, message)`` appended there, so the array holds the
-    readable files in order."""
+    readable files in order. With ``exact`` (the fix to suggest), an image that is not
+    already ``size x size`` is a :class:`DataError` naming it instead of being resized."""
     reader, channels = READERS[mode]
     out = np.empty((len(paths), channels, size, size), dtype=np.uint8)
     n = 0
@@ -131,6 +140,10 @@ def read_images(
                 raise
             unreadable.append((j, str(exc)))
             continue
+        if exact is not None and tuple(img.shape[2:]) != (size, size):
+            raise DataError(
+                f"{path} is {img.shape[3]}x{img.shape[2]} pixels, not {size}x{size}; {exact}"
+            )
         out[n] = to_uint8(resize_images(img, size))[0].numpy()
         n += 1
         if bar is not None:
@@ -162,28 +175,39 @@ def _cache_key(
 
 
 def _read_cached(
-    path: Path, client: ClientSource, size: int, channels: int, skip: bool
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
-    """The cached arrays of ``client``'s splits and the indices of the files they hold (all,
-    unless unreadable files were skipped), or ``None`` if the entry is unreadable or does not
-    hold them (then the images are read again: same result)."""
-    stored = cache.load_npz(path)
-    if stored is None or not set(client.splits) <= set(stored):
+    folder: Path, client: ClientSource, size: int, channels: int, skip: bool
+) -> tuple[dict[str, ByteImages], dict[str, np.ndarray]] | None:
+    """The cached images of ``client``'s splits and the indices of the files they hold (all,
+    unless unreadable files were skipped), or ``None`` if the entry is incomplete, unreadable
+    or does not hold them (then the images are read again: same result)."""
+    kept_all = cache.load_npz(folder / "kept.npz")
+    if kept_all is None:
         return None
-    arrays = {s: stored[s] for s in client.splits}
-    kept = {}
+    arrays, kept = {}, {}
     for split, src in client.splits.items():
-        kept[split] = stored.get(f"kept_{split}") if skip else np.arange(len(src))
-        idx = kept[split]
+        idx = kept_all.get(split)
         if idx is None or idx.ndim != 1:
             return None
         if len(idx) and not 0 <= idx.min() <= idx.max() < len(src):
             return None
-        if arrays[split].shape != (len(idx), channels, size, size):
+        if not skip and len(idx) != len(src):
             return None
-        if arrays[split].dtype != np.uint8:
+        try:
+            arrays[split] = open_npy(folder / f"{split}.npy")
+        except (OSError, ValueError):
             return None
+        if tuple(arrays[split].shape) != (len(idx), channels, size, size):
+            return None
+        kept[split] = idx
     return arrays, kept
+
+
+def _write_cache(folder: Path, arrays: dict[str, np.ndarray], kept: dict[str, np.ndarray]):
+    """The entry's split files, then ``kept.npz`` (its presence marks the entry complete)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, x in arrays.items():
+        write_npy(folder / f"{split}.npy", x)
+    cache.save_npz(folder / "kept.npz", kept)
 
 
 def materialize_client(
@@ -195,6 +219,7 @@ def materialize_client(
     fix: str,
     progress: bool = True,
     skip_unreadable: bool = False,
+    exact: str | None = None,
 ) -> tuple[ClientData, dict]:
     """Read a client's image files (or its cache entry) into a :class:`ClientData`.
 
@@ -203,8 +228,9 @@ def materialize_client(
     (:func:`read_image_fedbn`). Every file is checked to exist first (``fix`` ends the error).
     A file Pillow cannot read is a :class:`DataError` naming it; with ``skip_unreadable`` it
     is left out of its split instead (after the split was drawn, so no other file moves) and
-    listed in the returned info's ``unreadable``. Returns the client and ``{"path", "hit"}``
-    of its cache entry (plus ``unreadable`` when skipping).
+    listed in the returned info's ``unreadable``. ``exact``: see :func:`read_images`.
+    Returns the client and ``{"path", "hit"}`` of its cache entry (plus ``unreadable`` when
+    skipping).
     """
     from tqdm import tqdm
 
@@ -216,9 +242,9 @@ def materialize_client(
     target = None
     if cache_dir is not None:
         digest, _ = _cache_key(dataset, client, size, mode, skip_unreadable)
-        target = cache_dir / dataset / f"{digest}.npz"
+        target = cache_dir / dataset / digest
         info["path"] = str(target)
-        if target.is_file():
+        if (target / "kept.npz").is_file():
             found = _read_cached(target, client, size, channels, skip_unreadable)
             info["hit"] = found is not None
     if found is None:
@@ -232,14 +258,19 @@ def materialize_client(
         ) as bar:
             for split, src in client.splits.items():
                 bad: list[tuple[int, str]] | None = [] if skip_unreadable else None
-                arrays[split] = read_images(src.paths, size, mode, bar, bad)
+                arrays[split] = read_images(src.paths, size, mode, bar, bad, exact)
                 dropped = {j for j, _ in bad or []}
                 kept[split] = np.asarray(
                     [j for j in range(len(src)) if j not in dropped], dtype=np.int64
                 )
         if target is not None:
-            extra = {f"kept_{s}": k for s, k in kept.items()} if skip_unreadable else {}
-            cache.save_npz(target, {**arrays, **extra})
+            _write_cache(target, arrays, kept)
+            found = _read_cached(target, client, size, channels, skip_unreadable)
+            if found is None:
+                raise DataError(f"{target}: the cache entry just written cannot be read back")
+            arrays, kept = found
+        else:
+            arrays = {s: ByteImages(a) for s, a in arrays.items()}
     else:
         arrays, kept = found
     if skip_unreadable:
@@ -250,7 +281,7 @@ def materialize_client(
         ]
     splits = {
         s: Split(
-            to_float(arrays[s]),
+            arrays[s],
             torch.from_numpy(client.splits[s].labels[kept[s]].astype(np.int64)),
         )
         for s in SPLITS
@@ -259,7 +290,7 @@ def materialize_client(
 
 
 def federation_info(fed: Federation, size: int) -> dict:
-    """Counts, per-class counts and the float32 memory the federation's images take."""
+    """Counts, per-class counts and the memory the federation's images take (uint8)."""
     n = sum(sum(c.values()) for c in fed.counts().values())
     channels = fed.input_shape[0]
     return {
@@ -270,5 +301,5 @@ def federation_info(fed: Federation, size: int) -> dict:
             }
             for c in fed.clients
         },
-        "memory_mb": round(n * channels * size * size * 4 / 2**20, 1),
+        "memory_mb": round(n * channels * size * size / 2**20, 1),  # uint8
     }

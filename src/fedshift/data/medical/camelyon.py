@@ -31,15 +31,19 @@ classification. Nothing is downloaded: ``dataset.root`` is one of two layouts, f
   apply (setting it is an error). The pickle is read with an unpickler that only builds numpy
   arrays and plain containers, never arbitrary objects.
 
-Size caps: the full data have about 450,000 patches and fedshift keeps images in memory as
-float32 (110.6 kB per patch), so each split of each hospital is a **class-stratified seeded
-subsample** of at most ``train_size`` (5,000) / ``val_size`` (1,000) / ``test_size`` (2,000)
-patches (each class keeps its share, largest-remainder rounding; generator
-``camelyon17/hospital<k>/<split>``, so the test set does not move when ``train_size`` does).
-``None`` keeps every patch of the split. ``Federation.info`` records the sizes before and
-after. At the defaults the federation holds 40,000 patches, about 4.4 GB.
+Size: every patch by default (about 450,000, 12.4 GB as uint8). The patches are decoded once
+into the uint8 cache (``<cache>/camelyon17/<digest>/``, :mod:`fedshift.data.domains.image_files`;
+``cache=false`` holds them in memory instead) and read per batch from there, so the whole set
+runs without holding it in memory (it was capped at 5,000 / 1,000 / 2,000 patches per
+hospital when images were float32 in memory). For quick runs, ``train_size`` / ``val_size`` /
+``test_size`` cap each split of each hospital to a **class-stratified seeded subsample**
+(each class keeps its share, largest-remainder rounding; generator
+``camelyon17/hospital<k>/<split>``, so the test set does not move when ``train_size`` does);
+``None`` (the default) keeps every patch. ``Federation.info`` records the sizes before and
+after.
 
-Images: Pillow ``convert("RGB")`` / 255 (HarmoFL's ``ToTensor``), float32 ``(N, 3, 96, 96)``.
+Images: Pillow ``convert("RGB")`` / 255 (HarmoFL's ``ToTensor``): uint8 bytes read as float32
+``(N, 3, 96, 96)`` per batch.
 Every patch must be 96x96 when ``dataset.size`` is None (otherwise an error naming the file);
 with ``dataset.size`` set, every patch is resized to ``size x size`` (bilinear, antialiased).
 HarmoFL's loader has no augmentation, so none is lost.
@@ -58,12 +62,23 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
-from fedshift.data.base import ClientData, Federation, Split
-from fedshift.data.common.checks import check_fractions, check_size, require_root
-from fedshift.data.common.images import read_image, resize_images
+from fedshift.data.base import Federation
+from fedshift.data.common.checks import (
+    check_cache_dir,
+    check_flag,
+    check_fractions,
+    check_size,
+    require_root,
+)
 from fedshift.data.common.pickles import read_array_pickle
 from fedshift.data.common.sampling import stratified_subsample
 from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.domains.image_files import (
+    ClientSource,
+    SplitSource,
+    cache_root,
+    materialize_client,
+)
 
 NAME = "camelyon17"
 HOSPITALS: tuple[str, ...] = tuple(f"hospital{k}" for k in range(1, 6))
@@ -103,10 +118,12 @@ class CamelyonParams:
     layout: Literal["auto", "wilds", "harmofl"] = "auto"
     fractions: list[float] = field(default_factory=lambda: list(DEFAULT_FRACTIONS))  # WILDS
     seed: int = 0  # slide split (WILDS) and the subsamples
-    train_size: int | None = 5000  # per hospital, stratified subsample; None = all
-    val_size: int | None = 1000
-    test_size: int | None = 2000
+    train_size: int | None = None  # per hospital, stratified subsample; None = all
+    val_size: int | None = None
+    test_size: int | None = None
     size: int | None = None  # None: patches must be 96x96; an int: resize to size x size
+    cache: bool = True  # decode once into the uint8 cache, read per batch from there
+    cache_dir: str | None = None  # None -> $FEDSHIFT_CACHE or ~/.cache/fedshift
 
     def validate(self, prefix: str = "dataset") -> None:
         """Raise :class:`ConfigError` naming the key for a value the loader cannot honour."""
@@ -124,6 +141,8 @@ class CamelyonParams:
                 check_size(value, f"{prefix}.{key}")
         if self.size is not None:
             check_size(self.size, f"{prefix}.size")
+        check_flag(self.cache, f"{prefix}.cache")
+        check_cache_dir(self.cache_dir, f"{prefix}.cache_dir")
 
     def caps(self) -> dict[str, int | None]:
         return {s: getattr(self, k) for s, k in SIZE_KEYS.items()}
@@ -370,26 +389,11 @@ def harmofl_sources(root: Path) -> tuple[dict[str, dict[str, Source]], dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def read_patches(root: Path, source: Source, idx: np.ndarray, size: int | None) -> torch.Tensor:
-    """The chosen patches as float32 ``(n, 3, S, S)``; S = 96, or ``size`` (resized)."""
-    side = PATCH if size is None else size
-    out = torch.empty(len(idx), 3, side, side, dtype=torch.float32)
-    for j, i in enumerate(idx):
-        path = root / source.path_of(int(i))
-        if not path.is_file():
-            raise DataError(
-                f"{path} is missing (listed in {source.origin_of(int(i))}); restore the patch "
-                f"or fix dataset.root"
-            )
-        img = torch.from_numpy(read_image(path))
-        if size is None and tuple(img.shape[1:]) != (PATCH, PATCH):
-            raise DataError(
-                f"{path} is {img.shape[2]}x{img.shape[1]} pixels; Camelyon17 patches are "
-                f"{PATCH}x{PATCH}. Set dataset.size (e.g. dataset.size=96) to resize every "
-                f"patch, or replace the file"
-            )
-        out[j] = resize_images(img[None], side)[0] if size is not None else img
-    return out
+def split_source(root: Path, source: Source, idx: np.ndarray) -> SplitSource:
+    """The chosen patches' files and labels (for :func:`materialize_client`)."""
+    paths = [root / source.path_of(int(i)) for i in idx]
+    origins = [source.origin_of(int(i)) for i in idx]
+    return SplitSource(paths, source.labels[idx].astype(np.int64), origins)
 
 
 def load_camelyon(params: CamelyonParams) -> Federation:
@@ -409,20 +413,35 @@ def load_camelyon(params: CamelyonParams) -> Federation:
     else:
         sources, split_info = wilds_sources(root, fractions, params.seed)
     caps = params.caps()
-    clients, available, label_counts = [], {}, {}
+    side = PATCH if params.size is None else params.size
+    exact = None
+    if params.size is None:
+        exact = (
+            f"Camelyon17 patches are {PATCH}x{PATCH}. Set dataset.size (e.g. dataset.size=96) "
+            "to resize every patch, or replace the file"
+        )
+    store = cache_root(params.cache, params.cache_dir)
+    clients, available, label_counts, cache_info = [], {}, {}, {}
     for hospital in HOSPITALS:
-        splits = {}
+        chosen = {}
         available[hospital] = {s: len(src.labels) for s, src in sources[hospital].items()}
         for split, src in sources[hospital].items():
             rng = seeded_rng(params.seed, f"{NAME}/{hospital}/{split}")
             idx = stratified_subsample(src.labels, caps[split], rng)
-            x = read_patches(root, src, idx, params.size)
-            splits[split] = Split(x, torch.from_numpy(src.labels[idx].astype(np.int64)))
-        clients.append(ClientData(hospital, splits["train"], splits["val"], splits["test"]))
+            chosen[split] = split_source(root, src, idx)
+        client, cache_info[hospital] = materialize_client(
+            NAME,
+            ClientSource(hospital, chosen),
+            side,
+            "rgb",
+            store,
+            "restore the patch or fix dataset.root",
+            exact=exact,
+        )
+        clients.append(client)
         label_counts[hospital] = {
-            s: torch.bincount(sp.y, minlength=2).tolist() for s, sp in splits.items()
+            s: torch.bincount(client.split(s).y, minlength=2).tolist() for s in chosen
         }
-    side = PATCH if params.size is None else params.size
     fed = Federation(NAME, clients, list(CLASSES), (3, side, side), task="classification")
     fed.info = {
         "root": str(root),
@@ -438,6 +457,7 @@ def load_camelyon(params: CamelyonParams) -> Federation:
         "seed": params.seed,
         "size": side,
         "resized": params.size is not None,
+        "cache": cache_info,
         **split_info,
     }
     return fed
