@@ -276,10 +276,15 @@ def _as_float(obj):
     return obj
 
 
-def open_npy(path: str | os.PathLike, in_memory_max: int = IN_MEMORY_MAX_BYTES) -> ByteImages:
+def open_npy(path: str | os.PathLike, in_memory_max: int | None = None) -> ByteImages:
     """The images of a cache file: read whole when it is at most ``in_memory_max`` bytes
-    (``memory``), else read per batch (``file``). Both give the same numbers."""
+    (``memory``), else read per batch (``file``). Both give the same numbers. The default is
+    ``$FEDSHIFT_IN_MEMORY_MAX_BYTES`` when set (0: always read per batch), else
+    :data:`IN_MEMORY_MAX_BYTES`."""
     path = Path(path)
+    if in_memory_max is None:
+        env = os.environ.get("FEDSHIFT_IN_MEMORY_MAX_BYTES")
+        in_memory_max = IN_MEMORY_MAX_BYTES if env in (None, "") else int(env)
     if path.stat().st_size <= in_memory_max:
         return ByteImages(np.load(path, allow_pickle=False))
     return ByteImages(path=path)
