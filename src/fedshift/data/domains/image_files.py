@@ -144,7 +144,9 @@ def read_images(
             raise DataError(
                 f"{path} is {img.shape[3]}x{img.shape[2]} pixels, not {size}x{size}; {exact}"
             )
-        out[n] = to_uint8(resize_images(img, size))[0].numpy()
+        if tuple(img.shape[2:]) != (size, size):  # resizing to its own size is the identity
+            img = resize_images(img, size)
+        out[n] = to_uint8(img)[0].numpy()
         n += 1
         if bar is not None:
             bar.update(1)
