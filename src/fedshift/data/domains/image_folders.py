@@ -36,12 +36,14 @@ Images: Pillow ``convert("RGB")`` (torchvision ``ImageFolder``'s loader), resize
 ``size x size`` (default 224, ResNet's input; use ``size=256`` for the AlexNet of FedBN/FedFA,
 whose configs use 256x256) by antialiased bilinear interpolation in torch (as Pillow's
 bilinear resize), rounded to 8 bits as Pillow's resize of an 8-bit image returns, then
-float32 ``[0, 1]`` ``(N, 3, S, S)``. No augmentation is baked in (use an augment).
+read as float32 ``[0, 1]`` ``(N, 3, S, S)`` per batch. No augmentation is baked in (use an
+augment).
 
-Memory: a 224x224 image is 602 kB as float32 (256x256: 786 kB). All of PACS (9,991 images)
-is about 6.0 GB at 224, all of OfficeHome (15,588) about 9.4 GB: set ``max_per_split`` to
-bound it. Decoded, resized images are cached (``cache=True``) as uint8 in
-``<cache>/<name>/<digest>.npz`` per client; the digest covers the absolute paths, sizes and
+Memory: the images stay uint8 (150 kB at 224x224, 196 kB at 256x256; float32 would be four
+times that), decoded once into the cache (``cache=True``): ``<cache>/<name>/<digest>/`` per
+client, read per batch from there when large (:mod:`fedshift.data.domains.image_files`).
+All of PACS (9,991 images) is about 1.5 GB at 224, all of OfficeHome (15,588) about 2.4 GB;
+``max_per_split`` bounds them for quick runs. The digest covers the absolute paths, sizes and
 modification times of the chosen files, the size and the reading rule, so an edited file or a
 new selection is read again (old entries are not deleted).
 """
