@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedshift.core.images import ByteImages, cat_images, open_npy, write_npy
+from fedshift.core.images import ByteImages, MemoryBudget, cat_images, open_npy, write_npy
 from fedshift.data.common.images import to_float
 
 
@@ -87,6 +87,24 @@ def test_cat_and_channel_statistics_do_not_depend_on_the_kind(u8, kinds):
     assert torch.equal(cat_images([kinds["memory"], ref])[:], torch.cat([ref, ref]))
     with pytest.raises(ValueError, match="not 8-bit"):
         cat_images([kinds["memory"], ref + 0.001])
+
+
+def test_a_load_holds_at_most_its_budget_in_memory(u8, tmp_path, monkeypatch):
+    """Files are read whole while they fit in what is left of one budget, the rest per batch:
+    however many sites (and worker processes) there are, a load holds at most the budget."""
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"{i}.npy")
+        write_npy(paths[-1], u8)
+    size = paths[0].stat().st_size
+    budget = MemoryBudget(total=2 * size + 1)
+    assert [budget.open(p).storage for p in paths] == ["memory", "memory", "file", "file"]
+    assert budget.remaining == 1
+    monkeypatch.setenv("FEDSHIFT_IN_MEMORY_MAX_BYTES", "0")
+    assert [MemoryBudget().open(p).storage for p in paths] == ["file"] * 4
+    monkeypatch.setenv("FEDSHIFT_IN_MEMORY_MAX_BYTES", str(size))
+    one = MemoryBudget()
+    assert [one.open(p).storage for p in paths] == ["memory", "file", "file", "file"]
 
 
 def test_bad_input_is_refused(tmp_path):

@@ -7,16 +7,18 @@ returns float32 in ``[0, 1]`` (``uint8 / 255``: the same values, bit for bit, as
 the whole array first), so training, evaluation and every statistic read through it give the
 same numbers whichever way the bytes are kept:
 
-``memory``  a uint8 array in this process (4x smaller than float32);
+``memory``  a uint8 array in this process (4x smaller than float32; at most 256 MiB of a
+            federation's cache files per process: :class:`MemoryBudget`);
 ``file``    a ``.npy`` file of the decode cache, read per batch with ``pread`` through the
             operating system's page cache: nothing of it is resident in the process, every
             worker process reading the same file shares the one cached copy, and a set larger
             than memory streams from disk;
 ``device``  a uint8 tensor on a GPU (``run.data``), converted there per batch.
 
-:func:`open_npy` makes the automatic choice between ``memory`` and ``file`` (small files are
-read whole; the rest are streamed); ``ByteImages.to("cuda")`` makes the ``device`` one. A
-:class:`ByteImages` pickles as its file path (``file``) or its bytes (``memory``).
+:class:`MemoryBudget` makes the automatic choice between ``memory`` and ``file`` (cache files
+are read whole while a federation's budget lasts; the rest are streamed);
+``ByteImages.to("cuda")`` makes the ``device`` one. A :class:`ByteImages` pickles as its file
+path (``file``) or its bytes (``memory``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["IN_MEMORY_MAX_BYTES", "ByteImages", "cat_images", "open_npy", "write_npy"]
+__all__ = [
+    "IN_MEMORY_MAX_BYTES",
+    "ByteImages",
+    "MemoryBudget",
+    "cat_images",
+    "open_npy",
+    "write_npy",
+]
 
-#: a cache file up to this size is read whole into memory; a larger one is read per batch
+#: the bytes of cache files one federation load reads whole into memory (in each process that
+#: loads it); the files that do not fit are read per batch
 IN_MEMORY_MAX_BYTES = 256 * 2**20
 
 
@@ -276,15 +286,36 @@ def _as_float(obj):
     return obj
 
 
+def in_memory_max_bytes() -> int:
+    """``$FEDSHIFT_IN_MEMORY_MAX_BYTES`` when set (0: always read per batch), else
+    :data:`IN_MEMORY_MAX_BYTES`."""
+    env = os.environ.get("FEDSHIFT_IN_MEMORY_MAX_BYTES")
+    return IN_MEMORY_MAX_BYTES if env in (None, "") else int(env)
+
+
+class MemoryBudget:
+    """What one federation load may read into memory: cache files are opened in order, each
+    read whole while it fits in what is left (:func:`in_memory_max_bytes` in all), else read
+    per batch. One budget per load, so a federation of many sites (and every worker process
+    that loads it) holds at most that much, whatever the number of sites."""
+
+    def __init__(self, total: int | None = None) -> None:
+        self.remaining = in_memory_max_bytes() if total is None else total
+
+    def open(self, path: str | os.PathLike) -> ByteImages:
+        x = open_npy(path, in_memory_max=self.remaining)
+        if x.storage == "memory":
+            self.remaining -= Path(path).stat().st_size
+        return x
+
+
 def open_npy(path: str | os.PathLike, in_memory_max: int | None = None) -> ByteImages:
     """The images of a cache file: read whole when it is at most ``in_memory_max`` bytes
-    (``memory``), else read per batch (``file``). Both give the same numbers. The default is
-    ``$FEDSHIFT_IN_MEMORY_MAX_BYTES`` when set (0: always read per batch), else
-    :data:`IN_MEMORY_MAX_BYTES`."""
+    (``memory``; default :func:`in_memory_max_bytes`), else read per batch (``file``). Both
+    give the same numbers."""
     path = Path(path)
     if in_memory_max is None:
-        env = os.environ.get("FEDSHIFT_IN_MEMORY_MAX_BYTES")
-        in_memory_max = IN_MEMORY_MAX_BYTES if env in (None, "") else int(env)
+        in_memory_max = in_memory_max_bytes()
     if path.stat().st_size <= in_memory_max:
         return ByteImages(np.load(path, allow_pickle=False))
     return ByteImages(path=path)

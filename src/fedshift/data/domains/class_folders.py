@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedshift.core.errors import DataError
+from fedshift.core.images import MemoryBudget
 from fedshift.data.base import SPLITS, ClientData
 from fedshift.data.common.images import IMAGE_SUFFIXES
 from fedshift.data.common.sampling import stratified_cut
@@ -156,6 +157,8 @@ class ReadOptions:
     fix: str = "restore the file or fix dataset.root"
     progress: bool = True
     skip_unreadable: bool = False
+    #: one per federation load: what its cache files may hold in memory (core/images.py)
+    budget: MemoryBudget = field(default_factory=MemoryBudget)
 
 
 def read_client(
@@ -184,6 +187,7 @@ def read_client(
         options.fix,
         options.progress,
         options.skip_unreadable,
+        budget=options.budget,
     )
     for split in SPLITS:
         if len(data.split(split)) == 0:

@@ -78,6 +78,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.images import MemoryBudget
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
     check_cache_dir,
@@ -574,6 +575,7 @@ def load_pickled_federation(params: PickleParams, progress: bool = True) -> Fede
     min_len = min(len(lists[d]["train"][2]) for d in domains)
     store = cache_root(params.cache, params.cache_dir)
     clients, available, cache_info = [], {}, {}
+    budget = MemoryBudget()  # one for the whole federation (core/images.py)
     for d in domains:
         splits: dict[str, SplitSource] = {}
         train_pkl, rel, y = lists[d]["train"]
@@ -601,8 +603,9 @@ def load_pickled_federation(params: PickleParams, progress: bool = True) -> Fede
             splits[split] = cap_split(splits[split], params.max_per_split, params.seed, tag)
         fix = f"restore it (paths in the pickles are relative to {base})"
         client, cache_info[d] = materialize_client(
-            spec.name, ClientSource(d, splits), params.size, "fedbn", store, fix, progress
-        )
+            spec.name, ClientSource(d, splits), params.size, "fedbn", store, fix, progress,
+            budget=budget,
+        )  # fmt: skip
         clients.append(client)
     shape = (3, params.size, params.size)
     fed = Federation(spec.name, clients, list(spec.classes), shape, task="classification")

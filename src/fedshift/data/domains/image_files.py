@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
-from fedshift.core.images import ByteImages, open_npy, write_npy
+from fedshift.core.images import ByteImages, MemoryBudget, write_npy
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.images import (
@@ -177,7 +177,12 @@ def _cache_key(
 
 
 def _read_cached(
-    folder: Path, client: ClientSource, size: int, channels: int, skip: bool
+    folder: Path,
+    client: ClientSource,
+    size: int,
+    channels: int,
+    skip: bool,
+    budget: MemoryBudget,
 ) -> tuple[dict[str, ByteImages], dict[str, np.ndarray]] | None:
     """The cached images of ``client``'s splits and the indices of the files they hold (all,
     unless unreadable files were skipped), or ``None`` if the entry is incomplete, unreadable
@@ -195,7 +200,7 @@ def _read_cached(
         if not skip and len(idx) != len(src):
             return None
         try:
-            arrays[split] = open_npy(folder / f"{split}.npy")
+            arrays[split] = budget.open(folder / f"{split}.npy")
         except (OSError, ValueError):
             return None
         if tuple(arrays[split].shape) != (len(idx), channels, size, size):
@@ -222,6 +227,7 @@ def materialize_client(
     progress: bool = True,
     skip_unreadable: bool = False,
     exact: str | None = None,
+    budget: MemoryBudget | None = None,
 ) -> tuple[ClientData, dict]:
     """Read a client's image files (or its cache entry) into a :class:`ClientData`.
 
@@ -231,6 +237,8 @@ def materialize_client(
     A file Pillow cannot read is a :class:`DataError` naming it; with ``skip_unreadable`` it
     is left out of its split instead (after the split was drawn, so no other file moves) and
     listed in the returned info's ``unreadable``. ``exact``: see :func:`read_images`.
+    ``budget``: the load's :class:`~fedshift.core.images.MemoryBudget` (pass one for every
+    client of a federation; default: a budget of this client's own).
     Returns the client and ``{"path", "hit"}`` of its cache entry (plus ``unreadable`` when
     skipping).
     """
@@ -238,6 +246,7 @@ def materialize_client(
 
     for src in client.splits.values():
         _check_exist(src, fix)
+    budget = MemoryBudget() if budget is None else budget
     channels = READERS[mode][1]
     found = None
     info: dict = {"path": None, "hit": False}
@@ -247,7 +256,7 @@ def materialize_client(
         target = cache_dir / dataset / digest
         info["path"] = str(target)
         if (target / "kept.npz").is_file():
-            found = _read_cached(target, client, size, channels, skip_unreadable)
+            found = _read_cached(target, client, size, channels, skip_unreadable, budget)
             info["hit"] = found is not None
     if found is None:
         total = sum(len(s) for s in client.splits.values())
@@ -267,7 +276,7 @@ def materialize_client(
                 )
         if target is not None:
             _write_cache(target, arrays, kept)
-            found = _read_cached(target, client, size, channels, skip_unreadable)
+            found = _read_cached(target, client, size, channels, skip_unreadable, budget)
             if found is None:
                 raise DataError(f"{target}: the cache entry just written cannot be read back")
             arrays, kept = found

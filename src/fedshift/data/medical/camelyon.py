@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.images import MemoryBudget
 from fedshift.data.base import Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
@@ -421,6 +422,7 @@ def load_camelyon(params: CamelyonParams) -> Federation:
             "to resize every patch, or replace the file"
         )
     store = cache_root(params.cache, params.cache_dir)
+    budget = MemoryBudget()  # one for the whole federation (core/images.py)
     clients, available, label_counts, cache_info = [], {}, {}, {}
     for hospital in HOSPITALS:
         chosen = {}
@@ -437,6 +439,7 @@ def load_camelyon(params: CamelyonParams) -> Federation:
             store,
             "restore the patch or fix dataset.root",
             exact=exact,
+            budget=budget,
         )
         clients.append(client)
         label_counts[hospital] = {
