@@ -362,6 +362,9 @@ MARKS: dict[str, Mark] = {
     "fedshift flower simulate --resume": Prose(),
     # ------------------------------------------------------------------------- RESULTS.md
     "python benchmarks/faults.py --part inputs": Long("~5 min", "25 cases against real processes, 2 of them start Ray"),
+    "python benchmarks/data_scale.py": Long(
+        "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
+    ),
     "python benchmarks/engine_overhead.py": Long("~4 min", "the table's timings: 5 x 2 runs of ~19 s, plus a warm-up"),
     "python benchmarks/scaling.py": Long("~6 min"),
     "python benchmarks/executors.py --clients 10,100 --rounds 2": Long("~2 min", EST),

@@ -9,6 +9,9 @@
 * :mod:`~fedshift.data.common.checks`: ``dataset.*`` parameter checks and folder checks whose
   errors name the config key or the file and say how to fix it;
 * :mod:`~fedshift.data.common.images`: reading image and mask files, resizing in torch;
+* :mod:`~fedshift.data.common.image_files`: what the image-file loaders share (``folders``,
+  ``pacs``, ``officehome``, ``camelyon17``, FedBN's pickles, DisTrans's folders): the files
+  of each split, reading them, the uint8 decode cache and its memory budget;
 * :mod:`~fedshift.data.common.pickles`: unpickling that builds numpy arrays and plain
   containers only (users' FedBN / CIFAR / HarmoFL pickles);
 * :mod:`~fedshift.data.common.debian`: fetching files from a Debian package without

@@ -15,6 +15,7 @@ One-client datasets meant to be re-split by a label-skew ``partition``:
 * :mod:`~fedshift.data.domains.cifar`: ``cifar10`` / ``cifar100`` (python batches);
 * :mod:`~fedshift.data.domains.distrans_folders`: DisTrans's ``chmnist`` and ``cub200``.
 
-:mod:`~fedshift.data.domains.image_files` holds what the image-file loaders share: which
-files make up each split, reading and resizing them, and the cache of decoded images.
+:mod:`~fedshift.data.common.image_files` holds what the image-file loaders share (here and
+``camelyon17`` in :mod:`~fedshift.data.medical`): which files make up each split, reading and
+resizing them, and the uint8 cache of decoded images.
 """

@@ -25,16 +25,16 @@ import numpy as np
 from fedshift.core.errors import DataError
 from fedshift.core.images import MemoryBudget
 from fedshift.data.base import SPLITS, ClientData
-from fedshift.data.common.images import IMAGE_SUFFIXES
-from fedshift.data.common.sampling import stratified_cut
-from fedshift.data.common.seeding import seeded_rng
-from fedshift.data.common.walk import list_files
-from fedshift.data.domains.image_files import (
+from fedshift.data.common.image_files import (
     ClientSource,
     SplitSource,
     cap_split,
     materialize_client,
 )
+from fedshift.data.common.images import IMAGE_SUFFIXES
+from fedshift.data.common.sampling import stratified_cut
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.common.walk import list_files
 
 __all__ = [
     "SiteListing",

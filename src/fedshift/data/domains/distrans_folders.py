@@ -57,11 +57,11 @@ the 5,794 test images (``test_size``, ``None``: all). Images are resized to ``im
 is ``Resize((128, 128))``), whole image, no bounding-box crop.
 
 Both: Pillow ``convert("RGB")`` (gray images copied to three channels), antialiased bilinear
-resize in torch, rounded to 8 bits (:func:`~fedshift.data.domains.image_files.read_images`), float32
+resize in torch, rounded to 8 bits (:func:`~fedshift.data.common.image_files.read_images`), float32
 ``[0, 1]`` ``(N, 3, S, S)``; no ImageNet normalisation (the released code normalises with
 ImageNet statistics for its pretrained backbones) and no augmentation baked in. Decoded images
 are cached (``cache=True``) as uint8 in ``<cache>/<name>/<digest>.npz`` (see
-:mod:`fedshift.data.domains.image_files`). Memory as float32: CH-MNIST at 64 is 246 MB; CUB at 128
+:mod:`fedshift.data.common.image_files`). Memory as float32: CH-MNIST at 64 is 246 MB; CUB at 128
 is 2.3 GB (at 64: 580 MB).
 
 Errors: ``dataset.root`` unset or missing, a class folder, an index file or the ``images``
@@ -89,16 +89,16 @@ from fedshift.data.common.checks import (
     check_size,
     require_root,
 )
-from fedshift.data.common.images import IMAGE_SUFFIXES
-from fedshift.data.common.sampling import stratified_subsample
-from fedshift.data.common.seeding import seeded_rng
-from fedshift.data.domains.image_files import (
+from fedshift.data.common.image_files import (
     ClientSource,
     SplitSource,
     cache_root,
     federation_info,
     materialize_client,
 )
+from fedshift.data.common.images import IMAGE_SUFFIXES
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
 
 __all__ = [
     "CHMNIST_CLASSES",

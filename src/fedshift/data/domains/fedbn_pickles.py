@@ -61,7 +61,7 @@ containers only.
   (default 256, FedBN's ``Resize([256, 256])``), float ``[0, 1]`` (FedBN uses no mean/std
   normalisation for these; set ``input.mean=0 input.std=1`` to match). FedBN's train-time
   random horizontal flip and rotation (+-30 deg) are *not* baked in: add an augment.
-  Decoded, resized images are cached per client (see :mod:`fedshift.data.domains.image_files`).
+  Decoded, resized images are cached per client (see :mod:`fedshift.data.common.image_files`).
 
 Sizes of the released data: DomainNet's train pickles hold 2,103 (clipart) .. 4,864 (real)
 entries, so FedBN's rule gives 105 train and 105 val images per domain and 526-1,217 test.
@@ -91,11 +91,7 @@ from fedshift.data.common.checks import (
     require_file,
     require_root,
 )
-from fedshift.data.common.images import resize_uint8, to_float
-from fedshift.data.common.pickles import read_array_pickle
-from fedshift.data.common.sampling import stratified_subsample
-from fedshift.data.common.seeding import seeded_rng
-from fedshift.data.domains.image_files import (
+from fedshift.data.common.image_files import (
     ClientSource,
     SplitSource,
     cache_root,
@@ -103,6 +99,10 @@ from fedshift.data.domains.image_files import (
     federation_info,
     materialize_client,
 )
+from fedshift.data.common.images import resize_uint8, to_float
+from fedshift.data.common.pickles import read_array_pickle
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
 
 __all__ = [
     "DIGITS5_CLASSES",

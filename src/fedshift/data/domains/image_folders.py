@@ -1,7 +1,7 @@
 """``pacs`` and ``officehome``: a folder per domain and per class, read from the user's disk.
 
 What every image-file loader shares (which files make up each split, reading and resizing
-them, the cache of decoded images) is in :mod:`fedshift.data.domains.image_files`; the
+them, the cache of decoded images) is in :mod:`fedshift.data.common.image_files`; the
 parameter checks are in :mod:`fedshift.data.common.checks`.
 
 Layout (nothing is downloaded; ``dataset.root`` is the folder you keep)::
@@ -41,7 +41,7 @@ augment).
 
 Memory: the images stay uint8 (150 kB at 224x224, 196 kB at 256x256; float32 would be four
 times that), decoded once into the cache (``cache=True``): ``<cache>/<name>/<digest>/`` per
-client, read per batch from there when large (:mod:`fedshift.data.domains.image_files`).
+client, read per batch from there when large (:mod:`fedshift.data.common.image_files`).
 All of PACS (9,991 images) is about 1.5 GB at 224, all of OfficeHome (15,588) about 2.4 GB;
 ``max_per_split`` bounds them for quick runs. The digest covers the absolute paths, sizes and
 modification times of the chosen files, the size and the reading rule, so an edited file or a
@@ -67,6 +67,7 @@ from fedshift.data.common.checks import (
     check_size,
     require_root,
 )
+from fedshift.data.common.image_files import cache_root, federation_info
 from fedshift.data.domains.class_folders import (
     ReadOptions,
     check_same_classes,
@@ -75,7 +76,6 @@ from fedshift.data.domains.class_folders import (
     read_client,
     split_by_class,
 )
-from fedshift.data.domains.image_files import cache_root, federation_info
 
 __all__ = [
     "OFFICEHOME_DOMAINS",

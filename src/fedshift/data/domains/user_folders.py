@@ -41,7 +41,7 @@ for any number of sites and classes:
   (the cache holds uint8), then float32 in [0, 1] ``(N, C, size, size)``.
 * **Cache** (``cache=true``): decoded, resized images per client in
   ``<cache>/folders/<digest>.npz``, the digest over the files' paths, sizes and
-  modification times (:mod:`fedshift.data.domains.image_files`).
+  modification times (:mod:`fedshift.data.common.image_files`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from fedshift.data.common.checks import (
     check_size,
     require_root,
 )
+from fedshift.data.common.image_files import SplitSource, cache_root, federation_info
 from fedshift.data.common.sites import check_sites_key, site_folders
 from fedshift.data.common.split_lists import check_split_keys, find_split_lists, read_split_lists
 from fedshift.data.common.walk import warn_skipped
@@ -74,7 +75,6 @@ from fedshift.data.domains.class_folders import (
     read_client,
     split_by_class,
 )
-from fedshift.data.domains.image_files import SplitSource, cache_root, federation_info
 
 __all__ = ["FoldersParams", "load_folders"]
 

@@ -32,7 +32,7 @@ classification. Nothing is downloaded: ``dataset.root`` is one of two layouts, f
   arrays and plain containers, never arbitrary objects.
 
 Size: every patch by default (about 450,000, 12.4 GB as uint8). The patches are decoded once
-into the uint8 cache (``<cache>/camelyon17/<digest>/``, :mod:`fedshift.data.domains.image_files`;
+into the uint8 cache (``<cache>/camelyon17/<digest>/``, :mod:`fedshift.data.common.image_files`;
 ``cache=false`` holds them in memory instead) and read per batch from there, so the whole set
 runs without holding it in memory (it was capped at 5,000 / 1,000 / 2,000 patches per
 hospital when images were float32 in memory). For quick runs, ``train_size`` / ``val_size`` /
@@ -71,15 +71,15 @@ from fedshift.data.common.checks import (
     check_size,
     require_root,
 )
-from fedshift.data.common.pickles import read_array_pickle
-from fedshift.data.common.sampling import stratified_subsample
-from fedshift.data.common.seeding import seeded_rng
-from fedshift.data.domains.image_files import (
+from fedshift.data.common.image_files import (
     ClientSource,
     SplitSource,
     cache_root,
     materialize_client,
 )
+from fedshift.data.common.pickles import read_array_pickle
+from fedshift.data.common.sampling import stratified_subsample
+from fedshift.data.common.seeding import seeded_rng
 
 NAME = "camelyon17"
 HOSPITALS: tuple[str, ...] = tuple(f"hospital{k}" for k in range(1, 6))
