@@ -183,3 +183,22 @@ def test_a_run_is_the_same_streamed_in_memory_and_as_float32(tmp_path, monkeypat
         "memory": {"splits": 6, "bytes": summary["runtime"]["data_storage"]["file"]["bytes"]}
     }
     assert "data_storage" not in numbers(runs["float32"])[1]["runtime"]
+
+
+def test_to_a_device_keeps_the_bytes_and_the_values(u8, kinds):
+    """``to(device)``: the same device gives the same object; a torch uint8 copy (what a GPU
+    gets) indexes as the converted array, views included."""
+    ref = to_float(u8)
+    x = kinds["file"]
+    assert x.to("cpu") is x
+    as_tensor = ByteImages(torch.from_numpy(u8))  # the form .to("cuda") makes
+    assert as_tensor.storage == "memory" and torch.equal(as_tensor[[4, 1]], ref[[4, 1]])
+    view = x.index_select(0, torch.tensor([3, 3, 0]))
+    if torch.cuda.is_available():
+        on_gpu = view.to("cuda")
+        assert on_gpu.storage == "device" and on_gpu.element_size() * on_gpu.nelement() == (
+            3 * 3 * 5 * 4
+        )
+        idx = torch.tensor([2, 0], device="cuda")
+        assert torch.equal(on_gpu[idx].cpu(), ref[[0, 3]])
+        assert torch.equal(pickle.loads(pickle.dumps(on_gpu))[:], ref[[3, 3, 0]])
