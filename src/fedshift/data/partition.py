@@ -42,6 +42,8 @@ from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.common.sites import numbered_clients
+from fedshift.data.domain_partition import DomainsParams, domains
 
 PartitionFn = Callable[[Federation, object], Federation]
 PARTITIONS: Registry[PartitionFn] = Registry("partition")
@@ -194,11 +196,6 @@ def _check_labels(pool: ClientData, num_classes: int, name: str) -> None:
             )
 
 
-def _client_names(k: int) -> list[str]:
-    width = max(2, len(str(k - 1)))
-    return [f"client{i:0{width}d}" for i in range(k)]
-
-
 def _build(
     fed: Federation,
     pool: ClientData,
@@ -210,7 +207,7 @@ def _build(
 
     Raises :class:`DataError` if a client ends up with an empty split.
     """
-    names = _client_names(len(index["train"]))
+    names = numbered_clients(len(index["train"]))
     for split in SPLITS:
         for cname, idx in zip(names, index[split], strict=True):
             if len(idx) == 0:
@@ -455,14 +452,23 @@ PARTITIONS.add(
 )
 PARTITIONS.add("dirichlet", dirichlet, DirichletParams, "per-class client shares ~ Dir(alpha)")
 PARTITIONS.add("one-class", one_class, OneClassParams, "one class per client; test adds negatives")
+PARTITIONS.add(
+    "domains",
+    domains,
+    DomainsParams,
+    "clients drawn from the dataset's domains: lam 0 one domain each, 1 equal shares (Bai et al.)",
+)
+#: partitions that deal out examples without reading their labels (any task)
+LABEL_FREE = ("none", "domains")
 
 
 def dealt_client_names(params: object) -> list[str] | None:
     """The clients a partition deals to, known before any data is loaded: ``clients`` of
-    them, named as :func:`_build` names them; None when its ``clients`` key leaves the count
-    to the data (``one-class``'s default: one per class) or it has none (``none``)."""
+    them, named by :func:`~fedshift.data.common.sites.numbered_clients`; None when its
+    ``clients`` key leaves the count to the data (``one-class``'s default: one per class) or
+    it has none (``none``)."""
     k = getattr(params, "clients", None)
-    return _client_names(k) if isinstance(k, int) else None
+    return numbered_clients(k) if isinstance(k, int) else None
 
 
 def apply_partition(fed: Federation, section: Component | dict) -> Federation:
@@ -474,13 +480,14 @@ def apply_partition(fed: Federation, section: Component | dict) -> Federation:
     """
     part = PARTITIONS.component(section, "partition")
     if fed.task != "classification":
-        if part.name != "none":
+        if part.name not in LABEL_FREE:
             raise ConfigError(
                 f"config key 'partition.name': {part.name!r} deals out images by class, "
-                f"which the {fed.task} dataset {fed.name!r} does not have; use none"
+                f"which the {fed.task} dataset {fed.name!r} does not have; use "
+                f"{' or '.join(LABEL_FREE)}"
             )
-        info = {**fed.info, "partition": {"name": "none"}}
-        return dataclasses.replace(fed, info=info)
+        out = part.factory(fed, part.params)
+        return dataclasses.replace(out, info={**out.info, "partition": part.to_dict()})
     out = part.factory(fed, part.params)
     counts = label_counts(out)
     info = dict(out.info)

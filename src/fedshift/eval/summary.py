@@ -148,6 +148,8 @@ class RunRecord:
     runtime: dict | None = None
     #: what produced the run, with its end time (:func:`fedshift.runtime.track.provenance`)
     provenance: dict | None = None
+    #: each client's training examples per source domain (``partition.name=domains``)
+    domain_mix: dict | None = None
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -184,6 +186,8 @@ class RunRecord:
         }
         if cfg.model.extras.get("weights"):  # pretrained weights: the file, SHA-256, skipped keys
             meta["model_weights"] = cfg.model.extras
+        if self.domain_mix is not None:  # clients drawn from domains: each one's mix
+            meta["domain_mix"] = self.domain_mix
         ledger = self.ledger
         totals = {"up": ledger.total("up"), "down": ledger.total("down")}
         setup = ledger.by_round().get(0, {})

@@ -429,6 +429,7 @@ class RoundLoop:
             wall_s=self.wall_before,
             runtime=info,
             provenance=end,
+            domain_mix=self.fed.info.get("domain_mix"),
         )
 
     def _extend(self, rounds: int, resumed: bool) -> None:

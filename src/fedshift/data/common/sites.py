@@ -15,7 +15,13 @@ from pathlib import Path
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 
-__all__ = ["check_sites_key", "client_name", "client_names", "site_folders"]
+__all__ = [
+    "check_sites_key",
+    "client_name",
+    "client_names",
+    "numbered_clients",
+    "site_folders",
+]
 
 _RUN = re.compile(r"_+")
 
@@ -24,6 +30,12 @@ def client_name(site: str) -> str:
     """The client name of a site (module docstring); ``""`` if nothing is left."""
     kept = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in site.strip().lower())
     return _RUN.sub("_", kept).strip("_")
+
+
+def numbered_clients(k: int) -> list[str]:
+    """The names of ``k`` clients a partition deals: ``client00``, ``client01``, ..."""
+    width = max(2, len(str(k - 1)))
+    return [f"client{i:0{width}d}" for i in range(k)]
 
 
 def client_names(sites: Iterable[str], where: str) -> dict[str, str]:

@@ -1,0 +1,119 @@
+"""``partition.name=domains``: N clients drawn from a dataset's D domains with a controlled
+heterogeneity (Bai, Bagchi and Inouye, "Benchmarking Algorithms for Federated Domain
+Generalization", arXiv 2307.04942, ICLR 2024: the heterogeneous partitioning of their
+benchmark methodology, Fig. 1; counts and rounding as their released ``src/splitter.py``).
+
+The dataset's clients are its domains (digits' five, brain-mri's scanners, a ``folders``
+site per folder). ``lam`` is the paper's domain balancing parameter lambda:
+
+* ``lam = 0``: complete heterogeneity, every client holds one domain: with at least as many
+  clients as domains, each domain is split evenly over m_d clients (m_d grown one at a time
+  for the domain with the most examples per client, so clients stay balanced); with fewer
+  clients than domains, whole domains are packed onto clients, largest first onto the
+  smallest client;
+* ``lam = 1``: every client holds the same share, 1/N, of every domain;
+* in between, client c holds ``(1 - lam)`` of its lam=0 part plus ``lam / N`` of every domain.
+
+Counts are floored and each domain's remainder goes one example each to the first clients
+(as the released code). Every split (train, val, test) is dealt with its own counts, and the
+examples of a domain are drawn in a seeded random order, so the clients partition the data
+exactly (nothing duplicated or dropped). ``info["domain_mix"]`` records each client's
+training examples per domain (the run summary's ``data.partition`` info carries it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedshift.core.bounds import bounded
+from fedshift.core.errors import DataError
+from fedshift.core.images import cat_images
+from fedshift.data.base import SPLITS, ClientData, Federation, Split
+from fedshift.data.common.seeding import seeded_rng
+from fedshift.data.common.sites import numbered_clients
+
+__all__ = ["DomainsParams", "domain_counts", "domains"]
+
+
+@dataclass
+class DomainsParams:
+    """``domains``: ``clients`` clients from the dataset's domains, ``lam`` from one domain per
+    client (0) to equal shares of every domain (1)."""
+
+    clients: int = bounded(10, ge=1)
+    lam: float = bounded(0.1, ge=0, le=1)  # Bai et al.'s "heterogeneous" setting (Fig. 1c)
+    seed: int = bounded(0, ge=0)  # the partition's own seed (independent of the run seed)
+
+
+def _main_domains(n: np.ndarray, clients: int) -> tuple[np.ndarray, np.ndarray]:
+    """With at least as many clients as non-empty domains: each client's one domain at
+    ``lam = 0``, client order grouped by domain, and m_d, the clients of domain d."""
+    m = (n > 0).astype(np.int64)
+    while m.sum() < clients:
+        ratio = np.where(m > 0, n / np.maximum(m, 1), -1.0)
+        m[int(np.argmax(ratio))] += 1
+    return np.repeat(np.arange(len(n)), m), m
+
+
+def domain_counts(n: Sequence[int], clients: int, lam: float) -> np.ndarray:
+    """``(clients, D)`` integer counts: how many examples of domain d client c gets, from the
+    domains' sizes ``n`` (module docstring). Every column sums to its domain's size."""
+    n = np.asarray(n, dtype=np.int64)
+    sizes = n.astype(np.float64)
+    if (n > 0).sum() <= clients:
+        main, m = _main_domains(n, clients)
+        own = np.zeros((clients, len(n)))
+        own[np.arange(clients), main] = sizes[main] / m[main]
+    else:  # more domains than clients: whole domains packed, largest onto the smallest client
+        own = np.zeros((clients, len(n)))
+        for d in np.argsort(-n, kind="stable"):
+            own[int(np.argmin(own.sum(axis=1))), d] = sizes[d]
+    shares = (1.0 - lam) * own + lam * sizes[None, :] / clients
+    counts = np.floor(shares + 1e-9).astype(np.int64)
+    for d in range(len(n)):
+        rest = int(n[d] - counts[:, d].sum())
+        counts[:rest, d] += 1
+    return counts
+
+
+def domains(fed: Federation, params: DomainsParams) -> Federation:
+    """The federation of ``params.clients`` clients dealt from ``fed``'s clients (domains)."""
+    k = params.clients
+    names = numbered_clients(k)
+    per_split: dict[str, list[Split]] = {}
+    mix: dict[str, dict[str, int]] = {c: {} for c in names}
+    for split in SPLITS:
+        parts = [d.split(split) for d in fed.clients]
+        counts = domain_counts([len(p) for p in parts], k, params.lam)
+        picked: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(k)]
+        for j, (domain, part) in enumerate(zip(fed.clients, parts, strict=True)):
+            order = seeded_rng(params.seed, f"domains/{split}/{domain.name}").permutation(len(part))
+            ends = np.cumsum(counts[:, j])
+            for c in range(k):
+                idx = np.sort(order[ends[c] - counts[c, j] : ends[c]])
+                if len(idx):
+                    picked[c].append((j, torch.from_numpy(idx)))
+                if split == "train":
+                    mix[names[c]][domain.name] = int(counts[c, j])
+        splits = []
+        for c in range(k):
+            if not picked[c]:
+                raise DataError(
+                    f"partition 'domains': {names[c]} gets no {split} examples ({k} clients "
+                    f"from {len(fed.clients)} domains with {[len(p) for p in parts]} {split} "
+                    "examples); use fewer partition.clients or more data"
+                )
+            xs = [parts[j].x.index_select(0, idx) for j, idx in picked[c]]
+            ys = [parts[j].y.index_select(0, idx) for j, idx in picked[c]]
+            splits.append(Split(cat_images(xs), torch.cat(ys)))
+        per_split[split] = splits
+    clients = [
+        ClientData(names[c], per_split["train"][c], per_split["val"][c], per_split["test"][c])
+        for c in range(k)
+    ]
+    info = {**fed.info, "source_clients": fed.client_names, "domain_mix": mix}
+    return Federation(fed.name, clients, list(fed.classes), fed.input_shape, info, fed.task)

@@ -1,0 +1,99 @@
+"""``partition.name=domains`` (Bai et al., arXiv 2307.04942): N clients from D domains, from one
+domain per client (lam = 0) to equal shares of every domain (lam = 1); counts worked by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedshift.core.errors import ConfigError
+from fedshift.data import load_dataset
+from fedshift.data.domain_partition import domain_counts
+from fedshift.data.partition import apply_partition
+
+
+def test_counts_by_hand():
+    # two domains of 100 and 60 over 4 clients: m = (1,1) -> (2,1) (100/1 > 60/1) -> (2,2)
+    # (50 < 60); lam = 0: each client holds half of one domain
+    assert domain_counts([100, 60], 4, 0).tolist() == [[50, 0], [50, 0], [0, 30], [0, 30]]
+    # lam = 1: n_d / 4 of every domain
+    assert domain_counts([100, 60], 4, 1).tolist() == [[25, 15]] * 4
+    # lam = 0.5: 0.5 x own + 0.5 x n_d / 4 = (37.5, 7.5) and (12.5, 22.5); floors leave one
+    # example of each domain per pair, given to the first clients
+    assert domain_counts([100, 60], 4, 0.5).tolist() == [[38, 8], [38, 8], [12, 22], [12, 22]]
+    # more domains than clients: whole domains, largest first onto the smaller client
+    # (30 -> c0, 20 -> c1, 10 -> c1, 7 -> c0 (tie: the first), 5 -> c1)
+    assert domain_counts([10, 30, 20, 5, 7], 2, 0).tolist() == [
+        [0, 30, 0, 0, 7],
+        [10, 0, 20, 5, 0],
+    ]
+    # every count is a partition of its domain, whatever lam
+    for lam in (0, 0.1, 0.37, 1):
+        for n, k in (([100, 60, 7], 5), ([10, 30, 20, 5, 7], 3), ([9, 0, 4], 4)):
+            c = domain_counts(n, k, lam)
+            assert c.sum(axis=0).tolist() == n and (c >= 0).all()
+
+
+def _toy() -> dict:
+    return {"name": "toyshift", "train_size": 60, "val_size": 24, "test_size": 30}
+
+
+def test_the_two_ends_one_domain_per_client_and_equal_shares():
+    fed = load_dataset(_toy())
+    domains = fed.client_names
+    n = {d: len(fed.client(d).train) for d in domains}
+    one = apply_partition(fed, {"name": "domains", "clients": 6, "lam": 0})
+    assert one.client_names == [f"client{i:02d}" for i in range(6)]
+    mix = one.info["domain_mix"]
+    for client, shares in mix.items():
+        held = [d for d, k in shares.items() if k]
+        assert len(held) == 1, (client, shares)  # one domain each
+        assert shares[held[0]] == n[held[0]] // 2  # each domain split over two clients
+    equal = apply_partition(fed, {"name": "domains", "clients": 6, "lam": 1})
+    for shares in equal.info["domain_mix"].values():
+        assert all(abs(shares[d] - n[d] / 6) < 1 for d in domains)  # n_d / 6 of every domain
+    # an exact partition of every split: the same examples, none twice
+    for part in (one, equal):
+        for split in ("train", "val", "test"):
+            pooled = torch.cat([c.split(split).x for c in part.clients]).flatten(1)
+            source = torch.cat([c.split(split).x for c in fed.clients]).flatten(1)
+            assert len(pooled) == len(source)
+            assert sorted(map(tuple, pooled.tolist())) == sorted(map(tuple, source.tolist()))
+
+
+def test_seeded_and_usable_for_segmentation():
+    fed = load_dataset(_toy())
+    a = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 0.3, "seed": 1})
+    b = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 0.3, "seed": 1})
+    c = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 0.3, "seed": 2})
+    pairs = zip(a.clients, b.clients, strict=True)
+    assert all(torch.equal(x.train.x, y.train.x) for x, y in pairs)
+    pairs = zip(a.clients, c.clients, strict=True)
+    assert not all(torch.equal(x.train.x, y.train.x) for x, y in pairs)
+    seg = load_dataset({"name": "toyseg"})
+    out = apply_partition(seg, {"name": "domains", "clients": 5, "lam": 0})
+    assert len(out.clients) == 5 and out.info["partition"]["name"] == "domains"
+    with pytest.raises(ConfigError, match="use none or domains"):
+        apply_partition(seg, {"name": "iid", "clients": 2})
+    with pytest.raises(ConfigError, match="lam"):
+        apply_partition(fed, {"name": "domains", "lam": 1.5})
+
+
+def test_a_run_records_each_clients_domain_mix(tmp_path: Path, one_thread):
+    import fedshift
+
+    result = fedshift.run(
+        None,
+        ["dataset.name=toyshift", "partition.name=domains", "partition.clients=4",
+         "partition.lam=0", "train.rounds=1"],
+        out=tmp_path,
+    )  # fmt: skip
+    summary = json.loads((Path(result.run_dir) / "summary.json").read_text())
+    mix = summary["domain_mix"]
+    assert sorted(mix) == summary["clients"] and len(mix) == 4
+    assert all(sum(1 for k in shares.values() if k) == 1 for shares in mix.values())
+    assert np.sum([list(s.values()) for s in mix.values()]) > 0
