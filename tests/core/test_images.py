@@ -43,6 +43,7 @@ def test_every_kind_indexes_as_the_converted_array(u8, kinds):
     for name, x in kinds.items():
         assert x.shape == ref.shape and len(x) == 23 and x.dim() == 4, name
         assert x.dtype == torch.float32 and x.device == torch.device("cpu")
+        assert x.numel() == ref.numel() and x.size() == ref.size() and x.size(1) == 3, name
         assert torch.equal(x[3], ref[3]) and torch.equal(x[-2], ref[-2]), name
         assert torch.equal(x[4:17], ref[4:17]) and torch.equal(x[::5], ref[::5]), name
         assert torch.equal(x[idx], ref[idx]), name

@@ -133,6 +133,11 @@ class ByteImages:
     def nelement(self) -> int:
         return int(np.prod(tuple(self.shape)))
 
+    numel = nelement  # answered from the shape: no conversion of the images
+
+    def size(self, dim: int | None = None) -> torch.Size | int:
+        return self.shape if dim is None else self.shape[dim]
+
     def __repr__(self) -> str:
         where = self._path if self._path is not None else self.storage
         return f"ByteImages({tuple(self.shape)}, uint8, {where})"
