@@ -97,3 +97,44 @@ def test_a_run_records_each_clients_domain_mix(tmp_path: Path, one_thread):
     assert sorted(mix) == summary["clients"] and len(mix) == 4
     assert all(sum(1 for k in shares.values() if k) == 1 for shares in mix.values())
     assert np.sum([list(s.values()) for s in mix.values()]) > 0
+
+
+def test_data_check_shows_the_client_x_domain_shares(tmp_path: Path, monkeypatch, one_thread):
+    from fedshift.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    argv = ["data", "check", "toyshift", "partition.name=domains", "partition.clients=4",
+            "partition.lam=0.5", "dataset.train_size=40", "--max-per-site", "10"]  # fmt: skip
+    assert main(argv) == 0
+    folder = tmp_path / "data-check" / "toyshift"
+    data = json.loads((folder / "shift.json").read_text())
+    mix = data["config"]["domain_mix"]
+    # the report's table is the partition's own counts (3 domains of 40 training images)
+    expected = domain_counts([40, 40, 40], 4, 0.5)
+    assert [list(mix[c].values()) for c in sorted(mix)] == expected.tolist()
+    report = (folder / "report.md").read_text()
+    assert "## Domains per client" in report and "domains.png" in report
+    first = (
+        f"| {sorted(mix)[0]} | {' | '.join(str(v) for v in expected[0])} | {expected[0].sum()} |"
+    )
+    assert first in report
+    assert (folder / "domains.png").stat().st_size > 0
+
+
+def test_the_partition_figure_script(tmp_path: Path, capsys):
+    import runpy
+
+    script = Path(__file__).parents[2] / "benchmarks" / "domain_partition.py"
+    main = runpy.run_path(str(script))["main"]
+    out = tmp_path / "p.png"
+    assert (
+        main(["--dataset", "toyshift", "--clients", "4", "--lam", "0", "1", "--out", str(out)]) == 0
+    )
+    text = capsys.readouterr().out
+    assert out.stat().st_size > 0
+    rows = [r for r in text.splitlines() if r.startswith("| client") and "---" not in r]
+    rows = [r for r in rows if not r.startswith("| client |")]  # the two tables' headers
+    assert len(rows) == 8
+    # lam = 1 (the second table): every client the same share of every domain
+    assert len({r.split("|", 2)[2] for r in rows[4:]}) == 1
