@@ -138,3 +138,35 @@ def test_the_partition_figure_script(tmp_path: Path, capsys):
     assert len(rows) == 8
     # lam = 1 (the second table): every client the same share of every domain
     assert len({r.split("|", 2)[2] for r in rows[4:]}) == 1
+
+
+def test_keep_leaves_a_domain_whole_for_an_unseen_site(tmp_path: Path, one_thread):
+    fed = load_dataset(_toy())
+    target = fed.client_names[1]
+    out = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 0, "keep": [target]})
+    # four dealt clients from the two other domains, then the kept domain as it was
+    assert out.client_names == ["client00", "client01", "client02", "client03", target]
+    for split in ("train", "val", "test"):
+        assert torch.equal(out.client(target).split(split).x, fed.client(target).split(split).x)
+    mix = out.info["domain_mix"]
+    assert all(mix[c][target] == 0 for c in out.client_names[:4])
+    dealt = [d for d in fed.client_names if d != target]
+    assert sum(mix[c][d] for c in out.client_names[:4] for d in dealt) == sum(
+        len(fed.client(d).train) for d in dealt
+    )
+    with pytest.raises(ConfigError, match="partition.keep"):
+        apply_partition(fed, {"name": "domains", "keep": ["nowhere"]})
+    with pytest.raises(ConfigError, match="none is left"):
+        apply_partition(fed, {"name": "domains", "keep": fed.client_names})
+    # the unseen-site run: trained on the dealt clients, the kept domain held out
+    import fedshift
+
+    result = fedshift.run(
+        None,
+        ["dataset.name=toyshift", "dataset.train_size=40", "partition.name=domains",
+         "partition.clients=4", f"partition.keep=[{target}]", f"federation.holdout=[{target}]",
+         "train.rounds=1"],
+        out=tmp_path,
+    )  # fmt: skip
+    summary = json.loads((Path(result.run_dir) / "summary.json").read_text())
+    assert summary["holdout"] == [target] and len(summary["clients"]) == 5
