@@ -18,8 +18,10 @@ from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedshift.algorithms.fedproto import FedProto
 from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedrdn import FedRDNAlgorithm
+from fedshift.algorithms.fediir import FedIIR
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
+from fedshift.algorithms.fedsr import FedSR
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
 from fedshift.algorithms.local import LocalOnly
@@ -60,6 +62,8 @@ for _cls in (
     FedAvgFT,
     PFedHN,
     PFedMe,
+    FedSR,
+    FedIIR,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 
