@@ -153,7 +153,8 @@ class FedIIR(FedAvg):
         records = {
             "weights": self.shared_weights(ctx),
             "grad": grad_sum,
-            BATCHES: {BATCHES: torch.tensor(float(batches))},
+            # host records, like the gradient sums (what goes on the wire)
+            BATCHES: {BATCHES: torch.tensor(float(batches), device="cpu")},
         }
         return self.reply(ctx, state, steps, loss, records)
 

@@ -203,9 +203,10 @@ def embedding_width(model: FedModel, input_shape: tuple[int, ...]) -> int:
     if isinstance(getattr(model, "classifier", None), nn.Linear):
         return int(model.classifier.in_features)
     was = model.training
+    device = next(iter(model.state_dict().values())).device
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         model.eval()
-        z = model.features(torch.zeros(2, *input_shape))
+        z = model.features(torch.zeros(2, *input_shape, device=device))
     model.train(was)
     if z.dim() != 2:
         raise ConfigError(
