@@ -179,12 +179,6 @@ def test_averaged_references_go_up_and_the_server_averages_them():
     assert nbytes == (2 * k * d + 1) * 4  # r_mu, r_sigma (float32) and C
 
 
-def test_regularisers_off_is_a_cross_entropy_run_on_the_sampled_z():
-    """With both coefficients 0 the loss is the CE of the classifier on one draw of z."""
-    run = _run("algorithm.cmi_coeff=0", "algorithm.l2r_coeff=0")
-    assert full_round(run, 1)[0][1].metrics["train_loss"] > 0
-
-
 def test_a_model_whose_features_are_not_vectors_is_refused():
     from fedshift.algorithms.fedsr import embedding_width
 
@@ -198,3 +192,72 @@ def test_a_model_whose_features_are_not_vectors_is_refused():
 
     with pytest.raises(ConfigError, match="one vector per image"):
         embedding_width(Maps(), (3,))
+
+
+# ----------------------------------------------------------------------------- FedL2R, checks
+def test_deterministic_representation_is_the_released_fedl2r():
+    m = _model(probabilistic=False)
+    assert m.posterior.out_features == 5  # z itself, no scale
+    x = torch.randn(4, 3)
+    z = m.posterior(m.base.features(x))
+    for mode in (True, False):  # no draw in training, none at evaluation
+        m.train(mode)
+        assert torch.equal(m.features(x), z) and torch.equal(m(x), m.classifier(z))
+    run = _run("algorithm.representation=deterministic", "algorithm.cmi_coeff=0")
+    assert "reference" not in next(iter(run.states.values()))
+    assert set(full_round(run, 1)[0][1].records) == {"weights"}
+
+
+@pytest.mark.parametrize(
+    ("over", "key"),
+    [
+        (("algorithm.representation=deterministic",), "cmi_coeff"),
+        (("algorithm.reference=averaged", "algorithm.cmi_coeff=0"), "algorithm.reference"),
+    ],
+)
+def test_settings_without_effect_are_config_errors(over, key):
+    with pytest.raises(ConfigError, match=key):
+        cfg = tiny_cfg("fedsr", *over)
+        start(cfg, tiny_federation(cfg))
+
+
+def test_without_cmi_no_reference_is_kept_or_sent():
+    run = _run("algorithm.cmi_coeff=0")
+    assert "reference" not in next(iter(run.states.values())) and "reference" not in run.server
+
+
+def test_client_loss_is_ce_plus_the_weighted_regularisers_on_one_draw():
+    from fedshift.algorithms.fedsr import REFERENCE
+    from fedshift.core.context import ClientContext
+    from fedshift.core.seeding import generator
+
+    run = _run("algorithm.l2r_coeff=0.3")
+    exp, cid = run.exp, run.cids[0]
+    ctx = ClientContext(
+        cid=cid, round=1, data=exp.train_clients[cid], model=exp.model, train=run.cfg.train,
+        pipeline=exp.pipeline, generator=generator(0, "t", cid), device=exp.device,
+        state=run.states[cid], task=exp.task,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    ref = {
+        "r_mu": torch.randn(10, 128, generator=g),
+        "r_sigma": torch.randn(10, 128, generator=g),
+        "C": torch.tensor(0.8),
+    }
+    ctx.scratch[REFERENCE] = ref
+    model = exp.model.train()
+    x = ctx.pipeline.eval(exp.train_clients[cid].train.x[:4], ctx.state)
+    y = exp.train_clients[cid].train.y[:4]
+    loss = run.exp.algo.algorithm.loss(ctx, x, y)
+    # reference: the same draw from a fresh copy of the client's generator
+    mu, sigma = model.distribution(x)
+    eps = torch.randn(mu.shape, generator=generator(0, "t", cid))
+    z = mu + sigma * eps
+    q = D.Independent(D.Normal(0.8 * mu, 0.8 * sigma), 1)
+    r = D.Independent(D.Normal(ref["r_mu"][y], F.softplus(ref["r_sigma"][y])), 1)
+    want = (
+        F.cross_entropy(model.classifier(z), y)
+        + 0.3 * z.norm(dim=1).mean()
+        + 0.5 * D.kl_divergence(q, r).mean()
+    )
+    assert torch.allclose(loss, want, rtol=1e-5, atol=1e-5)

@@ -50,7 +50,10 @@ weights (``paper_weighting = "uniform"``); training takes E = 5 local *steps* pe
 (``train.local_steps=5``), SGD lr 0.01, momentum 0.9, weight decay 5e-4, batch 64.
 
 Defaults: alpha_L2R = 1e-2, alpha_CMI = 5e-4 (the released ``argument.py`` defaults; the
-released README's PACS command uses alpha_CMI = 1e-3). A negative-entropy quantity the
+released README's PACS command uses alpha_CMI = 1e-3). ``representation=deterministic`` is the
+released FedL2R variant (``src/methods/FedL2R.py``, an ablation): z is the posterior layer's
+z_dim outputs themselves, no draw, only the L2R regulariser (``cmi_coeff`` must be 0). A
+negative-entropy quantity the
 released code logs is not part of the objective and is not computed.
 """
 
@@ -67,6 +70,7 @@ from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors
@@ -93,6 +97,9 @@ class FedSRParams(FLParams):
     # "sampled": log of the mean softmax over num_samples draws (released); "mean": cls(mu)
     prediction: Literal["sampled", "mean"] = "sampled"
     num_samples: int = bounded(20, ge=1)  # draws per example at evaluation (released 20)
+    # "probabilistic": FedSR; "deterministic": z = a linear map of the embedding, L2R only
+    # (the released FedL2R variant; needs cmi_coeff=0)
+    representation: Literal["probabilistic", "deterministic"] = "probabilistic"
 
 
 # ----------------------------------------------------------------------------- the equations
@@ -162,13 +169,15 @@ class FedSRModel(FedModel):
         num_classes: int,
         prediction: str = "sampled",
         num_samples: int = 20,
+        probabilistic: bool = True,
     ) -> None:
         super().__init__()
         backbone.classifier = nn.Identity()
         self.base = backbone
         self.stage_hooks = backbone.stage_hooks  # the same dict: hooks reach the backbone
         self.z_dim = z_dim
-        self.posterior = nn.Linear(embed_dim, 2 * z_dim)
+        self.probabilistic = probabilistic
+        self.posterior = nn.Linear(embed_dim, (2 if probabilistic else 1) * z_dim)
         self.classifier = nn.Linear(z_dim, num_classes)
         self.prediction = prediction
         self.num_samples = num_samples
@@ -177,22 +186,26 @@ class FedSRModel(FedModel):
     def stages(self) -> nn.ModuleDict:  # type: ignore[override]
         return self.base.stages
 
-    def distribution(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mu, sigma) of z for input ``x``: the posterior layer on the backbone's embedding."""
+    def distribution(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mu, sigma) of z for input ``x``: the posterior layer on the backbone's embedding
+        (a deterministic representation: (z, None))."""
         params = self.posterior(self.base.features(x))
+        if not self.probabilistic:
+            return params, None
         return params[:, : self.z_dim], F.softplus(params[:, self.z_dim :])
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """One draw of z (training mode, torch's global generator) or mu (evaluation)."""
         mu, sigma = self.distribution(x)
-        if not self.training:
+        if not self.training or sigma is None:
             return mu
         return mu + sigma * standard_normal(tuple(mu.shape), None, mu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training or self.prediction == "mean":
+        if self.training or self.prediction == "mean" or not self.probabilistic:
             return self.head(self.features(x))
         mu, sigma = self.distribution(x)
+        assert sigma is not None
         g = torch.Generator(device=mu.device).manual_seed(EVAL_SEED)
         eps = standard_normal((self.num_samples, *mu.shape), g, mu)
         return mean_softmax_scores(self.head(mu + sigma * eps))
@@ -231,14 +244,37 @@ class FedSR(FedAvg):
         width = embedding_width(model, tuple(federation.input_shape))
         z_dim = params.z_dim if params.z_dim is not None else width
         return FedSRModel(
-            model, width, z_dim, federation.num_classes, params.prediction, params.num_samples
+            model,
+            width,
+            z_dim,
+            federation.num_classes,
+            params.prediction,
+            params.num_samples,
+            probabilistic=params.representation == "probabilistic",
         )
+
+    @classmethod
+    def check(cls, params: Any, train: TrainConfig) -> None:
+        if params.representation == "deterministic" and params.cmi_coeff:
+            raise ConfigError(
+                "config key 'algorithm.cmi_coeff': the CMI regulariser needs the probabilistic "
+                "representation; with algorithm.representation=deterministic (FedL2R) set "
+                f"algorithm.cmi_coeff=0 (got {params.cmi_coeff})"
+            )
+        if params.reference == "averaged" and not params.cmi_coeff:
+            raise ConfigError(
+                "config key 'algorithm.reference': 'averaged' has no effect with "
+                "algorithm.cmi_coeff=0 (no reference distributions are trained); drop the key "
+                "or set a CMI coefficient"
+            )
 
     def setup(self, model: FedModel) -> None:
         if not isinstance(model, FedSRModel):
             raise ConfigError("algorithm 'fedsr' trains the model its wrap_model builds")
         self.z_dim = model.z_dim
         self.num_classes = int(model.classifier.out_features)
+        #: the reference distributions exist (trained, kept, maybe sent) only with the CMI term
+        self.reference: str | None = self.params.reference if self.params.cmi_coeff else None
 
     def initial_reference(self, device: torch.device) -> Tensors:
         """r_mu = 0, r_sigma = 1 (before softplus), C = 1 (the released initial values)."""
@@ -252,30 +288,32 @@ class FedSR(FedAvg):
     # -- server ----------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
         server = super().init_server(model)
-        if self.params.reference == "averaged":
+        if self.reference == "averaged":
             server["reference"] = self.initial_reference(torch.device("cpu"))
         return server
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = super().broadcast(server, rnd, cid)
-        if self.params.reference == "averaged":
+        if self.reference == "averaged":
             down.records["reference"] = server["reference"]
         return down
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         super().aggregate(server, rnd, replies)
-        if self.params.reference == "averaged":
+        if self.reference == "averaged":
             server["reference"] = self.average_record(replies, "reference")
 
     # -- client ----------------------------------------------------------------------------
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         state = super().init_client(cid, data, model)
-        if self.params.reference == "local":
+        if self.reference == "local":
             state["reference"] = self.initial_reference(torch.device("cpu"))
         return state
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        start = down["reference"] if self.params.reference == "averaged" else state["reference"]
+        if self.reference is None:
+            return super().local_update(ctx, down, state)
+        start = down["reference"] if self.reference == "averaged" else state["reference"]
         ref = {k: nn.Parameter(start[k].detach().clone().to(ctx.device)) for k in REF_KEYS}
         ctx.scratch[REFERENCE] = ref
         try:
@@ -285,7 +323,7 @@ class FedSR(FedAvg):
             del ctx.scratch[REFERENCE]
         self.keep_local(ctx, state)
         trained = clone({k: p.detach().cpu() for k, p in ref.items()})
-        if self.params.reference == "local":
+        if self.reference == "local":
             state["reference"] = trained
             return self.reply(ctx, state, steps, loss)
         return self.reply(
@@ -307,13 +345,13 @@ class FedSR(FedAvg):
         model = ctx.model
         assert isinstance(model, FedSRModel)
         mu, sigma = model.distribution(x)
-        z = mu + sigma * standard_normal(tuple(mu.shape), ctx.generator, mu)
+        z = mu if sigma is None else mu + sigma * standard_normal(tuple(mu.shape), ctx.generator, mu)
         loss = ctx.task.loss(model.head(z), y)
         p = self.params
         if p.l2r_coeff:
             loss = loss + p.l2r_coeff * l2r_regulariser(z, p.l2r)
         ref = ctx.scratch.get(REFERENCE)
-        if p.cmi_coeff and ref is not None:
+        if ref is not None and sigma is not None:
             cmi = cmi_regulariser(mu, sigma, y, ref["r_mu"], ref["r_sigma"], ref["C"])
             loss = loss + p.cmi_coeff * cmi
         extra = self.penalty(ctx)
