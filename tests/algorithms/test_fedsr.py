@@ -68,8 +68,8 @@ def test_cmi_scales_z_by_c_and_uses_the_label_row_of_the_softplus_reference():
     assert torch.allclose(got, D.kl_divergence(q, r).mean(), **TOL)
     # hand case: z_dim 1, one example with C mu = r_mu and C sigma = softplus(r_sigma): 0
     s = F.softplus(torch.tensor([[0.4]]))
-    zero = cmi_regulariser(torch.tensor([[0.5]]), s / 2, torch.tensor([0]),
-                           torch.tensor([[1.0]]), torch.tensor([[0.4]]), torch.tensor(2.0))  # fmt: skip
+    one, half, raw = torch.tensor([[1.0]]), torch.tensor([[0.5]]), torch.tensor([[0.4]])
+    zero = cmi_regulariser(half, s / 2, torch.tensor([0]), one, raw, torch.tensor(2.0))
     assert zero.abs().item() < 1e-6
 
 

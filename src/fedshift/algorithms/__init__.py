@@ -13,12 +13,12 @@ from fedshift.algorithms.fedavgm import FedAvgM
 from fedshift.algorithms.fedaws import FedAwS
 from fedshift.algorithms.fedbn import FedBN
 from fedshift.algorithms.fedfa import FedFA
+from fedshift.algorithms.fediir import FedIIR
 from fedshift.algorithms.fednova import FedNova
 from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedshift.algorithms.fedproto import FedProto
 from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedrdn import FedRDNAlgorithm
-from fedshift.algorithms.fediir import FedIIR
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
 from fedshift.algorithms.fedsr import FedSR

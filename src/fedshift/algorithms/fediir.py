@@ -120,7 +120,9 @@ class FedIIR(FedAvg):
         self.cls_keys = [n for n, p in model.named_parameters() if id(p) in ids]
         missing = [k for k in self.cls_keys if k not in self.shared_keys]
         if missing:
-            raise ConfigError(f"algorithm 'fediir': the classifier tensors {missing} are not shared")
+            raise ConfigError(
+                f"algorithm 'fediir': the classifier tensors {missing} are not shared"
+            )
 
     # -- server ----------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:

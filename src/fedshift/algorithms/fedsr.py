@@ -345,7 +345,11 @@ class FedSR(FedAvg):
         model = ctx.model
         assert isinstance(model, FedSRModel)
         mu, sigma = model.distribution(x)
-        z = mu if sigma is None else mu + sigma * standard_normal(tuple(mu.shape), ctx.generator, mu)
+        z = (
+            mu
+            if sigma is None
+            else mu + sigma * standard_normal(tuple(mu.shape), ctx.generator, mu)
+        )
         loss = ctx.task.loss(model.head(z), y)
         p = self.params
         if p.l2r_coeff:
