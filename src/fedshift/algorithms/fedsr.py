@@ -3,17 +3,17 @@ Federated Learning", NeurIPS 2022).
 
 FedAvg with a *probabilistic* representation and two regularisers of the local objective.
 
-The representation (paper Sec. 3; released code ``src/methods/base.py``, ``featurize``). The
+The representation (released code ``src/methods/base.py``, ``featurize``). The
 backbone's embedding h(x) is mapped by one linear layer to 2 * z_dim numbers, split into a mean
 mu(x) and a scale sigma(x) = softplus(.); the representation is z ~ N(mu, diag sigma^2), drawn
 by reparameterisation z = mu + sigma * eps, eps ~ N(0, I) (one draw per example in training),
 and the classifier is linear on z. z_dim defaults to the backbone's embedding width (the
-paper's: 512 for ResNet-18, 2048 for ResNet-50, whose last ``fc`` the released code replaces
-by that layer).
+released README's: 512 for ResNet-18, 2048 for ResNet-50, whose last ``fc`` the released code
+replaces by that layer).
 
-The local objective (paper Sec. 3, its L2R and CMI regularisers; equation numbers unverified:
-the paper text is not obtainable offline, only its abstract; the forms below are the released
-code's ``src/methods/FedSR.py``, ``train_client``):
+The local objective (the L2R and CMI regularisers the paper's abstract names; section and
+equation numbers unverified: the paper text is not obtainable offline, only its abstract; the
+forms below are the released code's ``src/methods/FedSR.py``, ``train_client``):
 
   L = CE(cls(z), y) + alpha_L2R * L2R + alpha_CMI * CMI
 
