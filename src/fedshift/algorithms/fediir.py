@@ -1,4 +1,4 @@
-"""FedIIR (Guo, Guo, Zhang, Chen, "Out-of-Distribution Generalization of Federated Learning via
+"""FedIIR (Guo, Guo, Cao, Wu, Chang, "Out-of-Distribution Generalization of Federated Learning via
 Implicit Invariant Relationships", ICML 2023).
 
 FedAvg whose clients align their *classifier gradient* with the federation's mean classifier
