@@ -311,3 +311,18 @@ def test_config_directory_is_named_as_one(tmp_path, capsys):
         load_config(tmp_path)
     assert main(["run", "-c", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_section_keys_without_a_name_under_a_swept_name_are_an_error():
+    from fedshift.core.config import expand_sweep
+
+    raw = {"algorithm": {"penalty": 0.01}, "sweep": {"algorithm.name": ["fedavg", "fediir"]}}
+    with pytest.raises(ConfigError, match=r"algorithm\.penalty.*no algorithm\.name"):
+        expand_sweep(raw)
+    # a named section keeps its keys for its own name and gives way to the others
+    raw = {"algorithm": {"name": "fedprox", "mu": 0.1},
+           "sweep": {"algorithm.name": ["fedavg", "fedprox"]}}  # fmt: skip
+    assert [c["algorithm"] for c in expand_sweep(raw)] == [
+        {"name": "fedavg"},
+        {"name": "fedprox", "mu": 0.1},
+    ]

@@ -583,6 +583,15 @@ def _set_sweep_value(one: dict, k: str, v: Any) -> None:
     head = k.split(".")[0]
     if head in COMPONENT_SECTIONS and k == f"{head}.name":
         section = one.setdefault(head, {})
+        extra = sorted(x for x in section if x != "name") if isinstance(section, dict) else []
+        if isinstance(section, dict) and "name" not in section and extra:
+            # keys written for no named component would silently be dropped for every value
+            raise ConfigError(
+                f"config section '{head}' sets {', '.join(f'{head}.{x}' for x in extra)} "
+                f"but no {head}.name, while the sweep varies '{k}': they would apply to none "
+                f"of its values. Give the values as mappings instead (sweep: {{{head}: "
+                f"[{{name: {v}, {extra[0]}: ...}}, ...]}}), or name the {head} they belong to"
+            )
         if section.get("name") != v:
             one[head] = {"name": v}
             return
