@@ -102,9 +102,7 @@ def momentum_weights(
     return {cid: v / norm for cid, v in p.items()}
 
 
-def masked_aggregate(
-    weights: Tensors, replies: list[tuple[float, Tensors, Tensors]]
-) -> Tensors:
+def masked_aggregate(weights: Tensors, replies: list[tuple[float, Tensors, Tensors]]) -> Tensors:
     """Step 5: w - sum_i alpha_i u~_i per element, for ``replies`` = (p_i, u~_i, m_i)."""
     out = {}
     for k, w in weights.items():
