@@ -53,6 +53,8 @@ VARIANTS = [
     ("fedrobust", "algorithm.affine=channel"),
     ("scaffold", "train.momentum=0.0"),
     ("pfedavg", "algorithm.finetune_epochs=1"),
+    ("feddg_ga", "algorithm.base=fedprox"),
+    ("fedheal", "algorithm.base=fedprox"),
 ]
 
 
