@@ -1,4 +1,4 @@
-"""FedDG-GA (Zhang, Li, Li, Wang, Sun, Zhang, Wang; "Federated Domain Generalization with
+"""FedDG-GA (Zhang, Xu, Yao, Zhang, Tian, Wang; "Federated Domain Generalization with
 Generalization Adjustment", CVPR 2023): a server rule that adjusts the aggregation weights
 of the source clients every round so that the variance of their generalisation gaps shrinks.
 
