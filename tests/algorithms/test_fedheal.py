@@ -63,6 +63,11 @@ def test_momentum_weights_over_two_rounds_by_hand():
     assert heal["p"]["a"] == pytest.approx(0.86, abs=1e-12)
     assert heal["p"]["b"] == pytest.approx(1.18, abs=1e-12)
     assert w["a"] == pytest.approx(0.86 / 2.04, abs=1e-12)
+    # sample-size start (federation.weighting=samples): p = (0.25, 0.75) + (0.1, 0.3)
+    # = (0.35, 1.05), normalised by 1.4: (0.25, 0.75)
+    heal = {"p": {}, "delta": {}}
+    w = momentum_weights(heal, {"a": 1.0, "b": 3.0}, ["a", "b"], 0.4, {"a": 0.25, "b": 0.75})
+    assert w["a"] == pytest.approx(0.25, abs=1e-12) and w["b"] == pytest.approx(0.75, abs=1e-12)
 
 
 # ----------------------------------------------------------------------------- step 5

@@ -26,8 +26,9 @@ w and its trained model w_i:
 Server (FAEL), with the last known distance of every client that ever replied:
 
 4. delta_i <- (1 - beta) delta_i + beta D_i / sum_j D_j;  p_i <- p_i + delta_i (p_i starts at
-   1 / (number of replies)); the round's weights are the p_i normalised over the replies
-   (p_i itself stays unnormalised across rounds, as in the code);
+   1 / (number of replies), the code's; with ``federation.weighting=samples`` at n_i / n over
+   the replies); the round's weights are the p_i normalised over the replies (p_i itself
+   stays unnormalised across rounds, as in the code);
 5. element-wise aggregation: alpha_i = p_i m_i / sum_j p_j m_j (alpha_i = p_i where no client
    kept the element), w <- w - sum_i alpha_i u~_i.
 
@@ -86,17 +87,23 @@ def distance(masked: Tensors, keys: list[str]) -> float:
 
 
 def momentum_weights(
-    heal: State, distances: dict[str, float], cids: list[str], beta: float
+    heal: State,
+    distances: dict[str, float],
+    cids: list[str],
+    beta: float,
+    start: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Step 4: update ``heal``'s ``delta``/``p`` for the clients ``cids`` with the last known
-    ``distances`` of every client; returns the p_i of ``cids`` normalised to sum 1."""
+    ``distances`` of every client; returns the p_i of ``cids`` normalised to sum 1. A client
+    seen for the first time starts at ``start[cid]`` (default 1 / len(cids), the code's)."""
     total = sum(distances.values())
     p = {}
     for cid in cids:
         share = distances[cid] / total if total > 0 else 0.0
         d = (1 - beta) * heal["delta"].get(cid, 0.0) + beta * share
         heal["delta"][cid] = d
-        heal["p"][cid] = heal["p"].get(cid, 1.0 / len(cids)) + d
+        first = start[cid] if start is not None else 1.0 / len(cids)
+        heal["p"][cid] = heal["p"].get(cid, first) + d
         p[cid] = heal["p"][cid]
     norm = sum(p.values())
     return {cid: v / norm for cid, v in p.items()}
@@ -122,7 +129,7 @@ class FedHEAL(FedAvgOrProxClient):
 
     name = "fedheal"
     Params = FedHEALParams
-    # the weights are HEAL's p_i (step 4), which start equal; federation.weighting is unused
+    # HEAL's p_i (step 4) start equal (the code's 1/online_num); weighting=samples: n_i / n
     paper_weighting = "uniform"
 
     def setup(self, model: FedModel) -> None:
@@ -165,7 +172,11 @@ class FedHEAL(FedAvgOrProxClient):
         for cid, p in replies:
             heal["distance"][cid] = float(p.metrics[DISTANCE])
         cids = [cid for cid, _ in replies]
-        alpha = momentum_weights(heal, heal["distance"], cids, self.params.beta)
+        # p_i starts at the run's weighting over the round's replies: 1/|S| (uniform, the
+        # code's 1/online_num) or n_i/n (samples)
+        total = sum(self.reply_weight(p) for _, p in replies)
+        start = {cid: self.reply_weight(p) / total for cid, p in replies}
+        alpha = momentum_weights(heal, heal["distance"], cids, self.params.beta, start)
         weights = server["weights"]
         new = masked_aggregate(
             subset(weights, self.masked_keys),
