@@ -161,3 +161,14 @@ def test_flower_in_process_equals_native(tmp_path, one_thread):
         flower = simulate(cfg, run_dir=tmp_path / algo / "flower", engine="in-process",
                           progress=False)  # fmt: skip
         assert_runs_equal(flower.run_dir, native.run_dir)
+
+
+def test_fedprox_keys_without_the_fedprox_base_are_refused():
+    from fedshift.algorithms.feddg_ga import FedDGGA, FedDGGAParams
+    from fedshift.algorithms.fedheal import FedHEAL, FedHEALParams
+
+    for cls, params in ((FedDGGA, FedDGGAParams), (FedHEAL, FedHEALParams)):
+        with pytest.raises(ConfigError, match="algorithm.base=fedprox"):
+            cls.check(params(mu=0.5), TrainConfig())
+        cls.check(params(mu=0.5, base="fedprox"), TrainConfig())
+        cls.check(params(), TrainConfig())

@@ -11,7 +11,7 @@ The server rule subclasses :class:`FedAvgOrProxClient` and wraps ``local_update`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -19,7 +19,9 @@ import torch
 from fedshift.algorithms.base import State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
+from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 
 
@@ -33,6 +35,22 @@ class FedAvgOrProxClient(FedProx):
     """FedAvg's or FedProx's client update, chosen by ``params.base``."""
 
     Params = ProxBaseParams
+
+    @classmethod
+    def check(cls, params: ProxBaseParams, train: TrainConfig) -> None:
+        """FedProx's keys changed from their defaults under ``base=fedavg`` would be silently
+        unused: refuse them."""
+        if params.base == "fedprox":
+            return
+        defaults = {f.name: f.default for f in fields(FedProxParams)}
+        changed = [k for k in ("mu", "form") if getattr(params, k) != defaults[k]]
+        if changed:
+            keys = ", ".join(f"algorithm.{k}" for k in changed)
+            raise ConfigError(
+                f"algorithm '{cls.name}': FedProx's keys ({keys}) are read only with "
+                "algorithm.base=fedprox (the default base is fedavg): set "
+                "algorithm.base=fedprox or drop them"
+            )
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         if self.params.base == "fedprox":
