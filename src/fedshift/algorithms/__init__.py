@@ -15,6 +15,7 @@ from fedshift.algorithms.fedbn import FedBN
 from fedshift.algorithms.feddg_ga import FedDGGA
 from fedshift.algorithms.fedfa import FedFA
 from fedshift.algorithms.fedheal import FedHEAL
+from fedshift.algorithms.fediir import FedIIR
 from fedshift.algorithms.fednova import FedNova
 from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedshift.algorithms.fedproto import FedProto
@@ -22,6 +23,7 @@ from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedrdn import FedRDNAlgorithm
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
+from fedshift.algorithms.fedsr import FedSR
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
 from fedshift.algorithms.local import LocalOnly
@@ -62,6 +64,8 @@ for _cls in (
     FedAvgFT,
     PFedHN,
     PFedMe,
+    FedSR,
+    FedIIR,
     FedDGGA,
     FedHEAL,
 ):
