@@ -54,6 +54,8 @@ VARIANTS = [
     ("scaffold", "train.momentum=0.0"),
     ("pfedavg", "algorithm.finetune_epochs=1"),
     ("fedsr", "algorithm.reference=averaged"),
+    ("feddg_ga", "algorithm.base=fedprox"),
+    ("fedheal", "algorithm.base=fedprox"),
 ]
 
 

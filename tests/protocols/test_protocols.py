@@ -688,3 +688,17 @@ def test_sweep_tests_each_flow_against_its_base_flow():
     want = ttest_rel(rdn, base).pvalue
     got = [r for r in data["rows"] if r["flow"] != "base"][0]["points"]["1"]["p_vs_base"]
     assert got == pytest.approx(want) and f"(p={want:.3f})" in text
+
+
+def test_setting_keys_of_a_cell_sweep_are_the_cells_keys():
+    """A ``cell`` sweep labels rows by the keys its cells set (not by the word ``cell``,
+    whose value is no config key); algorithm keys are already in the flow label."""
+    from fedshift.protocols.common import setting_keys
+
+    raw = {"sweep": {"cell": [{"algorithm.name": "fedavg"},
+                              {"algorithm.name": "feddg_ga", "algorithm.base": "fedprox"}],
+                     "seed": [0, 1]}}  # fmt: skip
+    assert setting_keys(raw) == []
+    raw["sweep"]["cell"].append({"algorithm.name": "fedavg", "train.lr": 0.1})
+    assert setting_keys(raw) == ["train.lr"]
+    assert setting_keys({"sweep": {"train.lr": [0.1], "seed": [0]}}) == ["train.lr"]

@@ -12,7 +12,9 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.fedavgm import FedAvgM
 from fedshift.algorithms.fedaws import FedAwS
 from fedshift.algorithms.fedbn import FedBN
+from fedshift.algorithms.feddg_ga import FedDGGA
 from fedshift.algorithms.fedfa import FedFA
+from fedshift.algorithms.fedheal import FedHEAL
 from fedshift.algorithms.fediir import FedIIR
 from fedshift.algorithms.fednova import FedNova
 from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
@@ -64,6 +66,8 @@ for _cls in (
     PFedMe,
     FedSR,
     FedIIR,
+    FedDGGA,
+    FedHEAL,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

@@ -155,9 +155,14 @@ def setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     """The config's own sweep keys that the (algorithm, flow) label does not already say and
     that seeds do not average over: they become a ``setting`` column."""
     skip = set(exclude)
+    keys: list[str] = []
+    for k, v in (raw.get("sweep") or {}).items():
+        # a ``cell`` list sets several dotted keys together: its keys, not the word "cell"
+        cells = v if k == "cell" and isinstance(v, list) else [{k: None}]
+        keys += [dk for c in cells if isinstance(c, dict) for dk in c if dk not in keys]
     return [
         k
-        for k in (raw.get("sweep") or {})
+        for k in keys
         if k != "seed"
         and k not in skip
         and not k.startswith("algorithm")
