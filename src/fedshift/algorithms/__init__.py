@@ -4,6 +4,7 @@ augments, datasets)."""
 
 from __future__ import annotations
 
+from fedshift.algorithms.adcol import ADCOL
 from fedshift.algorithms.advprop import AdvProp
 from fedshift.algorithms.base import Algorithm
 from fedshift.algorithms.central import Centralised
@@ -20,6 +21,7 @@ from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedrdn import FedRDNAlgorithm
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
+from fedshift.algorithms.fpl import FPL
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
 from fedshift.algorithms.local import LocalOnly
@@ -60,6 +62,8 @@ for _cls in (
     FedAvgFT,
     PFedHN,
     PFedMe,
+    FPL,
+    ADCOL,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 
