@@ -183,7 +183,7 @@ class ADCOL(FedAvg):
             "disc": clone(self.disc.state_dict()),
             "disc_opt": None,
             "disc_seed": int(torch.randint(0, 2**62, ())),
-            "disc_loss": float("nan"),
+            "disc_loss": None,  # mean CE of its last training epoch
         }
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
