@@ -191,3 +191,5 @@ def test_fpl_without_its_terms_is_fedavg_and_options(make_cfg, tmp_path):
     assert s["test_per_client"] != avg["test_per_client"] or s["val_mean"] != avg["val_mean"]
     with pytest.raises(ConfigError, match="algorithm.tau"):
         make_cfg("algorithm.name=fpl", "algorithm.tau=0")
+    with pytest.raises(ConfigError, match="'fpl' needs each example's integer class"):
+        make_cfg("algorithm.name=fpl", "augment=[fedmix]")

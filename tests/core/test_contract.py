@@ -53,6 +53,7 @@ VARIANTS = [
     ("fedrobust", "algorithm.affine=channel"),
     ("scaffold", "train.momentum=0.0"),
     ("pfedavg", "algorithm.finetune_epochs=1"),
+    ("adcol", "algorithm.averaging=fedavg"),
 ]
 
 

@@ -245,10 +245,8 @@ class ADCOL(FedAvg):
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """CE + mu * KL(U || softmax(D(z))) (+ ``penalty``); the representations of the last
         local epoch are kept for the upload."""
-        if y.ndim != 1:
-            raise TrainingError("adcol needs integer labels, but an augment produced soft labels")
         z = ctx.model.features(x)
-        loss = F.cross_entropy(ctx.model.head(z), y)
+        loss = ctx.task.loss(ctx.model.head(z), y)  # CE (soft labels of mixing augments too)
         if STEP in ctx.scratch:
             step = ctx.scratch[STEP]
             ctx.scratch[STEP] = step + 1
