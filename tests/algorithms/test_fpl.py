@@ -193,3 +193,23 @@ def test_fpl_without_its_terms_is_fedavg_and_options(make_cfg, tmp_path):
         make_cfg("algorithm.name=fpl", "algorithm.tau=0")
     with pytest.raises(ConfigError, match="'fpl' needs each example's integer class"):
         make_cfg("algorithm.name=fpl", "augment=[fedmix]")
+
+
+def test_first_neighbour_partition_matches_the_adjacency_formula():
+    # FINCH's Eq. 1 as a matrix: A = (K + I)(K + I)^T with K the first-neighbour matrix;
+    # clusters = connected components of A (an independent computation with scipy)
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(40, 5))
+    unit = pts / np.linalg.norm(pts, axis=1, keepdims=True)
+    dist = 1 - unit @ unit.T
+    np.fill_diagonal(dist, np.inf)
+    k = np.zeros((40, 40))
+    k[np.arange(40), dist.argmin(1)] = 1
+    adj = (k + np.eye(40)) @ (k + np.eye(40)).T
+    n, ref = connected_components(adj > 0, directed=False)
+    got = first_neighbour_partition(pts)
+    assert int(got.max()) + 1 == n
+    # the same partition (labels may be numbered differently)
+    assert len({(a, b) for a, b in zip(got, ref, strict=True)}) == n
