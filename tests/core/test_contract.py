@@ -56,6 +56,7 @@ VARIANTS = [
     ("fedsr", "algorithm.reference=averaged"),
     ("feddg_ga", "algorithm.base=fedprox"),
     ("fedheal", "algorithm.base=fedprox"),
+    ("adcol", "algorithm.averaging=fedavg"),
 ]
 
 

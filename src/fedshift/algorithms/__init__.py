@@ -4,6 +4,7 @@ augments, datasets)."""
 
 from __future__ import annotations
 
+from fedshift.algorithms.adcol import ADCOL
 from fedshift.algorithms.advprop import AdvProp
 from fedshift.algorithms.base import Algorithm
 from fedshift.algorithms.central import Centralised
@@ -24,6 +25,7 @@ from fedshift.algorithms.fedrdn import FedRDNAlgorithm
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
 from fedshift.algorithms.fedsr import FedSR
+from fedshift.algorithms.fpl import FPL
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
 from fedshift.algorithms.local import LocalOnly
@@ -68,6 +70,8 @@ for _cls in (
     FedIIR,
     FedDGGA,
     FedHEAL,
+    FPL,
+    ADCOL,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

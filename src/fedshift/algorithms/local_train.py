@@ -119,3 +119,9 @@ def sam_second_pass(
     with torch.no_grad():
         for p, w in zip(params, saved, strict=True):
             p.copy_(w)
+
+
+def last_epoch_start(ctx: ClientContext) -> int:
+    """Index (from 0) of the first mini-batch step of the round's last local epoch: what FPL
+    and ADCOL collect their uploads from (0 when the round is shorter than one epoch)."""
+    return max(0, ctx.planned_steps() - ctx.steps_per_epoch())

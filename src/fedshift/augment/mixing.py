@@ -51,7 +51,7 @@ from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
 
 #: algorithms whose local objective indexes by the integer label (soft labels break them)
-HARD_LABEL_ALGORITHMS = ("fedproto",)
+HARD_LABEL_ALGORITHMS = ("fedproto", "fpl")
 INPUT = "input"
 
 Hook = Callable[[torch.Tensor], torch.Tensor]
@@ -130,7 +130,7 @@ class _MixesLabels(Augment):
         if algorithm in HARD_LABEL_ALGORITHMS:
             raise ConfigError(
                 f"augment '{cls.name}' returns soft (mixed) labels, but algorithm '{algorithm}' "
-                "needs each example's integer class (it pulls the embedding towards that "
+                "needs each example's integer class (it pulls the embedding towards its "
                 "class's prototype); use a label-preserving augment such as 'mixstyle'"
             )
 
