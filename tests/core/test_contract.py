@@ -67,6 +67,7 @@ VARIANTS = [
     ("fedrobust", "algorithm.affine=channel"),
     ("scaffold", "train.momentum=0.0"),
     ("pfedavg", "algorithm.finetune_epochs=1"),
+    ("fedsr", "algorithm.reference=averaged"),
 ]
 
 

@@ -97,3 +97,76 @@ def test_a_run_records_each_clients_domain_mix(tmp_path: Path, one_thread):
     assert sorted(mix) == summary["clients"] and len(mix) == 4
     assert all(sum(1 for k in shares.values() if k) == 1 for shares in mix.values())
     assert np.sum([list(s.values()) for s in mix.values()]) > 0
+
+
+def test_data_check_shows_the_client_x_domain_shares(tmp_path: Path, monkeypatch, one_thread):
+    from fedshift.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    argv = ["data", "check", "toyshift", "partition.name=domains", "partition.clients=4",
+            "partition.lam=0.5", "dataset.train_size=40", "--max-per-site", "10"]  # fmt: skip
+    assert main(argv) == 0
+    folder = tmp_path / "data-check" / "toyshift"
+    data = json.loads((folder / "shift.json").read_text())
+    mix = data["config"]["domain_mix"]
+    # the report's table is the partition's own counts (3 domains of 40 training images)
+    expected = domain_counts([40, 40, 40], 4, 0.5)
+    assert [list(mix[c].values()) for c in sorted(mix)] == expected.tolist()
+    report = (folder / "report.md").read_text()
+    assert "## Domains per client" in report and "domains.png" in report
+    first = (
+        f"| {sorted(mix)[0]} | {' | '.join(str(v) for v in expected[0])} | {expected[0].sum()} |"
+    )
+    assert first in report
+    assert (folder / "domains.png").stat().st_size > 0
+
+
+def test_the_partition_figure_script(tmp_path: Path, capsys):
+    import runpy
+
+    script = Path(__file__).parents[2] / "benchmarks" / "domain_partition.py"
+    main = runpy.run_path(str(script))["main"]
+    out = tmp_path / "p.png"
+    assert (
+        main(["--dataset", "toyshift", "--clients", "4", "--lam", "0", "1", "--out", str(out)]) == 0
+    )
+    text = capsys.readouterr().out
+    assert out.stat().st_size > 0
+    rows = [r for r in text.splitlines() if r.startswith("| client") and "---" not in r]
+    rows = [r for r in rows if not r.startswith("| client |")]  # the two tables' headers
+    assert len(rows) == 8
+    # lam = 1 (the second table): every client the same share of every domain
+    assert len({r.split("|", 2)[2] for r in rows[4:]}) == 1
+
+
+def test_keep_leaves_a_domain_whole_for_an_unseen_site(tmp_path: Path, one_thread):
+    fed = load_dataset(_toy())
+    target = fed.client_names[1]
+    out = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 0, "keep": [target]})
+    # four dealt clients from the two other domains, then the kept domain as it was
+    assert out.client_names == ["client00", "client01", "client02", "client03", target]
+    for split in ("train", "val", "test"):
+        assert torch.equal(out.client(target).split(split).x, fed.client(target).split(split).x)
+    mix = out.info["domain_mix"]
+    assert all(mix[c][target] == 0 for c in out.client_names[:4])
+    dealt = [d for d in fed.client_names if d != target]
+    assert sum(mix[c][d] for c in out.client_names[:4] for d in dealt) == sum(
+        len(fed.client(d).train) for d in dealt
+    )
+    with pytest.raises(ConfigError, match="partition.keep"):
+        apply_partition(fed, {"name": "domains", "keep": ["nowhere"]})
+    with pytest.raises(ConfigError, match="none is left"):
+        apply_partition(fed, {"name": "domains", "keep": fed.client_names})
+    # the unseen-site run: trained on the dealt clients, the kept domain held out
+    import fedshift
+
+    result = fedshift.run(
+        None,
+        ["dataset.name=toyshift", "dataset.train_size=40", "partition.name=domains",
+         "partition.clients=4", f"partition.keep=[{target}]", f"federation.holdout=[{target}]",
+         "train.rounds=1"],
+        out=tmp_path,
+    )  # fmt: skip
+    summary = json.loads((Path(result.run_dir) / "summary.json").read_text())
+    assert summary["holdout"] == [target] and len(summary["clients"]) == 5

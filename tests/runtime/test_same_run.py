@@ -49,6 +49,8 @@ FLOWER = [
     ("algorithm.name=fraug",),
     ("algorithm.name=pfedhn",),
     ("algorithm.name=fedadam", "train.optimizer_state=persist", "train.momentum=0.9"),
+    ("algorithm.name=fediir", "federation.sample_fraction=0.67"),
+    ("algorithm.name=fedsr", "algorithm.reference=averaged"),
 ]
 
 #: every algorithm, FedAvg with every augment; then sampled rounds, persisted optimiser

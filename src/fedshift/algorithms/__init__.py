@@ -14,6 +14,7 @@ from fedshift.algorithms.fedavgm import FedAvgM
 from fedshift.algorithms.fedaws import FedAwS
 from fedshift.algorithms.fedbn import FedBN
 from fedshift.algorithms.fedfa import FedFA
+from fedshift.algorithms.fediir import FedIIR
 from fedshift.algorithms.fednova import FedNova
 from fedshift.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedshift.algorithms.fedproto import FedProto
@@ -21,6 +22,7 @@ from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedrdn import FedRDNAlgorithm
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
+from fedshift.algorithms.fedsr import FedSR
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
 from fedshift.algorithms.local import LocalOnly
@@ -61,6 +63,8 @@ for _cls in (
     FedAvgFT,
     PFedHN,
     PFedMe,
+    FedSR,
+    FedIIR,
     ELCFS,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)

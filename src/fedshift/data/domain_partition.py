@@ -19,18 +19,23 @@ Counts are floored and each domain's remainder goes one example each to the firs
 examples of a domain are drawn in a seeded random order, so the clients partition the data
 exactly (nothing duplicated or dropped). ``info["domain_mix"]`` records each client's
 training examples per domain (the run summary's ``data.partition`` info carries it).
+
+``keep`` names domains that are not dealt: each stays one client under its own name, after
+the dealt clients. That is how an unseen site is set up (Bai et al.'s benchmark holds the test
+domains out of the partition): ``partition.keep=[mnistm] federation.holdout=[mnistm]`` trains
+``clients`` clients on the other domains and tests the global model on the whole of MNIST-M.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from fedshift.core.bounds import bounded
-from fedshift.core.errors import DataError
+from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.images import cat_images
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.seeding import seeded_rng
@@ -47,6 +52,8 @@ class DomainsParams:
     clients: int = bounded(10, ge=1)
     lam: float = bounded(0.1, ge=0, le=1)  # Bai et al.'s "heterogeneous" setting (Fig. 1c)
     seed: int = bounded(0, ge=0)  # the partition's own seed (independent of the run seed)
+    #: domains kept whole, one client each under the domain's name (e.g. a held-out target)
+    keep: list[str] = field(default_factory=list)
 
 
 def _main_domains(n: np.ndarray, clients: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,16 +88,27 @@ def domain_counts(n: Sequence[int], clients: int, lam: float) -> np.ndarray:
 
 
 def domains(fed: Federation, params: DomainsParams) -> Federation:
-    """The federation of ``params.clients`` clients dealt from ``fed``'s clients (domains)."""
+    """The federation of ``params.clients`` clients dealt from ``fed``'s clients (domains),
+    followed by the ``keep`` domains as they are."""
+    unknown = [d for d in params.keep if d not in fed.client_names]
+    if unknown or len(set(params.keep)) != len(params.keep):
+        raise ConfigError(
+            f"config key 'partition.keep': {unknown or params.keep} must name distinct domains "
+            f"of dataset {fed.name!r} ({', '.join(fed.client_names)})"
+        )
+    kept = [fed.client(d) for d in params.keep]
+    dealt = [c for c in fed.clients if c.name not in params.keep]
+    if not dealt:
+        raise ConfigError("config key 'partition.keep': keeps every domain; none is left to deal")
     k = params.clients
     names = numbered_clients(k)
     per_split: dict[str, list[Split]] = {}
     mix: dict[str, dict[str, int]] = {c: {} for c in names}
     for split in SPLITS:
-        parts = [d.split(split) for d in fed.clients]
+        parts = [d.split(split) for d in dealt]
         counts = domain_counts([len(p) for p in parts], k, params.lam)
         picked: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(k)]
-        for j, (domain, part) in enumerate(zip(fed.clients, parts, strict=True)):
+        for j, (domain, part) in enumerate(zip(dealt, parts, strict=True)):
             order = seeded_rng(params.seed, f"domains/{split}/{domain.name}").permutation(len(part))
             ends = np.cumsum(counts[:, j])
             for c in range(k):
@@ -104,7 +122,7 @@ def domains(fed: Federation, params: DomainsParams) -> Federation:
             if not picked[c]:
                 raise DataError(
                     f"partition 'domains': {names[c]} gets no {split} examples ({k} clients "
-                    f"from {len(fed.clients)} domains with {[len(p) for p in parts]} {split} "
+                    f"from {len(dealt)} domains with {[len(p) for p in parts]} {split} "
                     "examples); use fewer partition.clients or more data"
                 )
             xs = [parts[j].x.index_select(0, idx) for j, idx in picked[c]]
@@ -115,5 +133,15 @@ def domains(fed: Federation, params: DomainsParams) -> Federation:
         ClientData(names[c], per_split["train"][c], per_split["val"][c], per_split["test"][c])
         for c in range(k)
     ]
+    for c in kept:
+        if c.name in names:
+            raise DataError(
+                f"config key 'partition.keep': domain {c.name!r} has the name of a dealt client"
+            )
+        mix[c.name] = {c.name: len(c.train)}
+    # every client's row over all domains, in the dataset's order (0 where it holds none)
+    mix = {c: {d: mix[c].get(d, 0) for d in fed.client_names} for c in mix}
     info = {**fed.info, "source_clients": fed.client_names, "domain_mix": mix}
-    return Federation(fed.name, clients, list(fed.classes), fed.input_shape, info, fed.task)
+    return Federation(
+        fed.name, [*clients, *kept], list(fed.classes), fed.input_shape, info, fed.task
+    )

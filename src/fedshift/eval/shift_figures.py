@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from fedshift.core.files import atomic_output
 from fedshift.eval.shift import Measurement
 
-__all__ = ["axis_figure", "montage"]
+__all__ = ["axis_figure", "domain_mix_figure", "montage"]
 
 #: annotate heatmap cells up to this many sites
 ANNOTATE = 10
@@ -155,4 +155,40 @@ def axis_figure(m: Measurement, axis: str, path: Path) -> Path:
     _heatmap(right, fig, m, axis)
     fig.suptitle(f"{m.dataset}: {axis}, score {m.axes[axis].score:.3f}", fontsize=11)
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def _domain_mix_panel(ax: Axes, mix: dict[str, dict[str, int]], title: str) -> None:
+    """Stacked bars: one per client, its training examples per domain (colour)."""
+    clients = list(mix)
+    domains = list(dict.fromkeys(d for c in clients for d in mix[c]))
+    cmap = matplotlib.colormaps["tab10" if len(domains) <= 10 else "tab20"]
+    bottom = torch.zeros(len(clients))
+    for j, dom in enumerate(domains):
+        counts = torch.tensor([float(mix[c].get(dom, 0)) for c in clients])
+        ax.bar(range(len(clients)), counts.numpy(), bottom=bottom.numpy(), color=cmap(j), label=dom)
+        bottom += counts
+    step = max(1, len(clients) // 20)
+    ax.set_xticks(range(0, len(clients), step), clients[::step], rotation=90, fontsize=7)
+    ax.set_ylabel("training examples", fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+def domain_mix_figure(
+    panels: dict[str, dict[str, dict[str, int]]], path: Path, title: str = ""
+) -> Path:
+    """The client x domain shares of one or more domain partitions
+    (``partition.name=domains``): per panel (e.g. one per ``lam``), a stacked bar per client
+    of its training examples from each domain; the legend names the domains."""
+    n = len(panels)
+    fig = Figure(figsize=(min(4.2 * n + 1.3, 17), 3.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for ax, (label, mix) in zip(axes, panels.items(), strict=True):
+        _domain_mix_panel(ax, mix, label)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", fontsize=7, ncol=1)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.1 / min(4.2 * n + 1.3, 17), 0.97))
     return _save(fig, path)

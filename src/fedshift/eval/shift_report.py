@@ -211,6 +211,8 @@ def check(
         "max_per_site": max_per_site,
         "seed": cfg.seed,
     }
+    if fed.info.get("domain_mix"):  # partition.name=domains: each client's domains
+        meta["domain_mix"] = fed.info["domain_mix"]
     data = to_json(m, rec, meta)
     text = render_markdown(m, rec, meta)
     write(Path(out), m, data, text)
@@ -333,6 +335,22 @@ def render_markdown(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -
             for s in m.sites
         ],
     )
+    mix = meta.get("domain_mix")
+    if mix:
+        part = meta["partition"]
+        doms = list(dict.fromkeys(d for c in mix.values() for d in c))
+        lines += [
+            "## Domains per client",
+            "",
+            f"partition 'domains' (Bai et al., arXiv 2307.04942): {len(mix)} clients from "
+            f"{len(doms)} domains, lam = {part.get('lam')} (0: one domain per client, 1: equal "
+            "shares); training examples per domain (figure: domains.png).",
+            "",
+        ]
+        lines += _table(
+            ["client", *doms, "total"],
+            [[c, *(str(mix[c].get(d, 0)) for d in doms), str(sum(mix[c].values()))] for c in mix],
+        )
     lines += ["## Intensity and spectrum per site", ""]
     lines += _table(
         ["site", "channel mean", "channel std", "spectral centroid (cycles/px)"],
@@ -392,7 +410,10 @@ def render_markdown(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -
         "model's stages too). 0: the sites are alike; 1: they do not overlap; 0.01, 0.06 and "
         "0.14 are small, medium and large effects by Cohen's conventions. Distances are "
         "differences of site means in units of the statistic's total standard deviation. "
-        "Figures: montage.png, " + ", ".join(FIGURES[a] for a in m.axes) + ".",
+        "Figures: montage.png, "
+        + ", ".join(FIGURES[a] for a in m.axes)
+        + (", domains.png" if meta.get("domain_mix") else "")
+        + ".",
         "",
     ]
     return "\n".join(lines)
@@ -414,3 +435,9 @@ def write(out: Path, m: Measurement, data: dict[str, Any], text: str) -> None:
     shift_figures.montage(m, out / "montage.png")
     for axis in m.axes:
         shift_figures.axis_figure(m, axis, out / FIGURES[axis])
+    mix = data["config"].get("domain_mix")
+    if mix:
+        lam = data["config"]["partition"].get("lam")
+        shift_figures.domain_mix_figure(
+            {f"lam = {lam}": mix}, out / "domains.png", f"{m.dataset}: training examples per domain"
+        )
