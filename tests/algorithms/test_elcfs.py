@@ -130,6 +130,10 @@ def test_bank_holds_the_other_clients_spectra():
     assert torch.allclose(s0["bank"]["c1"], want, atol=1e-5)
     # record sizes: each client up n_k x C x H x W float32
     assert aug.setup_reply("c0", s0)["cfsi_amplitudes"]["amplitude"].shape == (4, 1, 8, 8)
+    # a client that sent no spectra (a held-out site: it never trains) is sent no bank
+    server = {"bank": {"c0": s0["own"], "c1": states["c1"]["own"]}}
+    assert aug.setup_broadcast(server, "held-out") == {}
+    assert list(aug.setup_broadcast(server, "c1")["cfsi_bank"]) == ["c0"]
     # bank_fraction: a quarter of 4 images
     _, _, states = _cfsi(bank_fraction=0.25)
     assert states["c0"]["own"].shape[0] == 1 and states["c1"]["bank"]["c0"].shape[0] == 1
@@ -319,6 +323,14 @@ def test_run_accounts_the_bank_in_the_setup_exchange(tmp_path):
     assert res["bytes_by_record"]["down"]["cfsi_bank"] == 2 * up
     assert math.isfinite(res["test_mean"])
     assert [a["name"] for a in res["config"]["augment"]] == ["cfsi"]
+    # client2 held out: the bank holds two clients' spectra, each sent to the other only
+    res = run_experiment(
+        seg_cfg("algorithm.name=elcfs", "algorithm.order=1", "federation.holdout=[client2]",
+                rounds=1),
+        run_dir=tmp_path / "held", progress=False, workers=1,
+    ).summary  # fmt: skip
+    assert res["bytes_setup_by_direction"] == {"up": 2 * up // 3, "down": 2 * up // 3}
+    assert math.isfinite(res["target_test_mean"])
 
 
 def test_elcfs_refuses_classification(make_cfg):

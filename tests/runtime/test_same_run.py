@@ -45,6 +45,7 @@ FLOWER = [
     ("algorithm.name=fedavg", "augment=[fedrdn]"),
     ("algorithm.name=fedavg", "augment=[fedrdn]", "federation.holdout=[client2]"),
     ("algorithm.name=fedavg", "augment=[cfsi]"),
+    ("algorithm.name=fedavg", "augment=[cfsi]", "federation.holdout=[client2]"),
     ("algorithm.name=distrans",),
     ("algorithm.name=fraug",),
     ("algorithm.name=pfedhn",),

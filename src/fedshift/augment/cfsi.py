@@ -10,7 +10,8 @@ unverified and the facts below come from the abstract and the released code
   amplitude spectrum A = |F(x)| (per channel 2-D FFT, :func:`fedshift.augment.ampnorm.
   amplitude_phase`) of its raw training images and uploads them (record ``cfsi_amplitudes``:
   n_k x C x H x W float32, n_k * C * H * W * 4 bytes); the server sends each client the other
-  clients' spectra (record ``cfsi_bank``: sum over the other clients of their bytes). Amplitude
+  clients' spectra (record ``cfsi_bank``: sum over the other clients of their bytes; a
+  held-out client, which never trains, receives nothing). Amplitude
   spectra, not images, leave a client (the phase, which carries the anatomy, stays local).
   ``bank_fraction`` keeps that fraction of a client's images (at least one, a seeded draw per
   client): 1 (default: every image); the released loader samples 1/8 of each client's files.
@@ -135,8 +136,12 @@ class CFSI(Augment):
         server["bank"] = {cid: r[UP]["amplitude"] for cid, r in replies if UP in r}
 
     def setup_broadcast(self, server: State, cid: str) -> Records:
-        others = {k: v for k, v in sorted(server.get("bank", {}).items()) if k != cid}
-        return {DOWN: others}
+        """The other training clients' spectra, to each training client; nothing to a client
+        that sent none (a ``federation.holdout`` site never trains, so it needs no bank)."""
+        bank = server.get("bank", {})
+        if cid not in bank:
+            return {}
+        return {DOWN: {k: v for k, v in sorted(bank.items()) if k != cid}}
 
     def receive(self, records: Payload, state: State, rnd: int) -> None:
         if DOWN in records.records:
