@@ -332,11 +332,13 @@ def test_device_audit_pixel_cross_entropy_without_cuda_atomics_equals_pytorch():
 
 # ---------------------------------------------------------------------------- on a GPU
 def _gpu_cases() -> list[tuple[str, ...]]:
+    from support.same_run import seg_overrides
+
     from fedshift.algorithms import ALGORITHMS
     from fedshift.augment import AUGMENTS
 
     return [
-        *[(f"algorithm.name={a}",) for a in ALGORITHMS.names()],
+        *[(f"algorithm.name={a}", *seg_overrides(a)) for a in ALGORITHMS.names()],
         *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names()],
         ("algorithm.name=fedavg", "augment=[{name: fedrdn, draw: released}]"),
         ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),

@@ -41,6 +41,20 @@ from fedshift.testing import (
 
 NAMES = ALGORITHMS.names()
 
+#: overrides for algorithms whose objective needs per-pixel labels (``tasks`` without
+#: classification, FedDG-ELCFS): the toy config on ``toyseg`` with a tiny U-Net
+SEGMENTATION = ("dataset.name=toyseg", "model.name=unet", "model.width=2")
+
+
+def _seg_only(name: str) -> bool:
+    return "classification" not in ALGORITHMS.get(name).tasks
+
+
+def _cfg(name: str, *over: str):
+    """The tiny config of ``name`` (on toyseg for a segmentation-only algorithm)."""
+    return tiny_cfg(name, *(SEGMENTATION if _seg_only(name) else ()), *over)
+
+
 #: options that switch an algorithm to another per-round code path (re-entrancy only)
 VARIANTS = [
     ("fedproto", "algorithm.prototypes=released"),
@@ -99,13 +113,19 @@ def test_algorithm_class_implements_the_author_protocol(name):
 
 # ----------------------------------------------------------------------------- one round
 @pytest.fixture(scope="module")
-def fed() -> Federation:
-    return tiny_federation()
+def feds() -> dict[bool, Federation]:
+    """The tiny federations: classification (False) and segmentation (True)."""
+    return {False: tiny_federation(), True: tiny_federation(tiny_cfg("fedavg", *SEGMENTATION))}
+
+
+@pytest.fixture(scope="module")
+def fed(feds) -> Federation:
+    return feds[False]
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_one_round_state_payloads_and_views(name, fed, one_thread):
-    check_one_round(tiny_cfg(name), fed)
+def test_one_round_state_payloads_and_views(name, feds, one_thread):
+    check_one_round(_cfg(name), feds[_seg_only(name)])
 
 
 # ----------------------------------------------------------------------------- re-entrancy
@@ -116,8 +136,8 @@ def _reentrancy_cases() -> list:
 
 
 @pytest.mark.parametrize(("name", "over"), _reentrancy_cases())
-def test_rounds_of_two_clients_interleave_on_one_algorithm_object(name, over, fed, one_thread):
-    check_reentrancy(tiny_cfg(name, *over), fed)
+def test_rounds_of_two_clients_interleave_on_one_algorithm_object(name, over, feds, one_thread):
+    check_reentrancy(_cfg(name, *over), feds[_seg_only(name)])
 
 
 def test_the_interleaving_check_catches_round_values_on_self(fed, one_thread, monkeypatch):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_cfg
-from support.same_run import TINY, assert_same_run
+from support.same_run import TINY, assert_same_run, seg_overrides
 
 from fedshift.algorithms import ALGORITHMS
 from fedshift.augment import AUGMENTS
@@ -32,8 +32,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 CANNOT_RUN: dict[str, str] = {}
 
 #: on Flower too: BN kept on the clients, control variates, FFA statistics, amplitudes,
-#: held-out clients, FedRDN's statistics, offsets, generators and prototypes, a
-#: hypernetwork, a server optimiser; sampled rounds
+#: held-out clients, FedRDN's statistics, CFSI's amplitude bank, offsets, generators and
+#: prototypes, a hypernetwork, a server optimiser; sampled rounds
 FLOWER = [
     ("algorithm.name=fedbn",),
     ("algorithm.name=fedbn", "federation.sample_fraction=0.67"),
@@ -44,6 +44,8 @@ FLOWER = [
     ("algorithm.name=harmofl", "federation.holdout=[client2]"),
     ("algorithm.name=fedavg", "augment=[fedrdn]"),
     ("algorithm.name=fedavg", "augment=[fedrdn]", "federation.holdout=[client2]"),
+    ("algorithm.name=fedavg", "augment=[cfsi]"),
+    ("algorithm.name=fedavg", "augment=[cfsi]", "federation.holdout=[client2]"),
     ("algorithm.name=distrans",),
     ("algorithm.name=fraug",),
     ("algorithm.name=pfedhn",),
@@ -55,7 +57,8 @@ FLOWER = [
 #: every algorithm, FedAvg with every augment; then sampled rounds, persisted optimiser
 #: state, held-out clients and stacked augments
 CASES = [
-    *[(f"algorithm.name={a}",) for a in ALGORITHMS.names() if a not in CANNOT_RUN],
+    *[(f"algorithm.name={a}", *seg_overrides(a))
+      for a in ALGORITHMS.names() if a not in CANNOT_RUN],
     *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names() if a not in CANNOT_RUN],
     ("algorithm.name=scaffold", "federation.sample_fraction=0.67",
      "train.optimizer_state=persist", "train.momentum=0.9"),

@@ -64,6 +64,18 @@ TINY = (
     "train.local_steps=2",
 )
 
+#: extra overrides for an algorithm whose objective needs per-pixel labels (``tasks`` without
+#: classification: FedDG-ELCFS): toyseg and a tiny U-Net instead of the toy classifier
+SEGMENTATION = ("dataset.name=toyseg", "model.name=unet", "model.width=2")
+
+
+def seg_overrides(algorithm: str) -> tuple[str, ...]:
+    """:data:`SEGMENTATION` for a segmentation-only algorithm, else nothing."""
+    from fedshift.algorithms import ALGORITHMS
+
+    return () if "classification" in ALGORITHMS.get(algorithm).tasks else SEGMENTATION
+
+
 WAYS = ("native", "resume", "pool", "pool-resume", "flower", "flower-resume")
 SAME = ("metrics", "results", "ledger", "state")
 #: the parts of ``checkpoint.pt`` that ``state`` compares (not its wall time, run key or

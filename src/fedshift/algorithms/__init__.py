@@ -9,6 +9,7 @@ from fedshift.algorithms.advprop import AdvProp
 from fedshift.algorithms.base import Algorithm
 from fedshift.algorithms.central import Centralised
 from fedshift.algorithms.distrans.algorithm import DisTrans
+from fedshift.algorithms.elcfs import ELCFS
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.fedavgm import FedAvgM
 from fedshift.algorithms.fedaws import FedAwS
@@ -72,6 +73,7 @@ for _cls in (
     FedHEAL,
     FPL,
     ADCOL,
+    ELCFS,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

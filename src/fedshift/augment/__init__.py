@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fedshift.augment.ampnorm import AmpNorm
 from fedshift.augment.base import Augment
+from fedshift.augment.cfsi import CFSI
 from fedshift.augment.fedmix import FedMix
 from fedshift.augment.fedrdn import FedRDN, FedRDNV, Norm
 from fedshift.augment.ffa import FFA
@@ -18,7 +19,7 @@ AUGMENTS: Registry[type[Augment]] = Registry("augment")
 # an augment class carries its registry name and Params (what a plug-in class declares)
 for _cls in (
     AmpNorm, FedMix, Norm, FedRDN, FedRDNV, FFA, FlipRotate, Rot90Flip, Mixup, ManifoldMixup,
-    MixStyle, MoEx,
+    MixStyle, MoEx, CFSI,
 ):  # fmt: skip
     AUGMENTS.add(_cls.name, _cls, _cls.Params)
 

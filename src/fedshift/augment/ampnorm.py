@@ -102,6 +102,13 @@ def amplitude_phase(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return f.abs(), f.angle()
 
 
+def from_amplitude_phase(
+    amplitude: torch.Tensor, phase: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Inverse of :func:`amplitude_phase`: Re F^-1(A exp(j P)) (Eq. 4's rebuild), as ``dtype``."""
+    return torch.fft.ifft2(torch.polar(amplitude, phase)).real.to(dtype)
+
+
 def batch_amplitude(x: torch.Tensor) -> torch.Tensor:
     """Mean amplitude spectrum of a batch (N, C, H, W) -> (C, H, W) float32."""
     return amplitude_phase(x)[0].mean(0).float()
@@ -130,7 +137,7 @@ def rebuild(x: torch.Tensor, amplitude: torch.Tensor, dc_only: bool = False) -> 
         amp[..., 0, 0] = target[..., 0, 0]
     else:
         amp = target.expand_as(amp)
-    return torch.fft.ifft2(torch.polar(amp, phase)).real.to(x.dtype)
+    return from_amplitude_phase(amp, phase, x.dtype)
 
 
 class AmpNorm(Augment):
