@@ -262,3 +262,20 @@ def test_every_file_a_claim_names_exists():
             if c.test:
                 file, _, name = c.test.partition("::")
                 assert f"def {name}(" in (ROOT / file).read_text(), f"{c.id}: {c.test}"
+
+
+def test_per_domain_metrics_group_clients_by_their_main_domain(tmp_path):
+    from fedshift.eval.claims import ResultRun, metric_value
+
+    summary = {
+        "test_per_client": {"c0": 0.9, "c1": 0.7, "c2": 0.4, "t": 0.1},
+        "domain_mix": {"c0": {"a": 10, "b": 1}, "c1": {"a": 9, "b": 2}, "c2": {"a": 0, "b": 8},
+                       "t": {"a": 0, "b": 0, "z": 5}},
+        "holdout": ["t"],
+    }  # fmt: skip
+    run = ResultRun(tmp_path, {}, summary)
+    # domain a: (0.9 + 0.7) / 2 = 0.8; domain b: 0.4; the held-out client is not scored
+    assert metric_value(run, "domain_mean") == pytest.approx((0.8 + 0.4) / 2)
+    assert metric_value(run, "domain_std") == pytest.approx(0.2)  # population std of 0.8, 0.4
+    with pytest.raises(ClaimsError, match="domain_mix"):
+        metric_value(ResultRun(tmp_path, {}, {"test_per_client": {}}), "domain_std")

@@ -148,6 +148,30 @@ def _target(run: ResultRun, arg: str, protocol: Path | None) -> float:
     return float(v)
 
 
+def _per_domain(run: ResultRun) -> list[float]:
+    """Per domain, the mean test score of the clients that hold mostly that domain (clients
+    dealt from domains: ``partition.name=domains``, the summary's ``domain_mix``; with
+    lam = 0 each client holds exactly one), held-out clients left out."""
+    mix = run.summary.get("domain_mix")
+    if not mix:
+        raise ClaimsError(f"{run.path}: no domain_mix in its summary (partition.name=domains)")
+    scores = run.summary["test_per_client"]
+    held = set(run.summary.get("holdout") or [])
+    by: dict[str, list[float]] = defaultdict(list)
+    for client, shares in mix.items():
+        if client in scores and client not in held:
+            by[max(shares, key=shares.get)].append(float(scores[client]))
+    return [statistics.fmean(v) for _, v in sorted(by.items())]
+
+
+def _domain_mean(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    return statistics.fmean(_per_domain(run))
+
+
+def _domain_std(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    return statistics.pstdev(_per_domain(run))
+
+
 def _protocol_dir(run: ResultRun, protocol: Path | None) -> Path:
     if protocol is None:
         raise ClaimsError(f"this metric needs the claim's stand_in.protocol folder ({run.path})")
@@ -187,6 +211,8 @@ METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
     "test_drops": _drops("test"),
     "cross_site": _cross_site,
     "head_finetune": _head_finetune,
+    "domain_mean": _domain_mean,
+    "domain_std": _domain_std,
 }
 
 METRIC_WORDS = {
@@ -198,6 +224,8 @@ METRIC_WORDS = {
     "test_drops": "summed round-to-round drops of the mean test curve",
     "cross_site": "local models on the other clients' test data (off-diagonal mean)",
     "head_finetune": "test score {arg} retraining the head (mean over clients)",
+    "domain_mean": "mean over domains of the per-domain test score (clients by main domain)",
+    "domain_std": "std over domains of the per-domain test score (FedHEAL's fairness)",
 }
 
 
