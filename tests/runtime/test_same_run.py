@@ -53,7 +53,8 @@ FLOWER = [
 #: every algorithm, FedAvg with every augment; then sampled rounds, persisted optimiser
 #: state, held-out clients and stacked augments
 CASES = [
-    *[(f"algorithm.name={a}",) for a in ALGORITHMS.names() if a not in CANNOT_RUN],
+    *[(f"algorithm.name={a}", *ALGORITHMS.get(a).requires) for a in ALGORITHMS.names()
+      if a not in CANNOT_RUN],
     *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names() if a not in CANNOT_RUN],
     ("algorithm.name=scaffold", "federation.sample_fraction=0.67",
      "train.optimizer_state=persist", "train.momentum=0.9"),
@@ -62,6 +63,8 @@ CASES = [
     ("algorithm.name=pfedhn", "federation.sample_fraction=0.67"),
     ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),
     ("algorithm.name=fedprox", "augment=[fedrdn,fedmix]"),
+    # FedWon's model option (no normalisation, WSConv) and AGC under another algorithm
+    ("algorithm.name=scaffold", "model.norm=none", "model.conv=ws", "train.agc=0.05"),
 ]  # fmt: skip
 CASES += [c for c in FLOWER if c not in CASES]
 

@@ -20,6 +20,7 @@ from fedshift.algorithms.fedprox import FedProx
 from fedshift.algorithms.fedrdn import FedRDNAlgorithm
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
+from fedshift.algorithms.fedwon import FedWon
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
 from fedshift.algorithms.local import LocalOnly
@@ -60,6 +61,7 @@ for _cls in (
     FedAvgFT,
     PFedHN,
     PFedMe,
+    FedWon,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 
