@@ -204,12 +204,10 @@ def is_norm_free(model: nn.Module) -> str | None:
     norms = norm_layer_names(model)
     if norms:
         return f"it has {len(norms)} normalisation layer(s) ({', '.join(norms[:3])}...)"
-    plain = [
-        n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and not isinstance(m, WSConv2d)
-    ]
+    convs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    plain = [n for n, m in convs if not isinstance(m, WSConv2d)]
     if plain:
         return f"its convolution(s) {', '.join(plain[:3])} are not weight-standardised"
-    if not any(isinstance(m, WSConv2d) for m in model.modules()):
+    if not convs:
         return "it has no convolution to weight-standardise"
     return None
-
