@@ -72,7 +72,7 @@ def test_wsconv_forward_equals_conv_with_the_standardised_weight():
     w_hat = conv.gain.detach().view(-1, 1, 1, 1) * RELU_GAMMA * (w - mean) / (std * math.sqrt(18))
     want = F.conv2d(x, w_hat, conv.bias.detach(), padding=1)
     torch.testing.assert_close(conv(x), want, rtol=1e-5, atol=1e-5)
-    assert RELU_GAMMA == pytest.approx(math.sqrt(2 / (1 - 1 / math.pi)))  # NF-ResNets' ReLU gain
+    assert pytest.approx(math.sqrt(2 / (1 - 1 / math.pi))) == RELU_GAMMA  # NF-ResNets' ReLU gain
 
 
 def test_wsconv_gradient_reaches_weight_bias_and_gain():
