@@ -238,7 +238,7 @@ def test_fedwon_runs_a_round_as_fedavg_on_the_same_model(one_thread):
     """FedWon is FedAvg on its model: one round of each from the same seed is the same."""
     outs = []
     for name in ("fedwon", "fedavg"):
-        cfg = tiny_cfg(name, *FEDWON, "train.agc=0.16")
+        cfg = tiny_cfg(name, *FEDWON, "train.agc=1.28")
         run = start(cfg, tiny_federation(cfg))
         full_round(run, 1)
         outs.append(run.exp.algo.global_weights(run.server))
