@@ -25,7 +25,7 @@ from fedshift.models.normfree import (
     standardize_weight,
 )
 from fedshift.runtime.experiment import build_experiment
-from fedshift.testing import full_round, start, tiny_cfg, tiny_federation
+from fedshift.testing import check_one_round, full_round, start, tiny_cfg, tiny_federation
 
 FEDWON = ("model.norm=none", "model.conv=ws")
 
@@ -244,3 +244,10 @@ def test_fedwon_runs_a_round_as_fedavg_on_the_same_model(one_thread):
         outs.append(run.exp.algo.global_weights(run.server))
     assert outs[0].keys() == outs[1].keys()
     assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+
+
+def test_fedfa_feature_statistics_need_no_bn_and_run_on_the_normalisation_free_model(one_thread):
+    """FedFA's FFA layers use feature-map statistics, not BN tensors: a round on FedWon's
+    model is a valid round (state, payloads, weights with the model's keys)."""
+    cfg = tiny_cfg("fedfa", *FEDWON)
+    check_one_round(cfg, tiny_federation(cfg))
