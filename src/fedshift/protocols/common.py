@@ -153,12 +153,13 @@ def _committed_from(path: Path) -> str | None:
 
 def setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     """The config's own sweep keys that the (algorithm, flow) label does not already say and
-    that seeds do not average over: they become a ``setting`` column."""
+    that seeds do not average over: they become a ``setting`` column. A ``cell`` list is not
+    one key: the keys its mappings set differ between runs, so the flow label says them."""
     skip = set(exclude)
     return [
         k
         for k in (raw.get("sweep") or {})
-        if k != "seed"
+        if k not in ("seed", "cell")
         and k not in skip
         and not k.startswith("algorithm")
         and not k.startswith("augment")
