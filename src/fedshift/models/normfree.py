@@ -11,7 +11,8 @@ output channel i of a kernel W with fan-in N (input channels x kernel height x w
 
 with mu_i, sigma_i^2 the mean and (population) variance of W_i's N entries, g_i a learnable
 gain (initialised to 1, NF-Nets' affine gain) and gamma a fixed, nonlinearity-dependent gain:
-for ReLU gamma = sqrt(2 / (1 - 1/pi)) ~ 1.7139 (NF-ResNets Sec. 4), so that a standardised
+for ReLU gamma = sqrt(2 / (1 - 1/pi)) ~ 1.7129 (NF-ResNets Sec. 4; the NF-Nets released code
+uses the constant 1.7140: ``model.ws_gamma`` takes either), so that a standardised
 layer followed by a ReLU keeps unit variance. The standardisation is computed in every
 forward pass from the raw weight, so the raw weight, the bias and the gain are what the
 optimiser steps and the server averages; nothing depends on the batch, and the model has no
