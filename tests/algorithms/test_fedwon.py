@@ -251,3 +251,13 @@ def test_fedfa_feature_statistics_need_no_bn_and_run_on_the_normalisation_free_m
     model is a valid round (state, payloads, weights with the model's keys)."""
     cfg = tiny_cfg("fedfa", *FEDWON)
     check_one_round(cfg, tiny_federation(cfg))
+
+
+def test_batch_size_one_takes_one_step_per_example(one_thread):
+    """FedWon's small-batch setting: with train.batch_size=1 every example is a batch (a
+    trailing one-example batch is skipped only for larger batch sizes, where BatchNorm needs
+    two): one local epoch is len(train) steps, and the round ends."""
+    cfg = tiny_cfg("fedwon", "train.batch_size=1", "train.local_steps=null")
+    run = start(cfg, tiny_federation(cfg))
+    for cid, up in full_round(run, 1):
+        assert up.metrics["steps"] == len(run.exp.train_clients[cid].train), cid
