@@ -98,6 +98,8 @@ def after(command: str) -> NotRun:
     return NotRun(f"reads the runs of `{command}`")
 
 
+
+
 # fmt: off
 MARKS: dict[str, Mark] = {
     # ------------------------------------------------------------------------- README.md
@@ -127,16 +129,6 @@ MARKS: dict[str, Mark] = {
     ),
     "fedshift data show digits --out montage.png": Run(DIGITS),
     "fedshift data check digits": Run(DIGITS),
-    "fedshift run dataset.name=digits partition.name=domains partition.clients=10 partition.lam=0.1 train.rounds=2": Run(
-        (*DIGITS, "partition.clients=4", "train.rounds=1"), why="two domains: 4 clients"
-    ),
-    "fedshift data check digits partition.name=domains partition.clients=10 partition.lam=0.1": Run(
-        (*DIGITS, "partition.clients=4"), why="two domains: 4 clients"
-    ),
-    "python benchmarks/domain_partition.py": ByTest(
-        "tests/data/test_domain_partition.py::test_the_partition_figure_script",
-        "on toyshift, 4 clients, lambda 0 and 1 (the digits default needs the full digits build)",
-    ),
     "fedshift data check brain-mri": Run(
         ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
     ),
