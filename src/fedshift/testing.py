@@ -109,8 +109,11 @@ def _name(component: str | type) -> str:
 
 # ----------------------------------------------------------------------------- building
 def tiny_cfg(algorithm: str | type = "fedavg", *overrides: str) -> RunConfig:
-    """The resolved :data:`TINY` config with ``algorithm`` and ``overrides``."""
-    return resolve(load_config(None, [*TINY, f"algorithm.name={_name(algorithm)}", *overrides]))
+    """The resolved :data:`TINY` config with ``algorithm``, the overrides the algorithm
+    ``requires`` (FedWon's model) and ``overrides``."""
+    name = _name(algorithm)
+    needs = getattr(ALGORITHMS.get(name), "requires", ())
+    return resolve(load_config(None, [*TINY, f"algorithm.name={name}", *needs, *overrides]))
 
 
 def tiny_federation(cfg: RunConfig | None = None) -> Federation:

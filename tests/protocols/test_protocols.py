@@ -286,6 +286,15 @@ def test_loco_table_by_hand_with_a_setting_column():
         loco_table([{**cells[0], "holdout": []}], ["a", "b"])
 
 
+def test_a_cell_list_is_not_a_setting_column():
+    """A sweep's ``cell`` list sets different keys per run (the flow label says them): it is
+    no ``setting`` key, whose value would be the list's placeholder."""
+    from fedshift.protocols.common import setting_keys
+
+    raw = {"sweep": {"cell": [{"algorithm.name": "fedavg"}], "train.lr": [0.1], "seed": [0]}}
+    assert setting_keys(raw) == ["train.lr"]
+
+
 def test_loco_table_paired_t_test_against_fedavg():
     """Each row's per-seed average over targets is tested against FedAvg's, paired by seed."""
     from scipy.stats import ttest_rel

@@ -57,7 +57,7 @@ FLOWER = [
 #: every algorithm, FedAvg with every augment; then sampled rounds, persisted optimiser
 #: state, held-out clients and stacked augments
 CASES = [
-    *[(f"algorithm.name={a}", *seg_overrides(a))
+    *[(f"algorithm.name={a}", *seg_overrides(a), *ALGORITHMS.get(a).requires)
       for a in ALGORITHMS.names() if a not in CANNOT_RUN],
     *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names() if a not in CANNOT_RUN],
     ("algorithm.name=scaffold", "federation.sample_fraction=0.67",
@@ -67,6 +67,8 @@ CASES = [
     ("algorithm.name=pfedhn", "federation.sample_fraction=0.67"),
     ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),
     ("algorithm.name=fedprox", "augment=[fedrdn,fedmix]"),
+    # FedWon's model option (no normalisation, WSConv) and AGC under another algorithm
+    ("algorithm.name=scaffold", "model.norm=none", "model.conv=ws", "train.agc=0.05"),
 ]  # fmt: skip
 CASES += [c for c in FLOWER if c not in CASES]
 

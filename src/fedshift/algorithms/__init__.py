@@ -26,6 +26,7 @@ from fedshift.algorithms.fedrdn import FedRDNAlgorithm
 from fedshift.algorithms.fedrobust import FedRobust
 from fedshift.algorithms.fedsam import FedSAM
 from fedshift.algorithms.fedsr import FedSR
+from fedshift.algorithms.fedwon import FedWon
 from fedshift.algorithms.fpl import FPL
 from fedshift.algorithms.fraug.algorithm import FRAug
 from fedshift.algorithms.harmofl import HarmoFL
@@ -74,6 +75,7 @@ for _cls in (
     FPL,
     ADCOL,
     ELCFS,
+    FedWon,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

@@ -110,6 +110,9 @@ class Algorithm:
     #: schedule over the run, FRAug): such a run cannot be extended to more rounds and equal
     #: a longer run from the start, so ``--resume ... train.rounds=N`` refuses it
     depends_on_rounds: ClassVar[bool] = False
+    #: config overrides (``key=value``) without which the algorithm refuses to run, e.g.
+    #: FedWon's normalisation-free model; :func:`fedshift.testing.tiny_cfg` adds them
+    requires: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -129,6 +132,12 @@ class Algorithm:
         self.num_clients = num_clients
         state = model.state_dict()
         require_bn_tensors(self.name, getattr(params, "bn_policy", "global"), model)
+        if train.agc is not None and type(self).local_train is not Algorithm.local_train:
+            raise ConfigError(
+                f"config key 'train.agc': algorithm {self.name!r} trains with its own local "
+                "step, which has no adaptive gradient clipping (only the default step does, "
+                "fedshift.algorithms.agc); remove train.agc or choose another algorithm"
+            )
         self.local_keys: list[str] = self.compute_local_keys(model)
         local = set(self.local_keys)
         self.shared_keys: list[str] = [k for k in state if k not in local]

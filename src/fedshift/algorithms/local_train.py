@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedshift.algorithms.agc import adaptive_clip_, agc_parameters
 from fedshift.algorithms.bn import FrozenBNStats
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
@@ -76,11 +77,14 @@ def _scalar(value: Any) -> bool:
 def sgd_steps(algo: Algorithm, ctx: ClientContext, state: State) -> tuple[int, float]:
     """The default local training: per mini-batch one step of the model optimiser
     (``algo.make_optimizer``) on ``algo.loss`` (+ the SAM pass when ``algo.sam_rho`` is set,
-    then ``algo.before_step``). Returns (steps taken, mean loss)."""
+    then ``algo.before_step``, then adaptive gradient clipping when ``train.agc`` is set).
+    Returns (steps taken, mean loss)."""
     model = ctx.model
     model.train()
     opt = algo.make_optimizer(ctx, state)
     expect(opt, torch.optim.Optimizer, algo, "make_optimizer", "a torch.optim.Optimizer")
+    clip = algo.train.agc  # adaptive gradient clipping (train.agc), before the optimiser step
+    clip_params = agc_parameters(model, algo.train.agc_head) if clip is not None else []
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -89,6 +93,8 @@ def sgd_steps(algo: Algorithm, ctx: ClientContext, state: State) -> tuple[int, f
         if algo.sam_rho:
             algo.sam_second_pass(ctx, x, y, algo.sam_rho)
         algo.before_step(ctx)
+        if clip is not None:
+            adaptive_clip_(clip_params, clip, algo.train.agc_eps)
         opt.step()
         return loss
 

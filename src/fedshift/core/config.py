@@ -78,6 +78,14 @@ class TrainConfig:
     # the local loss: "auto" = cross-entropy for classification, (CE + soft Dice) / 2 for
     # segmentation (HarmoFL/FedFA); "ce", "dice" or "ce+dice" set it explicitly
     loss: Literal["auto", "ce", "dice", "ce+dice"] = "auto"
+    # adaptive gradient clipping threshold lambda (NFNets Eq. 3; FedWon's training), applied
+    # before each optimiser step of the default local step; None: off
+    # (fedshift.algorithms.agc)
+    agc: float | None = bounded(None, gt=0)
+    # AGC's floor eps of a unit's weight norm (NFNets: 1e-3)
+    agc_eps: float = bounded(1e-3, gt=0)
+    # AGC clips the model's final linear layer (``classifier``) too; NFNets does not
+    agc_head: bool = False
 
 
 @dataclass

@@ -131,8 +131,10 @@ class ClientContext:
         """The round's training batches, through the input pipeline and on the device.
 
         Each epoch is a fresh permutation drawn from the client's generator. A trailing batch
-        of a single example is skipped (BatchNorm cannot train on it); ``steps_per_epoch``
-        counts the same way.
+        of a single example is skipped when the batch size is above 1 (BatchNorm cannot train
+        on it); ``steps_per_epoch`` counts the same way. With ``train.batch_size=1`` every
+        batch is one example (FedWon's normalisation-free models train so; a model with
+        BatchNorm1d raises PyTorch's error).
         """
         split: Split = self.data.train
         n, bs = len(split), self.train.batch_size
@@ -143,7 +145,7 @@ class ClientContext:
             perm = torch.randperm(n, generator=self.generator).to(split.x.device)
             for start in range(0, n, bs):
                 idx = perm[start : start + bs]
-                if idx.numel() < 2 and n > 1:
+                if idx.numel() < 2 and n > 1 and bs > 1:
                     continue
                 x = split.x[idx].to(self.device, non_blocking=True)
                 y = split.y[idx].to(self.device, non_blocking=True)

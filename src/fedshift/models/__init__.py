@@ -14,23 +14,24 @@ from fedshift.models.alexnet import AlexNetBN, AlexNetParams
 from fedshift.models.base import FedModel
 from fedshift.models.densenet import DenseNet, DenseNetParams
 from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
+from fedshift.models.normfree import NORM_FREE_KEYS, NormFreeParams, make_norm_free
 from fedshift.models.resnet import ResNet18, ResNetParams
 from fedshift.models.unet import UNet, UNetParams
 from fedshift.models.weights import WEIGHT_KEYS, load_weights
 
 
 @dataclass
-class CNNParams:
+class CNNParams(NormFreeParams):
     width: int = bounded(32, ge=1)
 
 
 @dataclass
-class DigitModelParams:
+class DigitModelParams(NormFreeParams):
     pass
 
 
 @dataclass
-class LeNet5Params:
+class LeNet5Params(NormFreeParams):
     bn: bool = True
 
 
@@ -88,6 +89,9 @@ def build_model(
             f"{'x'.join(map(str, input_shape))}; choose a model for this dataset"
         )
     params = dataclasses.asdict(component.params) if component.params is not None else {}
+    # FedWon's model option (model.norm / model.conv / model.ws_gamma): applied to the built
+    # model, not passed to its constructor (fedshift.models.normfree)
+    norm_free = {k: params.pop(k) for k in NORM_FREE_KEYS if k in params}
     kwargs = {"num_classes": num_classes, "in_channels": input_shape[0], **params}
     size = _model_bytes(cls, kwargs)
     if size is not None:  # weights, gradients, optimizer state and the server's copy
@@ -98,6 +102,8 @@ def build_model(
             "lower its size keys (model.width...) or choose a smaller model (fedshift list)",
         )
     model = cls(**kwargs)
+    if norm_free:
+        make_norm_free(model, **norm_free)
     weights = component.extras
     if weights.get("weights"):
         # pretrained weights replace the seeded initial ones before anything wraps the model

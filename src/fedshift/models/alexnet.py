@@ -57,6 +57,7 @@ from torch import nn
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
+from fedshift.models.normfree import NormFreeParams
 
 #: smallest H and W for which pool5 still has an output (conv1 15, pool1 7, pool2 3, pool5 1)
 MIN_SIZE = 63
@@ -65,7 +66,7 @@ POOL_SIZE = 6
 
 
 @dataclass
-class AlexNetParams:
+class AlexNetParams(NormFreeParams):
     """Parameters of the ``alexnet`` model (config keys ``model.*``)."""
 
     #: width of the two hidden fully connected layers (FedBN: 4096; FedFA: 1024)

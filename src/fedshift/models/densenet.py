@@ -58,6 +58,7 @@ from torch import nn
 from fedshift.core.bounds import bounded, bounds
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
+from fedshift.models.normfree import NormFreeParams
 from fedshift.models.unet import batch_norm, check_bn
 
 BNKind = Literal["standard", "harmofl"]
@@ -66,7 +67,7 @@ MIN_SIZE = 32
 
 
 @dataclass
-class DenseNetParams:
+class DenseNetParams(NormFreeParams):
     """Parameters of the ``densenet121`` model (config keys ``model.*``)."""
 
     #: growth rate k (feature maps added by each dense layer)

@@ -46,13 +46,14 @@ from torch import Tensor, nn
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
+from fedshift.models.normfree import NormFreeParams
 
 #: basic blocks per group (ResNet-18, Table 1)
 LAYERS = (2, 2, 2, 2)
 
 
 @dataclass
-class ResNetParams:
+class ResNetParams(NormFreeParams):
     """Parameters of the ``resnet18`` model (config keys ``model.*``)."""
 
     #: CIFAR-style stem for small images: 3x3 stride-1 conv, no max-pool

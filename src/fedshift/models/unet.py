@@ -52,6 +52,7 @@ from torch import nn
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.models.base import FedModel
+from fedshift.models.normfree import NormFreeParams
 
 BNKind = Literal["standard", "harmofl"]
 #: encoder stages, shallow to deep; each is followed by a 2x2 max-pool
@@ -61,7 +62,7 @@ DIVISOR = 2 ** len(ENCODER)
 
 
 @dataclass
-class UNetParams:
+class UNetParams(NormFreeParams):
     """Parameters of the ``unet`` model (config keys ``model.*``)."""
 
     #: base number of features w (encoder widths w, 2w, 4w, 8w; bottleneck 16w)

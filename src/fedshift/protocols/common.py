@@ -153,7 +153,8 @@ def _committed_from(path: Path) -> str | None:
 
 def setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     """The config's own sweep keys that the (algorithm, flow) label does not already say and
-    that seeds do not average over: they become a ``setting`` column."""
+    that seeds do not average over: they become a ``setting`` column. A ``cell`` list counts
+    as the dotted keys its mappings set (never the word "cell")."""
     skip = set(exclude)
     keys: list[str] = []
     for k, v in (raw.get("sweep") or {}).items():

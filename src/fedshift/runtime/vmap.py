@@ -85,6 +85,10 @@ def check_vmap(exp: Experiment, workers: int = 1) -> None:
     if algo.sam_rho:
         raise ConfigError(f"config key 'run.executor': vmap has no SAM step ({name!r}); {fix}")
     t: TrainConfig = algo.train
+    if t.agc is not None:
+        raise ConfigError(
+            f"config key 'run.executor': vmap has no adaptive gradient clipping (train.agc); {fix}"
+        )
     if t.optimizer != "sgd" or t.optimizer_state != "reset":
         raise ConfigError(
             "config key 'run.executor': vmap steps plain SGD with a fresh optimiser every round "
