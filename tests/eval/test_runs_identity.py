@@ -300,3 +300,23 @@ def test_flower_app_pins_its_local_federation_to_the_configs_clients(tmp_path, m
     assert conn.options is not None and conn.options.num_supernodes == 3
     assert main(["flower", "app", str(tmp_path / "b"), *TOY, "--nodes", "2"]) == 2
     assert "--nodes 2: the config's federation has 3 clients" in capsys.readouterr().err
+
+
+def test_keys_added_later_leave_the_digest_of_configs_that_do_not_use_them():
+    from fedshift.core.identity import LATER_DEFAULTS, number_config
+
+    cfg = toy_cfg().to_dict()
+    stripped = number_config(cfg)
+    assert "agc" not in stripped["train"] and "norm" not in stripped["model"]
+    assert "ws_gamma" not in stripped["model"]  # only acts with conv=ws
+    # a config written before the keys existed has the same number config
+    old = {**cfg, "train": {k: v for k, v in cfg["train"].items() if not k.startswith("agc")},
+           "model": {k: v for k, v in cfg["model"].items()
+                     if k not in ("norm", "conv", "ws_gamma")}}  # fmt: skip
+    assert number_config(old) == stripped
+    # a config that uses them keeps them, ws_gamma with conv=ws
+    won = toy_cfg("model.norm=none", "model.conv=ws", "train.agc=0.5").to_dict()
+    kept = number_config(won)
+    assert kept["train"]["agc"] == 0.5 and kept["model"]["conv"] == "ws"
+    assert "ws_gamma" in kept["model"] and kept["model"]["norm"] == "none"
+    assert set(LATER_DEFAULTS) >= {"train.agc", "model.norm", "model.conv"}

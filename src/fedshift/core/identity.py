@@ -23,6 +23,41 @@ NO_NUMBER_KEYS = ("name", "out", "sweep", "run", "track")
 EXECUTION_KEYS = ("threads", "executor", "deterministic", "tf32")
 
 
+#: keys added after results were committed whose default switches their feature off: at
+#: that default they are left out of :func:`number_config`, so a config that does not use
+#: the feature keeps the digest (and the committed cells, run directories) it had before
+#: the key existed. A key joins here when it is added, with the value that means "off".
+LATER_DEFAULTS: dict[str, Any] = {
+    "train.agc": None,  # adaptive gradient clipping off (FedWon, issue 31)
+    "train.agc_eps": 1e-3,
+    "train.agc_head": False,
+    "model.norm": "keep",  # the model's own normalisation layers (FedWon's option)
+    "model.conv": "plain",
+}
+#: keys that only act with another key's non-default value: dropped when that one is at its
+#: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)
+_ONLY_WITH = {"model.ws_gamma": "model.conv"}
+
+
+def _drop_later_defaults(out: dict) -> None:
+    def node(dotted: str) -> tuple[dict | None, str]:
+        *parents, leaf = dotted.split(".")
+        cur: Any = out
+        for part in parents:
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        return (cur if isinstance(cur, dict) else None), leaf
+
+    def at_default(dotted: str) -> bool:
+        parent, leaf = node(dotted)
+        return parent is None or leaf not in parent or parent[leaf] == LATER_DEFAULTS[dotted]
+
+    inactive = [k for k, gate in _ONLY_WITH.items() if at_default(gate)]
+    for dotted in [*inactive, *(k for k in LATER_DEFAULTS if at_default(k))]:
+        parent, leaf = node(dotted)
+        if parent is not None:
+            parent.pop(leaf, None)
+
+
 def number_config(d: dict, threads: int | None = None) -> dict:
     """The part of a resolved config (:meth:`RunConfig.to_dict`, or a run's ``config.yaml``
     read as data) that decides a run's numbers: everything but :data:`NO_NUMBER_KEYS` and
@@ -33,6 +68,7 @@ def number_config(d: dict, threads: int | None = None) -> dict:
     (:mod:`fedshift.eval.tables`)."""
     execution = d.get("run") or {}
     out = copy.deepcopy({k: v for k, v in d.items() if k not in NO_NUMBER_KEYS})
+    _drop_later_defaults(out)
     threads = int(execution.get("threads", 1)) if threads is None else threads
     # when a run saves its state does not change its results (the empty section keeps the
     # digests of suites cached before checkpoint.minutes existed)
