@@ -86,7 +86,9 @@ def test_adabn_running_statistics_are_the_sites_and_weights_stay():
 
 
 def test_k_shot_selection_k_per_class_seeded_nested():
-    y = torch.tensor([0] * 7 + [1] * 12 + [2] * 3)[torch.randperm(22, generator=torch.Generator().manual_seed(1))]
+    y = torch.tensor([0] * 7 + [1] * 12 + [2] * 3)[
+        torch.randperm(22, generator=torch.Generator().manual_seed(1))
+    ]
     for k in (1, 5, 10):
         idx = select_shots(y, k, seed=0, site="mnistm", task="classification")
         counts = torch.bincount(y[idx], minlength=3).tolist()
@@ -155,8 +157,13 @@ def test_new_site_every_method_every_variant_and_global_is_locos(tmp_path):
     # loco on the same runs folder trains nothing again (fedavg's cells are shared)
     lo = loco(
         SuiteOptions(
-            write_config(tmp_path / "l.yaml", ["fedavg"]), (), 1, 1, tmp_path / "lo",
-            str(tmp_path / "r"), progress=False,
+            write_config(tmp_path / "l.yaml", ["fedavg"]),
+            (),
+            1,
+            1,
+            tmp_path / "lo",
+            str(tmp_path / "r"),
+            progress=False,
         )  # fmt: skip
     )
     manifest = json.loads((tmp_path / "r/ns/bench.json").read_text())
@@ -222,13 +229,16 @@ def test_tables_by_hand_paired_t_test_against_fedavg():
 
 def _held_out_run(tmp_path: Path, name: str, *over: str, seg: bool = False) -> Path:
     from conftest import SEG
+
     from fedshift.catalog import resolve
     from fedshift.core.config import load_config
     from fedshift.runtime.simulation import run_experiment
 
     base = SEG if seg else ["dataset.name=toyshift", "dataset.train_size=24",
                             "model.name=lenet5", "train.batch_size=8", "name=test"]  # fmt: skip
-    cfg = resolve(load_config(None, [*base, "train.rounds=2", "federation.holdout=[client1]", *over]))
+    cfg = resolve(
+        load_config(None, [*base, "train.rounds=2", "federation.holdout=[client1]", *over])
+    )
     return run_experiment(cfg, run_dir=tmp_path / name, progress=False).run_dir
 
 

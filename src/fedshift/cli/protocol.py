@@ -84,7 +84,8 @@ def _cmd_new_site(args: argparse.Namespace) -> int:
     from fedshift.protocols import new_site
 
     console()  # its progress lines between the suite's cells and the tables
-    return _print(new_site(_suite_options(args), args.shots, args.epochs, args.weights))
+    sites = tuple(x.strip() for x in args.sites.split(",")) if args.sites else None
+    return _print(new_site(_suite_options(args), args.shots, args.epochs, args.weights, sites))
 
 
 def _cmd_head_finetune(args: argparse.Namespace) -> int:
@@ -201,6 +202,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_shots,
         default=NEW_SITE_SHOTS,
         help="labelled images per class for finetune-k (default: 1,5,10)",
+    )
+    ns.add_argument(
+        "--sites", help="comma-separated clients to hold out (default: each client in turn)"
     )
     ns.add_argument(
         "--epochs", type=int, default=50, help="head epochs over the k-shot images (default 50)"

@@ -66,9 +66,14 @@ class HeldOutCells:
 
 
 def held_out_cells(
-    options: SuiteOptions, name: str, reuse: bool = True, new_site: bool = False
+    options: SuiteOptions,
+    name: str,
+    reuse: bool = True,
+    new_site: bool = False,
+    sites: list[str] | None = None,
 ) -> HeldOutCells:
-    """The config's grid times ``federation.holdout`` = each client, written to
+    """The config's grid times ``federation.holdout`` = each client (or each of ``sites``,
+    checked to be clients of the dataset, in the dataset's order), written to
     ``<out>/<name>-suite.yaml`` and run through bench (cells cached by config digest, so
     ``loco`` and ``new-site`` with the same ``--runs`` train each cell once). ``reuse``: take
     cells committed in ``results/`` (False when the cells' models are loaded); ``new_site``:
@@ -90,6 +95,14 @@ def held_out_cells(
         )
     cfgs = expand_configs(raw, source)
     clients = _loco_clients(cfgs, source, name, new_site)
+    if sites is not None:
+        unknown = [c for c in sites if c not in clients]
+        if unknown or not sites:
+            raise ConfigError(
+                f"{source}: --sites {','.join(sites)}: {unknown or 'none given'}; "
+                f"the dataset's clients are {', '.join(clients)}"
+            )
+        clients = [c for c in clients if c in sites]
     grid_raw = copy.deepcopy(raw)
     grid_raw.setdefault("sweep", {})["federation.holdout"] = [[c] for c in clients]
     outp = options.output_dir(name)

@@ -104,9 +104,11 @@ def new_site(
     shots: tuple[int, ...] = SHOTS,
     epochs: int = 50,
     weights: str = "selected",
+    sites: tuple[str, ...] | None = None,
 ) -> ProtocolResult:
     """Run the config's leave-one-client-out cells (as ``loco``; cached) and score each
-    held-out site with every variant (module docstring). ``shots``: the k of ``finetune-k``;
+    held-out site with every variant (module docstring). ``sites``: the clients to hold out
+    (default: each in turn, as loco); ``shots``: the k of ``finetune-k``;
     ``epochs``: head-training epochs over the k-shot embeddings; ``weights``: each run's state
     at the selected round (default, ``loco``'s) or the last."""
     if epochs < 1:
@@ -114,7 +116,13 @@ def new_site(
     if not shots or any(k < 1 for k in shots) or len(set(shots)) != len(shots):
         raise ConfigError(f"--shots must be distinct integers >= 1, got {list(shots)}")
     say = _say if options.progress else lambda msg: None
-    cells = held_out_cells(options, "new-site", reuse=False, new_site=True)
+    cells = held_out_cells(
+        options,
+        "new-site",
+        reuse=False,
+        new_site=True,
+        sites=None if sites is None else list(sites),
+    )
     per_run: dict[str, dict] = {}
     started = time.monotonic()
     n = len(cells.summaries)
@@ -444,9 +452,7 @@ def new_site_tables(
         "shots": list(shots),
         "epochs": epochs,
         "reference": _name(ref) if ref else None,
-        "methods": [
-            {"algorithm": k[0], "flow": k[1], "setting": k[2], **methods[k]} for k in keys
-        ],
+        "methods": [{"algorithm": k[0], "flow": k[1], "setting": k[2], **methods[k]} for k in keys],
         "runs": per_run,
         "not_applicable": {v: sorted(w) for v, w in why.items() if w},
     }
@@ -470,9 +476,7 @@ def _method_numbers(
     for v in names:
         sites = {}
         for c in clients:
-            per_seed = {
-                seed: r["scores"].get(v) for seed, r in sorted(by_site.get(c, {}).items())
-            }
+            per_seed = {seed: r["scores"].get(v) for seed, r in sorted(by_site.get(c, {}).items())}
             vals = [x for x in per_seed.values() if x is not None]
             sites[c] = {
                 "per_seed": per_seed,
