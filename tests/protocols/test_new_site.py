@@ -184,6 +184,8 @@ def test_loco_refuses_fedbn_and_points_to_new_site(tmp_path):
         loco(opts)
     with pytest.raises(ConfigError, match="--shots"):
         new_site(opts, shots=(0,))
+    with pytest.raises(ConfigError, match=r"--sites nobody: \['nobody'\]"):
+        new_site(opts, sites=("nobody",))
 
 
 def _run(algo: str, site: str, seed: int, scores: dict) -> tuple[dict, dict]:
