@@ -34,10 +34,10 @@ cell once), the held-out site's test score with each adaptation variant
 * ``finetune-k`` (k = 1, 5, 10): the ``global`` model's prediction head
   (``model.classifier``) trained on the embeddings of k labelled images per class of the
   site's training split (segmentation: k labelled images), the extractor frozen
-  (:func:`fedshift.protocols.head_finetune.finetune_head`, the run's optimiser settings,
-  ``--epochs`` epochs). The images are drawn by :func:`select_shots`: seeded by the run's
-  seed and the site only, so every method of a seed gets the same images, and the k = 1
-  images are among the k = 5 ones (one permutation per class, its first k).
+  (:func:`fedshift.protocols.head_finetune.finetune_head`, the run's optimiser settings and
+  training loss, ``--epochs`` epochs). The images are drawn by :func:`select_shots`: seeded
+  by the run's seed and the site only, so every method of a seed gets the same images, and
+  the k = 1 images are among the k = 5 ones (one permutation per class, its first k).
 * ``select``: model selection among the sources' models with the site's unlabelled training
   images, after FedSM (Xu et al., "Closing the Generalization Gap of Cross-silo Federated
   Medical Image Segmentation", CVPR 2022), which trains a selector that routes each test
@@ -324,7 +324,8 @@ def adapt_run(
         shot_counts[k] = len(idx)
         model.load_state_dict(base)
         with torch.enable_grad():
-            finetune_head(sim, site, client.train.x[idx], client.train.y[idx], epochs, cfg.seed)
+            x, y = client.train.x[idx], client.train.y[idx]
+            finetune_head(sim, site, x, y, epochs, cfg.seed, task.loss)
         scores[name] = task.evaluate(model, client.test, prep(state), bs, dev)[metric]
     # select
     candidates = _source_models(sim)
@@ -380,6 +381,7 @@ def new_site_tables(
         groups[row_key(s)][r["site"]][r["seed"]] = r
     first = summaries[0]
     label = first.get("metric_label", "accuracy")
+    per_class = "" if first.get("task") == "segmentation" else " per class"
     keys = sorted(groups, key=row_order)
     methods = {k: _method_numbers(groups[k], clients, names) for k in keys}
     ref = next((k for k in keys if k[:2] == ("fedavg", "base")), None)
@@ -434,8 +436,9 @@ def new_site_tables(
         "tensors (BN, offset). adabn: BN running statistics re-estimated on the site's "
         "unlabelled training images (AdaBN). test-time norm: the method's own test-time "
         "input normalisation (FedRDN Eq. 8 own statistics, HarmoFL's global amplitude). "
-        f"finetune-k: the head trained {epochs} epochs on k labelled training images per "
-        "class (same images for every method of a seed). select: the source model with the "
+        f"finetune-k: the head trained {epochs} epochs with the run's training loss on k "
+        f"labelled training images{per_class} (same images for every method of a seed). "
+        "select: the source model with the "
         "lowest mean prediction entropy on the site's unlabelled training images (after "
         "FedSM, CVPR 2022)." + (f" {DASH} = not applicable: {dash_notes}." if dash_notes else "")
     )
