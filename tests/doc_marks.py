@@ -177,6 +177,12 @@ MARKS: dict[str, Mark] = {
     ),
     "fedshift protocol loco -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedrdn]'":
         Run(CHEAP_GRID),
+    "fedshift protocol new-site -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedbn]' --epochs 5":
+        Run(CHEAP_GRID),
+    "fedshift protocol new-site -c configs/suites/new_site_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
+        Long("about 40 min", "estimated: 48 runs of 20 rounds (fedavg ~17 s on an idle 2-core machine, results/fedfa_table4_loco; DisTrans, FRAug, HarmoFL 2-3x) + ~15 s of adaptation each; a 1-round smoke ran"),
+    "fedshift protocol new-site -c configs/suites/new_site_brain_mri.yaml --sites site6 --workers 2 --threads 1":
+        Long("about 50 min", "estimated: brain_mri_table's 15 runs (~45 min) with one site fewer, plus each run's adaptation (U-Net); a 1-round smoke ran"),
     "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
     "0.1,0.25,0.5,1": Run((*CHEAP_GRID, "sweep.algorithm.name=[fedbn]")),
     "fedshift protocol sweep -c configs/demo.yaml --key train.local_epochs --values 1,2,5,10":

@@ -51,7 +51,9 @@ def test_protocol_choices_match_the_protocols():
     they must stay equal."""
     from fedshift.cli import protocol as cli_protocol
     from fedshift.protocols import common
+    from fedshift.protocols.new_site import SHOTS
 
     assert cli_protocol.PIPELINES == common.PIPELINES
     assert cli_protocol.SPLITS == common.SPLITS
     assert cli_protocol.CROSS_SITE_KINDS == common.CROSS_SITE_KINDS
+    assert cli_protocol.NEW_SITE_SHOTS == SHOTS

@@ -48,7 +48,8 @@ def test_holdout_uploads_nothing(make_cfg, tmp_path):
 @pytest.mark.parametrize(
     "over, match",
     [
-        (["algorithm.name=fedbn", "federation.holdout=[client1]"], "one global model"),
+        (["algorithm.name=local", "federation.holdout=[client1]"], "one global model"),
+        (["algorithm.name=pfedme", "federation.holdout=[client1]"], "protocol new-site"),
         (["federation.holdout=[nobody]"], "nobody"),
         (["federation.holdout=[client0,client1,client2]"], "not all"),
     ],
@@ -56,6 +57,24 @@ def test_holdout_uploads_nothing(make_cfg, tmp_path):
 def test_holdout_errors(make_cfg, tmp_path, over, match):
     with pytest.raises(ConfigError, match=match):
         Simulation(make_cfg(*over), tmp_path / "x", progress=False)
+
+
+@pytest.mark.parametrize("algo", ["fedbn", "distrans"])
+def test_holdout_with_client_local_tensors_trains_and_leaves_the_site_unscored(
+    make_cfg, tmp_path, algo
+):
+    """FedBN / DisTrans keep client-local tensors; a held-out site has none of its own, so the
+    run trains the sources, scores only them and says nothing of the site
+    (``fedshift protocol new-site`` answers for it); the summary is valid and tabulates."""
+    from fedshift.eval.summary import check_summary
+    from fedshift.eval.tables import runs_table
+
+    cfg = make_cfg(f"algorithm.name={algo}", "federation.holdout=[client1]", rounds=1)
+    s = run_experiment(cfg, run_dir=tmp_path / "h", progress=False).summary
+    assert s["holdout"] == ["client1"] and s["target_test_mean"] is None
+    assert set(s["test_per_client"]) == {"client0", "client2"}
+    check_summary(s, tmp_path / "h/summary.json")
+    assert "| —" in runs_table([s])
 
 
 def test_data_fraction_keeps_a_stratified_share_of_train_only():

@@ -139,6 +139,7 @@ class Algorithm:
                 "fedshift.algorithms.agc); remove train.agc or choose another algorithm"
             )
         self.local_keys: list[str] = self.compute_local_keys(model)
+        self.bn_tensor_keys: list[str] = bn_keys(model, "local")
         local = set(self.local_keys)
         self.shared_keys: list[str] = [k for k in state if k not in local]
         params_named = {n for n, _ in model.named_parameters()}
@@ -187,6 +188,25 @@ class Algorithm:
     def has_personal_model(self) -> bool:
         """Each client's model differs (it keeps tensors of its own)."""
         return bool(self.local_keys)
+
+    def new_site_keys(self) -> set[str]:
+        """The local state-dict keys a site that never trained may take as the sources'
+        uniform mean (:meth:`has_new_site_answer`): the model's BN tensors."""
+        return set(self.bn_tensor_keys)
+
+    def has_new_site_answer(self) -> bool:
+        """Whether a site that never trained (``federation.holdout``) has a model although
+        the algorithm keeps client-local tensors: True when a client's personal model is the
+        server's shared tensors plus its own ``state["local"]`` (this class's
+        ``personal_weights``) and those local tensors are BN tensors only (FedBN, FRAug,
+        ``bn_policy=local``; DisTrans adds its offset, :meth:`new_site_keys`). The new site
+        then takes the shared tensors with the uniform mean of the sources' local tensors
+        (``fedshift protocol new-site``, which also re-estimates the BN statistics on the
+        site: AdaBN); during the run such a site is not scored. Always False for
+        ``local``-style algorithms (every tensor local) and personalised models built
+        otherwise (pFedMe, pFedHN, PartialFed, FedAvg-FT)."""
+        own_rule = type(self).personal_weights is Algorithm.personal_weights
+        return own_rule and bool(self.local_keys) and set(self.local_keys) <= self.new_site_keys()
 
     @classmethod
     def training_data(cls, federation: Federation) -> list[ClientData]:

@@ -1,4 +1,4 @@
-"""``fedshift protocol cross-site|loco|sweep|rounds|head-finetune|tsne``: the argument
+"""``fedshift protocol cross-site|loco|new-site|sweep|rounds|head-finetune|tsne``: the argument
 parsers and handlers of the evaluation protocols in :mod:`fedshift.protocols`.
 
 Building the parser imports nothing of the protocols (they load torch and matplotlib); each
@@ -20,6 +20,8 @@ PIPELINES = ("data", "model")
 SPLITS = ("train", "val", "test")
 #: ``--kind`` of cross-site (:data:`fedshift.protocols.common.CROSS_SITE_KINDS`)
 CROSS_SITE_KINDS = ("personal", "global", "local")
+#: default ``--shots`` of new-site (:data:`fedshift.protocols.new_site.SHOTS`)
+NEW_SITE_SHOTS = (1, 5, 10)
 
 
 def _print(res: ProtocolResult) -> int:
@@ -65,6 +67,25 @@ def _cmd_loco(args: argparse.Namespace) -> int:
     from fedshift.protocols import loco
 
     return _print(loco(_suite_options(args)))
+
+
+def _shots(text: str) -> tuple[int, ...]:
+    """``--shots 1,5,10`` -> (1, 5, 10)."""
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--shots {text!r}: comma-separated whole numbers, e.g. 1,5,10"
+        ) from None
+
+
+def _cmd_new_site(args: argparse.Namespace) -> int:
+    from fedshift.core.logs import console
+    from fedshift.protocols import new_site
+
+    console()  # its progress lines between the suite's cells and the tables
+    sites = tuple(x.strip() for x in args.sites.split(",")) if args.sites else None
+    return _print(new_site(_suite_options(args), args.shots, args.epochs, args.weights, sites))
 
 
 def _cmd_head_finetune(args: argparse.Namespace) -> int:
@@ -129,14 +150,14 @@ def _suite_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``fedshift protocol {cross-site,loco,sweep,rounds,head-finetune,tsne}`` to the
+    """Add ``fedshift protocol {cross-site,loco,new-site,sweep,rounds,head-finetune,tsne}`` to the
     ``sub``-commands of the main parser; each sets ``fn`` to a handler returning the exit code."""
     from fedshift.cli.run import add_allow_plugins
 
     p = sub.add_parser(
         "protocol",
         help="the papers' evaluation protocols "
-        "(cross-site, loco, sweep, rounds, head-finetune, tsne)",
+        "(cross-site, loco, new-site, sweep, rounds, head-finetune, tsne)",
     )
     ps = p.add_subparsers(dest="protocol", required=True)
 
@@ -170,6 +191,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _suite_args(lo)
     common(lo, "loco")
     lo.set_defaults(fn=_cmd_loco)
+
+    ns = ps.add_parser(
+        "new-site",
+        help="each held-out site: global model, AdaBN, test-time norm, k-shot head, selection",
+    )
+    _suite_args(ns)
+    ns.add_argument(
+        "--shots",
+        type=_shots,
+        default=NEW_SITE_SHOTS,
+        help="labelled images per class for finetune-k (default: 1,5,10)",
+    )
+    ns.add_argument(
+        "--sites", help="comma-separated clients to hold out (default: each client in turn)"
+    )
+    ns.add_argument(
+        "--epochs", type=int, default=50, help="head epochs over the k-shot images (default 50)"
+    )
+    _weights_arg(ns)
+    common(ns, "new-site")
+    ns.set_defaults(fn=_cmd_new_site)
 
     sw = ps.add_parser("sweep", help="one config key swept, mean ± std over seeds")
     _suite_args(sw)

@@ -308,7 +308,8 @@ def build_report(
                     "run_dir": s["_dir"],
                 }
                 for c in s["clients"]:
-                    csv_rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
+                    if c in sc["test_per_client"]:  # a held-out site the run did not score
+                        csv_rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
                 csv_rows.append({**base, "client": "mean", "test": sc["test_mean"]})
     md_path, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
     write_text_atomic(md_path, "\n".join(md) + "\n")

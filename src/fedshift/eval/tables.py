@@ -25,6 +25,13 @@ def _fmt(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+def _client_mean(blocks: list[dict], client: str) -> str:
+    """Client ``client``'s mean test score (%) over score blocks; a dash where no block has
+    one (a held-out site the run does not score: ``fedshift protocol new-site`` does)."""
+    vals = [b["test_per_client"][client] for b in blocks if client in b["test_per_client"]]
+    return _fmt(statistics.mean(vals)) if vals else "—"
+
+
 def mean_std_cell(values: list[float]) -> str:
     """``mean ± std`` over seeds in %, ``mean ± n/a`` for one value (one seed has no
     spread to show: ``± 0.00`` would claim one)."""
@@ -76,7 +83,7 @@ def runs_table(summaries: list[dict], metric: str | None = None) -> str:
                 s["algorithm"],
                 str(s["seed"]),
                 s["evaluated_model"],
-                *(_fmt(sc["test_per_client"][c]) for c in clients),
+                *(_client_mean([sc], c) for c in clients),
                 _fmt(sc["test_mean"]),
                 str(s["best_round"]),
                 f"{mb:.1f}",
@@ -97,7 +104,7 @@ def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
     for name, g in groups.items():
         cells = []
         for c in clients:
-            cells.append(_fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g)))
+            cells.append(_client_mean([scores(s, metric) for s in g], c))
         means = [scores(s, metric)["test_mean"] for s in g]
         rows.append([name, str(len(g)), *cells, mean_std_cell(means)])
     return grid(header, rows)
@@ -363,10 +370,7 @@ def flows_rows(
             delta = _delta(100 * (m - mean_std(list(base_seeds.values()))[0]))
             pv = paired_ttest(seeds, base_seeds)
             p = "" if pv is None else f"{pv:.3f}"
-        cells = [
-            _fmt(statistics.mean(scores(s, metric)["test_per_client"][c] for s in g))
-            for c in clients
-        ]
+        cells = [_client_mean([scores(s, metric) for s in g], c) for c in clients]
         row = [flow.algorithm, flow.label, str(len(g)), *cells,
                mean_std_cell(list(seeds.values())), delta, p]  # fmt: skip
         if ref_key is not None:

@@ -5,6 +5,10 @@
   cross-site matrix of FedRDN's Table 3, client *i*'s model on client *j*'s data.
 * :func:`loco` (``loco.py``; ``fedshift protocol loco -c CONFIG``): leave-one-client-out
   federated domain generalisation (FedFA's Table 4).
+* :func:`new_site` (``new_site.py``; ``fedshift protocol new-site -c CONFIG``): each
+  held-out site of loco's cells scored with the global model as is, AdaBN, the method's
+  test-time normalisation, k-shot head finetuning and entropy-based selection among the
+  sources' models; FedBN, FRAug and DisTrans get the sources' mean local tensors.
 * :func:`sweep` (``sweep.py``; ``fedshift protocol sweep -c CONFIG --key K --values ...``):
   one config key swept through the cached bench machinery, mean ± std over seeds per value
   (FedFA's Fig. 2 / Table 16, FedRDN's Fig. 2, HarmoFL's Fig. 5b).
@@ -41,6 +45,7 @@ from fedshift.protocols.common import (
 from fedshift.protocols.cross_site import cross_site, local_models
 from fedshift.protocols.head_finetune import finetune_head, finetune_run, head_finetune, head_table
 from fedshift.protocols.loco import loco, loco_table
+from fedshift.protocols.new_site import new_site, new_site_tables
 from fedshift.protocols.rounds import (
     first_round_reaching,
     mean_curve,
@@ -69,6 +74,8 @@ __all__ = [
     "loco",
     "loco_table",
     "mean_curve",
+    "new_site",
+    "new_site_tables",
     "parse_thresholds",
     "parse_values",
     "rounds_to_threshold",

@@ -85,10 +85,18 @@ def embed(sim: Any, cid: str, x: torch.Tensor, batch_size: int = 256) -> torch.T
 
 
 def finetune_head(
-    sim: Any, cid: str, x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int
+    sim: Any,
+    cid: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    seed: int,
+    loss_fn: Any = None,
 ) -> list[float]:
     """Train only ``sim.model.classifier`` on the embeddings of (x, y); the extractor is
-    frozen. Returns the mean training loss of each epoch."""
+    frozen. ``loss_fn(logits, y)``: default cross-entropy (new-site passes the task's
+    training loss, e.g. segmentation's (CE + Dice)/2). Returns the mean training loss of
+    each epoch."""
     from fedshift.core.seeding import derive_seed
 
     model, train = sim.model, sim.cfg.train
@@ -111,7 +119,7 @@ def finetune_head(
         for i in range(0, len(z), bs):
             idx = order[i : i + bs]
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model.head(z[idx]), y[idx])
+            loss = (loss_fn or F.cross_entropy)(model.head(z[idx]), y[idx])
             loss.backward()
             opt.step()
             total += loss.detach().double() * len(idx)

@@ -46,36 +46,76 @@ def loco(options: SuiteOptions) -> ProtocolResult:
     clients' validation score only, and the target's test score at the selected round is its
     ``target_test_mean``. Table: one row per (algorithm, flow[, setting]), one column per
     target (mean over seeds) and the average over targets, mean ± std over seeds."""
+    cells = held_out_cells(options, "loco")
+    text, data = loco_table(cells.summaries, cells.clients)
+    data["suite"] = str(cells.suite)
+    files = save_outputs(cells.out, "loco", "Leave-one-client-out generalisation", text, data)
+    files["suite"] = cells.suite
+    return ProtocolResult("loco", text, data, files)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutCells:
+    """The leave-one-client-out cells of a config's grid, run (:func:`held_out_cells`)."""
+
+    raw: dict
+    clients: list[str]
+    summaries: list[dict]
+    out: Path
+    suite: Path
+
+
+def held_out_cells(
+    options: SuiteOptions,
+    name: str,
+    reuse: bool = True,
+    new_site: bool = False,
+    sites: list[str] | None = None,
+) -> HeldOutCells:
+    """The config's grid times ``federation.holdout`` = each client (or each of ``sites``,
+    checked to be clients of the dataset, in the dataset's order), written to
+    ``<out>/<name>-suite.yaml`` and run through bench (cells cached by config digest, so
+    ``loco`` and ``new-site`` with the same ``--runs`` train each cell once). ``reuse``: take
+    cells committed in ``results/`` (False when the cells' models are loaded); ``new_site``:
+    also accept algorithms whose held-out site takes the sources' local tensors
+    (:meth:`~fedshift.algorithms.base.Algorithm.has_new_site_answer`: FedBN, FRAug,
+    DisTrans), which the run itself does not score."""
     source = options.source
     raw = options.load()
     fed_section = raw.get("federation")
     if isinstance(fed_section, dict) and fed_section.get("holdout"):
         raise ConfigError(
-            f"{source}: config key 'federation.holdout' is set; loco holds out each client "
+            f"{source}: config key 'federation.holdout' is set; {name} holds out each client "
             "in turn itself, so remove it"
         )
     if "federation.holdout" in (raw.get("sweep") or {}):
         raise ConfigError(
-            f"{source}: the sweep already varies 'federation.holdout'; loco adds that key "
+            f"{source}: the sweep already varies 'federation.holdout'; {name} adds that key "
             "itself, so remove it from the sweep"
         )
     cfgs = expand_configs(raw, source)
-    clients = _loco_clients(cfgs, source)
+    clients = _loco_clients(cfgs, source, name, new_site)
+    if sites is not None:
+        unknown = [c for c in sites if c not in clients]
+        if unknown or not sites:
+            raise ConfigError(
+                f"{source}: --sites {','.join(sites)}: {unknown or 'none given'}; "
+                f"the dataset's clients are {', '.join(clients)}"
+            )
+        clients = [c for c in clients if c in sites]
     grid_raw = copy.deepcopy(raw)
     grid_raw.setdefault("sweep", {})["federation.holdout"] = [[c] for c in clients]
-    outp = options.output_dir("loco")
-    summaries = options.run_cells(grid_raw, outp / "loco-suite.yaml")
+    outp = options.output_dir(name)
+    suite = outp / f"{name}-suite.yaml"
+    summaries = options.run_cells(grid_raw, suite, reuse=reuse)
     with_settings(summaries, setting_keys(raw))
-    text, data = loco_table(summaries, clients)
-    data["suite"] = str(outp / "loco-suite.yaml")
-    files = save_outputs(outp, "loco", "Leave-one-client-out generalisation", text, data)
-    files["suite"] = outp / "loco-suite.yaml"
-    return ProtocolResult("loco", text, data, files)
+    return HeldOutCells(raw, clients, summaries, outp, suite)
 
 
-def _loco_clients(cfgs: list, source: str) -> list[str]:
+def _loco_clients(cfgs: list, source: str, name: str = "loco", new_site: bool = False) -> list[str]:
     """The dataset's clients (the same in every cell of the config's grid), after checking that
-    every distinct cell has one global model to test a held-out client with."""
+    every distinct cell has a model to test a held-out client with (one global model; with
+    ``new_site``, or a personal part the sources give a new site)."""
     from fedshift.data import load_dataset
     from fedshift.data.partition import apply_partition
     from fedshift.runtime.simulation import Simulation
@@ -111,9 +151,18 @@ def _loco_clients(cfgs: list, source: str) -> list[str]:
         fed_cfg = dataclasses.replace(cfg.federation, holdout=[clients[0]])
         probe = dataclasses.replace(cfg, federation=fed_cfg)
         try:  # builds the model and algorithm only; nothing runs, nothing is written
-            Simulation(probe, Path("."), federation=feds[key], progress=False)
+            sim = Simulation(probe, Path("."), federation=feds[key], progress=False)
         except ConfigError as e:
-            raise ConfigError(f"{source}: loco: {e}") from None
+            raise ConfigError(f"{source}: {name}: {e}") from None
+        if not new_site and not sim.algo.has_global_model:
+            raise ConfigError(
+                f"{source}: loco: algorithm {cfg.algorithm.name!r} keeps client-local tensors, "
+                "so a held-out client has no model of the run to be tested with; "
+                "leave-one-client-out needs an algorithm with one global model. "
+                "`fedshift protocol new-site` gives a new site this algorithm's answer (the "
+                "shared layers with the sources' mean local tensors, BN statistics "
+                "re-estimated on the site: AdaBN)"
+            )
     assert clients is not None
     return clients
 

@@ -15,6 +15,7 @@ model as loaded, shared by both runtimes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ from fedshift.data.base import ClientData, Federation
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+
+log = logging.getLogger("fedshift")
 
 
 @dataclass
@@ -112,12 +115,21 @@ def build_experiment(
     n = len(train_clients) if num_clients is None else num_clients
     algo: Algorithm = algo_cls(algo_params, cfg.train, fed_cfg, model, n)
     composed = Composition(algo, augments)
-    if holdout and (composed.has_personal_model or not composed.has_global_model):
+    if holdout and composed.has_personal_model and not algo.has_new_site_answer():
         raise ConfigError(
             f"config key 'federation.holdout': algorithm {cfg.algorithm.name!r} keeps "
-            "client-local tensors, so a held-out client has no model to be tested with; "
-            "leave-one-client-out needs an algorithm with one global model"
+            "client-local tensors and has no rule for a site that never trained, so a "
+            "held-out client has no model to be tested with; leave-one-client-out needs an "
+            "algorithm with one global model, or one whose personal part a new site can take "
+            "from the sources (FedBN, FRAug, DisTrans: `fedshift protocol new-site`)"
         )
+    if holdout and not composed.has_global_model:
+        log.info(
+            "federation.holdout: algorithm %r keeps client-local tensors; the held-out "
+            "client(s) %s train nothing and are not scored during the run: "
+            "`fedshift protocol new-site` scores them (the sources' mean local tensors, AdaBN)",
+            cfg.algorithm.name, holdout,
+        )  # fmt: skip
     normalize = Normalize(cfg.input, fed.input_shape[0], device)
     kinds = [
         k

@@ -248,7 +248,12 @@ class RoundLoop:
         algo, clients = self.algo, self.fed.client_names
         request = EvalRequest(algo.global_weights(self.server))
         if algo.has_personal_model:
-            request.views = {cid: algo.server_view(self.server, cid) for cid in clients}
+            # a held-out client has no personal model of its own (protocol new-site's answer)
+            request.views = {
+                cid: algo.server_view(self.server, cid)
+                for cid in clients
+                if cid not in self.holdout
+            }
         for cid in self.holdout:  # a client that never trains gets what it needs to evaluate
             request.extra[cid] = algo.eval_broadcast(self.server, cid)
         scores, lost = self.transport.evaluate(rnd, clients, request)

@@ -303,6 +303,12 @@ class DisTrans(Algorithm):
         return out
 
     # -- evaluation ------------------------------------------------------------------------
+    def has_new_site_answer(self) -> bool:
+        """A new site takes the shared model with the mean of the sources' offsets (and BN
+        tensors): the offset is a local tensor ``personal_weights`` reads, the aggregated
+        offset the server gives a source being its replacement."""
+        return True
+
     def personal_weights(self, server: State, state: State) -> Tensors | None:
         """Shared model + the client's BN-policy tensors + the offset it holds next: the
         server's aggregate for it if there is one, else its own (applied at test time)."""

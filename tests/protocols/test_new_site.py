@@ -1,0 +1,282 @@
+"""``fedshift protocol new-site``: AdaBN against a direct computation, the k-shot draw, an
+answer (not an error) for FedBN / DisTrans / FRAug, every variant in the table, ``global`` =
+loco's number for the same cell, and the cells shared with loco."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from fedshift.core.errors import ConfigError
+from fedshift.protocols import SuiteOptions, loco
+from fedshift.protocols.new_site import (
+    adabn,
+    new_site,
+    new_site_tables,
+    select_shots,
+    variants,
+)
+
+
+def _net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Dropout(0.5),  # must stay in eval mode during AdaBN
+        nn.Linear(4 * 6 * 6, 5),
+        nn.BatchNorm1d(5),
+    )
+
+
+def _trained_looking(net: nn.Sequential) -> None:
+    """Running statistics and affine parameters away from their defaults, as after training."""
+    with torch.no_grad():
+        for bn in (net[1], net[6]):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+
+
+def test_adabn_running_statistics_are_the_sites_and_weights_stay():
+    net = _net()
+    _trained_looking(net)
+    x = torch.rand(12, 3, 8, 8)
+
+    def prepare(b: torch.Tensor) -> torch.Tensor:
+        return (b - 0.5) / 0.25
+
+    params = {k: v.clone() for k, v in net.named_parameters()}
+    assert adabn(net, x, prepare, batch_size=12, device=torch.device("cpu"))
+    # direct computation: the first BN's input over all images (one batch), unbiased var
+    h = net[0](prepare(x))
+    torch.testing.assert_close(net[1].running_mean, h.mean((0, 2, 3)))
+    torch.testing.assert_close(net[1].running_var, h.var((0, 2, 3), unbiased=True))
+    # the second BN sees the first normalised with the batch statistics (training mode),
+    # no dropout (eval mode)
+    z = F.batch_norm(h, None, None, net[1].weight, net[1].bias, training=True)
+    u = net[5](torch.relu(z).flatten(1))
+    torch.testing.assert_close(net[6].running_mean, u.mean(0))
+    torch.testing.assert_close(net[6].running_var, u.var(0, unbiased=True))
+    for k, v in net.named_parameters():
+        assert torch.equal(v, params[k]), k  # weights untouched
+    assert not net.training and all(m.momentum == 0.1 for m in (net[1], net[6]))
+
+    # two equal batches: momentum=None averages the batch means and unbiased variances
+    assert adabn(net, x, prepare, batch_size=6, device=torch.device("cpu"))
+    h1, h2 = net[0](prepare(x[:6])), net[0](prepare(x[6:]))
+    torch.testing.assert_close(net[1].running_mean, (h1.mean((0, 2, 3)) + h2.mean((0, 2, 3))) / 2)
+    want = (h1.var((0, 2, 3), unbiased=True) + h2.var((0, 2, 3), unbiased=True)) / 2
+    torch.testing.assert_close(net[1].running_var, want)
+
+    no_bn = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 2))
+    before = {k: v.clone() for k, v in no_bn.state_dict().items()}
+    assert not adabn(no_bn, x, prepare, 12, torch.device("cpu"))
+    assert all(torch.equal(v, before[k]) for k, v in no_bn.state_dict().items())
+
+
+def test_k_shot_selection_k_per_class_seeded_nested():
+    y = torch.tensor([0] * 7 + [1] * 12 + [2] * 3)[
+        torch.randperm(22, generator=torch.Generator().manual_seed(1))
+    ]
+    for k in (1, 5, 10):
+        idx = select_shots(y, k, seed=0, site="mnistm", task="classification")
+        counts = torch.bincount(y[idx], minlength=3).tolist()
+        assert counts == [min(k, 7), min(k, 12), min(k, 3)]  # class 2 has only 3
+        assert len(set(idx.tolist())) == len(idx)
+        assert torch.equal(idx, select_shots(y, k, 0, "mnistm", "classification"))
+    one, five = (set(select_shots(y, k, 0, "mnistm", "classification").tolist()) for k in (1, 5))
+    assert one <= five  # nested: the k=1 images are among the k=5 ones
+    other = [select_shots(y, 5, s, "mnistm", "classification") for s in range(1, 4)]
+    assert any(not torch.equal(o, select_shots(y, 5, 0, "mnistm", "classification")) for o in other)
+    seg = select_shots(torch.zeros(9, 4, 4, dtype=torch.long), 5, 0, "site", "segmentation")
+    assert len(seg) == 5 and len(set(seg.tolist())) == 5
+
+
+def write_config(path: Path, algorithms: list[str]) -> Path:
+    base = {
+        "name": "ns",
+        "dataset": {"name": "toyshift", "train_size": 24},
+        "model": {"name": "lenet5"},
+        "train": {"rounds": 2, "batch_size": 8, "lr": 0.05},
+        "sweep": {"seed": [0], "algorithm.name": algorithms},
+    }
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+def test_new_site_every_method_every_variant_and_global_is_locos(tmp_path):
+    algos = ["fedavg", "fedbn", "distrans", "fraug"]
+    opts = SuiteOptions(
+        write_config(tmp_path / "c.yaml", algos), (), 1, 1, tmp_path / "o", str(tmp_path / "r"),
+        progress=False,
+    )  # fmt: skip
+    res = new_site(opts, shots=(1, 2), epochs=2)
+    names = variants((1, 2))
+    runs = res.data["runs"]
+    assert len(runs) == len(algos) * 3  # 3 sites, one seed
+    by_algo: dict[str, list[dict]] = {}
+    for run_dir, r in runs.items():
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        by_algo.setdefault(summary["algorithm"], []).append(r)
+        assert summary["holdout"] == [r["site"]]
+        assert set(r["scores"]) == set(names)
+        for v in ("global", "adabn", "finetune-1", "finetune-2", "select"):
+            assert r["scores"][v] is not None and 0 <= r["scores"][v] <= 1, (run_dir, v)
+        assert r["scores"]["test-time norm"] is None  # no method here defines one
+        assert r["selected_source"] in {"client0", "client1", "client2"} - {r["site"]}
+        if summary["algorithm"] == "fedavg":
+            # the same computation as loco's held-out score of this cell
+            assert r["scores"]["global"] == summary["target_test_mean"]
+        else:  # the run itself does not score the site; the protocol answers
+            assert summary["target_test_mean"] is None
+    # the same k-shot images for every method of a seed (counts per site equal)
+    for site in ("client0", "client1", "client2"):
+        shots = {a: next(r["shots"] for r in rs if r["site"] == site) for a, rs in by_algo.items()}
+        assert len({json.dumps(s, sort_keys=True) for s in shots.values()}) == 1
+    # one table per method with a row per variant, and the summary
+    for a in algos:
+        assert f"### {a} (1 seed(s))" in res.text
+    for v in names:
+        assert f"| {v} " in res.text
+    assert "### Summary" in res.text and "not applicable" in res.text
+    data = json.loads(res.files["json"].read_text())
+    assert [m["algorithm"] for m in data["methods"]] == sorted(algos)
+    assert res.files["md"].read_text().startswith("# A site that never trained")
+
+    # loco on the same runs folder trains nothing again (fedavg's cells are shared)
+    lo = loco(
+        SuiteOptions(
+            write_config(tmp_path / "l.yaml", ["fedavg"]),
+            (),
+            1,
+            1,
+            tmp_path / "lo",
+            str(tmp_path / "r"),
+            progress=False,
+        )  # fmt: skip
+    )
+    manifest = json.loads((tmp_path / "r/ns/bench.json").read_text())
+    fedavg_cells = [m for m in manifest if "fedavg" in Path(m["run_dir"]).name]
+    assert fedavg_cells and {m["status"] for m in fedavg_cells} == {"cached"}
+    (row,) = lo.data["rows"]
+    for site, t in row["targets"].items():
+        (r,) = [r for r in by_algo["fedavg"] if r["site"] == site]
+        assert t["per_seed"][0] == r["scores"]["global"]
+
+
+def test_loco_refuses_fedbn_and_points_to_new_site(tmp_path):
+    opts = SuiteOptions(
+        write_config(tmp_path / "c.yaml", ["fedbn"]), (), 1, 1, tmp_path / "o",
+        str(tmp_path / "r"), progress=False,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="protocol new-site"):
+        loco(opts)
+    with pytest.raises(ConfigError, match="--shots"):
+        new_site(opts, shots=(0,))
+    with pytest.raises(ConfigError, match=r"--sites nobody: \['nobody'\]"):
+        new_site(opts, sites=("nobody",))
+
+
+def _run(algo: str, site: str, seed: int, scores: dict) -> tuple[dict, dict]:
+    s = {
+        "algorithm": algo, "algorithm_config": {"name": algo}, "augment": [], "implied": [],
+        "seed": seed, "holdout": [site], "run_dir": f"{algo}-{site}-{seed}", "metrics": {},
+        "metric": "acc", "metric_label": "accuracy", "_setting": "",
+    }  # fmt: skip
+    r = {
+        "site": site, "seed": seed, "scores": scores, "selected_source": "x",
+        "reasons": {"test-time norm": "the method defines no test-time normalisation"},
+    }  # fmt: skip
+    return s, r
+
+
+def test_tables_by_hand_paired_t_test_against_fedavg():
+    from scipy.stats import ttest_rel
+
+    names = variants((1,))
+    vals = {"fedavg": [0.5, 0.4, 0.6], "fedbn": [0.6, 0.6, 0.7]}
+    summaries, per_run = [], {}
+    for algo, per_seed in vals.items():
+        for seed, v in enumerate(per_seed):
+            for site, off in (("a", 0.0), ("b", 0.1)):
+                sc = {n: v + off for n in names}
+                sc["test-time norm"] = None
+                s, r = _run(algo, site, seed, sc)
+                summaries.append(s)
+                per_run[s["run_dir"]] = r
+    text, data = new_site_tables(summaries, per_run, ["a", "b"], (1,), 3)
+    fedavg, fedbn = data["methods"]
+    avg = {a: [v + 0.05 for v in per_seed] for a, per_seed in vals.items()}
+    want = ttest_rel(avg["fedbn"], avg["fedavg"]).pvalue
+    got = fedbn["variants"]["adabn"]["average"]
+    assert got["p_vs_reference"] == pytest.approx(want)
+    assert fedavg["variants"]["adabn"]["average"]["p_vs_reference"] is None
+    assert got["mean"] == pytest.approx(sum(avg["fedbn"]) / 3)
+    assert fedbn["variants"]["test-time norm"]["average"]["mean"] is None
+    assert f"(p={want:.3f})" in text and "p vs fedavg" in text
+    assert "test-time norm: the method defines no test-time normalisation" in text
+    assert not math.isnan(fedbn["variants"]["global"]["sites"]["a"]["mean"])
+
+
+def _held_out_run(tmp_path: Path, name: str, *over: str, seg: bool = False) -> Path:
+    from conftest import SEG
+
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.runtime.simulation import run_experiment
+
+    base = SEG if seg else ["dataset.name=toyshift", "dataset.train_size=24",
+                            "model.name=lenet5", "train.batch_size=8", "name=test"]  # fmt: skip
+    cfg = resolve(
+        load_config(None, [*base, "train.rounds=2", "federation.holdout=[client1]", *over])
+    )
+    return run_experiment(cfg, run_dir=tmp_path / name, progress=False).run_dir
+
+
+def test_test_time_norm_where_the_method_defines_one(tmp_path):
+    from fedshift.augment.fedrdn import channel_statistics
+    from fedshift.protocols import load_run
+    from fedshift.protocols.new_site import adapt_run
+
+    # FedRDN: the site's own statistics are already how the run scores it (Eq. 8)
+    r = adapt_run(_held_out_run(tmp_path, "rdn", "algorithm.name=fedrdn"), (1,), 1)
+    assert r["scores"]["test-time norm"] == r["scores"]["global"]
+    # HarmoFL: the global amplitude, already in global
+    r = adapt_run(_held_out_run(tmp_path, "harmo", "algorithm.name=harmofl"), (1,), 1)
+    assert r["scores"]["test-time norm"] == r["scores"]["global"]
+    assert "global amplitude" in r["reasons"]["test-time norm"]
+    # FedRDN-V: the site's own statistics in place of the averaged ones, computed
+    run = _held_out_run(tmp_path, "rdnv", "augment=[fedrdn_v]")
+    r = adapt_run(run, (1,), 1)
+    sim = load_run(run)
+    site = sim.fed.client("client1")
+    mean, std = channel_statistics(site.train.x)
+    sim.model.load_state_dict(sim.weights_for("client1", "global"))
+    direct = sim.task.evaluate(
+        sim.model, site.test, lambda x: (x - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1),
+        sim.cfg.eval.batch_size, sim.device,
+    )["acc"]  # fmt: skip
+    assert r["scores"]["test-time norm"] == pytest.approx(direct, abs=1e-12)
+    # FedFA's FFA layers are identity at test time: no test-time normalisation
+    r = adapt_run(_held_out_run(tmp_path, "fa", "algorithm.name=fedfa"), (1,), 1)
+    assert r["scores"]["test-time norm"] is None
+
+
+def test_segmentation_fedbn_site_gets_an_answer(tmp_path):
+    from fedshift.protocols.new_site import adapt_run
+
+    r = adapt_run(_held_out_run(tmp_path, "seg", "algorithm.name=fedbn", seg=True), (1, 2), 2)
+    assert r["shots"] == {1: 1, 2: 2}  # k images, not per class
+    for v in ("global", "adabn", "finetune-1", "finetune-2", "select"):
+        assert 0 <= r["scores"][v] <= 1
