@@ -711,3 +711,32 @@ def test_setting_keys_of_a_cell_sweep_are_the_cells_keys():
     raw["sweep"]["cell"].append({"algorithm.name": "fedavg", "train.lr": 0.1})
     assert setting_keys(raw) == ["train.lr"]
     assert setting_keys({"sweep": {"train.lr": [0.1], "seed": [0]}}) == ["train.lr"]
+
+
+def test_loco_over_clients_dealt_from_domains_holds_out_whole_domains(tmp_path):
+    # four clients dealt from toyshift's three domains; each domain in turn is kept whole
+    # (partition.keep) and held out, the others dealt to the four clients
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        partition={"name": "domains", "clients": 4, "lam": 0},
+        sweep={"seed": [0], "cell": [{"algorithm.name": "fedavg"}]},
+        train={"rounds": 1, "batch_size": 16},
+    )
+    opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "lo", str(tmp_path / "r"), progress=False)
+    res = loco(opts)
+    manifest = json.loads((tmp_path / "r/proto/bench.json").read_text())
+    summaries = [json.loads((Path(m["run_dir"]) / "summary.json").read_text()) for m in manifest]
+    domains = ["client0", "client1", "client2"]  # toyshift's domains
+    assert sorted(s["holdout"][0] for s in summaries) == domains
+    for s in summaries:
+        (target,) = s["holdout"]
+        assert s["clients"] == ["client00", "client01", "client02", "client03", target]
+        assert all(s["domain_mix"][c][target] == 0 for c in s["clients"][:4])
+        assert s["target_test_mean"] is not None
+    assert set(res.data["rows"][0]["targets"]) == set(domains)
+    with pytest.raises(ConfigError, match="mixes partition 'domains'"):
+        mixed = write_config(
+            tmp_path / "m.yaml",
+            sweep={"seed": [0], "partition.name": ["domains", "none"]},
+        )
+        loco(SuiteOptions(mixed, (), 1, 1, tmp_path / "lo2", str(tmp_path / "r2"), progress=False))

@@ -104,12 +104,35 @@ def held_out_cells(
             )
         clients = [c for c in clients if c in sites]
     grid_raw = copy.deepcopy(raw)
-    grid_raw.setdefault("sweep", {})["federation.holdout"] = [[c] for c in clients]
+    grid = grid_raw.setdefault("sweep", {})
+    if _dealt_from_domains(cfgs):
+        # clients dealt from domains (partition.name=domains): a held-out site is a whole
+        # domain kept out of the deal (partition.keep), set together with the holdout
+        cells = grid.pop("cell", None) or [{}]
+        grid["cell"] = [
+            {**cell, "partition.keep": [c], "federation.holdout": [c]}
+            for cell in cells
+            for c in clients
+        ]
+    else:
+        grid["federation.holdout"] = [[c] for c in clients]
     outp = options.output_dir(name)
     suite = outp / f"{name}-suite.yaml"
     summaries = options.run_cells(grid_raw, suite, reuse=reuse)
     with_settings(summaries, setting_keys(raw))
     return HeldOutCells(raw, clients, summaries, outp, suite)
+
+
+def _dealt_from_domains(cfgs: list) -> bool:
+    """Whether the grid's cells deal their clients from the dataset's domains; then the sites
+    a protocol holds out are the domains (each kept whole), not the dealt clients."""
+    names = {cfg.partition.name for cfg in cfgs}
+    if "domains" in names and len(names) > 1:
+        raise ConfigError(
+            "the grid mixes partition 'domains' with other partitions; holding out a site "
+            "means a domain for one and a client for the other: run them apart"
+        )
+    return names == {"domains"}
 
 
 def _loco_clients(cfgs: list, source: str, name: str = "loco", new_site: bool = False) -> list[str]:
@@ -128,7 +151,11 @@ def _loco_clients(cfgs: list, source: str, name: str = "loco", new_site: bool = 
         key = json.dumps(sections, sort_keys=True, default=str)
         if key not in feds:
             feds[key] = load_dataset(cfg.dataset)  # before partition: Simulation applies it
-            names = apply_partition(feds[key], cfg.partition).client_names
+            names = (
+                feds[key].client_names  # the domains: each held out whole (partition.keep)
+                if cfg.partition.name == "domains"
+                else apply_partition(feds[key], cfg.partition).client_names
+            )
             if clients is not None and names != clients:
                 raise ConfigError(
                     f"{source}: the grid's cells have different clients ({clients} vs {names}); "
@@ -150,6 +177,11 @@ def _loco_clients(cfgs: list, source: str, name: str = "loco", new_site: bool = 
         checked.add(sig)
         fed_cfg = dataclasses.replace(cfg.federation, holdout=[clients[0]])
         probe = dataclasses.replace(cfg, federation=fed_cfg)
+        if cfg.partition.name == "domains":
+            kept = dataclasses.replace(cfg.partition.params, keep=[clients[0]])
+            probe = dataclasses.replace(
+                probe, partition=dataclasses.replace(cfg.partition, params=kept)
+            )
         try:  # builds the model and algorithm only; nothing runs, nothing is written
             sim = Simulation(probe, Path("."), federation=feds[key], progress=False)
         except ConfigError as e:
