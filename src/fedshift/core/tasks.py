@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 LOSSES = ("auto", "ce", "dice", "ce+dice")
 SMOOTH = 1e-5  # HarmoFL's DiceLoss smoothing
 
+#: partitions that never look at labels (the dataset's own clients; clients dealt from its
+#: domains), so any task may use them (``fedshift.data.partition`` deals the others by class)
+LABEL_FREE_PARTITIONS = ("none", "domains")
+
 
 # ----------------------------------------------------------------------------- losses
 def soft_dice_loss(logits: torch.Tensor, y: torch.Tensor, smooth: float = SMOOTH) -> torch.Tensor:
@@ -260,9 +264,9 @@ def check_task(
                 f"{task} task; remove it"
             )
     make_task(task, loss)
-    if task == "segmentation" and partition != "none":
+    if task == "segmentation" and partition not in LABEL_FREE_PARTITIONS:
         raise ConfigError(
             f"config key 'partition.name': label-skew partitions ({partition!r}) deal out "
             f"images by their class, which a segmentation dataset ({dataset!r}) does not have; "
-            "use partition.name=none"
+            f"use partition.name={' or '.join(LABEL_FREE_PARTITIONS)}"
         )

@@ -40,6 +40,7 @@ from fedshift.core.bounds import bounded
 from fedshift.core.components import Component
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.registry import Registry
+from fedshift.core.tasks import LABEL_FREE_PARTITIONS
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.sites import numbered_clients
@@ -459,7 +460,7 @@ PARTITIONS.add(
     "clients drawn from the dataset's domains: lam 0 one domain each, 1 equal shares (Bai et al.)",
 )
 #: partitions that deal out examples without reading their labels (any task)
-LABEL_FREE = ("none", "domains")
+LABEL_FREE = LABEL_FREE_PARTITIONS
 
 
 def dealt_client_names(params: object) -> list[str] | None:
