@@ -68,6 +68,11 @@ PLACING = frozenset({"to", "cuda"})
 
 #: (file, function, call) -> why it is device-safe (reviewed)
 ALLOWED: dict[tuple[str, str, str], str] = {
+    ("protocols/new_site.py", "select_shots", "randperm"):
+        "the labels are moved to the host first; a CPU generator picks the same shots on "
+        "every device",
+    ("protocols/new_site.py", "mean_entropy", "float"):
+        "one host sync per model and site, after the device-side sums",
     # -- host-side values by design (moved with .to() where they meet device tensors)
     ("algorithms/distrans/algorithm.py", "DisTrans.wrap_model", "randint"):
         "a seed drawn from the global CPU RNG, turned into a Python int",

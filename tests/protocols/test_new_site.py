@@ -16,13 +16,8 @@ from torch import nn
 
 from fedshift.core.errors import ConfigError
 from fedshift.protocols import SuiteOptions, loco
-from fedshift.protocols.new_site import (
-    adabn,
-    new_site,
-    new_site_tables,
-    select_shots,
-    variants,
-)
+from fedshift.protocols.new_site import adabn, new_site, select_shots
+from fedshift.protocols.new_site_tables import new_site_tables, variants
 
 
 def _net() -> nn.Sequential:

@@ -57,10 +57,7 @@ atomically.
 from __future__ import annotations
 
 import copy
-import math
-import statistics
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -69,34 +66,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.eval.stats import mean_std, paired_ttest
-from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
-    DASH,
     ProtocolResult,
     SuiteOptions,
-    label_rows,
     load_run,
-    mean_std_text,
-    row_key,
-    row_order,
     save_outputs,
 )
 from fedshift.protocols.head_finetune import _say, finetune_head
 from fedshift.protocols.loco import held_out_cells
+from fedshift.protocols.new_site_tables import (
+    SHOTS,
+    new_site_tables,
+)
 from fedshift.runtime.progress import fmt_duration
-
-#: ``--shots``: labelled images per class for ``finetune-k``
-SHOTS = (1, 5, 10)
-#: the variants, in table order (``finetune-k`` for each k of the shots)
-BASE_VARIANTS = ("global", "adabn", "test-time norm")
-
-
-def variants(shots: tuple[int, ...] = SHOTS) -> list[str]:
-    return [*BASE_VARIANTS, *(f"finetune-{k}" for k in shots), "select"]
-
-
-VARIANTS = tuple(variants())
 
 
 def new_site(
@@ -228,14 +210,14 @@ def mean_entropy(
     """Mean entropy (nats) of the model's softmax predictions on ``x`` (eval mode), per image
     (per pixel for segmentation logits)."""
     model.eval()
-    total, n = 0.0, 0
+    sums, n = [], 0
     for i in range(0, len(x), batch_size):
         logits = model(prepare(x[i : i + batch_size].to(device))).double()
         logp = F.log_softmax(logits, dim=1)
         ent = -(logp.exp() * logp).sum(1)
-        total += float(ent.sum())
+        sums.append(ent.sum())  # stays on the device: one host sync at the end
         n += ent.numel()
-    return total / max(n, 1)
+    return float(torch.stack(sums).sum()) / max(n, 1) if sums else 0.0
 
 
 #: the augments whose eval path is a test-time input normalisation, and how new-site treats
@@ -358,156 +340,3 @@ def _source_models(sim: Any) -> dict[str, dict[str, torch.Tensor]]:
     from fedshift.protocols.cross_site import local_models
 
     return local_models(sim)
-
-
-# ============================================================================ tables
-def new_site_tables(
-    summaries: list[dict],
-    per_run: dict[str, dict],
-    clients: list[str],
-    shots: tuple[int, ...] = SHOTS,
-    epochs: int = 50,
-) -> tuple[str, dict]:
-    """One table per method (rows: variants; columns: sites, mean ± std over seeds, and the
-    average over sites, mean ± std over the seeds with every site; p: paired t-test of that
-    average against FedAvg's same variant), then a summary across methods."""
-    if not summaries:
-        raise FedshiftError("new-site: no cells")
-    names = variants(shots)
-    label_rows(summaries, ["federation.holdout"])
-    groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
-    for s in summaries:
-        r = per_run[s["run_dir"]]
-        groups[row_key(s)][r["site"]][r["seed"]] = r
-    first = summaries[0]
-    label = first.get("metric_label", "accuracy")
-    per_class = "" if first.get("task") == "segmentation" else " per class"
-    keys = sorted(groups, key=row_order)
-    methods = {k: _method_numbers(groups[k], clients, names) for k in keys}
-    ref = next((k for k in keys if k[:2] == ("fedavg", "base")), None)
-    for k in keys:
-        for v in names:
-            mine = methods[k]["variants"][v]["average"]
-            base = methods[ref]["variants"][v]["average"]["per_seed"] if ref else {}
-            mine["p_vs_reference"] = (
-                None if ref in (None, k) else paired_ttest(mine["per_seed"], base)
-            )
-    parts = []
-    why: dict[str, set[str]] = defaultdict(set)
-    for k in keys:
-        numbers = methods[k]
-        for r in (r for site in groups[k].values() for r in site.values()):
-            for v, reason in r["reasons"].items():
-                if r["scores"].get(v) is None:
-                    why[v].add(reason)
-        header = ["variant", *clients, "avg ± std", *([f"p vs {_name(ref)}"] if ref else [])]
-        rows = []
-        for v in names:
-            nv = numbers["variants"][v]
-            row = [v, *(nv["sites"][c]["text"] for c in clients), nv["average"]["text"]]
-            if ref:
-                p = nv["average"]["p_vs_reference"]
-                row.append("" if p is None else f"{p:.3f}")
-            rows.append(row)
-        sel = numbers["selected_sources"]
-        picks = "; ".join(f"{c}: {', '.join(sel[c])}" for c in clients if sel.get(c))
-        parts.append(
-            f"### {_name(k)} ({len(numbers['seeds'])} seed(s))\n\n{grid(header, rows)}\n\n"
-            f"_select chose (by seed): {picks}._"
-        )
-    summary_rows = []
-    for k in keys:
-        cells = []
-        for v in names:
-            av = methods[k]["variants"][v]["average"]
-            p = av["p_vs_reference"]
-            cells.append(av["text"] + ("" if p is None else f" (p={p:.3f})"))
-        summary_rows.append([_name(k), *cells])
-    summary = grid(["method", *names], summary_rows)
-    dash_notes = "; ".join(f"{v}: {', '.join(sorted(w))}" for v, w in why.items() if w)
-    note = (
-        f"Held-out site's test {label} (%) after each variant; column = the site held out "
-        "(it never trains; each run is leave-one-client-out's cell), mean ± std over seeds; "
-        "avg ± std = mean over sites per seed, then mean ± sample std over the seeds with "
-        "every site; p: paired t-test of that average over seeds against "
-        f"{_name(ref) if ref else '(no FedAvg row)'}'s same variant. global: the run's model at "
-        "the round selected on the sources' validation score (= loco); methods without a "
-        "global model (FedBN, FRAug, DisTrans): shared layers + the sources' mean local "
-        "tensors (BN, offset). adabn: BN running statistics re-estimated on the site's "
-        "unlabelled training images (AdaBN). test-time norm: the method's own test-time "
-        "input normalisation (FedRDN Eq. 8 own statistics, HarmoFL's global amplitude). "
-        f"finetune-k: the head trained {epochs} epochs with the run's training loss on k "
-        f"labelled training images{per_class} (same images for every method of a seed). "
-        "select: the source model with the "
-        "lowest mean prediction entropy on the site's unlabelled training images (after "
-        "FedSM, CVPR 2022)." + (f" {DASH} = not applicable: {dash_notes}." if dash_notes else "")
-    )
-    text = "\n\n".join(
-        [f"New-site adaptation: test {label} (%) of each held-out site", *parts]
-        + [f"### Summary: average over sites\n\n{summary}", f"_{note}_"]
-    )
-    data = {
-        "protocol": "new-site",
-        "metric": first.get("metric", "acc"),
-        "metric_label": label,
-        "clients": clients,
-        "variants": names,
-        "shots": list(shots),
-        "epochs": epochs,
-        "reference": _name(ref) if ref else None,
-        "methods": [{"algorithm": k[0], "flow": k[1], "setting": k[2], **methods[k]} for k in keys],
-        "runs": per_run,
-        "not_applicable": {v: sorted(w) for v, w in why.items() if w},
-    }
-    return text, data
-
-
-def _name(key: tuple | None) -> str:
-    if key is None:
-        return ""
-    algo, flow, setting = key
-    return algo + ("" if flow == "base" else f" {flow}") + (f" [{setting}]" if setting else "")
-
-
-def _method_numbers(
-    by_site: dict[str, dict[int, dict]], clients: list[str], names: list[str]
-) -> dict[str, Any]:
-    """One method's numbers: per variant, each site's scores by seed (mean ± std) and the
-    average over sites per seed (seeds with every site, and a score for each)."""
-    seeds = sorted({seed for site in by_site.values() for seed in site})
-    out: dict[str, Any] = {"seeds": seeds, "variants": {}}
-    for v in names:
-        sites = {}
-        for c in clients:
-            per_seed = {seed: r["scores"].get(v) for seed, r in sorted(by_site.get(c, {}).items())}
-            vals = [x for x in per_seed.values() if x is not None]
-            sites[c] = {
-                "per_seed": per_seed,
-                "mean": statistics.fmean(vals) if vals else None,
-                "text": mean_std_text(vals) if len(vals) == len(per_seed) and vals else DASH,
-            }
-        complete = [
-            seed
-            for seed in seeds
-            if all(by_site.get(c, {}).get(seed, {}).get("scores", {}).get(v) is not None
-                   for c in clients)
-        ]  # fmt: skip
-        avg = {
-            seed: statistics.fmean(by_site[c][seed]["scores"][v] for c in clients)
-            for seed in complete
-        }
-        m, sd = mean_std(list(avg.values()))
-        out["variants"][v] = {
-            "sites": sites,
-            "average": {
-                "per_seed": avg,
-                "mean": None if math.isnan(m) else m,
-                "std": None if math.isnan(sd) else sd,
-                "text": mean_std_text(list(avg.values())),
-            },
-        }
-    out["selected_sources"] = {
-        c: [f"s{seed} {r['selected_source']}" for seed, r in sorted(by_site.get(c, {}).items())]
-        for c in clients
-    }
-    return out

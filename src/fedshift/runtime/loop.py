@@ -21,12 +21,11 @@ ends with exactly the numbers of an uninterrupted one: the loop also owns the ru
 is rolled back to its start and the state of the last whole round is written, then
 :class:`~fedshift.runtime.stopping.RunSignal` propagates (the CLI exits 130 / 143).
 
-Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`, one interface, called
-at run start, resume, evaluation, round end, checkpoint, run end): ``metrics.jsonl``, model
-selection (``selected.pt``), the trackers (``metrics.csv``, TensorBoard...), the round line
-and progress bar, when checkpoints are written, and ``summary.json`` (from the typed
-:class:`~fedshift.eval.summary.RunRecord` the loop fills at the end). Its log records go to
-``run.log`` (:mod:`fedshift.core.logs`).
+Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`, called at run start,
+resume, evaluation, round end, checkpoint, run end): ``metrics.jsonl``, model selection
+(``selected.pt``), the trackers, the round line and progress bar, checkpoint timing, and
+``summary.json`` (from the :class:`~fedshift.eval.summary.RunRecord` the loop fills). Log
+records go to ``run.log`` (:mod:`fedshift.core.logs`).
 """
 
 from __future__ import annotations
@@ -248,12 +247,9 @@ class RoundLoop:
         algo, clients = self.algo, self.fed.client_names
         request = EvalRequest(algo.global_weights(self.server))
         if algo.has_personal_model:
-            # a held-out client has no personal model of its own (protocol new-site's answer)
-            request.views = {
-                cid: algo.server_view(self.server, cid)
-                for cid in clients
-                if cid not in self.holdout
-            }
+            # a held-out client has no personal model (protocol new-site gives its answer)
+            views = {c: algo.server_view(self.server, c) for c in clients if c not in self.holdout}
+            request.views = views
         for cid in self.holdout:  # a client that never trains gets what it needs to evaluate
             request.extra[cid] = algo.eval_broadcast(self.server, cid)
         scores, lost = self.transport.evaluate(rnd, clients, request)
