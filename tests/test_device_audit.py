@@ -74,6 +74,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("protocols/new_site.py", "mean_entropy", "float"):
         "one host sync per model and site, after the device-side sums",
     # -- host-side values by design (moved with .to() where they meet device tensors)
+    ("algorithms/adcol.py", "ADCOL.init_server", "randint"):
+        "the discriminator's seed drawn from the global CPU RNG, turned into a Python int",
     ("algorithms/distrans/algorithm.py", "DisTrans.wrap_model", "randint"):
         "a seed drawn from the global CPU RNG, turned into a Python int",
     ("algorithms/fedaws.py", "FedAwS.broadcast", "tensor"):
@@ -90,6 +92,16 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "host gate gradient from Python floats; combined with the host gate logits only",
     ("algorithms/partialfed.py", "PartialFed.before_step", "float"):
         "once per round (the gate update runs on the first step only)",
+    ("augment/cfsi.py", "CFSI.init_client", "zeros"):
+        "the client's own spectra are host state (the other branch .cpu()s them): an empty "
+        "upload when the client has no training images",
+    ("augment/cfsi.py", "CFSI.train_batch", "randint"):
+        "source client and amplitude indices drawn on the CPU generator, turned into Python "
+        "ints that pick host bank tensors (the picked spectra are moved in interpolate)",
+    ("augment/cfsi.py", "CFSI.train_batch", "tolist"):
+        "as CFSI.train_batch/randint: a CPU draw, no device sync",
+    ("augment/cfsi.py", "CFSI.train_batch", "int"):
+        "as CFSI.train_batch/randint: a CPU draw, no device sync",
     ("augment/fedrdn.py", "FedRDN.train_batch", "randint"):
         "draw=released: 0-dim CPU indices (a GPU tensor accepts them as indices)",
     ("augment/ffa.py", "FFALayer._draw_fires", "rand"):

@@ -102,7 +102,9 @@ def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
     sum_j (1/N)(log(1/N) - log q_j) = -log N - mean_j log q_j."""
     n = logits.shape[1]
     logq = F.log_softmax(logits, dim=1)
-    return (-torch.log(torch.tensor(float(n), dtype=logq.dtype)) - logq.mean(1)).mean()
+    return (
+        -torch.log(torch.tensor(float(n), dtype=logq.dtype, device=logq.device)) - logq.mean(1)
+    ).mean()
 
 
 def train_discriminator(
@@ -116,13 +118,14 @@ def train_discriminator(
 ) -> float:
     """``epochs`` passes of cross-entropy mini-batch steps of ``disc`` on (z, party index),
     each a fresh permutation from ``gen`` (a trailing batch of one row is skipped: BN);
-    returns the mean loss of the last epoch."""
+    returns the mean loss of the last epoch. The permutations are drawn on ``gen`` (a CPU
+    generator) and moved to z's device: the same batches wherever D trains."""
     disc.train()
     n = z.shape[0]
-    last = torch.zeros(())
+    last = torch.zeros((), device=z.device)
     for _ in range(epochs):
-        perm = torch.randperm(n, generator=gen)
-        total, steps = torch.zeros(()), 0
+        perm = torch.randperm(n, generator=gen).to(z.device)
+        total, steps = torch.zeros((), device=z.device), 0
         for s in range(0, n, batch_size):
             idx = perm[s : s + batch_size]
             if idx.numel() < 2:
@@ -201,7 +204,9 @@ class ADCOL(FedAvg):
                 raise FedshiftError(f"adcol: unknown client {cid!r} (no discriminator class)")
             z = pl["features"]["z"].float().cpu()
             zs.append(z)
-            parties.append(torch.full((z.shape[0],), self._rows[cid], dtype=torch.long))
+            parties.append(
+                torch.full((z.shape[0],), self._rows[cid], dtype=torch.long, device=z.device)
+            )
         p = self.params
         self.disc.load_state_dict(server["disc"])
         opt = torch.optim.SGD(self.disc.parameters(), lr=p.dis_lr, momentum=p.dis_momentum)

@@ -168,8 +168,9 @@ def boundary_loss(
             zb, okb = pooled(emb, background)
             ok = okc & okb
             zs += [zc[ok], zb[ok]]
-            labels += [torch.ones(int(ok.sum())), torch.zeros(int(ok.sum()))]
-        total = total + nt_xent(torch.cat(zs), torch.cat(labels).to(y.device), temperature)
+            k = int(ok.sum())
+            labels += [torch.ones(k, device=y.device), torch.zeros(k, device=y.device)]
+        total = total + nt_xent(torch.cat(zs), torch.cat(labels), temperature)
     return total
 
 

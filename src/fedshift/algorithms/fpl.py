@@ -144,7 +144,7 @@ def cluster_prototypes(protos: torch.Tensor, partition: str = "coarsest") -> tor
     if protos.shape[0] == 1:
         return protos.clone()
     parts = finch(protos.double().cpu().numpy())
-    labels = torch.from_numpy(parts[-1] if partition == "coarsest" else parts[0])
+    labels = torch.from_numpy(parts[-1] if partition == "coarsest" else parts[0]).to(protos.device)
     k = int(labels.max()) + 1
     out = torch.stack([protos.double()[labels == c].mean(0) for c in range(k)])
     return out.to(protos.dtype)
@@ -209,7 +209,9 @@ class FPL(FedAvg):
             if held.shape[0]:
                 found = cluster_prototypes(held, self.params.partition)
                 rows.append(found)
-                labels.append(torch.full((found.shape[0],), c, dtype=torch.long))
+                labels.append(
+                    torch.full((found.shape[0],), c, dtype=torch.long, device=found.device)
+                )
         server["clusters"] = (
             {"protos": torch.cat(rows), "labels": torch.cat(labels)} if rows else None
         )

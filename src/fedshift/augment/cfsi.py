@@ -76,11 +76,14 @@ def window_half_size(h: int, w: int, alpha: float) -> int:
     return math.floor(min(h, w) * alpha)
 
 
-def low_freq_window(h: int, w: int, alpha: float) -> torch.Tensor:
-    """The binary low-frequency window M in the FFT's own (unshifted) layout, float64 (H, W):
-    the centred (2b + 1)-square of the fftshift-ed spectrum moved back by ifftshift."""
+def low_freq_window(
+    h: int, w: int, alpha: float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The binary low-frequency window M in the FFT's own (unshifted) layout, float64 (H, W)
+    on ``device`` (default: torch's default device): the centred (2b + 1)-square of the
+    fftshift-ed spectrum moved back by ifftshift."""
     b = window_half_size(h, w, alpha)
-    shifted = torch.zeros(h, w, dtype=torch.float64)
+    shifted = torch.zeros(h, w, dtype=torch.float64, device=device)
     ch, cw = h // 2, w // 2
     shifted[max(ch - b, 0) : ch + b + 1, max(cw - b, 0) : cw + b + 1] = 1.0
     return torch.fft.ifftshift(shifted)
@@ -122,8 +125,8 @@ class CFSI(Augment):
         keep = max(1, round(self.params.bank_fraction * n)) if n else 0
         if keep < n:
             g = derived_generator(self.seed, "cfsi", cid)
-            idx = torch.randperm(n, generator=g)[:keep].sort().values.to(x.device)
-            x = x[idx]
+            perm = torch.randperm(n, generator=g).to(x.device)  # CPU draw: same on any device
+            x = x[perm[:keep].sort().values]
         amps = [amplitude_phase(x[s : s + 256].float())[0].float() for s in range(0, keep, 256)]
         own = torch.cat(amps).cpu() if amps else torch.zeros(0, *x.shape[1:])
         return {"own": own, "bank": {}}
@@ -163,7 +166,7 @@ class CFSI(Augment):
         pick = [int(torch.randint(bank[s].shape[0], (1,), generator=generator)) for s in src]
         other = torch.stack([bank[s][j] for s, j in zip(src, pick, strict=True)])
         p = self.params
-        lam = p.lam_min + (p.lam_max - p.lam_min) * torch.rand(n, generator=generator)
-        window = low_freq_window(x.shape[-2], x.shape[-1], p.alpha)
+        lam = p.lam_min + (p.lam_max - p.lam_min) * torch.rand(n, generator=generator).to(x.device)
+        window = low_freq_window(x.shape[-2], x.shape[-1], p.alpha, device=x.device)
         x_freq = interpolate(x, other, lam, window).clamp(0.0, 1.0)
         return torch.cat((x, x_freq)), torch.cat((y, y))
