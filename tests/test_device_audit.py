@@ -71,8 +71,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("protocols/new_site.py", "select_shots", "randperm"):
         "the labels are moved to the host first; a CPU generator picks the same shots on "
         "every device",
-    ("protocols/new_site.py", "mean_entropy", "float"):
-        "one host sync per model and site, after the device-side sums",
     # -- host-side values by design (moved with .to() where they meet device tensors)
     ("algorithms/adcol.py", "ADCOL.init_server", "randint"):
         "the discriminator's seed drawn from the global CPU RNG, turned into a Python int",
