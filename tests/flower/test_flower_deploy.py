@@ -11,6 +11,7 @@ pytest-xdist worker; conftest.py GROUPS says which tests run together."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -114,5 +115,7 @@ def test_killed_supernode_below_the_minimum_stops_with_a_clear_error(sites, tmp_
     opts = FlowerOptions(round_timeout=45)  # every sampled client must reply
     _, status, log = sites.submit(cfg, opts, tmp_path, 400, _kill_after_round_one(sites, 1))
     assert status == "finished:failed", log
-    assert "round 2: aggregation needs 3 of the 3 sampled clients but only 2 replied" in log
+    # 2 replied; on a loaded machine a live node may miss the 45 s window too (then 1)
+    want = r"round 2: aggregation needs 3 of the 3 sampled clients but only [12] replied"
+    assert re.search(want, log), log[-4000:]
     assert "client1" in log and "--min-clients" in log

@@ -1,16 +1,15 @@
-"""Convergence plots (PNG, matplotlib's Agg backend: no display needed)."""
+"""Convergence plots (PNG, matplotlib's Agg backend: no display needed).
+
+Every run draws one at its end, so the figure is built without pyplot's global state (a
+``Figure`` of its own, safe in threads) and with fixed margins: ``tight_layout`` measured every
+tick label again and was about half of a short run's plotting time."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from fedshift.core.files import atomic_output  # noqa: E402
+from fedshift.core.files import atomic_output
 
 
 def plot_convergence(
@@ -23,7 +22,11 @@ def plot_convergence(
 ) -> Path:
     """Left: mean val/test ``metric`` (called ``label``) per round for each model kind.
     Right: per-client test ``metric`` of the primary kind."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    # imported here: pool workers and Flower clients import the run's modules but never plot
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     for kind in kinds:
         rounds: dict[int, list[dict]] = defaultdict(list)
         for r in records:
@@ -50,8 +53,8 @@ def plot_convergence(
     ax2.set_title(f"test {label} per client ({primary} model)")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
+    # fixed margins (inches / figure size): room for the y label and the tick labels
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.12, top=0.92, wspace=0.12)
     with atomic_output(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
     return out
