@@ -740,3 +740,39 @@ def test_loco_over_clients_dealt_from_domains_holds_out_whole_domains(tmp_path):
             sweep={"seed": [0], "partition.name": ["domains", "none"]},
         )
         loco(SuiteOptions(mixed, (), 1, 1, tmp_path / "lo2", str(tmp_path / "r2"), progress=False))
+
+
+def test_a_cell_lists_keys_label_only_the_cells_that_set_them():
+    """A ``cell`` list that gives FedWon its model option beside a plain FedAvg: FedAvg's row
+    is ``fedavg`` (not every cell's keys at its defaults), FedWon's names its three keys, and
+    the gamma that only acts with ``model.conv=ws`` goes with them, not into the label."""
+    from fedshift.protocols.common import (
+        expand_configs,
+        label_rows,
+        row_key,
+        setting_keys,
+        with_settings,
+    )
+
+    raw = {
+        "dataset": {"name": "toyshift"},
+        "model": {"name": "lenet5"},
+        "sweep": {
+            "cell": [
+                {"algorithm.name": "fedavg"},
+                {"algorithm.name": "fedwon", "model.norm": "none", "model.conv": "ws",
+                 "train.agc": 1.28},
+            ],
+            "seed": [0, 1],
+        },
+    }  # fmt: skip
+    summaries = []
+    for cfg in expand_configs(raw, "test"):
+        d = cfg.to_dict()
+        summaries.append({"algorithm": d["algorithm"]["name"], "seed": d["seed"], "_cfg": d})
+    with_settings(summaries, setting_keys(raw), raw)
+    label_rows(summaries)
+    by_algo = {s["algorithm"]: row_key(s) for s in summaries}
+    assert by_algo["fedavg"] == ("fedavg", "base", "")
+    assert by_algo["fedwon"] == ("fedwon", "base", "model.norm=none model.conv=ws train.agc=1.28")
+    assert len({row_key(s) for s in summaries}) == 2  # the seeds share a row

@@ -36,7 +36,7 @@ LATER_DEFAULTS: dict[str, Any] = {
 }
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)
-_ONLY_WITH = {"model.ws_gamma": "model.conv"}
+ONLY_WITH = {"model.ws_gamma": "model.conv"}
 
 
 def _drop_later_defaults(out: dict) -> None:
@@ -51,7 +51,7 @@ def _drop_later_defaults(out: dict) -> None:
         parent, leaf = node(dotted)
         return parent is None or leaf not in parent or parent[leaf] == LATER_DEFAULTS[dotted]
 
-    inactive = [k for k, gate in _ONLY_WITH.items() if at_default(gate)]
+    inactive = [k for k, gate in ONLY_WITH.items() if at_default(gate)]
     for dotted in [*inactive, *(k for k in LATER_DEFAULTS if at_default(k))]:
         parent, leaf = node(dotted)
         if parent is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from fedshift.catalog import registry_for
 from fedshift.core.config import load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.identity import flatten, number_config
+from fedshift.core.identity import ONLY_WITH, flatten, number_config
 from fedshift.eval.stats import mean_std, paired_ttest
 
 
@@ -292,6 +292,8 @@ def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow
         seen[key] = s
 
     def column(k: str) -> bool:  # a key the table shows in a column of its own
+        if k in ONLY_WITH and column(ONLY_WITH[k]):
+            return True  # acts only with a shown key (model.ws_gamma with model.conv)
         return any(k == x or k.startswith(x + ".") or x.startswith(k + ".") for x in shown)
 
     def own(k: str) -> bool:  # keys flow_label speaks for, the seed, and the table's columns

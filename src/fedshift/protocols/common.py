@@ -260,8 +260,37 @@ class SuiteOptions:
         return summaries
 
 
-def with_settings(summaries: list[dict], keys: list[str]) -> None:
+def with_settings(summaries: list[dict], keys: list[str], raw: dict | None = None) -> None:
+    """Each run's ``setting`` text: ``key=value`` for the ``keys`` (:func:`setting_keys`).
+    A key that only a ``cell`` list of ``raw``'s sweep sets is shown for the runs of the cells
+    that set it (``fedwon [model.norm=none model.conv=ws]`` beside a plain ``fedavg``, not
+    every cell's keys at every run's defaults)."""
+    cells = [c for c in ((raw or {}).get("sweep") or {}).get("cell") or [] if isinstance(c, dict)]
+    only_cells = {k for c in cells for k in c} - {
+        k for k in ((raw or {}).get("sweep") or {}) if k != "cell"
+    }
+
+    def of_cell(cfg: dict) -> set[str]:  # the keys of the first cell this run is
+        for c in cells:
+            if all(_same(lookup_or_missing(cfg, k), v) for k, v in c.items()):
+                return set(c)
+        return only_cells  # no cell matches (a config edited by hand): show them all
+
     for s in summaries:
-        shown = (f"{k}={short_value(lookup_or_missing(s['_cfg'], k))}" for k in keys)
+        mine = of_cell(s["_cfg"]) if cells else set()
+        shown = (
+            f"{k}={short_value(lookup_or_missing(s['_cfg'], k))}"
+            for k in keys
+            if k not in only_cells or k in mine
+        )
         s["_setting"] = " ".join(shown)
         s["_shown"] = tuple(keys)
+
+
+def _same(got: Any, want: Any) -> bool:
+    """A resolved config value against a cell's YAML value (lists and tuples alike, 1 and
+    1.0 alike)."""
+    numbers = (int, float)
+    if isinstance(got, numbers) and isinstance(want, numbers) and not isinstance(got, bool):
+        return float(got) == float(want)
+    return json.dumps(got, default=str) == json.dumps(want, default=str)

@@ -119,7 +119,7 @@ def held_out_cells(
     outp = options.output_dir(name)
     suite = outp / f"{name}-suite.yaml"
     summaries = options.run_cells(grid_raw, suite, reuse=reuse)
-    with_settings(summaries, setting_keys(raw))
+    with_settings(summaries, setting_keys(raw), raw)
     return HeldOutCells(raw, clients, summaries, outp, suite)
 
 

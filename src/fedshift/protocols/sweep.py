@@ -94,7 +94,7 @@ def sweep(options: SuiteOptions, key: str, values: str | list[Any]) -> ProtocolR
     grid_raw.setdefault("sweep", {})[key] = vals
     outp = options.output_dir("sweep")
     summaries = options.run_cells(grid_raw, outp / "sweep-suite.yaml")
-    with_settings(summaries, setting_keys(raw, exclude=[key]))
+    with_settings(summaries, setting_keys(raw, exclude=[key]), raw)
     labels = [str(v) for v in vals]
     for s in summaries:
         got = lookup_or_missing(s["_cfg"], key)
