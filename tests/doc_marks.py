@@ -180,11 +180,11 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol new-site -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedbn]' --epochs 5":
         Run(CHEAP_GRID),
     "fedshift protocol new-site -c configs/suites/new_site_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
-        Long("about 75 min", "estimated: 84 runs of 20 rounds (fedavg ~17 s on an idle 2-core machine, results/fedfa_table4_loco; DisTrans, FRAug, HarmoFL, FedIIR 2-3x) + ~15 s of adaptation each; a 1-round smoke of 8 methods ran"),
+        Long("about 1 h 45 min", "estimated: 84 cnn runs of 20 rounds on four domains (FedAvg's measured: about 95 s each with two workers on 2 cores; FRAug, HarmoFL, DisTrans, FedIIR about 2x: results/digits_methods) + ~15 s of adaptation each"),
     "fedshift protocol new-site -c configs/suites/new_site_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 100 min", "estimated: 30 runs at brain_mri_table's ~3 min per run, ELCFS ~5x (episodic second-order steps), plus each run's adaptation (U-Net); a 1-round smoke ran"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
-        Long("about 5 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds); a 1-round smoke (8 clients, FedAvg/FedBN/FedWon, MNIST-M) ran"),
+        Long("about 5-6 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds); a 1-round smoke (8 clients, FedAvg/FedBN/FedWon, MNIST-M) ran"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 3 h", "estimated: 60 U-Net runs of 50 rounds (2 client counts x 10 methods x 3 seeds); the grid's configs are checked by tests/test_suites.py"),
     "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
