@@ -279,3 +279,26 @@ def test_per_domain_metrics_group_clients_by_their_main_domain(tmp_path):
     assert metric_value(run, "domain_std") == pytest.approx(0.2)  # population std of 0.8, 0.4
     with pytest.raises(ClaimsError, match="domain_mix"):
         metric_value(ResultRun(tmp_path, {}, {"test_per_client": {}}), "domain_std")
+
+
+def test_new_site_metric_reads_the_protocols_score_of_that_run(tmp_path):
+    from fedshift.eval.claims import ResultRun, metric_value
+
+    proto = tmp_path / "protocols" / "ns"
+    proto.mkdir(parents=True)
+    scores = {"global": 0.41, "adabn": 0.66, "test-time norm": None}
+    (proto / "new-site.json").write_text(json.dumps({"runs": {
+        "runs/ns/fedavg-digits-seed0-aaaa": {"scores": scores,
+                                             "reasons": {"test-time norm": "defines none"}},
+        "runs/ns/fedavg-digits-seed1-bbbb": {"scores": {"global": 0.1, "adabn": 0.2}},
+    }}))  # fmt: skip
+    run = ResultRun(tmp_path / "results" / "ns" / "fedavg-digits-seed0-aaaa", {}, {})
+    assert metric_value(run, "new_site:adabn", proto) == 0.66
+    assert metric_value(run, "new_site:global", proto) == 0.41
+    with pytest.raises(ClaimsError, match="defines none"):
+        metric_value(run, "new_site:test-time norm", proto)
+    with pytest.raises(ClaimsError, match="no variant 'finetune-5'"):
+        metric_value(run, "new_site:finetune-5", proto)
+    other = ResultRun(tmp_path / "results" / "ns" / "fedbn-digits-seed0-cccc", {}, {})
+    with pytest.raises(ClaimsError, match="no entry for run"):
+        metric_value(other, "new_site:adabn", proto)

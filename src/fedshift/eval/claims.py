@@ -201,6 +201,27 @@ def _head_finetune(run: ResultRun, arg: str, protocol: Path | None) -> float:
     raise ClaimsError(f"{p}: no entry for run {run.path.name}")
 
 
+def _new_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    """The held-out site's score after the new-site variant ``arg`` (``global``, ``adabn``,
+    ``finetune-10``, ...; :mod:`fedshift.protocols.new_site`), from the protocol's
+    ``new-site.json``."""
+    p = _protocol_dir(run, protocol) / "new-site.json"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ClaimsError(f"{p}: {e}") from None
+    for key, entry in data["runs"].items():
+        if Path(key).name == run.path.name:
+            if arg not in entry["scores"]:
+                raise ClaimsError(f"{p}: no variant {arg!r}; it has {sorted(entry['scores'])}")
+            value = entry["scores"][arg]
+            if value is None:
+                why = entry.get("reasons", {}).get(arg, "not applicable")
+                raise ClaimsError(f"{p}: {arg!r} does not apply to {run.path.name}: {why}")
+            return float(value)
+    raise ClaimsError(f"{p}: no entry for run {run.path.name}")
+
+
 #: metric name (before ``:``) -> value of one run; the part after ``:`` is the argument
 METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
     "test": _test,
@@ -213,6 +234,7 @@ METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
     "head_finetune": _head_finetune,
     "domain_mean": _domain_mean,
     "domain_std": _domain_std,
+    "new_site": _new_site,
 }
 
 METRIC_WORDS = {
@@ -226,6 +248,7 @@ METRIC_WORDS = {
     "head_finetune": "test score {arg} retraining the head (mean over clients)",
     "domain_mean": "mean over domains of the per-domain test score (clients by main domain)",
     "domain_std": "std over domains of the per-domain test score (FedHEAL's fairness)",
+    "new_site": "held-out site's test score after the new-site variant {arg}",
 }
 
 
