@@ -272,6 +272,41 @@ def test_segmentation_fedbn_site_gets_an_answer(tmp_path):
     from fedshift.protocols.new_site import adapt_run
 
     r = adapt_run(_held_out_run(tmp_path, "seg", "algorithm.name=fedbn", seg=True), (1, 2), 2)
-    assert r["shots"] == {1: 1, 2: 2}  # k images, not per class
+    assert r["shots"] == {"1": 1, "2": 2}  # k images, not per class
     for v in ("global", "adabn", "finetune-1", "finetune-2", "select"):
         assert 0 <= r["scores"][v] <= 1
+
+
+def test_a_stopped_new_site_adapts_only_the_runs_it_had_not(tmp_path, monkeypatch):
+    """Each run's adaptation is kept in the output folder (JSON, keyed by the run's summary
+    and the options): the same command again adapts nothing and gives the same tables; a
+    missing file is adapted again, and other options (--epochs) adapt every run again."""
+    import importlib
+
+    ns = importlib.import_module("fedshift.protocols.new_site")  # the module, not the function
+
+    opts = SuiteOptions(
+        write_config(tmp_path / "c.yaml", ["fedavg"]), (), 1, 1, tmp_path / "o",
+        str(tmp_path / "r"), progress=False,
+    )  # fmt: skip
+    first = new_site(opts, shots=(1,), epochs=2)
+    kept = sorted((first.files["json"].parent / "adapted").glob("*.json"))
+    assert len(kept) == 3  # one per held-out site
+    calls: list[str] = []
+    real = ns.adapt_run
+
+    def counted(run_dir, *a, **k):
+        calls.append(Path(run_dir).name)
+        return real(run_dir, *a, **k)
+
+    monkeypatch.setattr(ns, "adapt_run", counted)
+    again = new_site(opts, shots=(1,), epochs=2)
+    assert calls == [] and again.text == first.text
+    data = [json.loads(r.files["json"].read_text()) for r in (first, again)]
+    assert data[0] == data[1]
+    kept[0].unlink()
+    new_site(opts, shots=(1,), epochs=2)
+    assert calls == [kept[0].stem]
+    calls.clear()
+    new_site(opts, shots=(1,), epochs=3)
+    assert len(calls) == 3

@@ -57,6 +57,8 @@ atomically.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.files import write_text_atomic
 from fedshift.protocols.common import (
     ProtocolResult,
     SuiteOptions,
@@ -107,12 +110,21 @@ def new_site(
     )
     per_run: dict[str, dict] = {}
     started = time.monotonic()
-    n = len(cells.summaries)
+    n, done = len(cells.summaries), 0
     for i, s in enumerate(cells.summaries, 1):
-        say(f"new-site: run {i}/{n} ({Path(s['run_dir']).name}): adapting to {s['holdout'][0]}")
-        per_run[s["run_dir"]] = adapt_run(s["run_dir"], tuple(shots), epochs, weights)
-        left = (time.monotonic() - started) / i * (n - i)
-        g = per_run[s["run_dir"]]["scores"]["global"]
+        run_dir = s["run_dir"]
+        key = _adapt_key(run_dir, tuple(shots), epochs, weights)
+        cached = _adapted(cells.out, run_dir, key)
+        if cached is not None:
+            per_run[run_dir] = cached
+            say(f"new-site: run {i}/{n} ({Path(run_dir).name}): adapted before, taken")
+            continue
+        say(f"new-site: run {i}/{n} ({Path(run_dir).name}): adapting to {s['holdout'][0]}")
+        per_run[run_dir] = adapt_run(run_dir, tuple(shots), epochs, weights)
+        _store_adapted(cells.out, run_dir, key, per_run[run_dir])
+        done += 1
+        left = (time.monotonic() - started) / done * (n - i)
+        g = per_run[run_dir]["scores"]["global"]
         say(f"new-site: run {i}/{n} done (global {100 * g:.2f}); ETA {fmt_duration(left)}")
     text, data = new_site_tables(cells.summaries, per_run, cells.clients, tuple(shots), epochs)
     data["suite"] = str(cells.suite)
@@ -120,6 +132,45 @@ def new_site(
     files = save_outputs(cells.out, "new-site", "A site that never trained", text, data)
     files["suite"] = cells.suite
     return ProtocolResult("new-site", text, data, files)
+
+
+# ========================================================== one run's adaptation, kept
+def _adapt_key(run_dir: str | Path, shots: tuple[int, ...], epochs: int, weights: str) -> dict:
+    """What one run's adaptation depends on: the run (its ``summary.json`` bytes: a cell run
+    again writes another) and the protocol's options."""
+    summary = (Path(run_dir) / "summary.json").read_bytes()
+    return {
+        "summary_sha256": hashlib.sha256(summary).hexdigest(),
+        "shots": list(shots),
+        "epochs": epochs,
+        "weights": weights,
+    }
+
+
+def _adapted_path(out: Path, run_dir: str | Path) -> Path:
+    return out / "adapted" / f"{Path(run_dir).name}.json"
+
+
+def _adapted(out: Path, run_dir: str | Path, key: dict) -> dict | None:
+    """A run's adaptation that an earlier (stopped) ``new-site`` in the same output folder
+    finished with the same ``key``, read as JSON data (never code); None otherwise. A long
+    protocol stopped mid-way so adapts only the runs it had not."""
+    path = _adapted_path(out, run_dir)
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("key") != key:
+        return None
+    if not isinstance(kept.get("result"), dict):
+        return None
+    return kept["result"]
+
+
+def _store_adapted(out: Path, run_dir: str | Path, key: dict, result: dict) -> None:
+    path = _adapted_path(out, run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"key": key, "result": result}, indent=1) + "\n")
 
 
 # ============================================================================ the variants
@@ -299,11 +350,11 @@ def adapt_run(
     tt_state, reasons["test-time norm"] = test_time_norm(sim, site, state)
     scores["test-time norm"] = None if tt_state is None else score(base, tt_state)
     # finetune-k
-    shot_counts = {}
+    shot_counts: dict[str, int] = {}
     for k in shots:
         name = f"finetune-{k}"
         idx = select_shots(client.train.y, k, cfg.seed, site, task.name)
-        shot_counts[k] = len(idx)
+        shot_counts[str(k)] = len(idx)  # str keys: the same in memory and in JSON
         model.load_state_dict(base)
         with torch.enable_grad():
             x, y = client.train.x[idx], client.train.y[idx]
