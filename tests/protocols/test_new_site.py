@@ -310,3 +310,17 @@ def test_a_stopped_new_site_adapts_only_the_runs_it_had_not(tmp_path, monkeypatc
     calls.clear()
     new_site(opts, shots=(1,), epochs=3)
     assert len(calls) == 3
+
+
+@pytest.mark.process
+def test_adapting_in_worker_processes_gives_the_same_numbers(tmp_path):
+    """--workers 2 adapts the runs in two spawned processes, each at the run's own thread
+    count, as this process does: the same scores to the bit."""
+    cfg = write_config(tmp_path / "c.yaml", ["fedavg", "fedbn"])
+    runs = str(tmp_path / "r")
+    one = new_site(SuiteOptions(cfg, (), 1, 1, tmp_path / "o1", runs, progress=False),
+                   shots=(1,), epochs=2)  # fmt: skip
+    two = new_site(SuiteOptions(cfg, (), 2, 1, tmp_path / "o2", runs, progress=False),
+                   shots=(1,), epochs=2)  # fmt: skip
+    assert one.data["runs"] == two.data["runs"] and one.text == two.text
+    assert len(list((tmp_path / "o2" / "adapted").glob("*.json"))) == 6

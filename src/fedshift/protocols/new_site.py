@@ -60,6 +60,7 @@ import copy
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ from fedshift.protocols.new_site_tables import (
     new_site_tables,
 )
 from fedshift.runtime.progress import fmt_duration
+from fedshift.runtime.simulation import torch_threads
 
 
 def new_site(
@@ -109,23 +111,29 @@ def new_site(
         sites=None if sites is None else list(sites),
     )
     per_run: dict[str, dict] = {}
-    started = time.monotonic()
-    n, done = len(cells.summaries), 0
-    for i, s in enumerate(cells.summaries, 1):
+    todo: dict[str, dict] = {}  # run directory -> its adaptation key
+    for s in cells.summaries:
         run_dir = s["run_dir"]
         key = _adapt_key(run_dir, tuple(shots), epochs, weights)
         cached = _adapted(cells.out, run_dir, key)
-        if cached is not None:
+        if cached is None:
+            todo[run_dir] = key
+        else:
             per_run[run_dir] = cached
-            say(f"new-site: run {i}/{n} ({Path(run_dir).name}): adapted before, taken")
-            continue
-        say(f"new-site: run {i}/{n} ({Path(run_dir).name}): adapting to {s['holdout'][0]}")
-        per_run[run_dir] = adapt_run(run_dir, tuple(shots), epochs, weights)
-        _store_adapted(cells.out, run_dir, key, per_run[run_dir])
-        done += 1
-        left = (time.monotonic() - started) / done * (n - i)
-        g = per_run[run_dir]["scores"]["global"]
-        say(f"new-site: run {i}/{n} done (global {100 * g:.2f}); ETA {fmt_duration(left)}")
+    if per_run:
+        say(f"new-site: {len(per_run)} of {len(cells.summaries)} runs adapted before, taken")
+    started, n = time.monotonic(), len(todo)
+    for i, (run_dir, result) in enumerate(
+        _adapt_all(list(todo), (tuple(shots), epochs, weights), options.workers), 1
+    ):
+        per_run[run_dir] = result
+        _store_adapted(cells.out, run_dir, todo[run_dir], result)
+        left = (time.monotonic() - started) / i * (n - i)
+        g = result["scores"]["global"]
+        say(
+            f"new-site: {i}/{n} adapted ({Path(run_dir).name}, site {result['site']}, "
+            f"global {100 * g:.2f}); ETA {fmt_duration(left)}"
+        )
     text, data = new_site_tables(cells.summaries, per_run, cells.clients, tuple(shots), epochs)
     data["suite"] = str(cells.suite)
     data["weights"] = weights
@@ -135,6 +143,32 @@ def new_site(
 
 
 # ========================================================== one run's adaptation, kept
+def _adapt_all(
+    run_dirs: list[str], args: tuple, workers: int | None
+) -> Iterator[tuple[str, dict]]:
+    """(run directory, :func:`adapt_run`'s result) for each run, as they finish: in this
+    process, or with ``workers`` > 1 in that many spawned processes (each run adapts at its
+    own ``run.threads`` either way, so the numbers do not depend on ``--workers``)."""
+    n = min(workers or 1, len(run_dirs))
+    if n <= 1:
+        for run_dir in run_dirs:
+            yield run_dir, adapt_run(run_dir, *args)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futures = {pool.submit(adapt_run, run_dir, *args): run_dir for run_dir in run_dirs}
+        try:
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
 def _adapt_key(run_dir: str | Path, shots: tuple[int, ...], epochs: int, weights: str) -> dict:
     """What one run's adaptation depends on: the run (its ``summary.json`` bytes: a cell run
     again writes another) and the protocol's options."""
@@ -316,6 +350,11 @@ def adapt_run(
     sim = load_run(run_dir, weights)
     if len(sim.exp.holdout) != 1:
         raise FedshiftError(f"{run_dir}: not a run with one held-out site ({sim.exp.holdout})")
+    with torch_threads(sim.cfg.run.threads):  # the run's own, in any process
+        return _adapt(sim, shots, epochs)
+
+
+def _adapt(sim: Any, shots: tuple[int, ...], epochs: int) -> dict[str, Any]:
     (site,) = sim.exp.holdout
     cfg, exp, model = sim.cfg, sim.exp, sim.model
     task, metric = sim.task, sim.task.primary.name
