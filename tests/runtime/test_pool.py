@@ -307,3 +307,36 @@ def test_large_messages_arrive_whole_both_ways(monkeypatch, raw):
         a.close()
         with pytest.raises(EOFError):
             pool_worker.recv(b)
+
+
+def test_a_stopped_pool_begins_no_cell_it_had_already_handed_to_a_worker(tmp_path):
+    """The executor hands a worker one cell beyond those running, which ``cancel`` cannot
+    take back. A signal stops the pool: the running cells end, the one handed over and the
+    rest never begin and are not reported (they stay pending), and the stop is prompt."""
+    import threading
+
+    from support.pool_tasks import sleepy
+
+    from fedshift.runtime.parallel import Stopped, run_cells
+
+    keys = [f"cell{i}" for i in range(5)]
+    args = {k: (str(tmp_path), k, 2.0) for k in keys}
+    ended: dict[str, str] = {}
+
+    def done(key: str, res: dict) -> None:
+        ended[key] = res["status"]
+
+    def stop_soon() -> None:  # once both workers have begun a cell
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.began"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(Stopped):
+        run_cells(keys, sleepy, args, 2, done)
+    began = sorted(p.stem for p in tmp_path.glob("*.began"))
+    assert began == keys[:2], began  # the handed-over third cell never began
+    assert ended == {"cell0": "ran", "cell1": "ran"}
+    assert time.monotonic() - started < 30  # not the five cells' 10 s after the stop

@@ -55,6 +55,10 @@ PARENT_GONE_GRACE_S = 60.0
 _busy = False
 #: where :func:`report` sends a cell's progress (None: nowhere)
 _sink: Callable[[tuple], None] | None = None
+#: in a worker: the pool's stop flag (set by the parent when a signal stops the cells)
+_stopping: Any = None
+#: a cell a stopped pool never began (the executor had already handed it to a worker)
+NOT_STARTED = "not started"
 
 
 def report(*message: Any) -> None:
@@ -89,6 +93,8 @@ def guarded(task: Callable[..., str], *args: Any) -> dict:
     returns it (``ran``, ``resumed``...), ``failed`` with ``reason`` (and ``traceback`` for a
     bug), or ``interrupted`` with ``signum``."""
     global _busy
+    if _stopping is not None and _stopping.is_set():
+        return {"status": NOT_STARTED}
     _busy = True
     try:
         return {"status": task(*args)}
@@ -124,18 +130,20 @@ def _parent_gone(signalled: bool) -> None:
         time.sleep(0.1)
 
 
-def _worker_init(parent: int, messages: Any = None) -> None:
+def _worker_init(parent: int, messages: Any = None, stopping: Any = None) -> None:
     """Initializer of every worker: die with the parent
     (:func:`fedshift.core.lifeline.die_with_parent`: SIGTERM from the kernel on Linux, and a
     thread polling the parent that exits the worker once its cell has saved its state: a
     worker left waiting for work that will never come would live forever); progress goes to
     ``messages`` (a queue the parent drains; a put to a parent that is gone fails, and
-    :func:`report` ignores it)."""
-    global _sink
+    :func:`report` ignores it); ``stopping``: the pool's stop flag, which :func:`guarded`
+    reads before it begins a cell."""
+    global _sink, _stopping
     die_with_parent(parent, signal.SIGTERM, _parent_gone)
     signal.signal(signal.SIGINT, _worker_sigint)
     if messages is not None:
         _sink = messages.put
+    _stopping = stopping
 
 
 # ---------------------------------------------------------------------- the cells
@@ -228,18 +236,22 @@ def _in_pool(
 ) -> None:
     """``n_workers`` spawned processes (which die with this one, see :func:`_worker_init`).
     A signal here, or a cell stopped by one, cancels the cells not started and stops the
-    running ones (SIGINT: they save their state), then :class:`Stopped` propagates."""
+    running ones (SIGINT: they save their state), then :class:`Stopped` propagates. The
+    executor hands a worker one cell beyond those running, which ``cancel`` cannot take
+    back: the stop flag makes such a cell return at once, not started (it stays pending)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     # a worker's put() writes to the pipe before its cell's result is sent: delivering what
     # is waiting before ``done`` shows every round of a cell before the cell ends
     messages = ctx.SimpleQueue()
+    stopping = ctx.Event()
     lock, stop_drain = threading.Lock(), threading.Event()
     drain = threading.Thread(target=_drain, args=(messages, sink, lock, stop_drain), daemon=True)
     drain.start()
     pool = ProcessPoolExecutor(
-        n_workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), messages)
+        n_workers, mp_context=ctx, initializer=_worker_init,
+        initargs=(os.getpid(), messages, stopping),
     )
     futs: dict[Future, str] = {}
     recorded: set[Future] = set()
@@ -270,13 +282,21 @@ def _in_pool(
     finally:
         if stop is not None:
             install(dict.fromkeys((signal.SIGINT, signal.SIGTERM), signal.SIG_IGN))
+            stopping.set()
             for fut in futs:
                 fut.cancel()
-            _interrupt_running([futs[f] for f in futs if f.running()])
+            # a worker freed by a stopped cell may have begun the next one before the flag
+            # was set: signal each cell's worker once it holds the cell's lock, until all end
+            signalled: set[tuple[int, str]] = set()
+            while not all(f.done() for f in futs):
+                _interrupt_running([futs[f] for f in futs if f.running()], signalled)
+                wait([f for f in futs if not f.done()], timeout=0.2)
         pool.shutdown(wait=True, cancel_futures=True)
         for fut, key in futs.items():  # the cells that ended while the others stopped
             if fut not in recorded and fut.done() and not fut.cancelled():
-                done(key, collect(fut))
+                res = collect(fut)
+                if res["status"] != NOT_STARTED:
+                    done(key, res)
         stop_drain.set()
         drain.join()
         messages.close()
@@ -284,15 +304,16 @@ def _in_pool(
         raise Stopped(stop)
 
 
-def _interrupt_running(keys: list[str]) -> None:
+def _interrupt_running(keys: list[str], signalled: set[tuple[int, str]]) -> None:
     """SIGINT to the workers running the cells ``keys`` (the holders of their run locks), so
-    that they save their last whole round and stop."""
+    that they save their last whole round and stop; once per worker and cell (``signalled``)."""
     import multiprocessing as mp
 
     ours = {p.pid for p in mp.active_children()}
     for key in keys:
         pid = (lock_holder(Path(key) / LOCK_FILE) or {}).get("pid")
-        if pid in ours:
+        if pid in ours and (pid, key) not in signalled:
+            signalled.add((pid, key))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGINT)
 
