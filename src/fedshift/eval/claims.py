@@ -188,38 +188,36 @@ def _cross_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
     return float(data["stats"][metric][arg or "off_diagonal_mean"])
 
 
-def _head_finetune(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    p = _protocol_dir(run, protocol) / "head-finetune.json"
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ClaimsError(f"{p}: {e}") from None
-    for key, per_client in data["runs"].items():
-        if Path(key).name == run.path.name:
-            vals = [v[arg] for v in per_client.values()]
-            return statistics.fmean(vals)
-    raise ClaimsError(f"{p}: no entry for run {run.path.name}")
-
-
-def _new_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    """The held-out site's score after the new-site variant ``arg`` (``global``, ``adabn``,
-    ``finetune-10``, ...; :mod:`fedshift.protocols.new_site`), from the protocol's
-    ``new-site.json``."""
-    p = _protocol_dir(run, protocol) / "new-site.json"
+def _run_entry(run: ResultRun, protocol: Path | None, name: str) -> tuple[Path, dict]:
+    """The protocol file ``name``'s ``runs`` entry of ``run`` (matched by folder name)."""
+    p = _protocol_dir(run, protocol) / name
     try:
         data = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise ClaimsError(f"{p}: {e}") from None
     for key, entry in data["runs"].items():
         if Path(key).name == run.path.name:
-            if arg not in entry["scores"]:
-                raise ClaimsError(f"{p}: no variant {arg!r}; it has {sorted(entry['scores'])}")
-            value = entry["scores"][arg]
-            if value is None:
-                why = entry.get("reasons", {}).get(arg, "not applicable")
-                raise ClaimsError(f"{p}: {arg!r} does not apply to {run.path.name}: {why}")
-            return float(value)
+            return p, entry
     raise ClaimsError(f"{p}: no entry for run {run.path.name}")
+
+
+def _head_finetune(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    _, per_client = _run_entry(run, protocol, "head-finetune.json")
+    return statistics.fmean(v[arg] for v in per_client.values())
+
+
+def _new_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    """The held-out site's score after the new-site variant ``arg`` (``global``, ``adabn``,
+    ``finetune-10``, ...; :mod:`fedshift.protocols.new_site`), from the protocol's
+    ``new-site.json``."""
+    p, entry = _run_entry(run, protocol, "new-site.json")
+    if arg not in entry["scores"]:
+        raise ClaimsError(f"{p}: no variant {arg!r}; it has {sorted(entry['scores'])}")
+    value = entry["scores"][arg]
+    if value is None:
+        why = entry.get("reasons", {}).get(arg, "not applicable")
+        raise ClaimsError(f"{p}: {arg!r} does not apply to {run.path.name}: {why}")
+    return float(value)
 
 
 #: metric name (before ``:``) -> value of one run; the part after ``:`` is the argument
