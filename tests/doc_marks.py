@@ -180,7 +180,7 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol new-site -c configs/demo.yaml 'sweep.algorithm.name=[fedavg,fedbn]' --epochs 5":
         Run(CHEAP_GRID),
     "fedshift protocol new-site -c configs/suites/new_site_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
-        Long("about 1 h 45 min", "estimated: 84 cnn runs of 20 rounds on four domains (FedAvg's measured: about 95 s each with two workers on 2 cores; FRAug, HarmoFL, DisTrans, FedIIR about 2x: results/digits_methods) + ~15 s of adaptation each"),
+        Long("about 1 h 45 min", "measured: 84 cnn runs of 20 rounds on four domains, two at a time on 2 cores (per-method median run 80-145 s, HarmoFL ~190 s, DisTrans ~340 s: 93 min) + 84 adaptations (~10 min); results/protocols/new_site_digits"),
     "fedshift protocol new-site -c configs/suites/new_site_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 100 min", "estimated: 30 runs at brain_mri_table's ~3 min per run, ELCFS ~5x (episodic second-order steps), plus each run's adaptation (U-Net); a 1-round smoke ran"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_digits.yaml --sites mnistm,synth --workers 2 --threads 1":

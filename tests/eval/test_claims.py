@@ -238,6 +238,38 @@ def test_results_made_by_another_command_name_it_and_the_machine(tmp_path):
     assert f"made by `{made}` on 2-core Test CPU (AVX2), Test GPU, torch 2.x" in page
 
 
+def test_machine_text_names_every_commit_the_runs_recorded():
+    """Runs collected from several commits (a resumed suite) list each one, abbreviated, as
+    collect records them; one commit stays one."""
+    from fedshift.eval.ledger import machine_text
+
+    machine = {"cores": 2, "cpu": "Test CPU", "torch": "2.x"}
+    one = machine_text({"machine": machine, "commit": "a" * 40})
+    several = machine_text({"machine": machine, "commit": ["a" * 40, "b" * 40 + "+dirty"]})
+    assert one == "2-core Test CPU, torch 2.x, commit aaaaaaa"
+    assert several == "2-core Test CPU, torch 2.x, commits aaaaaaa bbbbbbb+dirty"
+
+
+def test_results_table_names_a_later_option_only_where_a_run_turns_it_on(tmp_path):
+    """FedWon's model keys are off by default on every other run: the results page labels
+    the FedWon rows with them and the FedAvg rows without them (not ``model.conv=plain``)."""
+    from fedshift.eval.claims import ResultRun
+    from fedshift.eval.ledger import results_table
+
+    off = {"model": {"name": "cnn", "norm": "keep", "conv": "plain"}, "train": {"agc": None}}
+    on = {"model": {"name": "cnn", "norm": "none", "conv": "ws"}, "train": {"agc": 1.28}}
+    runs = []
+    for name, extra in (("fedavg", off), ("fedwon", on)):
+        _run(tmp_path, name, 0, {"algorithm": {"name": name}, "augment": [], **extra}, 0.5)
+        d = tmp_path / name
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        runs.append(ResultRun(d, cfg, json.loads((d / "summary.json").read_text())))
+    rows = [line for line in results_table("x", runs, None).splitlines() if "| 1 |" in line]
+    fedavg, fedwon = (next(r for r in rows if f"algorithm={n} " in r) for n in ("fedavg", "fedwon"))
+    assert "model" not in fedavg and "agc" not in fedavg
+    assert "model.conv=ws" in fedwon and "model.norm=none" in fedwon and "train.agc=1.28" in fedwon
+
+
 # ------------------------------------------------------------ the committed ledger
 def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate

@@ -58,6 +58,15 @@ def _drop_later_defaults(out: dict) -> None:
             parent.pop(leaf, None)
 
 
+def without_later_defaults(d: dict) -> dict:
+    """A copy of a resolved config without the keys of :data:`LATER_DEFAULTS` at their "off"
+    value (and the :data:`ONLY_WITH` keys they switch off): what a run's config said before
+    those keys existed."""
+    out = copy.deepcopy(d)
+    _drop_later_defaults(out)
+    return out
+
+
 def number_config(d: dict, threads: int | None = None) -> dict:
     """The part of a resolved config (:meth:`RunConfig.to_dict`, or a run's ``config.yaml``
     read as data) that decides a run's numbers: everything but :data:`NO_NUMBER_KEYS` and

@@ -9,6 +9,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from fedshift.core.identity import without_later_defaults
 from fedshift.eval import rubric
 from fedshift.eval.claims import (
     ClaimResult,
@@ -47,8 +48,11 @@ def machine_text(source: dict | None) -> str:
     if m.get("gpu"):
         parts.append(m["gpu"])
     parts.append(f"torch {m.get('torch', '?')}")
-    if source.get("commit"):
-        parts.append(f"commit {str(source['commit'])[:7]}")
+    commits = source.get("commit") or []
+    commits = [commits] if isinstance(commits, str) else commits  # several: a resumed suite
+    if commits:
+        short = [c[:7] + ("+dirty" if c.endswith("+dirty") else "") for c in commits]
+        parts.append(("commit " if len(short) == 1 else "commits ") + " ".join(short))
     return ", ".join(parts)
 
 
@@ -270,7 +274,11 @@ def flow_key(cfg: dict, summary: dict) -> dict[str, str]:
         )
     ]
     out["augment"] = "+".join(augs) if augs else "-"
-    rest = {k: v for k, v in cfg.items() if k not in ("algorithm", "augment", *_NOT_RESULTS)}
+    rest = {
+        k: v
+        for k, v in without_later_defaults(cfg).items()
+        if k not in ("algorithm", "augment", *_NOT_RESULTS)
+    }
     out.update(_flat(rest))
     return out
 
@@ -313,7 +321,8 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
     rows = []
     for t in sorted(groups, key=lambda g: [keys[g].get(k, "") for k in varying]):
         rs = sorted(groups[t], key=lambda r: r.seed)
-        label = " ".join(f"{k}={keys[t].get(k, '-')}" for k in varying) or "(all runs)"
+        # a key a group lacks is at its "off" value there (a key added later): not named
+        label = " ".join(f"{k}={keys[t][k]}" for k in varying if k in keys[t]) or "(all runs)"
         per_client = []
         for c in clients:
             vals = [
