@@ -431,5 +431,7 @@ MARKS: dict[str, Mark] = {
     'fedshift bench configs/suites/distrans_fig5_epochs.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/baselines_digits.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/digits_methods.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol loco -c configs/suites/fedsr_loco.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol loco -c configs/suites/fediir_loco.yaml --workers 2': NotRun(LEDGER),
 }
 # fmt: on
