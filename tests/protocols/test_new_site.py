@@ -290,6 +290,7 @@ def test_a_stopped_new_site_adapts_only_the_runs_it_had_not(tmp_path, monkeypatc
         str(tmp_path / "r"), progress=False,
     )  # fmt: skip
     first = new_site(opts, shots=(1,), epochs=2)
+    first_bytes = first.files["json"].read_bytes()
     kept = sorted((first.files["json"].parent / "adapted").glob("*.json"))
     assert len(kept) == 3  # one per held-out site
     calls: list[str] = []
@@ -305,8 +306,10 @@ def test_a_stopped_new_site_adapts_only_the_runs_it_had_not(tmp_path, monkeypatc
     data = [json.loads(r.files["json"].read_text()) for r in (first, again)]
     assert data[0] == data[1]
     kept[0].unlink()
-    new_site(opts, shots=(1,), epochs=2)
+    third = new_site(opts, shots=(1,), epochs=2)
     assert calls == [kept[0].stem]
+    # the run adapted last this time: the file is the same, byte for byte (runs in order)
+    assert third.files["json"].read_bytes() == first_bytes
     calls.clear()
     new_site(opts, shots=(1,), epochs=3)
     assert len(calls) == 3

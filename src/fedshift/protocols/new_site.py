@@ -134,6 +134,7 @@ def new_site(
             f"new-site: {i}/{n} adapted ({Path(run_dir).name}, site {result['site']}, "
             f"global {100 * g:.2f}); ETA {fmt_duration(left)}"
         )
+    per_run = {k: per_run[k] for k in sorted(per_run)}  # the same bytes however adapted
     text, data = new_site_tables(cells.summaries, per_run, cells.clients, tuple(shots), epochs)
     data["suite"] = str(cells.suite)
     data["weights"] = weights
