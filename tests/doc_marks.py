@@ -433,5 +433,6 @@ MARKS: dict[str, Mark] = {
     'fedshift bench configs/suites/digits_methods.yaml --workers 2': NotRun(LEDGER),
     'fedshift protocol loco -c configs/suites/fedsr_loco.yaml --workers 2': NotRun(LEDGER),
     'fedshift protocol loco -c configs/suites/fediir_loco.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol loco -c configs/suites/feddg_ga_loco.yaml --workers 2': NotRun(LEDGER),
 }
 # fmt: on
