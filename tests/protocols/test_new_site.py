@@ -148,6 +148,7 @@ def test_new_site_every_method_every_variant_and_global_is_locos(tmp_path):
     data = json.loads(res.files["json"].read_text())
     assert [m["algorithm"] for m in data["methods"]] == sorted(algos)
     assert res.files["md"].read_text().startswith("# A site that never trained")
+    assert res.files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # loco on the same runs folder trains nothing again (fedavg's cells are shared)
     lo = loco(
@@ -327,3 +328,26 @@ def test_adapting_in_worker_processes_gives_the_same_numbers(tmp_path):
                    shots=(1,), epochs=2)  # fmt: skip
     assert one.data["runs"] == two.data["runs"] and one.text == two.text
     assert len(list((tmp_path / "o2" / "adapted").glob("*.json"))) == 6
+
+
+def test_the_new_site_figure_draws_methods_without_a_score(tmp_path):
+    """new-site.png: a method with no number for a variant (test-time norm, adabn on a model
+    without BN), or even for global, is drawn with the variants it has (ordered last)."""
+    from fedshift.protocols.new_site_figure import method_name, new_site_png
+
+    def avg(x):
+        return {"average": {"mean": x, "std": None if x is None else 0.01}}
+
+    data = {
+        "metric_label": "accuracy",
+        "variants": ["global", "adabn", "test-time norm"],
+        "methods": [
+            {"algorithm": "fedavg", "flow": "base", "setting": "",
+             "variants": {"global": avg(0.4), "adabn": avg(0.5), "test-time norm": avg(None)}},
+            {"algorithm": "fedwon", "flow": "base", "setting": "model.conv=ws",
+             "variants": {"global": avg(None), "adabn": avg(None), "test-time norm": avg(None)}},
+        ],
+    }  # fmt: skip
+    out = new_site_png(data, tmp_path / "f.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert method_name(data["methods"][1]) == "fedwon [model.conv=ws]"

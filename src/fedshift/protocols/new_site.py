@@ -78,6 +78,7 @@ from fedshift.protocols.common import (
 )
 from fedshift.protocols.head_finetune import _say, finetune_head
 from fedshift.protocols.loco import held_out_cells
+from fedshift.protocols.new_site_figure import new_site_png
 from fedshift.protocols.new_site_tables import (
     SHOTS,
     new_site_tables,
@@ -139,6 +140,7 @@ def new_site(
     data["suite"] = str(cells.suite)
     data["weights"] = weights
     files = save_outputs(cells.out, "new-site", "A site that never trained", text, data)
+    files["png"] = new_site_png(data, cells.out / "new-site.png")
     files["suite"] = cells.suite
     return ProtocolResult("new-site", text, data, files)
 
