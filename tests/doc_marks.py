@@ -436,5 +436,6 @@ MARKS: dict[str, Mark] = {
     'fedshift protocol loco -c configs/suites/feddg_ga_loco.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/fedheal_digits.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/adcol_digits.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fpl_digits.yaml --workers 2': NotRun(LEDGER),
 }
 # fmt: on
