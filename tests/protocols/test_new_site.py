@@ -351,3 +351,15 @@ def test_the_new_site_figure_draws_methods_without_a_score(tmp_path):
     out = new_site_png(data, tmp_path / "f.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert method_name(data["methods"][1]) == "fedwon [model.conv=ws]"
+
+
+def test_select_flags_sources_that_predict_alike():
+    """Entropies that agree to float noise (DisTrans sources sharing one offset) mark the
+    pick as no choice; real differences, one source or none do not."""
+    from fedshift.protocols.new_site_tables import _alike
+
+    e = 1.4699536890613212
+    assert _alike({"a": e, "b": e * (1 + 1e-8), "c": e * (1 - 5e-9)})
+    assert not _alike({"a": 1.40, "b": 1.41})
+    assert not _alike({"a": e, "b": e * (1 + 1e-4)})
+    assert not _alike({"a": e}) and not _alike(None)

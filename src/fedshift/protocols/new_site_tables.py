@@ -113,9 +113,17 @@ def _method_table(
         rows.append(row)
     sel = numbers["selected_sources"]
     picks = "; ".join(f"{c}: {', '.join(sel[c])}" for c in clients if sel.get(c))
+    alike = any("(alike)" in p for picks_ in sel.values() for p in picks_)
     return (
         f"### {name} ({len(numbers['seeds'])} seed(s))\n\n{grid(header, rows)}\n\n"
         f"_select chose (by seed): {picks}._"
+        + (
+            f" _(alike): the sources' models predict the site alike (mean entropies equal to "
+            f"{ALIKE:g}, relative), so the pick is float noise and select equals their common "
+            "answer._"
+            if alike
+            else ""
+        )
     )
 
 
@@ -164,10 +172,27 @@ def _method_numbers(
             },
         }
     out["selected_sources"] = {
-        c: [f"s{seed} {r['selected_source']}" for seed, r in sorted(by_site.get(c, {}).items())]
+        c: [
+            f"s{seed} {r['selected_source']}" + (" (alike)" if _alike(r.get("entropy")) else "")
+            for seed, r in sorted(by_site.get(c, {}).items())
+        ]
         for c in clients
     }
     return out
+
+
+#: relative spread of the sources' mean entropies below which ``select`` had nothing to choose
+ALIKE = 1e-6
+
+
+def _alike(entropy: dict[str, float] | None) -> bool:
+    """Whether the sources' models predict the site alike (their mean prediction entropies
+    agree to :data:`ALIKE`, relative): ``select``'s pick is then float noise, not a choice
+    (e.g. DisTrans whose aggregated offsets left every source with the same model)."""
+    if not entropy or len(entropy) < 2:
+        return False
+    vals = list(entropy.values())
+    return max(vals) - min(vals) <= ALIKE * max(1.0, max(abs(v) for v in vals))
 
 
 def _note(label: str, ref: tuple | None, epochs: int, per_class: str, why: dict) -> str:
