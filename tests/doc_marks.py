@@ -437,5 +437,6 @@ MARKS: dict[str, Mark] = {
     'fedshift bench configs/suites/fedheal_digits.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/adcol_digits.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/fpl_digits.yaml --workers 2': NotRun(LEDGER),
+    'fedshift bench configs/suites/fedwon_digits.yaml --workers 2': NotRun(LEDGER),
 }
 # fmt: on
