@@ -358,7 +358,7 @@ def test_select_flags_sources_that_predict_alike():
     pick as no choice; real differences, one source or none do not."""
     from fedshift.protocols.new_site_tables import _alike
 
-    e = 1.4699536890613212
+    e = 1.47  # any entropy; the spreads below are relative to it
     assert _alike({"a": e, "b": e * (1 + 1e-8), "c": e * (1 - 5e-9)})
     assert not _alike({"a": 1.40, "b": 1.41})
     assert not _alike({"a": e, "b": e * (1 + 1e-4)})

@@ -113,7 +113,7 @@ def _method_table(
         rows.append(row)
     sel = numbers["selected_sources"]
     picks = "; ".join(f"{c}: {', '.join(sel[c])}" for c in clients if sel.get(c))
-    alike = any("(alike)" in p for picks_ in sel.values() for p in picks_)
+    alike = numbers["select_alike"]
     return (
         f"### {name} ({len(numbers['seeds'])} seed(s))\n\n{grid(header, rows)}\n\n"
         f"_select chose (by seed): {picks}._"
@@ -171,13 +171,15 @@ def _method_numbers(
                 "text": mean_std_text(list(avg.values())),
             },
         }
+    runs = {c: sorted(by_site.get(c, {}).items()) for c in clients}
     out["selected_sources"] = {
         c: [
             f"s{seed} {r['selected_source']}" + (" (alike)" if _alike(r.get("entropy")) else "")
-            for seed, r in sorted(by_site.get(c, {}).items())
+            for seed, r in runs[c]
         ]
         for c in clients
     }
+    out["select_alike"] = any(_alike(r.get("entropy")) for c in clients for _, r in runs[c])
     return out
 
 
