@@ -270,6 +270,29 @@ def test_results_table_names_a_later_option_only_where_a_run_turns_it_on(tmp_pat
     assert "model.conv=ws" in fedwon and "model.norm=none" in fedwon and "train.agc=1.28" in fedwon
 
 
+def test_results_table_labels_floats_short_unless_two_rows_would_read_alike(tmp_path):
+    """A float key reads with 6 significant digits (``lr=0.333333``, not 16 digits); when
+    two groups differ only past the 6th digit, both labels keep the exact values."""
+    from fedshift.eval.claims import ResultRun
+    from fedshift.eval.ledger import results_table
+
+    def labels(lrs, sub):
+        runs = []
+        for i, lr in enumerate(lrs):
+            name = f"{sub}{i}"
+            cfg = {"algorithm": {"name": "fedavg"}, "augment": [], "train": {"lr": lr}}
+            _run(tmp_path / sub, name, 0, cfg, 0.5)
+            d = tmp_path / sub / name
+            cfg = yaml.safe_load((d / "config.yaml").read_text())
+            runs.append(ResultRun(d, cfg, json.loads((d / "summary.json").read_text())))
+        rows = [r for r in results_table("x", runs, None).splitlines() if "| 1 |" in r]
+        return sorted(r.split(" | ")[0].strip("| ") for r in rows)
+
+    third, close = 1 / 3, 1 / 3 + 1e-9
+    assert labels([third, 0.25], "a") == ["train.lr=0.25", "train.lr=0.333333"]
+    assert labels([third, close], "b") == sorted([f"train.lr={third}", f"train.lr={close}"])
+
+
 # ------------------------------------------------------------ the committed ledger
 def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate

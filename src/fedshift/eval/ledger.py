@@ -227,46 +227,54 @@ def claims_page(papers: list[PaperResult], results_tables: list[str]) -> str:
 
 
 # ------------------------------------------------------------------ per-folder tables
-def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+def _flat(d: dict, prefix: str = "", short: bool = False) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
+            out.update(_flat(v, key + ".", short))
         else:
-            out[key] = _compact(v)
+            out[key] = _compact(v, short)
     return out
 
 
-def _compact(v: object) -> str:
+def _compact(v: object, short: bool = False) -> str:
+    """A config value as one token; ``short`` cuts a float longer than 6 significant digits
+    to 6 (labels: ``model.ws_gamma=1.71286``, not 16 digits; ``1.0`` stays), exact
+    otherwise (grouping)."""
     if isinstance(v, list):
-        return "[" + ",".join(_compact(x) for x in v) + "]"
+        return "[" + ",".join(_compact(x, short) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_compact(x)}" for k, x in v.items()) + "}"
+        return "{" + ",".join(f"{k}:{_compact(x, short)}" for k, x in v.items()) + "}"
+    if short and isinstance(v, float) and float(f"{v:.6g}") != v:
+        return f"{v:.6g}"
     return str(v)
 
 
-def _component(section: dict, defaults: dict | None) -> str:
+def _component(section: dict, defaults: dict | None, short: bool = False) -> str:
     """``name`` or ``name(k=v,...)`` with the keys that differ from the component's
     defaults (recorded in the run's summary)."""
     changed = [
-        f"{k}={_compact(v)}"
+        f"{k}={_compact(v, short)}"
         for k, v in section.items()
         if k != "name" and (defaults is None or defaults.get(k) != v)
     ]
     return section.get("name", "?") + (f"({','.join(changed)})" if changed else "")
 
 
-def flow_key(cfg: dict, summary: dict) -> dict[str, str]:
+def flow_key(cfg: dict, summary: dict, short: bool = False) -> dict[str, str]:
     """Everything in a resolved config that can change a run's numbers, but the seed: the
     algorithm and each augment of its own as ``name(non-default keys)`` (the augments an
-    algorithm implies at their defaults left out), every other key flattened."""
+    algorithm implies at their defaults left out), every other key flattened. ``short``:
+    floats to 6 significant digits (for labels; groups are keyed on the exact values)."""
     defaults = summary.get("defaults") or {}
     implied = set(summary.get("implied", []))
     aug_defaults = defaults.get("augment", {})
-    out = {"algorithm": _component(cfg.get("algorithm", {}), defaults.get("algorithm"))}
+    out = {
+        "algorithm": _component(cfg.get("algorithm", {}), defaults.get("algorithm"), short)
+    }
     augs = [
-        _component(a, aug_defaults.get(a.get("name")))
+        _component(a, aug_defaults.get(a.get("name")), short)
         for a in cfg.get("augment") or []
         if not (
             a.get("name") in implied
@@ -279,7 +287,7 @@ def flow_key(cfg: dict, summary: dict) -> dict[str, str]:
         for k, v in without_later_defaults(cfg).items()
         if k not in ("algorithm", "augment", *_NOT_RESULTS)
     }
-    out.update(_flat(rest))
+    out.update(_flat(rest, short=short))
     return out
 
 
@@ -288,14 +296,20 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
     mean ± std over seeds, labelled by the keys in which the groups differ."""
     groups: dict[tuple, list[ResultRun]] = defaultdict(list)
     keys: dict[tuple, dict[str, str]] = {}
+    shown: dict[tuple, dict[str, str]] = {}
     for r in runs:
         fk = flow_key(r.cfg, r.summary)
         t = tuple(sorted(fk.items()))
         groups[t].append(r)
         keys[t] = fk
+        shown[t] = flow_key(r.cfg, r.summary, short=True)
     varying = sorted(
         {k for fk in keys.values() for k in fk if len({f.get(k) for f in keys.values()}) > 1}
     )
+    # labels with short floats, unless two groups would then read alike
+    short_labels = {tuple(shown[t].get(k) for k in varying) for t in groups}
+    if len(short_labels) < len(groups):
+        shown = keys
     out = [f"# results/{folder}", "", GENERATED, ""]
     if source:
         out += [f"Command: `{source.get('command', '?')}`; {machine_text(source)}.", ""]
@@ -322,7 +336,7 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
     for t in sorted(groups, key=lambda g: [keys[g].get(k, "") for k in varying]):
         rs = sorted(groups[t], key=lambda r: r.seed)
         # a key a group lacks is at its "off" value there (a key added later): not named
-        label = " ".join(f"{k}={keys[t][k]}" for k in varying if k in keys[t]) or "(all runs)"
+        label = " ".join(f"{k}={shown[t][k]}" for k in varying if k in shown[t]) or "(all runs)"
         per_client = []
         for c in clients:
             vals = [
