@@ -172,3 +172,26 @@ def test_fedprox_keys_without_the_fedprox_base_are_refused():
             cls.check(params(mu=0.5), TrainConfig())
         cls.check(params(mu=0.5, base="fedprox"), TrainConfig())
         cls.check(params(), TrainConfig())
+
+
+def test_on_segmentation_the_score_is_the_foreground_dice():
+    """``fair=acc`` scores a U-Net by the task's own metric (foreground Dice; a segmentation
+    task has no accuracy): each reply's local score is the Dice of the weights it carries on
+    the client's validation split, computed here a second time."""
+    import copy
+
+    from conftest import seg_cfg
+
+    from fedshift.testing import full_round, start, tiny_federation
+
+    cfg = seg_cfg("algorithm.name=feddg_ga", rounds=1)
+    run = start(cfg, tiny_federation(cfg))
+    assert run.exp.task.primary.name == "dice"
+    for cid, up in full_round(run, 1):
+        model = copy.deepcopy(run.exp.model)
+        model.load_state_dict(up["weights"])
+        client = run.exp.train_clients[cid]
+        want = run.exp.task.evaluate(model, client.val, lambda x: x, cfg.train.batch_size,
+                                     run.exp.device)["dice"]  # fmt: skip
+        assert 0.0 <= up.metrics[LOCAL_SCORE] <= 1.0
+        assert up.metrics[LOCAL_SCORE] == pytest.approx(want, abs=1e-6)

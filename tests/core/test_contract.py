@@ -128,6 +128,20 @@ def test_one_round_state_payloads_and_views(name, feds, one_thread):
     check_one_round(_cfg(name), feds[_seg_only(name)])
 
 
+#: the options an algorithm asks for on segmentation (its error message names them)
+SEG_OPTIONS = {"moon": ("algorithm.projection=false",)}
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if "segmentation" in ALGORITHMS.get(n).tasks and not _seg_only(n)]
+)
+def test_one_round_on_segmentation_for_every_algorithm_that_claims_it(name, feds, one_thread):
+    """An algorithm whose ``tasks`` name segmentation runs a round on toyseg too (its own
+    metrics read the task's: FedDG-GA's validation gap once asked a U-Net for accuracy)."""
+    needs = getattr(ALGORITHMS.get(name), "requires", ())  # FedWon's model keys, on the U-Net
+    check_one_round(tiny_cfg(name, *SEGMENTATION, *needs, *SEG_OPTIONS.get(name, ())), feds[True])
+
+
 # ----------------------------------------------------------------------------- re-entrancy
 def _reentrancy_cases() -> list:
     cases = [pytest.param(n, (), id=n) for n in NAMES]

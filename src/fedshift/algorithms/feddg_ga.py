@@ -16,7 +16,9 @@ Per round r with aggregation weights a_k (sum 1; start: the run's weighting, 1/K
 3. a_k <- a_k + s * d_r / K * G~_k with G~_k = G_k / max_j |G_j| (``gap=code``, the released
    code) or G~_k = (G_k - mean G) / max_j |G_j - mean G| (``gap=centred``, the form of the
    paper as we recall it — unverified); s = -1 for ``fair=acc`` (a site whose accuracy drops
-   under averaging gains weight), +1 for ``fair=loss``; the code's factor 1/3 is 1/K for its
+   under averaging gains weight; on segmentation the score is the foreground Dice, the task's
+   model-selection metric, as the released code has no segmentation loop), +1 for
+   ``fair=loss``; the code's factor 1/3 is 1/K for its
    K = 3 PACS source sites;
 4. a_k <- clip(a_k, 0, 1), then a_k <- a_k / sum_j a_j;
 5. step size decays linearly over the R = ``train.rounds`` rounds: d_r = step (R - r + 1) / R
@@ -63,7 +65,8 @@ LOCAL_SCORE = "ga/local_val"
 @dataclass
 class FedDGGAParams(ProxBaseParams):
     step_size: float = bounded(0.2, gt=0, le=1)  # d in step 3 (train_pacs_GA.py default 0.2)
-    # the metric whose gap is balanced: accuracy (the code's default) or cross-entropy
+    # the metric whose gap is balanced: the task's score (the code's default: accuracy; on
+    # segmentation the foreground Dice, the task's model-selection metric) or the loss
     fair: Literal["acc", "loss"] = "acc"
     # "code": G_k / max|G| (released code); "centred": (G_k - mean) / max|G - mean|
     gap: Literal["code", "centred"] = "code"
@@ -129,7 +132,8 @@ class FedDGGA(FedAvgOrProxClient):
         return server
 
     def _val_score(self, ctx: ClientContext) -> float:
-        """The working model's ``fair`` metric on the client's validation split."""
+        """The working model's ``fair`` metric on the client's validation split: for ``acc``
+        the task's score (accuracy; foreground Dice on segmentation), else the loss."""
         split = ctx.data.val
         if len(split) == 0:
             raise ConfigError(
@@ -143,7 +147,8 @@ class FedDGGA(FedAvgOrProxClient):
             self.train.batch_size,
             ctx.device,
         )
-        return float(res[self.params.fair])
+        key = ctx.task.primary.name if self.params.fair == "acc" else "loss"
+        return float(res[key])
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         received = None
