@@ -762,6 +762,7 @@ def test_a_cell_lists_keys_label_only_the_cells_that_set_them():
                 {"algorithm.name": "fedavg"},
                 {"algorithm.name": "fedwon", "model.norm": "none", "model.conv": "ws",
                  "train.agc": 1.28},
+                {"algorithm.name": "fedprox", "augment": [{"name": "mixstyle", "alpha": 0.3}]},
             ],
             "seed": [0, 1],
         },
@@ -775,4 +776,7 @@ def test_a_cell_lists_keys_label_only_the_cells_that_set_them():
     by_algo = {s["algorithm"]: row_key(s) for s in summaries}
     assert by_algo["fedavg"] == ("fedavg", "base", "")
     assert by_algo["fedwon"] == ("fedwon", "base", "model.norm=none model.conv=ws train.agc=1.28")
-    assert len({row_key(s) for s in summaries}) == 2  # the seeds share a row
+    # a cell's augment gives some keys, the resolved entry has every default too: still
+    # that cell (FedDG-ELCFS's cfsi window once labelled its row with FedWon's keys)
+    assert by_algo["fedprox"] == ("fedprox", "base", "")
+    assert len({row_key(s) for s in summaries}) == 3  # the seeds share a row

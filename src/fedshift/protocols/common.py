@@ -289,8 +289,13 @@ def with_settings(summaries: list[dict], keys: list[str], raw: dict | None = Non
 
 def _same(got: Any, want: Any) -> bool:
     """A resolved config value against a cell's YAML value (lists and tuples alike, 1 and
-    1.0 alike)."""
+    1.0 alike; a mapping matches when every key the cell gives has its value there, the
+    rest being the resolved defaults: ``augment: [{name: cfsi, alpha: 0.02}]``)."""
     numbers = (int, float)
     if isinstance(got, numbers) and isinstance(want, numbers) and not isinstance(got, bool):
         return float(got) == float(want)
+    if isinstance(got, dict) and isinstance(want, dict):
+        return all(k in got and _same(got[k], v) for k, v in want.items())
+    if isinstance(got, list | tuple) and isinstance(want, list | tuple):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
     return json.dumps(got, default=str) == json.dumps(want, default=str)
