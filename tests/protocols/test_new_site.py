@@ -225,6 +225,41 @@ def test_tables_by_hand_paired_t_test_against_fedavg():
     assert not math.isnan(fedbn["variants"]["global"]["sites"]["a"]["mean"])
 
 
+def test_a_swept_setting_compares_like_with_like_in_number_order():
+    """With the number of clients swept, each row's p is against FedAvg at its own setting
+    (not the first FedAvg row), and rows go 8, 20, 80 clients (not 20, 8, 80)."""
+    from scipy.stats import ttest_rel
+
+    names = variants((1,))
+    vals = {  # per setting: fedavg's and fedbn's score by seed
+        "8": ([0.5, 0.4, 0.6], [0.6, 0.6, 0.7]),
+        "20": ([0.3, 0.2, 0.35], [0.5, 0.45, 0.4]),
+        "80": ([0.1, 0.15, 0.1], [0.3, 0.2, 0.2]),
+    }
+    summaries, per_run = [], {}
+    for n, pair in vals.items():
+        for algo, per_seed in zip(("fedavg", "fedbn"), pair, strict=True):
+            for seed, v in enumerate(per_seed):
+                for site in ("a", "b"):
+                    s, r = _run(algo, site, seed, {k: v for k in names})
+                    s["_setting"] = f"partition.clients={n}"
+                    s["run_dir"] += f"-{n}"
+                    summaries.append(s)
+                    per_run[s["run_dir"]] = r
+    text, data = new_site_tables(summaries, per_run, ["a", "b"], (1,), 3)
+    rows = [(m["algorithm"], m["setting"]) for m in data["methods"]]
+    assert rows == [(a, f"partition.clients={n}") for a in ("fedavg", "fedbn") for n in vals]
+    for m in data["methods"]:
+        n = m["setting"].split("=")[1]
+        got = m["variants"]["global"]["average"]["p_vs_reference"]
+        assert m["reference"] == f"fedavg [partition.clients={n}]"
+        if m["algorithm"] == "fedavg":
+            assert got is None
+        else:
+            assert got == pytest.approx(ttest_rel(vals[n][1], vals[n][0]).pvalue)
+    assert "at the row's own setting" in text
+
+
 def _held_out_run(tmp_path: Path, name: str, *over: str, seg: bool = False) -> Path:
     from conftest import SEG
 

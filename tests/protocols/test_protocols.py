@@ -278,6 +278,7 @@ def test_loco_table_by_hand_with_a_setting_column():
     text, data = loco_table(cells, ["a", "b"])
     r1, r2 = data["rows"]
     assert (r1["setting"], r2["setting"]) == ("train.lr=0.1", "train.lr=0.2")
+    assert r1["flow"] == r2["flow"] == "base"  # the setting parts the rows, not a digest
     assert r1["average"]["mean"] == pytest.approx(0.6)
     assert r2["targets"]["a"]["mean"] == pytest.approx(0.25)
     assert r2["average"]["per_seed"] == {0: pytest.approx(0.3)}
@@ -313,6 +314,30 @@ def test_loco_table_paired_t_test_against_fedavg():
     want = ttest_rel(avg["fedfa"], avg["fedavg"]).pvalue
     assert fedfa["p_vs_reference"] == pytest.approx(want) and fedavg["p_vs_reference"] is None
     assert data["reference"] == "fedavg" and "p vs fedavg" in text and f"{want:.3f}" in text
+
+
+def test_loco_table_compares_each_setting_with_fedavg_at_that_setting():
+    """Clients swept (8, 20, 80 per federation): rows in number order, each p against
+    FedAvg's row of the same setting."""
+    from scipy.stats import ttest_rel
+
+    vals = {"8": ([0.5, 0.4, 0.6], [0.6, 0.6, 0.7]), "20": ([0.3, 0.2, 0.35], [0.5, 0.45, 0.4]),
+            "80": ([0.1, 0.15, 0.1], [0.3, 0.2, 0.2])}  # fmt: skip
+    cells = [
+        {**_cell(algo, t, seed, v, f"partition.clients={n}"), "run_dir": f"{algo}{n}{t}{seed}"}
+        for n, pair in vals.items()
+        for algo, per_seed in zip(("fedavg", "fedfa"), pair, strict=True)
+        for seed, v in enumerate(per_seed)
+        for t in ("a", "b")
+    ]
+    text, data = loco_table(cells, ["a", "b"])
+    rows = [(r["algorithm"], r["setting"]) for r in data["rows"]]
+    assert rows == [(a, f"partition.clients={n}") for a in ("fedavg", "fedfa") for n in vals]
+    for r in data["rows"]:
+        fedavg, fedfa = vals[r["setting"].split("=")[1]]
+        want = None if r["algorithm"] == "fedavg" else ttest_rel(fedfa, fedavg).pvalue
+        assert r["p_vs_reference"] == (None if want is None else pytest.approx(want))
+    assert "p vs fedavg (same setting)" in text
 
 
 def test_loco_errors_before_anything_runs(tmp_path):
@@ -734,6 +759,10 @@ def test_loco_over_clients_dealt_from_domains_holds_out_whole_domains(tmp_path):
         assert all(s["domain_mix"][c][target] == 0 for c in s["clients"][:4])
         assert s["target_test_mean"] is not None
     assert set(res.data["rows"][0]["targets"]) == set(domains)
+    # one row (the kept domain is a column like the holdout, not a row key), averaged over
+    # every held-out domain
+    assert len(res.data["rows"]) == 1, [r["flow"] for r in res.data["rows"]]
+    assert list(res.data["rows"][0]["average"]["per_seed"]) == [0]
     with pytest.raises(ConfigError, match="mixes partition 'domains'"):
         mixed = write_config(
             tmp_path / "m.yaml",

@@ -312,7 +312,8 @@ def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow
         context = tuple(f"{k}={short_value(f[k])}" for k in varying if k in f)
         variant = tuple(t for t in flow_label(s, shown).split(" ") if t != "base")
         flow = Flow(s["algorithm"], context, variant)
-        rest = {k: v for k, v in f.items() if k != "seed" and not column(k)}
+        # the setting column tells rows apart itself (row keys carry it), not a digest
+        rest = {k: v for k, v in f.items() if k not in ("seed", "_setting") and not column(k)}
         ident = json.dumps(rest, sort_keys=True, default=str)
         if flow in identity and identity[flow] != ident:  # labels alike, configs not
             flow = Flow(flow.algorithm, (*context, f"config={_digest(ident)}"), variant)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,14 +181,45 @@ def label_rows(summaries: list[dict], columns: Iterable[str] = ()) -> None:
     group_flows(summaries, shown=(*shown, *columns))
 
 
+def site_columns(summaries: list[dict]) -> list[str]:
+    """The keys a leave-one-out protocol sets per held-out site, which its tables show as
+    columns, never as rows: ``federation.holdout`` and, over a dealt federation, the
+    ``partition.keep`` that keeps the held-out domain whole (:func:`~fedshift.protocols.loco.
+    loco_grid` sets the two together; a ``keep`` of the user's own stays a row key)."""
+    keep = [lookup_or_missing(s.get("_cfg", {}), "partition.keep") for s in summaries]
+    held = [s.get("holdout") or lookup_or_missing(s.get("_cfg", {}), "federation.holdout")
+            for s in summaries]  # fmt: skip
+    dealt = any(k not in (MISSING, None) for k in keep) and all(
+        k in (MISSING, None) or list(k) == list(h) for k, h in zip(keep, held, strict=True)
+    )
+    return ["federation.holdout", *(["partition.keep"] if dealt else [])]
+
+
 def row_key(s: dict) -> tuple[str, str, str]:
     """(algorithm, flow, setting) of a run, after :func:`label_rows`."""
     return (s["_flow"].algorithm, s["_flow"].label, s.get("_setting", ""))
 
 
 def row_order(key: tuple[str, str, str]) -> tuple:
+    """Rows by algorithm, its base flow first, then flows and settings with their numbers
+    compared as numbers (``partition.clients=8`` before ``=20`` before ``=80``)."""
     algo, flow, setting = key
-    return (algo, flow != "base", flow, setting)
+    return (algo, flow != "base", _natural(flow), _natural(setting))
+
+
+def _natural(text: str) -> tuple:
+    """``text`` split into alternating (text, number) parts, numbers as floats."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", text)
+    return tuple(float(x) if i % 2 else x for i, x in enumerate(parts))
+
+
+def reference_row(key: tuple[str, str, str], keys: Iterable[tuple[str, str, str]]):
+    """The row a paired test of ``key`` compares against: FedAvg (base flow) at ``key``'s
+    own setting (a suite that sweeps the number of clients compares like with like), else
+    the first FedAvg row; None without one."""
+    fedavg = [k for k in keys if k[:2] == ("fedavg", "base")]
+    same = [k for k in fedavg if k[2] == key[2]]
+    return (same or fedavg or [None])[0]
 
 
 # ============================================================================ suites

@@ -27,10 +27,12 @@ from fedshift.protocols.common import (
     label_rows,
     mean_std_text,
     percent,
+    reference_row,
     row_key,
     row_order,
     save_outputs,
     setting_keys,
+    site_columns,
     with_settings,
 )
 
@@ -205,7 +207,7 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
     if not summaries:
         raise FedshiftError("loco: no cells")
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
-    label_rows(summaries, ["federation.holdout"])  # the held-out client is the columns
+    label_rows(summaries, site_columns(summaries))  # the held-out client is the columns
     for s in summaries:
         hold = s.get("holdout") or []
         if len(hold) != 1 or s.get("target_test_mean") is None:
@@ -284,20 +286,21 @@ def _target(runs: dict[int, dict], c: str, others: list[str]) -> dict[str, Any]:
 
 
 def _add_p_values(header: list[str], rows: list[list[str]], out_rows: list[dict]) -> str:
-    """A paired t-test (over seeds) of each row's average against FedAvg's (else the first
-    row's), as a column and ``p_vs_reference``; returns the reference row's name."""
-    ref = next(
-        (i for i, r in enumerate(out_rows) if (r["algorithm"], r["flow"]) == ("fedavg", "base")),
-        0,
+    """A paired t-test (over seeds) of each row's average against FedAvg's at the row's own
+    setting (:func:`~fedshift.protocols.common.reference_row`; else the first row's), as a
+    column and ``p_vs_reference``; returns the reference row's name."""
+    keys = [(r["algorithm"], r["flow"], r.get("setting", "")) for r in out_rows]
+    refs = [keys.index(reference_row(k, keys) or keys[0]) for k in keys]
+    ref_name = " ".join(
+        x for x in (keys[refs[0]][0], "" if keys[refs[0]][1] == "base" else keys[refs[0]][1]) if x
     )
-    ref_name = out_rows[ref]["algorithm"] + (
-        "" if out_rows[ref]["flow"] == "base" else f" {out_rows[ref]['flow']}"
-    )
+    if len({k[2] for k in keys}) > 1 and keys[refs[0]][:2] == ("fedavg", "base"):
+        ref_name += " (same setting)"
     if len(out_rows) > 1:
         header.append(f"p vs {ref_name}")
         for i, (row, out) in enumerate(zip(rows, out_rows, strict=True)):
-            base = out_rows[ref]["average"]["per_seed"]
-            pv = None if i == ref else paired_ttest(out["average"]["per_seed"], base)
+            base = out_rows[refs[i]]["average"]["per_seed"]
+            pv = None if i == refs[i] else paired_ttest(out["average"]["per_seed"], base)
             out["p_vs_reference"] = pv
             row.append("" if pv is None else f"{pv:.3f}")
     return ref_name

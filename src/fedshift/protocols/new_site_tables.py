@@ -12,7 +12,15 @@ from typing import Any
 from fedshift.core.errors import FedshiftError
 from fedshift.eval.stats import mean_std, paired_ttest
 from fedshift.eval.tables import grid
-from fedshift.protocols.common import DASH, label_rows, mean_std_text, row_key, row_order
+from fedshift.protocols.common import (
+    DASH,
+    label_rows,
+    mean_std_text,
+    reference_row,
+    row_key,
+    row_order,
+    site_columns,
+)
 
 #: ``--shots``: labelled images per class for ``finetune-k``
 SHOTS = (1, 5, 10)
@@ -41,7 +49,7 @@ def new_site_tables(
     if not summaries:
         raise FedshiftError("new-site: no cells")
     names = variants(shots)
-    label_rows(summaries, ["federation.holdout"])
+    label_rows(summaries, site_columns(summaries))
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     for s in summaries:
         r = per_run[s["run_dir"]]
@@ -51,13 +59,15 @@ def new_site_tables(
     per_class = "" if first.get("task") == "segmentation" else " per class"
     keys = sorted(groups, key=row_order)
     methods = {k: _method_numbers(groups[k], clients, names) for k in keys}
-    ref = next((k for k in keys if k[:2] == ("fedavg", "base")), None)
+    refs = {k: reference_row(k, keys) for k in keys}
+    ref = refs[keys[0]] if keys else None  # the note's name of it
     for k in keys:
         for v in names:
             mine = methods[k]["variants"][v]["average"]
-            base = methods[ref]["variants"][v]["average"]["per_seed"] if ref else {}
+            r = refs[k]
+            base = methods[r]["variants"][v]["average"]["per_seed"] if r else {}
             mine["p_vs_reference"] = (
-                None if ref in (None, k) else paired_ttest(mine["per_seed"], base)
+                None if r in (None, k) else paired_ttest(mine["per_seed"], base)
             )
     parts = []
     why: dict[str, set[str]] = defaultdict(set)
@@ -67,7 +77,7 @@ def new_site_tables(
             for v, reason in r["reasons"].items():
                 if r["scores"].get(v) is None:
                     why[v].add(reason)
-        parts.append(_method_table(_name(k), numbers, clients, names, ref))
+        parts.append(_method_table(_name(k), numbers, clients, names, refs[k]))
     summary_rows = []
     for k in keys:
         cells = []
@@ -77,7 +87,7 @@ def new_site_tables(
             cells.append(av["text"] + ("" if p is None else f" (p={p:.3f})"))
         summary_rows.append([_name(k), *cells])
     summary = grid(["method", *names], summary_rows)
-    note = _note(label, ref, epochs, per_class, why)
+    note = _note(label, ref, epochs, per_class, why, len({k[2] for k in keys}) > 1)
     text = "\n\n".join(
         [f"New-site adaptation: test {label} (%) of each held-out site", *parts]
         + [f"### Summary: average over sites\n\n{summary}", f"_{note}_"]
@@ -91,7 +101,16 @@ def new_site_tables(
         "shots": list(shots),
         "epochs": epochs,
         "reference": _name(ref) if ref else None,
-        "methods": [{"algorithm": k[0], "flow": k[1], "setting": k[2], **methods[k]} for k in keys],
+        "methods": [
+            {
+                "algorithm": k[0],
+                "flow": k[1],
+                "setting": k[2],
+                "reference": _name(refs[k]) if refs[k] else None,
+                **methods[k],
+            }
+            for k in keys
+        ],  # fmt: skip
         "runs": per_run,
         "not_applicable": {v: sorted(w) for v, w in why.items() if w},
     }
@@ -197,7 +216,9 @@ def _alike(entropy: dict[str, float] | None) -> bool:
     return max(vals) - min(vals) <= ALIKE * max(1.0, max(abs(v) for v in vals))
 
 
-def _note(label: str, ref: tuple | None, epochs: int, per_class: str, why: dict) -> str:
+def _note(
+    label: str, ref: tuple | None, epochs: int, per_class: str, why: dict, settings: bool = False
+) -> str:
     """The explanation printed under the tables."""
     dash_notes = "; ".join(f"{v}: {', '.join(sorted(w))}" for v, w in why.items() if w)
     note = (
@@ -205,7 +226,12 @@ def _note(label: str, ref: tuple | None, epochs: int, per_class: str, why: dict)
         "(it never trains; each run is leave-one-client-out's cell), mean ± std over seeds; "
         "avg ± std = mean over sites per seed, then mean ± sample std over the seeds with "
         "every site; p: paired t-test of that average over seeds against "
-        f"{_name(ref) if ref else '(no FedAvg row)'}'s same variant. global: the run's model at "
+        + (
+            "FedAvg's same variant at the row's own setting"
+            if settings and ref
+            else f"{_name(ref) if ref else '(no FedAvg row)'}'s same variant"
+        )
+        + ". global: the run's model at "
         "the round selected on the sources' validation score (= loco); methods without a "
         "global model (FedBN, FRAug, DisTrans): shared layers + the sources' mean local "
         "tensors (BN, offset). adabn: BN running statistics re-estimated on the site's "
