@@ -182,7 +182,7 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol new-site -c configs/suites/new_site_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
         Long("about 1 h 45 min", "measured: 84 cnn runs of 20 rounds on four domains, two at a time on 2 cores (per-method median run 80-145 s, HarmoFL ~190 s, DisTrans ~340 s: 93 min) + 84 adaptations (~10 min); results/protocols/new_site_digits"),
     "fedshift protocol new-site -c configs/suites/new_site_brain_mri.yaml --sites site6 --workers 2 --threads 1":
-        Long("about 100 min", "estimated: 30 runs at brain_mri_table's ~3 min per run, ELCFS ~5x (episodic second-order steps), plus each run's adaptation (U-Net); a 1-round smoke ran"),
+        Long("about 2 h", "measured: 30 U-Net runs of 50 rounds, two at a time on 2 cores (FedAvg 210-260 s, FedHEAL/FedRDN ~460 s, HarmoFL ~750 s, ELCFS 1160-1570 s: 240 min of runs) + 30 adaptations (~10 min); results/protocols/new_site_brain_mri"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
         Long("about 5-6 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds); a 1-round smoke (8 clients, FedAvg/FedBN/FedWon, MNIST-M) ran"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1":
