@@ -184,9 +184,9 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol new-site -c configs/suites/new_site_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 2 h", "measured: 30 U-Net runs of 50 rounds, two at a time on 2 cores (FedAvg 210-260 s, FedHEAL/FedRDN ~460 s, HarmoFL ~750 s, ELCFS 1160-1570 s: 240 min of runs) + 30 adaptations (~10 min); results/protocols/new_site_brain_mri"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
-        Long("about 5-6 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds); a 1-round smoke (8 clients, FedAvg/FedBN/FedWon, MNIST-M) ran"),
+        Long("about 5-6 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds) + ~40 min of adaptation (measured in a 1-round smoke of every cell: ~10 s a run at 8 clients, ~14 s at 20, ~30 s at 80)"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1":
-        Long("about 3 h", "estimated: 60 U-Net runs of 50 rounds (2 client counts x 10 methods x 3 seeds); the grid's configs are checked by tests/test_suites.py"),
+        Long("about 4-4.5 h", "estimated from new_site_brain_mri's measured runs (ELCFS ~1400 s, HarmoFL ~750 s, others 230-480 s): 60 U-Net runs of 50 rounds (2 client counts x 10 methods x 3 seeds) two at a time + adaptation; a 1-round smoke of every cell ran through the tables"),
     "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
     "0.1,0.25,0.5,1": Run((*CHEAP_GRID, "sweep.algorithm.name=[fedbn]")),
     "fedshift protocol sweep -c configs/demo.yaml --key train.local_epochs --values 1,2,5,10":
