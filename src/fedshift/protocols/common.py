@@ -213,11 +213,13 @@ def _natural(text: str) -> tuple:
     return tuple(float(x) if i % 2 else x for i, x in enumerate(parts))
 
 
-def reference_row(key: tuple[str, str, str], keys: Iterable[tuple[str, str, str]]):
+def reference_row(
+    key: tuple[str, str, str], keys: Iterable[tuple[str, str, str]]
+) -> tuple[str, str, str] | None:
     """The row a paired test of ``key`` compares against: FedAvg (base flow) at ``key``'s
     own setting (a suite that sweeps the number of clients compares like with like), else
     the first FedAvg row; None without one."""
-    fedavg = [k for k in keys if k[:2] == ("fedavg", "base")]
+    fedavg: list[tuple[str, str, str] | None] = [k for k in keys if k[:2] == ("fedavg", "base")]
     same = [k for k in fedavg if k[2] == key[2]]
     return (same or fedavg or [None])[0]
 

@@ -294,7 +294,7 @@ def _add_p_values(header: list[str], rows: list[list[str]], out_rows: list[dict]
     ref_name = " ".join(
         x for x in (keys[refs[0]][0], "" if keys[refs[0]][1] == "base" else keys[refs[0]][1]) if x
     )
-    if len({k[2] for k in keys}) > 1 and keys[refs[0]][:2] == ("fedavg", "base"):
+    if sum(k[:2] == ("fedavg", "base") for k in keys) > 1:  # FedAvg at several settings
         ref_name += " (same setting)"
     if len(out_rows) > 1:
         header.append(f"p vs {ref_name}")
