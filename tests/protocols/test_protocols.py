@@ -337,7 +337,7 @@ def test_loco_table_compares_each_setting_with_fedavg_at_that_setting():
         fedavg, fedfa = vals[r["setting"].split("=")[1]]
         want = None if r["algorithm"] == "fedavg" else ttest_rel(fedfa, fedavg).pvalue
         assert r["p_vs_reference"] == (None if want is None else pytest.approx(want))
-    assert "p vs fedavg (same setting)" in text
+    assert "p vs fedavg (same setting, else the first)" in text
 
 
 def test_loco_errors_before_anything_runs(tmp_path):
@@ -809,3 +809,19 @@ def test_a_cell_lists_keys_label_only_the_cells_that_set_them():
     # that cell (FedDG-ELCFS's cfsi window once labelled its row with FedWon's keys)
     assert by_algo["fedprox"] == ("fedprox", "base", "")
     assert len({row_key(s) for s in summaries}) == 3  # the seeds share a row
+
+    # a cell that a later cell extends ({fedavg} and {fedavg, model.norm: none, ...}): each run
+    # is the cell that sets the most keys it matches (fedwon_loco's two FedAvg cells once read
+    # as one row, one hiding the other), and a key two cells set is listed once
+    raw["sweep"]["cell"].append({"algorithm.name": "fedavg", "model.norm": "none",
+                                 "model.conv": "ws"})  # fmt: skip
+    assert setting_keys(raw).count("model.norm") == 1
+    summaries = []
+    for cfg in expand_configs(raw, "test"):
+        d = cfg.to_dict()
+        summaries.append({"algorithm": d["algorithm"]["name"], "seed": d["seed"], "_cfg": d})
+    with_settings(summaries, setting_keys(raw), raw)
+    label_rows(summaries)
+    fedavg_rows = {row_key(s) for s in summaries if s["algorithm"] == "fedavg"}
+    ws = ("fedavg", "base", "model.norm=none model.conv=ws")
+    assert fedavg_rows == {("fedavg", "base", ""), ws}

@@ -161,7 +161,9 @@ def setting_keys(raw: dict, exclude: Iterable[str] = ()) -> list[str]:
     for k, v in (raw.get("sweep") or {}).items():
         # a ``cell`` list sets several dotted keys together: its keys, not the word "cell"
         cells = v if k == "cell" and isinstance(v, list) else [{k: None}]
-        keys += [dk for c in cells if isinstance(c, dict) for dk in c if dk not in keys]
+        for dk in (dk for c in cells if isinstance(c, dict) for dk in c):
+            if dk not in keys:  # each key once, however many cells set it
+                keys.append(dk)
     return [
         k
         for k in keys
@@ -304,11 +306,13 @@ def with_settings(summaries: list[dict], keys: list[str], raw: dict | None = Non
         k for k in ((raw or {}).get("sweep") or {}) if k != "cell"
     }
 
-    def of_cell(cfg: dict) -> set[str]:  # the keys of the first cell this run is
-        for c in cells:
-            if all(_same(lookup_or_missing(cfg, k), v) for k, v in c.items()):
-                return set(c)
-        return only_cells  # no cell matches (a config edited by hand): show them all
+    def of_cell(cfg: dict) -> set[str]:
+        """The keys of the cell this run is: of the cells it matches, the one that sets the
+        most keys ({fedavg} and {fedavg, model.norm: none} both match the second's run)."""
+        hits = [c for c in cells if all(_same(lookup_or_missing(cfg, k), v) for k, v in c.items())]
+        if not hits:
+            return only_cells  # no cell matches (a config edited by hand): show them all
+        return set(max(hits, key=len))
 
     for s in summaries:
         mine = of_cell(s["_cfg"]) if cells else set()

@@ -214,7 +214,13 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
             raise FedshiftError(
                 f"{s.get('run_dir')}: not a leave-one-client-out cell (holdout {hold})"
             )
-        groups[row_key(s)][hold[0]][s["seed"]] = s
+        slot = groups[row_key(s)][hold[0]]
+        if s["seed"] in slot:  # two configs read as one row: never let one hide the other
+            raise FedshiftError(
+                f"loco: {slot[s['seed']].get('run_dir')} and {s.get('run_dir')} fall in one "
+                f"row ({row_key(s)}) for target {hold[0]}, seed {s['seed']}"
+            )
+        slot[s["seed"]] = s
     first = summaries[0]
     metric, label = first.get("metric", "acc"), first.get("metric_label", "accuracy")
     others = list(first.get("metrics", {}))
@@ -295,7 +301,7 @@ def _add_p_values(header: list[str], rows: list[list[str]], out_rows: list[dict]
         x for x in (keys[refs[0]][0], "" if keys[refs[0]][1] == "base" else keys[refs[0]][1]) if x
     )
     if sum(k[:2] == ("fedavg", "base") for k in keys) > 1:  # FedAvg at several settings
-        ref_name += " (same setting)"
+        ref_name += " (same setting, else the first)"
     if len(out_rows) > 1:
         header.append(f"p vs {ref_name}")
         for i, (row, out) in enumerate(zip(rows, out_rows, strict=True)):

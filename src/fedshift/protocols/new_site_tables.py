@@ -53,7 +53,13 @@ def new_site_tables(
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     for s in summaries:
         r = per_run[s["run_dir"]]
-        groups[row_key(s)][r["site"]][r["seed"]] = r
+        slot = groups[row_key(s)][r["site"]]
+        if r["seed"] in slot:  # two configs read as one row: never let one hide the other
+            raise FedshiftError(
+                f"new-site: two runs fall in one row ({row_key(s)}) for site {r['site']}, "
+                f"seed {r['seed']}: {s['run_dir']}"
+            )
+        slot[r["seed"]] = r
     first = summaries[0]
     label = first.get("metric_label", "accuracy")
     per_class = "" if first.get("task") == "segmentation" else " per class"
@@ -228,7 +234,7 @@ def _note(
         "avg ± std = mean over sites per seed, then mean ± sample std over the seeds with "
         "every site; p: paired t-test of that average over seeds against "
         + (
-            "FedAvg's same variant at the row's own setting"
+            "FedAvg's same variant at the row's own setting (else the first FedAvg row)"
             if settings and ref
             else f"{_name(ref) if ref else '(no FedAvg row)'}'s same variant"
         )
