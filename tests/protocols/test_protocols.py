@@ -796,12 +796,17 @@ def test_a_cell_lists_keys_label_only_the_cells_that_set_them():
             "seed": [0, 1],
         },
     }  # fmt: skip
-    summaries = []
-    for cfg in expand_configs(raw, "test"):
-        d = cfg.to_dict()
-        summaries.append({"algorithm": d["algorithm"]["name"], "seed": d["seed"], "_cfg": d})
-    with_settings(summaries, setting_keys(raw), raw)
-    label_rows(summaries)
+
+    def labelled() -> list[dict]:  # the sweep's runs as a protocol labels their rows
+        summaries = []
+        for cfg in expand_configs(raw, "test"):
+            d = cfg.to_dict()
+            summaries.append({"algorithm": d["algorithm"]["name"], "seed": d["seed"], "_cfg": d})
+        with_settings(summaries, setting_keys(raw), raw)
+        label_rows(summaries)
+        return summaries
+
+    summaries = labelled()
     by_algo = {s["algorithm"]: row_key(s) for s in summaries}
     assert by_algo["fedavg"] == ("fedavg", "base", "")
     assert by_algo["fedwon"] == ("fedwon", "base", "model.norm=none model.conv=ws train.agc=1.28")
@@ -816,12 +821,7 @@ def test_a_cell_lists_keys_label_only_the_cells_that_set_them():
     raw["sweep"]["cell"].append({"algorithm.name": "fedavg", "model.norm": "none",
                                  "model.conv": "ws"})  # fmt: skip
     assert setting_keys(raw).count("model.norm") == 1
-    summaries = []
-    for cfg in expand_configs(raw, "test"):
-        d = cfg.to_dict()
-        summaries.append({"algorithm": d["algorithm"]["name"], "seed": d["seed"], "_cfg": d})
-    with_settings(summaries, setting_keys(raw), raw)
-    label_rows(summaries)
+    summaries = labelled()
     fedavg_rows = {row_key(s) for s in summaries if s["algorithm"] == "fedavg"}
     ws = ("fedavg", "base", "model.norm=none model.conv=ws")
     assert fedavg_rows == {("fedavg", "base", ""), ws}

@@ -197,6 +197,24 @@ def site_columns(summaries: list[dict]) -> list[str]:
     return ["federation.holdout", *(["partition.keep"] if dealt else [])]
 
 
+def place(groups: dict, s: dict, site: str, seed: int, item: Any, protocol: str) -> None:
+    """Put ``item`` (run ``s``'s result) at ``groups[row_key(s)][site][seed]``; two configs
+    that read as one row would otherwise hide one another: a :class:`FedshiftError`."""
+    slot = groups[row_key(s)][site]
+    if seed in slot:
+        raise FedshiftError(
+            f"{protocol}: two runs fall in one row ({row_key(s)}) for site {site}, seed "
+            f"{seed}: {s.get('run_dir')}"
+        )
+    slot[seed] = item
+
+
+def fedavg_at_several_settings(keys: Iterable[tuple[str, str, str]]) -> bool:
+    """Whether FedAvg (base flow) has rows at several settings, so that each row is tested
+    against FedAvg at its own (:func:`reference_row`)."""
+    return sum(k[:2] == ("fedavg", "base") for k in keys) > 1
+
+
 def row_key(s: dict) -> tuple[str, str, str]:
     """(algorithm, flow, setting) of a run, after :func:`label_rows`."""
     return (s["_flow"].algorithm, s["_flow"].label, s.get("_setting", ""))

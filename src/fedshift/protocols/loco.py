@@ -24,11 +24,12 @@ from fedshift.protocols.common import (
     ProtocolResult,
     SuiteOptions,
     expand_configs,
+    fedavg_at_several_settings,
     label_rows,
     mean_std_text,
     percent,
+    place,
     reference_row,
-    row_key,
     row_order,
     save_outputs,
     setting_keys,
@@ -214,13 +215,7 @@ def loco_table(summaries: list[dict], clients: list[str]) -> tuple[str, dict]:
             raise FedshiftError(
                 f"{s.get('run_dir')}: not a leave-one-client-out cell (holdout {hold})"
             )
-        slot = groups[row_key(s)][hold[0]]
-        if s["seed"] in slot:  # two configs read as one row: never let one hide the other
-            raise FedshiftError(
-                f"loco: {slot[s['seed']].get('run_dir')} and {s.get('run_dir')} fall in one "
-                f"row ({row_key(s)}) for target {hold[0]}, seed {s['seed']}"
-            )
-        slot[s["seed"]] = s
+        place(groups, s, hold[0], s["seed"], s, "loco")
     first = summaries[0]
     metric, label = first.get("metric", "acc"), first.get("metric_label", "accuracy")
     others = list(first.get("metrics", {}))
@@ -300,7 +295,7 @@ def _add_p_values(header: list[str], rows: list[list[str]], out_rows: list[dict]
     ref_name = " ".join(
         x for x in (keys[refs[0]][0], "" if keys[refs[0]][1] == "base" else keys[refs[0]][1]) if x
     )
-    if sum(k[:2] == ("fedavg", "base") for k in keys) > 1:  # FedAvg at several settings
+    if fedavg_at_several_settings(keys):
         ref_name += " (same setting, else the first)"
     if len(out_rows) > 1:
         header.append(f"p vs {ref_name}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.files import atomic_output
-from fedshift.protocols.new_site_tables import _name
+from fedshift.protocols.new_site_tables import row_name
 
 #: marker and colour of each variant (finetune-k: shades of one colour, darker for more k)
 _STYLE = {
@@ -29,7 +29,7 @@ def _style(variant: str, k_index: int) -> tuple[str, str]:
 
 def method_name(m: dict) -> str:
     """``fedavg``, ``fedfa +fedrdn``, ``fedwon [model.conv=ws ...]``: as the tables name it."""
-    return _name((m["algorithm"], m["flow"], m["setting"]))
+    return row_name((m["algorithm"], m["flow"], m["setting"]))
 
 
 def new_site_png(data: dict[str, Any], path: Path) -> Path:

@@ -14,10 +14,11 @@ from fedshift.eval.stats import mean_std, paired_ttest
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
     DASH,
+    fedavg_at_several_settings,
     label_rows,
     mean_std_text,
+    place,
     reference_row,
-    row_key,
     row_order,
     site_columns,
 )
@@ -53,13 +54,7 @@ def new_site_tables(
     groups: dict[tuple, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     for s in summaries:
         r = per_run[s["run_dir"]]
-        slot = groups[row_key(s)][r["site"]]
-        if r["seed"] in slot:  # two configs read as one row: never let one hide the other
-            raise FedshiftError(
-                f"new-site: two runs fall in one row ({row_key(s)}) for site {r['site']}, "
-                f"seed {r['seed']}: {s['run_dir']}"
-            )
-        slot[r["seed"]] = r
+        place(groups, s, r["site"], r["seed"], r, "new-site")
     first = summaries[0]
     label = first.get("metric_label", "accuracy")
     per_class = "" if first.get("task") == "segmentation" else " per class"
@@ -83,7 +78,7 @@ def new_site_tables(
             for v, reason in r["reasons"].items():
                 if r["scores"].get(v) is None:
                     why[v].add(reason)
-        parts.append(_method_table(_name(k), numbers, clients, names, refs[k]))
+        parts.append(_method_table(row_name(k), numbers, clients, names, refs[k]))
     summary_rows = []
     for k in keys:
         cells = []
@@ -91,10 +86,9 @@ def new_site_tables(
             av = methods[k]["variants"][v]["average"]
             p = av["p_vs_reference"]
             cells.append(av["text"] + ("" if p is None else f" (p={p:.3f})"))
-        summary_rows.append([_name(k), *cells])
+        summary_rows.append([row_name(k), *cells])
     summary = grid(["method", *names], summary_rows)
-    several = sum(k[:2] == ("fedavg", "base") for k in keys) > 1  # FedAvg at several settings
-    note = _note(label, ref, epochs, per_class, why, several)
+    note = _note(label, ref, epochs, per_class, why, fedavg_at_several_settings(keys))
     text = "\n\n".join(
         [f"New-site adaptation: test {label} (%) of each held-out site", *parts]
         + [f"### Summary: average over sites\n\n{summary}", f"_{note}_"]
@@ -107,13 +101,13 @@ def new_site_tables(
         "variants": names,
         "shots": list(shots),
         "epochs": epochs,
-        "reference": _name(ref) if ref else None,
+        "reference": row_name(ref) if ref else None,
         "methods": [
             {
                 "algorithm": k[0],
                 "flow": k[1],
                 "setting": k[2],
-                "reference": _name(refs[k]) if refs[k] else None,
+                "reference": row_name(refs[k]) if refs[k] else None,
                 **methods[k],
             }
             for k in keys
@@ -128,7 +122,7 @@ def _method_table(
     name: str, numbers: dict, clients: list[str], names: list[str], ref: tuple | None
 ) -> str:
     """One method's table: variants x sites, the average, and p against the reference."""
-    header = ["variant", *clients, "avg ± std", *([f"p vs {_name(ref)}"] if ref else [])]
+    header = ["variant", *clients, "avg ± std", *([f"p vs {row_name(ref)}"] if ref else [])]
     rows = []
     for v in names:
         nv = numbers["variants"][v]
@@ -153,7 +147,8 @@ def _method_table(
     )
 
 
-def _name(key: tuple | None) -> str:
+def row_name(key: tuple | None) -> str:
+    """A table row's name: ``algorithm [flow] [setting]`` (the base flow unnamed)."""
     if key is None:
         return ""
     algo, flow, setting = key
@@ -236,7 +231,7 @@ def _note(
         + (
             "FedAvg's same variant at the row's own setting (else the first FedAvg row)"
             if settings and ref
-            else f"{_name(ref) if ref else '(no FedAvg row)'}'s same variant"
+            else f"{row_name(ref) if ref else '(no FedAvg row)'}'s same variant"
         )
         + ". global: the run's model at "
         "the round selected on the sources' validation score (= loco); methods without a "
