@@ -156,6 +156,43 @@ def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
     assert all((Path(s["run_dir"]) / "checkpoint.pt").is_file() for s in other)
 
 
+def test_a_protocol_chooses_which_committed_cells_to_take_and_hooks_the_trained(
+    tmp_path, monkeypatch
+):
+    """``reuse`` as a callable takes only the committed cells it accepts (the others run);
+    ``after`` is called with each cell this call trains, once, after its summary exists,
+    and never for a cell it took or found done."""
+    from fedshift.eval.collect import collect_suite
+
+    monkeypatch.chdir(tmp_path)
+    suite = write_suite(
+        tmp_path, sweep={"algorithm.name": ["fedavg"], "seed": [0, 1]}, train={"rounds": 1}
+    )
+    first = run_suite(suite, workers=1, progress=False)
+    collect_suite(tmp_path / "runs" / "suite", tmp_path / "results", "fedshift bench suite.yaml")
+    wanted = Path(first[1]["run_dir"]).name
+    asked: list[str] = []
+    hooked: list[tuple[str, bool]] = []
+
+    def accept(cell, src: Path) -> bool:
+        asked.append(src.name)
+        return src.name == wanted
+
+    def after(run_dir: str) -> None:
+        hooked.append((Path(run_dir).name, (Path(run_dir) / "summary.json").is_file()))
+
+    out = str(tmp_path / "b")
+    again = run_suite(suite, out=out, workers=1, progress=False, reuse=accept, after=after)
+    manifest = json.loads((tmp_path / "b" / "suite" / "bench.json").read_text())
+    assert [row["status"] for row in manifest] == ["ran", "committed"]
+    assert sorted(asked) == sorted(Path(s["run_dir"]).name for s in first)
+    assert hooked == [(Path(first[0]["run_dir"]).name, True)]
+    assert again[0]["test_mean"] == first[0]["test_mean"]
+    hooked.clear()
+    run_suite(suite, out=out, workers=1, progress=False, reuse=accept, after=after)
+    assert hooked == []  # both cells done in that folder now
+
+
 # ---------------------------------------------------------------------------- under faults
 def _manifest(path: Path) -> dict[str, dict]:
     return {r["digest"]: r for r in json.loads(path.read_text())}

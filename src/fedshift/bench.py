@@ -57,6 +57,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,10 +260,18 @@ def cell_status(cell: Cell) -> str:
     return "new"
 
 
-def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: int) -> str:
+def _run_cell(
+    cfg_dict: dict,
+    run_dir: str,
+    digest: str,
+    label: str,
+    workers: int,
+    after: Callable[[str], Any] | None = None,
+) -> str:
     """Run or resume one cell (in a worker process, or in-process with one worker), its
     clients in ``workers`` processes; returns ``ran`` or ``resumed``. The cell's directory
-    is locked before it is read."""
+    is locked before it is read. ``after(run_dir)``: called once the cell's summary is
+    written and its lock released, in the same process (``run_suite``'s ``after``)."""
     import torch
 
     from fedshift.runtime.results import write_text_atomic
@@ -294,6 +303,8 @@ def _run_cell(cfg_dict: dict, run_dir: str, digest: str, label: str, workers: in
         summary["label"] = label
         summary["threads"] = threads
         write_text_atomic(path / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if after is not None:
+        after(run_dir)
     return "resumed" if status == "partial" else "ran"
 
 
@@ -361,8 +372,9 @@ def run_suite(
     threads: int | None = None,
     oversubscribe: bool = False,
     progress_every_s: float = EVERY_S,
-    reuse: bool = True,
+    reuse: bool | Callable[[Cell, Path], bool] = True,
     results: str | Path | None = None,
+    after: Callable[[str], Any] | None = None,
 ) -> list[dict]:
     """Run every cell of a suite that is not done yet; returns all cells' summaries (plan
     order). ``threads``: every cell's ``run.threads`` (default: its own, 1 unless set).
@@ -370,10 +382,15 @@ def run_suite(
     threads exceeds the cores (module docstring). ``progress``: rounds and ETAs of the
     running cells on stderr (:class:`~fedshift.runtime.progress.CellProgress`; a status
     line every ``progress_every_s`` seconds when stderr is not a terminal). ``reuse``: take
-    cells committed under ``results`` (:func:`results_root`) instead of running them. Cells
-    that fail
-    are recorded in ``bench.json`` and the others run; then a :class:`FedshiftError` names
-    the failed ones. A signal stops the suite (:class:`SuiteStopped`)."""
+    cells committed under ``results`` (:func:`results_root`) instead of running them; a
+    callable ``reuse(cell, committed_dir)`` takes only the committed cells it accepts (a
+    protocol that needs more of a run than its numbers: ``new-site`` takes a cell whose
+    adaptation is kept too). ``after(run_dir)``: called in the worker process right after
+    each cell it trained (not for cells taken or done before; a picklable callable where
+    ``workers`` > 1), e.g. to score the fresh model before a lost machine loses it. Cells
+    that fail are recorded in ``bench.json`` and the others run; then a
+    :class:`FedshiftError` names the failed ones. A signal stops the suite
+    (:class:`SuiteStopped`)."""
     threads = _check_threads(threads)
     if workers is not None and workers < 1:
         raise FedshiftError(f"--workers must be at least 1, got {workers}")
@@ -393,7 +410,7 @@ def run_suite(
             where = results_root(results)
             for c in todo:
                 src = committed_cell(c, where)
-                if src is not None:
+                if src is not None and (reuse is True or reuse(c, src)):
                     with hold_run(c.run_dir):
                         clear_run_dir(c.run_dir)
                         take_committed(c, src)
@@ -415,6 +432,7 @@ def run_suite(
                 c.digest,
                 c.label,
                 cell_workers[str(c.run_dir)],
+                after,
             )
             for c in todo
         }

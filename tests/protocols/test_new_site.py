@@ -351,6 +351,58 @@ def test_a_stopped_new_site_adapts_only_the_runs_it_had_not(tmp_path, monkeypatc
     assert len(calls) == 3
 
 
+def test_each_run_adapts_as_it_trains_and_a_committed_table_needs_no_model(
+    tmp_path, monkeypatch
+):
+    """A cell the protocol trains is adapted at once (bench's hook), so a machine lost
+    mid-suite keeps each finished run as numbers; with the cells and their adaptations
+    committed (``fedshift claims collect``), the command re-renders the same tables in a
+    fresh folder without training or loading a model; a committed cell whose adaptation is
+    not committed is trained again (its model is needed), the others are taken."""
+    import importlib
+
+    from fedshift.eval.collect import collect_protocol, collect_suite
+
+    ns = importlib.import_module("fedshift.protocols.new_site")
+    real_all = ns._adapt_all
+
+    def nothing_left(run_dirs, *a, **k):
+        assert run_dirs == [], "a trained run was not adapted as it finished"
+        return real_all(run_dirs, *a, **k)
+
+    monkeypatch.setattr(ns, "_adapt_all", nothing_left)
+    cfg = write_config(tmp_path / "c.yaml", ["fedavg", "fedbn"])
+
+    def opts(tag: str) -> SuiteOptions:
+        return SuiteOptions(cfg, (), 1, 1, tmp_path / f"o{tag}", str(tmp_path / f"r{tag}"),
+                            progress=False)  # fmt: skip
+
+    first = new_site(opts("1"), shots=(1,), epochs=2)
+    results = tmp_path / "results"
+    collect_suite(tmp_path / "r1" / "ns", results, "fedshift protocol new-site -c c.yaml")
+    collect_protocol(tmp_path / "o1", results, "fedshift protocol new-site -c c.yaml", "ns")
+    assert not list(results.rglob("*.pt"))
+    monkeypatch.setenv("FEDSHIFT_RESULTS", str(results))
+
+    def no_model(*a, **k):
+        raise AssertionError("a committed run's model was asked for")
+
+    with monkeypatch.context() as m:
+        m.setattr(ns, "load_run", no_model)
+        again = new_site(opts("2"), shots=(1,), epochs=2)
+    assert again.text == first.text
+    manifest = json.loads((tmp_path / "r2" / "ns" / "bench.json").read_text())
+    assert {row["status"] for row in manifest} == {"committed"} and len(manifest) == 6
+    assert len(list((tmp_path / "o2" / "adapted").glob("*.json"))) == 6  # the folder whole
+    # a committed cell without its adaptation: trained again, its model adapted
+    kept = results / "protocols" / "ns" / "adapted"
+    (kept / f"{Path(manifest[0]['run_dir']).name}.json").unlink()
+    third = new_site(opts("3"), shots=(1,), epochs=2)
+    manifest = json.loads((tmp_path / "r3" / "ns" / "bench.json").read_text())
+    assert [row["status"] for row in manifest] == ["ran"] + ["committed"] * 5
+    assert third.text == first.text
+
+
 @pytest.mark.process
 def test_adapting_in_worker_processes_gives_the_same_numbers(tmp_path):
     """--workers 2 adapts the runs in two spawned processes, each at the run's own thread

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,11 +287,19 @@ class SuiteOptions:
         """The protocol's output folder (made if missing)."""
         return output_dir(self.out, name)
 
-    def run_cells(self, raw: dict, suite_path: Path, reuse: bool = True) -> list[dict]:
+    def run_cells(
+        self,
+        raw: dict,
+        suite_path: Path,
+        reuse: bool | Callable[[Any, Path], bool] = True,
+        after: Callable[[str], Any] | None = None,
+    ) -> list[dict]:
         """Write the expanded suite ``raw`` to ``suite_path``, run it through bench (cached
         cells) and return the summaries, each with ``_cfg`` = its cell's resolved config dict.
         ``reuse``: take cells committed in ``results/`` (a protocol that loads the cells'
-        models passes False)."""
+        models passes False, or a callable that accepts the committed cells it needs no
+        model of); ``after``: bench's hook on each cell it trains
+        (:func:`fedshift.bench.run_suite`)."""
         from fedshift.bench import plan, run_suite
 
         write_text_atomic(suite_path, yaml.safe_dump(raw, sort_keys=False))
@@ -304,6 +312,7 @@ class SuiteOptions:
             progress=self.progress,
             threads=self.threads,
             reuse=reuse,
+            after=after,
         )
         for c, s in zip(cells, summaries, strict=True):
             if Path(s["run_dir"]) != c.run_dir:  # run_suite keeps plan order; never mix them

@@ -52,11 +52,18 @@ seeds, and their average per seed, mean ± std), a summary across methods (the a
 sites per variant), paired t-tests over seeds against FedAvg's same variant
 (:func:`fedshift.eval.stats.paired_ttest`); ``new-site.md`` / ``new-site.json``, written
 atomically.
+
+Each run is adapted as soon as it has trained (bench's ``after`` hook, in the worker that
+trained it) and the result kept as JSON in ``<out>/adapted/``; a committed cell
+(``results/<suite>/``, numbers only) is taken instead of trained where its adaptation is
+committed too (``results/protocols/<suite name>/adapted/``), so the committed tables
+re-render without a model and a suite longer than one machine's session goes on elsewhere.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import time
@@ -104,23 +111,33 @@ def new_site(
     if not shots or any(k < 1 for k in shots) or len(set(shots)) != len(shots):
         raise ConfigError(f"--shots must be distinct integers >= 1, got {list(shots)}")
     say = _say if options.progress else lambda msg: None
+    how = (tuple(shots), epochs, weights)
+    kept = _kept_folders(options)
+
+    def adapted_before(cell: Any, src: Path) -> bool:
+        # a committed cell has no model: taken only when its adaptation is kept too
+        return _kept_adaptation(kept, src.name, _adapt_key(src, *how)) is not None
+
     cells = held_out_cells(
         options,
         "new-site",
-        reuse=False,
+        reuse=adapted_before,
         new_site=True,
         sites=None if sites is None else list(sites),
+        after=lambda out: functools.partial(_adapt_and_keep, out=str(out), how=how),
     )
     per_run: dict[str, dict] = {}
     todo: dict[str, dict] = {}  # run directory -> its adaptation key
     for s in cells.summaries:
         run_dir = s["run_dir"]
-        key = _adapt_key(run_dir, tuple(shots), epochs, weights)
-        cached = _adapted(cells.out, run_dir, key)
+        key = _adapt_key(run_dir, *how)
+        cached = _kept_adaptation(kept, Path(run_dir).name, key)
         if cached is None:
             todo[run_dir] = key
         else:
             per_run[run_dir] = cached
+            if _adapted(cells.out, run_dir, key) is None:  # from results/: the folder complete
+                _store_adapted(cells.out, run_dir, key, cached)
     if per_run:
         say(f"new-site: {len(per_run)} of {len(cells.summaries)} runs adapted before, taken")
     started, n = time.monotonic(), len(todo)
@@ -173,15 +190,49 @@ def _adapt_all(
 
 
 def _adapt_key(run_dir: str | Path, shots: tuple[int, ...], epochs: int, weights: str) -> dict:
-    """What one run's adaptation depends on: the run (its ``summary.json`` bytes: a cell run
-    again writes another) and the protocol's options."""
-    summary = (Path(run_dir) / "summary.json").read_bytes()
+    """What one run's adaptation depends on: the run (its ``summary.json`` without the
+    ``run_dir`` it lies in, which differs for a cell taken from ``results/``; a cell run
+    again writes another: its timings) and the protocol's options."""
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    summary.pop("run_dir", None)
+    canonical = json.dumps(summary, sort_keys=True, separators=(",", ":")).encode()
     return {
-        "summary_sha256": hashlib.sha256(summary).hexdigest(),
+        "summary_digest": hashlib.sha256(canonical).hexdigest(),
         "shots": list(shots),
         "epochs": epochs,
         "weights": weights,
     }
+
+
+def _adapt_and_keep(run_dir: str, out: str, how: tuple) -> None:
+    """bench's hook on each cell the protocol trains: adapt the run at once and keep the
+    result in ``out``, so that a stopped protocol (or a lost machine) keeps every run it
+    trained as numbers, not only as a model."""
+    key = _adapt_key(run_dir, *how)
+    if _adapted(Path(out), run_dir, key) is None:
+        _store_adapted(Path(out), run_dir, key, adapt_run(run_dir, *how))
+
+
+def _kept_folders(options: SuiteOptions) -> list[Path]:
+    """Where finished adaptations are looked up: the output folder's ``adapted/``, then the
+    committed ones, ``<results>/protocols/<suite name>/adapted/`` (``results/`` as bench
+    finds it: :func:`fedshift.bench.results_root`)."""
+    from fedshift.bench import results_root
+
+    folders = [options.output_dir("new-site")]
+    root, name = results_root(), options.load().get("name")
+    if root is not None and isinstance(name, str) and name:
+        folders.append(root / "protocols" / name)
+    return folders
+
+
+def _kept_adaptation(folders: list[Path], run_name: str, key: dict) -> dict | None:
+    """The first of ``folders`` that keeps run ``run_name``'s adaptation with ``key``."""
+    for folder in folders:
+        found = _adapted(folder, run_name, key)
+        if found is not None:
+            return found
+    return None
 
 
 def _adapted_path(out: Path, run_dir: str | Path) -> Path:
@@ -189,9 +240,10 @@ def _adapted_path(out: Path, run_dir: str | Path) -> Path:
 
 
 def _adapted(out: Path, run_dir: str | Path, key: dict) -> dict | None:
-    """A run's adaptation that an earlier (stopped) ``new-site`` in the same output folder
-    finished with the same ``key``, read as JSON data (never code); None otherwise. A long
-    protocol stopped mid-way so adapts only the runs it had not."""
+    """A run's adaptation that an earlier (stopped) ``new-site`` kept in the output folder
+    ``out`` (or that is committed under ``results/``) with the same ``key``, read as JSON
+    data (never code); None otherwise. A long protocol stopped mid-way so adapts only the
+    runs it had not, and a committed table re-renders without its models."""
     path = _adapted_path(out, run_dir)
     try:
         kept = json.loads(path.read_text())
