@@ -377,7 +377,9 @@ def _bytes_per_round(s: dict) -> tuple[str, str]:
 
 
 def render(claims_dir: Path, results_root: Path) -> dict[str, str]:
-    """Every generated page: ``{path relative to the repository: text}``."""
+    """Every generated page: ``{path relative to the repository: text}``: one per results
+    folder (``protocols`` and ``_``-prefixed folders, e.g. ``_incomplete``'s cells of suites
+    still running, give none), each paper's claims page and docs/CLAIMS.md."""
     from fedshift.eval.claims import evaluate
 
     papers = evaluate(claims_dir, results_root)
@@ -387,7 +389,10 @@ def render(claims_dir: Path, results_root: Path) -> dict[str, str]:
         sorted(
             p.name
             for p in Path(results_root).iterdir()
-            if p.is_dir() and p.name != "protocols" and any(p.rglob("summary.json"))
+            if p.is_dir()
+            and p.name != "protocols"
+            and not p.name.startswith("_")
+            and any(p.rglob("summary.json"))
         )
         if Path(results_root).is_dir()
         else []
