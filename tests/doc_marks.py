@@ -261,6 +261,8 @@ MARKS: dict[str, Mark] = {
     "fedshift run --workers N": Synopsis(),
     "bash benchmarks/gpu_check.sh": NotRun(GPU),
     "fedshift run --resume": Prose(),
+    "fedshift protocol loco|new-site|sweep": Prose("the protocols that take --fresh"),
+    "fedshift claims collect --protocol": Prose(),
     "fedshift run --jobs N": Synopsis(),
     "python benchmarks/faults.py": Long("~6 min"),
     "fedshift run algorithm.name=fedbn 'augment=[fedrdn]'": Run(CHEAP),

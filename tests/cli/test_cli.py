@@ -145,6 +145,19 @@ def test_overrides_may_follow_options():
         parse(["list", "stray"])
 
 
+def test_protocol_fresh_reaches_the_suite_options():
+    """`fedshift protocol loco|new-site|sweep|head-finetune --fresh`: every cell runs here,
+    none taken from results/ (the protocols' SuiteOptions.fresh; default off)."""
+    from fedshift.cli import parse
+    from fedshift.cli.protocol import _suite_options
+
+    for name in ("loco", "new-site", "sweep", "head-finetune"):
+        extra = ["--key", "train.lr", "--values", "0.1"] if name == "sweep" else []
+        on = _suite_options(parse(["protocol", name, "-c", "x.yaml", "--fresh", *extra]))
+        off = _suite_options(parse(["protocol", name, "-c", "x.yaml", *extra]))
+        assert on.fresh and not off.fresh, name
+
+
 def test_output_into_a_closed_pipe_ends_quietly(monkeypatch):
     """`fedshift list | head -1`: the reader closing the pipe is no error (it printed
     'fedshift: error: Broken pipe'); the exit code is a shell's 141 (128 + SIGPIPE)."""

@@ -373,9 +373,9 @@ def test_each_run_adapts_as_it_trains_and_a_committed_table_needs_no_model(
     monkeypatch.setattr(ns, "_adapt_all", nothing_left)
     cfg = write_config(tmp_path / "c.yaml", ["fedavg", "fedbn"])
 
-    def opts(tag: str) -> SuiteOptions:
+    def opts(tag: str, fresh: bool = False) -> SuiteOptions:
         return SuiteOptions(cfg, (), 1, 1, tmp_path / f"o{tag}", str(tmp_path / f"r{tag}"),
-                            progress=False)  # fmt: skip
+                            progress=False, fresh=fresh)  # fmt: skip
 
     first = new_site(opts("1"), shots=(1,), epochs=2)
     results = tmp_path / "results"
@@ -401,6 +401,11 @@ def test_each_run_adapts_as_it_trains_and_a_committed_table_needs_no_model(
     manifest = json.loads((tmp_path / "r3" / "ns" / "bench.json").read_text())
     assert [row["status"] for row in manifest] == ["ran"] + ["committed"] * 5
     assert third.text == first.text
+    # --fresh: every cell trained here, no committed adaptation read
+    fresh = new_site(opts("4", fresh=True), shots=(1,), epochs=2)
+    manifest = json.loads((tmp_path / "r4" / "ns" / "bench.json").read_text())
+    assert {row["status"] for row in manifest} == {"ran"}
+    assert fresh.text == first.text
 
 
 @pytest.mark.process

@@ -60,6 +60,7 @@ def _suite_options(args: argparse.Namespace) -> SuiteOptions:
         out=args.out,
         runs_out=args.runs,
         progress=not args.quiet,
+        fresh=args.fresh,
     )
 
 
@@ -147,6 +148,12 @@ def _suite_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="parallel processes (default: cores // 2)")
     p.add_argument("--threads", type=int, help="torch threads per worker")
     p.add_argument("--runs", help="root folder for the cells' run directories (config 'out')")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run every cell here, even one whose result is committed in results/ (by "
+        "default such a cell's numbers are taken, as `fedshift bench` does)",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

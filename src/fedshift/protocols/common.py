@@ -262,7 +262,8 @@ class SuiteOptions:
     ``key=value`` ``overrides``; ``workers`` / ``threads``: as ``fedshift bench`` (None: its
     defaults); ``out``: the protocol's output folder (default ``./protocol-<name>``);
     ``runs_out``: where the suite's runs go (default: the config's ``out``); ``progress``:
-    print the suite's progress."""
+    print the suite's progress; ``fresh``: run every cell, taking none from ``results/``
+    (``fedshift bench --fresh``)."""
 
     config: str | Path | None = None
     overrides: tuple[str, ...] = ()
@@ -271,6 +272,7 @@ class SuiteOptions:
     out: str | Path | None = None
     runs_out: str | None = None
     progress: bool = True
+    fresh: bool = False
 
     @property
     def source(self) -> str:
@@ -311,7 +313,7 @@ class SuiteOptions:
             workers=self.workers,
             progress=self.progress,
             threads=self.threads,
-            reuse=reuse,
+            reuse=False if self.fresh else reuse,
             after=after,
         )
         for c, s in zip(cells, summaries, strict=True):

@@ -214,14 +214,14 @@ def _adapt_and_keep(run_dir: str, out: str, how: tuple) -> None:
 
 
 def _kept_folders(options: SuiteOptions) -> list[Path]:
-    """Where finished adaptations are looked up: the output folder's ``adapted/``, then the
-    committed ones, ``<results>/protocols/<suite name>/adapted/`` (``results/`` as bench
-    finds it: :func:`fedshift.bench.results_root`)."""
+    """Where finished adaptations are looked up: the output folder's ``adapted/``, then
+    (unless ``--fresh``) the committed ones, ``<results>/protocols/<suite name>/adapted/``
+    (``results/`` as bench finds it: :func:`fedshift.bench.results_root`)."""
     from fedshift.bench import results_root
 
     folders = [options.output_dir("new-site")]
     root, name = results_root(), options.load().get("name")
-    if root is not None and isinstance(name, str) and name:
+    if root is not None and isinstance(name, str) and name and not options.fresh:
         folders.append(root / "protocols" / name)
     return folders
 
