@@ -253,6 +253,33 @@ def test_machine_text_names_every_commit_the_runs_recorded():
     assert several == "2-core Test CPU, torch 2.x, commits aaaaaaa bbbbbbb+dirty"
 
 
+def test_source_names_the_machines_the_runs_recorded(tmp_path):
+    """collect's source.json takes the machine from the runs' provenance (not the machine
+    collecting), and a suite whose cells ran on two machines (resumed elsewhere through
+    results/_incomplete) names both, as the ledger then prints."""
+    from fedshift.eval.collect import collect_suite
+    from fedshift.eval.ledger import machine_text
+
+    a = {"cores": 2, "cpu": "CPU A", "capability": "AVX512", "gpu": None, "torch": "2.x"}
+    b = {**a, "cpu": "CPU B"}
+    suite = tmp_path / "runs" / "s"
+    for i, m in enumerate([a, a, b]):
+        cell = suite / f"cell{i}"
+        cell.mkdir(parents=True)
+        (cell / "summary.json").write_text(json.dumps({"provenance": {"machine": m}}))
+    def source() -> dict:
+        out = collect_suite(suite, tmp_path / "results", "cmd")
+        return json.loads((out / "source.json").read_text())
+
+    src = source()
+    assert src["machine"] == a and src["machines"] == [a, b]
+    assert machine_text(src) == "2-core CPU A (AVX512), torch 2.x; 2-core CPU B (AVX512), torch 2.x"
+    (suite / "cell2").rename(tmp_path / "gone")
+    src = source()
+    assert src["machine"] == a and "machines" not in src
+    assert machine_text(src) == "2-core CPU A (AVX512), torch 2.x"
+
+
 def test_results_table_names_a_later_option_only_where_a_run_turns_it_on(tmp_path):
     """FedWon's model keys are off by default on every other run: the results page labels
     the FedWon rows with them and the FedAvg rows without them (not ``model.conv=plain``)."""

@@ -2,7 +2,9 @@
 computed from): per cell ``config.yaml``, ``summary.json``, ``metrics.jsonl`` and
 ``cell.json``, never checkpoints or models; per protocol folder its ``*.json``, ``*.md`` and
 ``*.yaml``. Each results folder gets a ``source.json``: the command that made it, the machine
-(:func:`fedshift.core.machine.machine`) and the fedshift commit(s) its runs recorded."""
+its runs recorded in their provenance (``machines``, every one, when a suite resumed on
+another machine; a protocol folder or runs without one: the machine collecting,
+:func:`fedshift.core.machine.machine`) and the fedshift commit(s) its runs recorded."""
 
 from __future__ import annotations
 
@@ -32,13 +34,29 @@ def _commits(summaries: list[Path]) -> list[str]:
     return sorted(found)
 
 
+def _machines(summaries: list[Path]) -> list[dict]:
+    """The distinct machines the runs recorded (``provenance.machine``), in cell order."""
+    found: list[dict] = []
+    for s in summaries:
+        try:
+            m = json.loads(s.read_text()).get("provenance", {}).get("machine")
+        except (OSError, ValueError):
+            continue
+        if isinstance(m, dict) and m not in found:
+            found.append(m)
+    return found
+
+
 def _source(command: str, summaries: list[Path]) -> str:
     commits = _commits(summaries)
-    data = {
+    machines = _machines(summaries) or [machine()]
+    data: dict = {
         "command": command,
-        "machine": machine(),
+        "machine": machines[0],
         "commit": commits[0] if len(commits) == 1 else commits,
     }
+    if len(machines) > 1:  # a suite resumed on another machine: its cells say which
+        data["machines"] = machines
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

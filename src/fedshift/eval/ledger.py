@@ -37,17 +37,26 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([_row(header), "|" + "---|" * len(header), *(_row(r) for r in rows)])
 
 
-def machine_text(source: dict | None) -> str:
-    """``2-core AMD EPYC (AVX512), torch 2.13.0+cpu`` from a results folder's source.json."""
-    if not source:
-        return "machine not recorded"
-    m = source.get("machine", {})
+def _one_machine(m: dict) -> list[str]:
     parts = [f"{m.get('cores', '?')}-core {m.get('cpu', '?')}"]
     if m.get("capability"):
         parts[0] += f" ({m['capability']})"
     if m.get("gpu"):
         parts.append(m["gpu"])
     parts.append(f"torch {m.get('torch', '?')}")
+    return parts
+
+
+def machine_text(source: dict | None) -> str:
+    """``2-core AMD EPYC (AVX512), torch 2.13.0+cpu`` from a results folder's source.json;
+    a suite whose cells ran on several machines names each (``a; b``)."""
+    if not source:
+        return "machine not recorded"
+    several = source.get("machines") or []
+    if len(several) > 1:
+        parts = ["; ".join(", ".join(_one_machine(m)) for m in several)]
+    else:
+        parts = _one_machine(source.get("machine", {}))
     commits = source.get("commit") or []
     commits = [commits] if isinstance(commits, str) else commits  # several: a resumed suite
     if commits:
