@@ -22,34 +22,42 @@ PROTOCOL_SUFFIXES = (".json", ".md", ".yaml")
 SOURCE = "source.json"
 
 
-def _commits(summaries: list[Path]) -> list[str]:
-    found = set()
+def _provenances(summaries: list[Path]) -> list[dict]:
+    """Each readable summary's ``provenance`` (read once for the commits and the machines)."""
+    found = []
     for s in summaries:
         try:
-            git = json.loads(s.read_text()).get("provenance", {}).get("git") or {}
+            prov = json.loads(s.read_text()).get("provenance")
         except (OSError, ValueError):
             continue
+        if isinstance(prov, dict):
+            found.append(prov)
+    return found
+
+
+def _commits(provenances: list[dict]) -> list[str]:
+    found = set()
+    for p in provenances:
+        git = p.get("git") or {}
         if git.get("commit"):
             found.add(str(git["commit"]) + ("+dirty" if git.get("dirty") else ""))
     return sorted(found)
 
 
-def _machines(summaries: list[Path]) -> list[dict]:
-    """The distinct machines the runs recorded (``provenance.machine``), in cell order."""
+def _machines(provenances: list[dict]) -> list[dict]:
+    """The distinct machines the runs recorded, in cell order."""
     found: list[dict] = []
-    for s in summaries:
-        try:
-            m = json.loads(s.read_text()).get("provenance", {}).get("machine")
-        except (OSError, ValueError):
-            continue
+    for p in provenances:
+        m = p.get("machine")
         if isinstance(m, dict) and m not in found:
             found.append(m)
     return found
 
 
 def _source(command: str, summaries: list[Path]) -> str:
-    commits = _commits(summaries)
-    machines = _machines(summaries) or [machine()]
+    provenances = _provenances(summaries)
+    commits = _commits(provenances)
+    machines = _machines(provenances) or [machine()]
     data: dict = {
         "command": command,
         "machine": machines[0],

@@ -75,15 +75,15 @@ def held_out_cells(
     reuse: bool | Callable[[Any, Path], bool] = True,
     new_site: bool = False,
     sites: list[str] | None = None,
-    after: Callable[[Path], Callable[[str], Any]] | None = None,
+    after: Callable[[str], Any] | None = None,
 ) -> HeldOutCells:
     """The config's grid times ``federation.holdout`` = each client (or each of ``sites``,
     checked to be clients of the dataset, in the dataset's order), written to
     ``<out>/<name>-suite.yaml`` and run through bench (cells cached by config digest, so
     ``loco`` and ``new-site`` with the same ``--runs`` train each cell once). ``reuse``: take
     cells committed in ``results/`` (False when the cells' models are loaded, or which to
-    take: :meth:`SuiteOptions.run_cells`); ``after(out)``: bench's hook on each cell it
-    trains, made for the output folder ``out``; ``new_site``:
+    take: :meth:`SuiteOptions.run_cells`); ``after(run_dir)``: bench's hook on each cell
+    it trains; ``new_site``:
     also accept algorithms whose held-out site takes the sources' local tensors
     (:meth:`~fedshift.algorithms.base.Algorithm.has_new_site_answer`: FedBN, FRAug,
     DisTrans), which the run itself does not score."""
@@ -125,9 +125,7 @@ def held_out_cells(
         grid["federation.holdout"] = [[c] for c in clients]
     outp = options.output_dir(name)
     suite = outp / f"{name}-suite.yaml"
-    summaries = options.run_cells(
-        grid_raw, suite, reuse=reuse, after=None if after is None else after(outp)
-    )
+    summaries = options.run_cells(grid_raw, suite, reuse=reuse, after=after)
     with_settings(summaries, setting_keys(raw), raw)
     return HeldOutCells(raw, clients, summaries, outp, suite)
 

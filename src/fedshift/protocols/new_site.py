@@ -116,7 +116,7 @@ def new_site(
 
     def adapted_before(cell: Any, src: Path) -> bool:
         # a committed cell has no model: taken only when its adaptation is kept too
-        return _kept_adaptation(kept, src.name, _adapt_key(src, *how)) is not None
+        return _kept_adaptation(kept, src.name, _adapt_key(src, *how))[0] is not None
 
     cells = held_out_cells(
         options,
@@ -124,19 +124,19 @@ def new_site(
         reuse=adapted_before,
         new_site=True,
         sites=None if sites is None else list(sites),
-        after=lambda out: functools.partial(_adapt_and_keep, out=str(out), how=how),
+        after=functools.partial(_adapt_and_keep, out=str(kept[0]), how=how),
     )
     per_run: dict[str, dict] = {}
     todo: dict[str, dict] = {}  # run directory -> its adaptation key
     for s in cells.summaries:
         run_dir = s["run_dir"]
         key = _adapt_key(run_dir, *how)
-        cached = _kept_adaptation(kept, Path(run_dir).name, key)
+        cached, where = _kept_adaptation(kept, Path(run_dir).name, key)
         if cached is None:
             todo[run_dir] = key
         else:
             per_run[run_dir] = cached
-            if _adapted(cells.out, run_dir, key) is None:  # from results/: the folder complete
+            if where != cells.out:  # from results/: the output folder complete
                 _store_adapted(cells.out, run_dir, key, cached)
     if per_run:
         say(f"new-site: {len(per_run)} of {len(cells.summaries)} runs adapted before, taken")
@@ -226,13 +226,16 @@ def _kept_folders(options: SuiteOptions) -> list[Path]:
     return folders
 
 
-def _kept_adaptation(folders: list[Path], run_name: str, key: dict) -> dict | None:
-    """The first of ``folders`` that keeps run ``run_name``'s adaptation with ``key``."""
+def _kept_adaptation(
+    folders: list[Path], run_name: str, key: dict
+) -> tuple[dict | None, Path | None]:
+    """Run ``run_name``'s adaptation with ``key`` and the first of ``folders`` (the output
+    folder first) that keeps it; (None, None) when none does."""
     for folder in folders:
         found = _adapted(folder, run_name, key)
         if found is not None:
-            return found
-    return None
+            return found, folder
+    return None, None
 
 
 def _adapted_path(out: Path, run_dir: str | Path) -> Path:
