@@ -50,7 +50,9 @@ def test_holdout_uploads_nothing(make_cfg, tmp_path):
     [
         (["algorithm.name=local", "federation.holdout=[client1]"], "one global model"),
         (["algorithm.name=pfedme", "federation.holdout=[client1]"], "protocol new-site"),
-        (["federation.holdout=[nobody]"], "nobody"),
+        (["federation.holdout=[nobody]"], r"nobody'\] must name"),
+        # a site's own spelling is answered with its client name
+        (["federation.holdout=[Client1]"], "'Client1' is client 'client1'"),
         (["federation.holdout=[client0,client1,client2]"], "not all"),
     ],
 )

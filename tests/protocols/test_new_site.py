@@ -180,8 +180,11 @@ def test_loco_refuses_fedbn_and_points_to_new_site(tmp_path):
         loco(opts)
     with pytest.raises(ConfigError, match="--shots"):
         new_site(opts, shots=(0,))
-    with pytest.raises(ConfigError, match=r"--sites nobody: \['nobody'\]"):
+    with pytest.raises(ConfigError, match=r"--sites nobody: \['nobody'\]; [^(]*$"):
         new_site(opts, sites=("nobody",))
+    # a site named as a user spells it gets its client name in the error
+    with pytest.raises(ConfigError, match=r"'Client1' is client 'client1'"):
+        new_site(opts, sites=("Client1",))
 
 
 def _run(algo: str, site: str, seed: int, scores: dict) -> tuple[dict, dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.data.common.sites import name_hint
 from fedshift.eval.stats import mean_std, paired_ttest
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
@@ -107,7 +108,7 @@ def held_out_cells(
         if unknown or not sites:
             raise ConfigError(
                 f"{source}: --sites {','.join(sites)}: {unknown or 'none given'}; "
-                f"the dataset's clients are {', '.join(clients)}"
+                f"the dataset's clients are {', '.join(clients)}{name_hint(unknown, clients)}"
             )
         clients = [c for c in clients if c in sites]
     grid_raw = copy.deepcopy(raw)

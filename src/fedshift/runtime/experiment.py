@@ -31,6 +31,7 @@ from fedshift.core.errors import ConfigError
 from fedshift.core.seeding import seed_global
 from fedshift.core.tasks import Task, make_task
 from fedshift.data.base import ClientData, Federation
+from fedshift.data.common.sites import name_hint
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.runtime.device import place_data, resolve_device, set_precision
@@ -96,6 +97,7 @@ def build_experiment(
             raise ConfigError(
                 f"config key 'federation.holdout': {unknown or holdout} must name some "
                 f"but not all of the clients {fed.client_names}"
+                f"{name_hint(unknown, fed.client_names)}"
             )
     seed_global(cfg.seed, "init")
     algo_cls, algo_params = cfg.algorithm.factory, cfg.algorithm.params

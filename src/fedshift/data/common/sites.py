@@ -19,6 +19,7 @@ __all__ = [
     "check_sites_key",
     "client_name",
     "client_names",
+    "name_hint",
     "numbered_clients",
     "site_folders",
 ]
@@ -30,6 +31,24 @@ def client_name(site: str) -> str:
     """The client name of a site (module docstring); ``""`` if nothing is left."""
     kept = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in site.strip().lower())
     return _RUN.sub("_", kept).strip("_")
+
+
+def name_hint(given: Iterable[str], clients: Iterable[str]) -> str:
+    """For an error that names unknown clients: ``" ('Hospital C' is client 'hospital_c'; ...)"``
+    for each of ``given`` that is not a client name but whose :func:`client_name` is one (a
+    site's folder name given where its client name is wanted); ``""`` when there is none."""
+    known = set(clients)
+    pairs = [
+        f"{g!r} is client {client_name(g)!r}"
+        for g in given
+        if g not in known and client_name(g) in known
+    ]
+    if not pairs:
+        return ""
+    return (
+        f" ({'; '.join(pairs)}: client names are the site names in lower case, every run of "
+        "characters other than letters, digits, - and _ made one _)"
+    )
 
 
 def numbered_clients(k: int) -> list[str]:
