@@ -442,5 +442,6 @@ MARKS: dict[str, Mark] = {
     'fedshift bench configs/suites/fedwon_digits.yaml --workers 2': NotRun(LEDGER),
     'fedshift protocol loco -c configs/suites/fedwon_loco.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/fedwon_small_batch.yaml --workers 2': NotRun(LEDGER),
+    'fedshift protocol loco -c configs/suites/elcfs_brain_loco.yaml --workers 2': NotRun(LEDGER),
 }
 # fmt: on
