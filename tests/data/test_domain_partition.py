@@ -38,6 +38,33 @@ def test_counts_by_hand():
             assert c.sum(axis=0).tolist() == n and (c >= 0).all()
 
 
+def test_remainders_stay_with_the_clients_that_hold_the_domain():
+    # five scanners of 32 slices over 25 clients (unseen_sites_brain_mri): 6.4 each; each
+    # scanner's 2 left over go to two of its own five clients (all tie at 0.4: the first two)
+    c = domain_counts([32] * 5, 25, 0)
+    assert ((c > 0).sum(axis=1) == 1).all()  # lam = 0: one domain per client
+    assert c[:5, 0].tolist() == [7, 7, 6, 6, 6] and c.sum(axis=0).tolist() == [32] * 5
+    # the released splitter.py gives every remainder to the first clients: client00 and
+    # client01 then hold one slice of each other scanner
+    first = domain_counts([32] * 5, 25, 0, rounding="first")
+    assert first[0].tolist() == [7, 1, 1, 1, 1] and first[2].tolist() == [6, 0, 0, 0, 0]
+    # between the ends, the largest fractional share first: domains of 10 and 7 over 3
+    # clients at lam = 0.5 (m = (2, 1)): shares (4.17, 1.17), (4.17, 1.17), (1.67, 4.67);
+    # floors (4, 1), (4, 1), (1, 4) leave one of each, which goes to client 2 (0.67 > 0.17)
+    assert domain_counts([10, 7], 3, 0.5).tolist() == [[4, 1], [4, 1], [2, 5]]
+    assert domain_counts([10, 7], 3, 0.5, rounding="first").tolist() == [[5, 2], [4, 1], [1, 4]]
+
+
+def test_a_partition_with_remainders_still_puts_one_domain_on_a_client():
+    fed = load_dataset({**_toy(), "train_size": 61})  # 61 = 2 x 30 + 1 and 3 x 20 + 1
+    one = apply_partition(fed, {"name": "domains", "clients": 7, "lam": 0})
+    held = {c: [d for d, k in s.items() if k] for c, s in one.info["domain_mix"].items()}
+    assert all(len(h) == 1 for h in held.values()), held
+    released = {"name": "domains", "clients": 7, "lam": 0, "rounding": "first"}
+    released = apply_partition(fed, released)
+    assert sum(1 for k in released.info["domain_mix"]["client00"].values() if k) == 3
+
+
 def _toy() -> dict:
     return {"name": "toyshift", "train_size": 60, "val_size": 24, "test_size": 30}
 

@@ -1,7 +1,7 @@
 """``partition.name=domains``: N clients drawn from a dataset's D domains with a controlled
 heterogeneity (Bai, Bagchi and Inouye, "Benchmarking Algorithms for Federated Domain
 Generalization", arXiv 2307.04942, ICLR 2024: the heterogeneous partitioning of their
-benchmark methodology, Fig. 1; counts and rounding as their released ``src/splitter.py``).
+benchmark methodology, Fig. 1; counts as their released ``src/splitter.py``).
 
 The dataset's clients are its domains (digits' five, brain-mri's scanners, a ``folders``
 site per folder). ``lam`` is the paper's domain balancing parameter lambda:
@@ -14,11 +14,19 @@ site per folder). ``lam`` is the paper's domain balancing parameter lambda:
 * ``lam = 1``: every client holds the same share, 1/N, of every domain;
 * in between, client c holds ``(1 - lam)`` of its lam=0 part plus ``lam / N`` of every domain.
 
-Counts are floored and each domain's remainder goes one example each to the first clients
-(as the released code). Every split (train, val, test) is dealt with its own counts, and the
-examples of a domain are drawn in a seeded random order, so the clients partition the data
-exactly (nothing duplicated or dropped). ``info["domain_mix"]`` records each client's
-training examples per domain (the run summary's ``data.partition`` info carries it).
+Counts are floored and each domain's remainder is given one example each to the clients with
+the largest fractional share of that domain (ties: client order), so a client never receives
+an example of a domain whose share it does not hold: at ``lam = 0`` every client holds exactly
+one domain, as the paper defines it, whatever the sizes. ``rounding=first`` is the released
+``src/splitter.py``'s rule instead: the remainder goes to the first clients, which at
+``lam = 0`` hands the first clients one example of every other domain whenever a domain's size
+is not a multiple of its clients (brain-mri's 5 x 32 slices over 25 clients: client00 and
+client01 hold all five scanners). The two give the same counts when every share is whole
+(e.g. digits' 750 per domain over 10 clients). Every split (train, val, test) is dealt with
+its own counts, and the examples of a domain are drawn in a seeded random order, so the
+clients partition the data exactly (nothing duplicated or dropped). ``info["domain_mix"]``
+records each client's training examples per domain (the run summary's ``data.partition``
+info carries it).
 
 ``keep`` names domains that are not dealt: each stays one client under its own name, after
 the dealt clients. That is how an unseen site is set up (Bai et al.'s benchmark holds the test
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -54,6 +63,9 @@ class DomainsParams:
     seed: int = bounded(0, ge=0)  # the partition's own seed (independent of the run seed)
     #: domains kept whole, one client each under the domain's name (e.g. a held-out target)
     keep: list[str] = field(default_factory=list)
+    #: where each domain's rounding remainder goes: "largest" fractional shares (one domain
+    #: per client at lam = 0, the paper's definition) or the "first" clients (released code)
+    rounding: Literal["largest", "first"] = "largest"
 
 
 def _main_domains(n: np.ndarray, clients: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,9 +78,13 @@ def _main_domains(n: np.ndarray, clients: int) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(np.arange(len(n)), m), m
 
 
-def domain_counts(n: Sequence[int], clients: int, lam: float) -> np.ndarray:
+def domain_counts(
+    n: Sequence[int], clients: int, lam: float, rounding: str = "largest"
+) -> np.ndarray:
     """``(clients, D)`` integer counts: how many examples of domain d client c gets, from the
-    domains' sizes ``n`` (module docstring). Every column sums to its domain's size."""
+    domains' sizes ``n`` and the rounding rule (module docstring). Every column sums to its
+    domain's size; with ``rounding="largest"`` a count is positive only where the real-valued
+    share is."""
     n = np.asarray(n, dtype=np.int64)
     sizes = n.astype(np.float64)
     if (n > 0).sum() <= clients:
@@ -83,7 +99,13 @@ def domain_counts(n: Sequence[int], clients: int, lam: float) -> np.ndarray:
     counts = np.floor(shares + 1e-9).astype(np.int64)
     for d in range(len(n)):
         rest = int(n[d] - counts[:, d].sum())
-        counts[:rest, d] += 1
+        if rounding == "first":
+            counts[:rest, d] += 1
+            continue
+        # largest remainder: the fractional parts, rounded so that equal shares tie exactly
+        frac = np.round(shares[:, d] - counts[:, d], 9)
+        frac[shares[:, d] <= 1e-9] = -1.0  # a client without a share of d gets none of it
+        counts[np.argsort(-frac, kind="stable")[:rest], d] += 1
     return counts
 
 
@@ -106,7 +128,7 @@ def domains(fed: Federation, params: DomainsParams) -> Federation:
     mix: dict[str, dict[str, int]] = {c: {} for c in names}
     for split in SPLITS:
         parts = [d.split(split) for d in dealt]
-        counts = domain_counts([len(p) for p in parts], k, params.lam)
+        counts = domain_counts([len(p) for p in parts], k, params.lam, params.rounding)
         picked: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(k)]
         for j, (domain, part) in enumerate(zip(dealt, parts, strict=True)):
             order = seeded_rng(params.seed, f"domains/{split}/{domain.name}").permutation(len(part))
