@@ -37,11 +37,14 @@ lint: $(STAMP)
 
 # the whole suite, then the tests that compare floats once more on torch's portable CPU
 # kernels (ATEN_CPU_CAPABILITY=default): a tolerance or constant that holds only for this
-# CPU's kernels fails here, not on a user's machine
+# CPU's kernels fails here, not on a user's machine. Bytecode is written even where the
+# environment says not to (PYTHONDONTWRITEBYTECODE=1 on this kind of machine): otherwise
+# every test worker rewrites every test module's asserts again and every process the tests
+# start (CLI runs, pool workers, Flower ClientApps) compiles fedshift again
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest
-	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
+	PYTHONDONTWRITEBYTECODE= ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
 
 # the everyday loop: everything but the process-level tests (Flower deployment and Ray
 # simulations, worker pools, kill / signal / resume, fresh interpreters, packaging), one
