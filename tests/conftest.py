@@ -170,14 +170,11 @@ def one_thread():
 # scheduler below only decides which tests share a worker and which start first.
 
 #: tests that run one after the other in one worker: node id prefix -> group. The Flower
-#: deployment tests share a module fixture (a local deployment, seconds to start); two
-#: groups, so that the two killed-SuperNode tests, each waiting out a 45 s round timeout,
-#: run at the same time on two workers
+#: deployment tests share one local deployment (a module fixture: seconds to start, and its
+#: processes poll while they live); while a killed-SuperNode test waits out its round
+#: timeout, the other workers have the CPUs
 GROUPS = {
-    "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native[fedbn]": "deploy-a",
-    "tests/flower/test_flower_deploy.py::test_killed_supernode_round_completes": "deploy-a",
-    "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native[fedfa]": "deploy-b",
-    "tests/flower/test_flower_deploy.py::test_killed_supernode_below_the_minimum": "deploy-b",
+    "tests/flower/test_flower_deploy.py": "deploy",
     # modules whose tests share a module fixture of finished runs (seconds to make): one
     # worker makes it once instead of each worker making it
     "tests/eval/test_report.py": "report",
@@ -200,7 +197,6 @@ def pytest_xdist_auto_num_workers(config) -> int:
 #: check`` (the everyday loop) leaves them out; ``make test`` (and CI) runs them.
 PROCESS = (
     "tests/flower/test_flower_deploy.py",
-    "tests/flower/test_flower.py::test_flower_simulation_engine_equals_native",
     "tests/flower/test_flower.py::test_client_errors_and_bad_nodes_are_reported",
     "tests/flower/test_flower.py::test_node_state_can_live_on_disk",
     "tests/flower/test_ray_signals.py::test_sigint_and_sigterm_stop_a_ray_simulation_cleanly",

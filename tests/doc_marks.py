@@ -202,12 +202,14 @@ MARKS: dict[str, Mark] = {
         before=("fedshift run name=x algorithm.name=fedavg " + " ".join(CHEAP),),
     ),
     "fedshift flower simulate -c configs/demo.yaml algorithm.name=fedbn": ByTest(
-        "tests/flower/test_flower.py::test_flower_simulation_engine_equals_native",
-        "Flower's Ray engine on toyshift (Ray's start-up alone takes about 30 s)",
+        "tests/flower/test_ray_signals.py::test_sigint_and_sigterm_stop_a_ray_simulation_cleanly",
+        "FedBN on Flower's Ray engine on toyshift, stopped and resumed, to the native numbers "
+        "(Ray's start-up alone takes about 30 s)",
     ),
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedfa": ByTest(
-        "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native",
-        "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on toyshift",
+        "tests/flower/test_flower_deploy.py::test_supernodes_match_native",
+        "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on "
+        "toyshift, FedBN with FedFA's FFA layers",
     ),
     "fedshift flower certs certs/ --host superlink.example.org": Run(),
     "fedshift flower keys keys/ site1": Run(),
@@ -290,8 +292,8 @@ MARKS: dict[str, Mark] = {
     "example: arrays-from-python": Run(),
     # -------------------------------------------------------------------------- DEPLOY.md
     "fedshift flower local -c configs/demo.yaml algorithm.name=fedbn": ByTest(
-        "tests/flower/test_flower_deploy.py::test_three_supernodes_match_native",
-        "the same local deployment on toyshift, FedBN and FedFA",
+        "tests/flower/test_flower_deploy.py::test_supernodes_match_native",
+        "the same local deployment on toyshift, FedBN with FedFA's FFA layers",
     ),
     "fedshift flower certs certs/ --host superlink.example.org --host 10.0.0.5": Run(),
     "flower-superlink --host 0.0.0.0 --port 8000 --ssl-ca-certfile certs/ca.crt --ssl-certfile "

@@ -1,6 +1,8 @@
 """fedshift on Flower: the wire format, the ServerApp/ClientApp against the native engine
-(in-process and on Flower's Ray simulation engine), lost SuperNodes, and a real local
-deployment (SuperLink + three SuperNodes, TLS and SuperNode authentication)."""
+in-process, lost SuperNodes, and submitting to a SuperLink. On Flower's Ray simulation engine:
+tests/flower/test_ray_signals.py (a FedBN run stopped and resumed on Ray ends with the native
+numbers); a real local deployment (SuperLink and SuperNode processes, TLS and SuperNode
+authentication): tests/flower/test_flower_deploy.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from fedshift.core.payload import Payload
 from fedshift.flower.inprocess import InProcessGrid
 from fedshift.flower.node import build_client_app, node_settings
 from fedshift.flower.server import FlowerOptions, FlowerServer
-from fedshift.flower.simulate import simulate
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, unpack
 from fedshift.runtime.simulation import Simulation, run_experiment
 
@@ -192,18 +193,6 @@ def test_node_state_can_live_on_disk(tmp_path):
     )
     assert_runs_equal(flower.run_dir, native.run_dir)
     assert len(list((tmp_path / "state").glob("*/client*/r*.pt"))) >= 3
-
-
-# ---------------------------------------------------------------------------- Ray engine
-@pytest.mark.slow
-def test_flower_simulation_engine_equals_native(tmp_path):
-    """`fedshift flower simulate` on Flower's Ray simulation engine: the same metrics as the
-    native engine, exactly (tolerance 0)."""
-    cfg = toy_cfg("algorithm.name=fedfa", rounds=2)
-    native = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
-    flower = simulate(cfg, run_dir=tmp_path / "flower", engine="ray", progress=False)
-    assert_runs_equal(flower.run_dir, native.run_dir)
-    assert flower.summary["runtime"]["mode"] == "simulation (ray)"
 
 
 # ---------------------------------------------------------------------------- submit

@@ -2,6 +2,9 @@
 engine, as they stop the in-process engine and `fedshift run`: the last whole round saved,
 exit 130 / 143, the resume command printed, no C++ stack dump. (Before: SIGINT was ignored
 and the run went on to its last round, exit 0; SIGTERM aborted with Ray's C++ stack dump.)
+The stopped run, resumed, ends with the native engine's numbers: this is also the suite's
+test that a run on Ray equals the native run (tests/flower/test_flower.py compares the
+in-process Flower engine, tests/runtime/test_same_run.py every algorithm on it).
 A run directory of the other kind given to a resume is one error line."""
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +49,21 @@ RUNNER = textwrap.dedent(
     print("EXIT", main(["flower", "simulate", "--resume", run_dir, "--quiet"]), flush=True)
     """
 )
+
+
+#: a line Ray relays from one of its worker processes that holds no actor, i.e. ran none of
+#: fedshift's or Flower's code: ``(pid=123) ...`` (an actor's lines read ``(ClientAppActor
+#: pid=123) ...``), after Ray's colour codes
+_IDLE_RAY_WORKER = re.compile(r"^(\x1b\[[0-9;]*m)*\(pid=\d+\)")
+
+
+def _ours(text: str) -> str:
+    """The output less what idle Ray workers printed. Rarely (once in many runs, seen on a
+    2-core machine), an idle worker that Ray stops aborts inside Ray's own C++ (abseil's
+    "Mutex corrupt" check) and Ray relays the dump; the driver, the ClientApp actors and the
+    run's numbers are untouched, and no signal is sent to that worker (the test signals the
+    driver's pid only). The driver's own dump, what this test is about, is still caught."""
+    return "\n".join(line for line in text.splitlines() if not _IDLE_RAY_WORKER.match(line))
 
 
 def _run_name(*over: str) -> str:
@@ -108,7 +127,7 @@ def test_sigint_and_sigterm_stop_a_ray_simulation_cleanly(tmp_path):
     assert first < second["round"] < ROUNDS
     assert f"stopped by SIGTERM: state of round {second['round']} saved" in text
     for crash in ("SIGTERM received", "logging.cc", "Traceback", "Aborted"):
-        assert crash not in text, text
+        assert crash not in _ours(text), text
     # whole rounds only, and the stopped run continues to the uninterrupted numbers (the
     # rest on the in-process engine: the same ServerApp and ClientApps, without Ray)
     assert {r[0] for r in second["ledger"]["rows"]} == set(range(1, second["round"] + 1))
