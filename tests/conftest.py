@@ -213,7 +213,6 @@ PROCESS = (
     "tests/test_bench.py::test_failing_cell_does_not_stop_the_others",
     "tests/test_bench.py::test_signal_stops_the_suite_and_is_not_a_failure",
     "tests/test_bench.py::test_killed_bench_leaves_no_worker",
-    "tests/test_bench.py::test_parallel_workers_match_sequential",
     "tests/test_bench.py::test_cli_bench",
     "tests/cli/test_ux.py::test_long_runs_run_jobs_equal_sequential",
     "tests/cli/test_ux.py::test_long_runs_flower_simulate",
