@@ -227,6 +227,7 @@ PROCESS = (
     "tests/core/test_consent.py::test_python_m_fedshift_lets_no_file_in_the_folder_shadow_a_module",
     "tests/data/test_dataset_plugins.py::test_installed_dataset_runs_by_name_from_the_cli",
     "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
+    "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
     # a run stopped at a checkpoint and resumed, for every algorithm and augment (`make
     # check` keeps tests/runtime/test_loop.py's killed-and-resumed runs: FedBN, SCAFFOLD, FedAdam)
     "tests/runtime/test_same_run.py::test_same_run[resume-",

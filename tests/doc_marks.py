@@ -106,6 +106,10 @@ MARKS: dict[str, Mark] = {
         "minutes on 2 cores, the time README.md's `make demo` paragraph gives"
     ),
     "make test": NotRun("the whole test suite, which this test is part of (CI runs it)"),
+    "python benchmarks/suite_cost.py": ByTest(
+        "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
+        "on one test (without arguments it runs the whole suite, which this test is part of)",
+    ),
     ". .venv/bin/activate": NotRun(SETUP),
     "fedshift list": Run(),
     "fedshift config show -c configs/demo.yaml": Run(),

@@ -1,0 +1,143 @@
+"""Where the test suite's time goes: per-test CPU, the machine's CPU, and what runs out of
+sight.
+
+CI runs `make test` on 2 cores and the suite must stay under 15 minutes; on 2 cores it is
+CPU-bound (both cores busy from start to end), so what to cut is measured in CPU seconds,
+not in pytest's ``--durations`` (a test's wall time there is mostly other workers' CPU).
+This script runs pytest (any arguments; by default the whole suite as ``make test``'s
+first pass runs it, pytest-xdist included) with itself as a plug-in that records, for every
+test, the CPU of its worker process and of the child processes that worker reaped during
+the test (CLI runs, pool workers, SuperNodes and the ClientApps they reaped), and reads
+the machine's busy CPU (Linux ``/proc/stat``) before and after pytest. It prints the totals, the
+files and the tests that cost most, and the CPU no test accounts for: processes that are
+not reaped by a test's worker (Ray's daemons and actors, processes started by a SuperNode
+after it was killed) and pytest-xdist's own collection and scheduling.
+
+Run it on an otherwise idle machine (the machine's CPU counts every process)::
+
+    python benchmarks/suite_cost.py                         # the whole suite (~15 min on 2 cores)
+    python benchmarks/suite_cost.py tests/flower -n 0       # any pytest arguments
+
+The per-test rows are kept as JSON lines in ``--keep DIR`` (default: a temporary folder,
+removed). A test's CPU is charged when its worker reaps the processes: a module fixture's
+processes (a Flower deployment, a worker pool) count at the test whose teardown stops them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+#: the folder the plug-in writes its rows to (one JSON-lines file per pytest process)
+OUT_ENV = "SUITE_COST_DIR"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ the plug-in (in pytest)
+def _cpu() -> tuple[float, float]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of one test: its worker's CPU, its reaped children's CPU
+    and its wall time, appended to this process's file."""
+    out = os.environ.get(OUT_ENV)
+    if not out:
+        yield
+        return
+    (self0, kids0), t0 = _cpu(), time.monotonic()
+    yield
+    (self1, kids1), t1 = _cpu(), time.monotonic()
+    row = {"id": item.nodeid, "self": self1 - self0, "children": kids1 - kids0,
+           "wall": t1 - t0}  # fmt: skip
+    with open(Path(out) / f"{os.getpid()}.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+# ------------------------------------------------------------------ the script (outside)
+def busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (None: no /proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(v) for v in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def read_rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(folder.glob("*.jsonl"))
+            for line in f.read_text().splitlines()]  # fmt: skip
+
+
+def report(rows: list[dict], wall: float, busy: float | None, top: int = 15) -> str:
+    """The totals, then the files and the tests with the most CPU (worker + reaped)."""
+    cpu = {r["id"]: r["self"] + r["children"] for r in rows}
+    own = sum(r["self"] for r in rows)
+    kids = sum(r["children"] for r in rows)
+    lines = [f"{len(rows)} tests in {wall:.0f} s wall; CPU charged to tests: {own + kids:.0f} s "
+             f"({own:.0f} in the pytest workers, {kids:.0f} in processes they reaped)"]  # fmt: skip
+    if busy is not None:
+        cores = os.cpu_count() or 1
+        lines.append(
+            f"machine busy: {busy:.0f} CPU s ({busy / wall:.2f} of {cores} cores on average); "
+            f"not charged to any test: {busy - own - kids:.0f} s (unreaped processes: Ray, "
+            "processes of killed SuperNodes; xdist collection and scheduling; anything else "
+            "running on the machine)"
+        )
+    by_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for r in rows:
+        acc = by_file[r["id"].split("::")[0]]
+        acc[0] += r["self"] + r["children"]
+        acc[1] += r["wall"]
+        acc[2] += 1
+    lines += ["", f"{'CPU s':>8} {'wall s':>8} {'tests':>6}  file (the {top} costliest)"]
+    for name, (c, w, n) in sorted(by_file.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"{c:8.1f} {w:8.1f} {n:6d}  {name}")
+    walls = {r["id"]: r["wall"] for r in rows}
+    lines += ["", f"{'CPU s':>8} {'wall s':>8}  test (the {top} costliest)"]
+    for test, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{c:8.1f} {walls[test]:8.1f}  {test}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    keep = None
+    if "--keep" in argv:
+        at = argv.index("--keep")
+        keep, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = keep or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("*.jsonl"):
+            old.unlink()
+        path = [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, OUT_ENV: str(folder), "PYTHONDONTWRITEBYTECODE": "",
+               "PYTHONPATH": os.pathsep.join(p for p in path if p)}  # fmt: skip
+        cmd = [sys.executable, "-m", "pytest", "-p", "suite_cost", *argv]
+        print("running:", " ".join(cmd), flush=True)
+        b0, t0 = busy_seconds(), time.monotonic()
+        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        wall, b1 = time.monotonic() - t0, busy_seconds()
+        busy = b1 - b0 if b0 is not None and b1 is not None else None
+        rows = read_rows(folder)
+        print()
+        print(report(rows, wall, busy) if rows else "no test ran")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
