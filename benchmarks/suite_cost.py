@@ -18,9 +18,10 @@ Run it on an otherwise idle machine (the machine's CPU counts every process)::
     python benchmarks/suite_cost.py                         # the whole suite (~15 min on 2 cores)
     python benchmarks/suite_cost.py tests/flower -n 0       # any pytest arguments
 
-The per-test rows are kept as JSON lines in ``--keep DIR`` (default: a temporary folder,
-removed). A test's CPU is charged when its worker reaps the processes: a module fixture's
-processes (a Flower deployment, a worker pool) count at the test whose teardown stops them.
+The per-test rows are kept as JSON lines in ``--keep DIR`` (its old rows are removed
+first; default: a temporary folder, removed). A test's CPU is charged when its worker reaps
+the processes: a module fixture's processes (a Flower deployment, a worker pool) count at
+the test whose teardown stops them.
 """
 
 from __future__ import annotations
