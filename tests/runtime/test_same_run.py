@@ -10,8 +10,12 @@ run of the case:
   ``torch.load(weights_only=True)`` only; for the :data:`FLOWER` cases also on Flower
   in-process, uninterrupted and stopped and resumed (the clients restored from the nodes'
   snapshots): each kind of record and state that crosses Flower's wire;
-* ``pool``: two worker processes (``run.workers``): process-level, ``make check`` leaves
-  these out.
+* ``pool``: two worker processes (``run.workers``) for the :data:`POOL` cases: the
+  :data:`FLOWER` cases (every kind of record and client state that leaves the process) and the
+  stacked and optioned cases. The other cases need no pool run of their own: what a worker
+  process could lose (client state not in the client's ``state()``, a cache kept between
+  rounds) the ``resume`` way loses too, since it rebuilds every client from its checkpoint.
+  Process-level: ``make check`` leaves these out.
 """
 
 from __future__ import annotations
@@ -54,12 +58,8 @@ FLOWER = [
     ("algorithm.name=fedsr", "algorithm.reference=averaged"),
 ]
 
-#: every algorithm, FedAvg with every augment; then sampled rounds, persisted optimiser
-#: state, held-out clients and stacked augments
-CASES = [
-    *[(f"algorithm.name={a}", *seg_overrides(a), *ALGORITHMS.get(a).requires)
-      for a in ALGORITHMS.names() if a not in CANNOT_RUN],
-    *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names() if a not in CANNOT_RUN],
+#: sampled rounds, persisted optimiser state and stacked augments
+COMBINED = [
     ("algorithm.name=scaffold", "federation.sample_fraction=0.67",
      "train.optimizer_state=persist", "train.momentum=0.9"),
     ("algorithm.name=scaffold", "augment=[fedrdn,fedmix]", "train.optimizer_state=persist",
@@ -70,9 +70,22 @@ CASES = [
     # FedWon's model option (no normalisation, WSConv) and AGC under another algorithm
     ("algorithm.name=scaffold", "model.norm=none", "model.conv=ws", "train.agc=0.05"),
 ]  # fmt: skip
-CASES += [c for c in FLOWER if c not in CASES]
 
-PARAMS = [pytest.param(g, c, id=f"{g}-{' '.join(c)}") for g in ("resume", "pool") for c in CASES]
+#: every algorithm, FedAvg with every augment, the combined cases and the Flower cases
+CASES = [
+    *[(f"algorithm.name={a}", *seg_overrides(a), *ALGORITHMS.get(a).requires)
+      for a in ALGORITHMS.names() if a not in CANNOT_RUN],
+    *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names() if a not in CANNOT_RUN],
+    *COMBINED,
+]  # fmt: skip
+CASES += [c for c in FLOWER if c not in CASES]
+#: in worker processes too (module docstring)
+POOL = [*FLOWER, *[c for c in COMBINED if c not in FLOWER]]
+
+PARAMS = [
+    *[pytest.param("resume", c, id=f"resume-{' '.join(c)}") for c in CASES],
+    *[pytest.param("pool", c, id=f"pool-{' '.join(c)}") for c in POOL],
+]
 
 
 def _ways(group: str, over: tuple[str, ...]) -> tuple[str, ...]:
