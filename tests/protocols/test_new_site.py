@@ -230,7 +230,9 @@ def test_tables_by_hand_paired_t_test_against_fedavg():
 
 def test_a_swept_setting_compares_like_with_like_in_number_order():
     """With the number of clients swept, each row's p is against FedAvg at its own setting
-    (not the first FedAvg row), and rows go 8, 20, 80 clients (not 20, 8, 80)."""
+    (not the first FedAvg row), and rows go 8, 20, 80 clients (not 20, 8, 80). A cell that
+    sets keys of its own (FedWon's ``model.norm=none``) is compared at its number of clients
+    too (it was compared with the first FedAvg row: 8 clients for every FedWon row)."""
     from scipy.stats import ttest_rel
 
     names = variants((1,))
@@ -240,22 +242,23 @@ def test_a_swept_setting_compares_like_with_like_in_number_order():
         "80": ([0.1, 0.15, 0.1], [0.3, 0.2, 0.2]),
     }
     summaries, per_run = [], {}
+    own = {"fedavg": "", "fedbn": "", "fedwon": " model.norm=none"}  # FedWon's cell's key
     for n, pair in vals.items():
-        for algo, per_seed in zip(("fedavg", "fedbn"), pair, strict=True):
+        for algo, per_seed in zip(("fedavg", "fedbn", "fedwon"), (*pair, pair[1]), strict=True):
             for seed, v in enumerate(per_seed):
                 for site in ("a", "b"):
                     s, r = _run(algo, site, seed, {k: v for k in names})
-                    s["_setting"] = f"partition.clients={n}"
+                    s["_setting"] = f"partition.clients={n}{own[algo]}"
                     s["run_dir"] += f"-{n}"
                     summaries.append(s)
                     per_run[s["run_dir"]] = r
     text, data = new_site_tables(summaries, per_run, ["a", "b"], (1,), 3)
     rows = [(m["algorithm"], m["setting"]) for m in data["methods"]]
-    assert rows == [(a, f"partition.clients={n}") for a in ("fedavg", "fedbn") for n in vals]
+    assert rows == [(a, f"partition.clients={n}{own[a]}") for a in own for n in vals]
     for m in data["methods"]:
-        n = m["setting"].split("=")[1]
+        n = m["setting"].split()[0].split("=")[1]
         got = m["variants"]["global"]["average"]["p_vs_reference"]
-        assert m["reference"] == f"fedavg [partition.clients={n}]"
+        assert m["reference"] == f"fedavg [partition.clients={n}]", m["setting"]
         if m["algorithm"] == "fedavg":
             assert got is None
         else:

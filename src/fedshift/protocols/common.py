@@ -238,10 +238,16 @@ def reference_row(
 ) -> tuple[str, str, str] | None:
     """The row a paired test of ``key`` compares against: FedAvg (base flow) at ``key``'s
     own setting (a suite that sweeps the number of clients compares like with like), else
-    the first FedAvg row; None without one."""
-    fedavg: list[tuple[str, str, str] | None] = [k for k in keys if k[:2] == ("fedavg", "base")]
-    same = [k for k in fedavg if k[2] == key[2]]
-    return (same or fedavg or [None])[0]
+    the first FedAvg row; None without one. A row whose cell sets keys of its own (FedWon's
+    ``partition.clients=20 model.norm=none ...``) is at the setting of the FedAvg row whose
+    ``key=value`` items are all among its own, the one with the most (the setting text is
+    ``key=value`` items without spaces: :func:`with_settings`)."""
+    fedavg = [k for k in keys if k[:2] == ("fedavg", "base")]
+    mine = set(key[2].split())
+    within = [k for k in fedavg if set(k[2].split()) <= mine]
+    if within:
+        return max(within, key=lambda k: len(k[2].split()))  # the first of the longest
+    return fedavg[0] if fedavg else None
 
 
 # ============================================================================ suites
