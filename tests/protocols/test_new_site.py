@@ -431,7 +431,7 @@ def test_adapting_in_worker_processes_gives_the_same_numbers(tmp_path):
 def test_the_new_site_figure_draws_methods_without_a_score(tmp_path):
     """new-site.png: a method with no number for a variant (test-time norm, adabn on a model
     without BN), or even for global, is drawn with the variants it has (ordered last)."""
-    from fedshift.protocols.new_site_figure import method_name, new_site_png
+    from fedshift.protocols.new_site_figure import new_site_png, tick_label
 
     def avg(x):
         return {"average": {"mean": x, "std": None if x is None else 0.01}}
@@ -448,7 +448,49 @@ def test_the_new_site_figure_draws_methods_without_a_score(tmp_path):
     }  # fmt: skip
     out = new_site_png(data, tmp_path / "f.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
-    assert method_name(data["methods"][1]) == "fedwon [model.conv=ws]"
+    assert tick_label(data["methods"][1]) == "fedwon\n[model.conv=ws]"
+
+
+def test_the_new_site_figure_keeps_every_label_on_the_figure(tmp_path, monkeypatch):
+    """A cell with a long setting (FedWon's four keys) pushed the plot to the right until the
+    title and the axis label were cut off at the figure's edge; the setting now wraps and the
+    figure widens with the longest line: every text drawn lies inside the figure."""
+    import matplotlib.pyplot as plt
+
+    from fedshift.protocols.new_site_figure import new_site_png, tick_label
+
+    setting = "partition.clients=25 model.norm=none model.conv=ws train.agc=1.28"
+    avg = {"average": {"mean": 0.8, "std": 0.02}}
+    data = {
+        "metric_label": "foreground Dice",
+        "variants": ["global", "adabn"],
+        "methods": [
+            {"algorithm": a, "flow": "base", "setting": st,
+             "variants": {"global": avg, "adabn": avg}}
+            for a, st in (("fedavg", "partition.clients=25"), ("fedwon", setting))
+        ],
+    }  # fmt: skip
+    assert tick_label(data["methods"][1]) == (
+        "fedwon\n[partition.clients=25\nmodel.norm=none model.conv=ws\ntrain.agc=1.28]"
+    )
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figure to measure it
+    new_site_png(data, tmp_path / "f.png")
+    (fig,) = drawn
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    (ax,) = fig.axes
+    lo, hi = ax.get_xlim()
+    ticks = [t for t, x in zip(ax.get_xticklabels(), ax.get_xticks(), strict=True) if lo <= x <= hi]
+    texts = [ax.title, ax.xaxis.label, *ax.get_yticklabels(), *ticks,
+             *fig.legends[0].get_texts()]  # fmt: skip
+    assert texts[0].get_text().startswith("A site that never trained")
+    assert len(ax.get_yticklabels()) == 2
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, t.get_text()
+    plt.close(fig)
 
 
 def test_select_flags_sources_that_predict_alike():

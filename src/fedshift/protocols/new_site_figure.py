@@ -5,6 +5,7 @@ that never trained can be seen at a glance (the numbers are the summary table's)
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,16 @@ def _style(variant: str, k_index: int) -> tuple[str, str]:
     return _STYLE.get(variant, ("*", "grey"))
 
 
-def method_name(m: dict) -> str:
-    """``fedavg``, ``fedfa +fedrdn``, ``fedwon [model.conv=ws ...]``: as the tables name it."""
-    return row_name((m["algorithm"], m["flow"], m["setting"]))
+def tick_label(m: dict, width: int = 30) -> str:
+    """A row's label on the figure: the method, then its setting's ``key=value`` items on
+    lines of at most ``width`` characters (a FedWon row's four items would otherwise push
+    the plot off the figure)."""
+    name = row_name((m["algorithm"], m["flow"], ""))
+    lines = textwrap.wrap(m["setting"], width, break_long_words=False) if m["setting"] else []
+    if lines:
+        lines[0] = "[" + lines[0]
+        lines[-1] += "]"
+    return "\n".join([name, *lines])
 
 
 def new_site_png(data: dict[str, Any], path: Path) -> Path:
@@ -50,7 +58,12 @@ def new_site_png(data: dict[str, Any], path: Path) -> Path:
     )
     variants = list(data["variants"])
     finetunes = [v for v in variants if v.startswith("finetune-")]
-    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(order) + 2.0), layout="constrained")
+    names = [tick_label(m) for m in order]
+    lines = [len(n.splitlines()) for n in names]
+    longest = max((len(line) for n in names for line in n.splitlines()), default=0)
+    # the plot keeps ~5.5 in beside the labels (7 pt text: ~0.06 in a character)
+    size = (5.5 + 0.06 * longest, 0.2 * sum(lines) + 0.25 * len(order) + 2.0)
+    fig, ax = plt.subplots(figsize=size, layout="constrained")
     offsets = {v: (i - (len(variants) - 1) / 2) * 0.09 for i, v in enumerate(variants)}
     for v in variants:
         xs, ys, errs = [], [], []
@@ -65,13 +78,11 @@ def new_site_png(data: dict[str, Any], path: Path) -> Path:
             continue
         marker, colour = _style(v, finetunes.index(v) if v in finetunes else 0)
         ax.errorbar(xs, ys, xerr=errs, fmt=marker, color=colour, ms=5, capsize=2, lw=0.8, label=v)
-    # a long setting goes on a line of its own
-    names = [method_name(m).replace(" [", "\n[") for m in order]
     ax.set_yticks(range(len(order)), names, fontsize=7)
     ax.set_xlabel(f"held-out sites' test {data['metric_label']} (%), average over sites")
     ax.set_title("A site that never trained: each answer, mean ± std over seeds", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+    fig.legend(fontsize=7, loc="outside lower center", ncol=4)  # under the axis label
     with atomic_output(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
