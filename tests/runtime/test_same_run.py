@@ -12,9 +12,10 @@ run of the case:
   snapshots): each kind of record and state that crosses Flower's wire;
 * ``pool``: two worker processes (``run.workers``) for the :data:`POOL` cases: the
   :data:`FLOWER` cases (every kind of record and client state that leaves the process) and the
-  stacked and optioned cases. The other cases need no pool run of their own: what a worker
-  process could lose (client state not in the client's ``state()``, a cache kept between
-  rounds) the ``resume`` way loses too, since it rebuilds every client from its checkpoint.
+  stacked and optioned cases. The other cases get no pool run of their own: client state a
+  worker process would lose (kept outside the client's ``state()``) the ``resume`` way
+  loses too, since it rebuilds every client from its checkpoint. What only a pool shows, a
+  component keeping state in its module between rounds, is tested for these cases only.
   Process-level: ``make check`` leaves these out.
 """
 
