@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scipy import stats
 
-from fedshift.eval.stats import mean_std, paired_ttest
+from fedshift.eval.stats import mean_std, paired_ttest, rank_correlation, ranks
 from fedshift.eval.tables import flow_label, flows_table
 
 
@@ -17,6 +17,46 @@ def test_mean_std_and_paired_ttest():
     assert paired_ttest(a, b) == pytest.approx(expected)
     assert paired_ttest({0: 1.0}, {0: 0.5}) is None
     assert paired_ttest({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}) == 1.0
+
+
+def test_ranks_highest_first_ties_share_the_mean_rank():
+    assert ranks({"a": 0.5, "b": 0.9, "c": 0.7}) == {"b": 1.0, "c": 2.0, "a": 3.0}
+    got = ranks({"a": 0.4, "b": 0.6, "c": 0.6, "d": 0.6, "e": 0.1})
+    assert got == {"b": 2.0, "c": 2.0, "d": 2.0, "a": 4.0, "e": 5.0}  # b, c, d span ranks 1-3
+    assert ranks({"a": 0.6, "b": 0.6}) == {"a": 1.5, "b": 1.5}
+    assert ranks({}) == {}
+
+
+def _kendall_by_pairs(x: list[float], y: list[float]) -> float:
+    """tau-b counted over every pair: (concordant - discordant) / sqrt of the pairs not tied
+    in x times those not tied in y."""
+    n, c, d, tx, ty = len(x), 0, 0, 0, 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            sx, sy = (x[i] > x[j]) - (x[i] < x[j]), (y[i] > y[j]) - (y[i] < y[j])
+            c += sx * sy > 0
+            d += sx * sy < 0
+            tx += sx == 0
+            ty += sy == 0
+    pairs = n * (n - 1) / 2
+    return (c - d) / ((pairs - tx) * (pairs - ty)) ** 0.5
+
+
+def test_rank_correlation_is_kendalls_tau_b_over_the_common_entries():
+    a = {"m1": 0.9, "m2": 0.8, "m3": 0.7, "m4": 0.6, "m5": 0.5, "only_a": 0.1}
+    same = {k: v + 0.05 for k, v in a.items() if k != "only_a"}
+    assert rank_correlation(a, same)[0] == pytest.approx(1.0) and rank_correlation(a, same)[2] == 5
+    b = {"m1": 0.5, "m2": 0.9, "m3": 0.7, "m4": 0.7, "m5": 0.4, "only_b": 1.0}  # a tie in b
+    tau, p, n = rank_correlation(a, b)
+    keys = ["m1", "m2", "m3", "m4", "m5"]
+    assert n == 5
+    assert tau == pytest.approx(_kendall_by_pairs([a[k] for k in keys], [b[k] for k in keys]))
+    assert 0.0 < p <= 1.0
+    reverse = {k: -v for k, v in a.items()}
+    assert rank_correlation(a, reverse)[0] == pytest.approx(-1.0)
+    assert rank_correlation({"x": 1.0, "y": 2.0}, {"x": 1.0, "y": 2.0}) == (None, None, 2)
+    flat = {k: 0.5 for k in keys}
+    assert rank_correlation(a, flat) == (None, None, 5)  # all tied: tau undefined
 
 
 def _s(algo, augs, seed, acc, implied=()):

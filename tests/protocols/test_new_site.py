@@ -226,6 +226,7 @@ def test_tables_by_hand_paired_t_test_against_fedavg():
     assert f"(p={want:.3f})" in text and "p vs fedavg" in text
     assert "test-time norm: the method defines no test-time normalisation" in text
     assert not math.isnan(fedbn["variants"]["global"]["sites"]["a"]["mean"])
+    assert "ranking" not in data and "Ranking" not in text  # one setting: nothing to rank by
 
 
 def test_a_swept_setting_compares_like_with_like_in_number_order():
@@ -264,6 +265,59 @@ def test_a_swept_setting_compares_like_with_like_in_number_order():
         else:
             assert got == pytest.approx(ttest_rel(vals[n][1], vals[n][0]).pvalue)
     assert "at the row's own setting" in text
+
+
+def test_split_panels_takes_the_swept_key_every_row_has():
+    """The panel of a row is its ``key=value`` for the keys all rows give with several values;
+    what a cell sets of its own (FedWon's) stays with the method; no sweep: one panel."""
+    from fedshift.protocols.common import split_panels
+
+    keys = [("fedavg", "base", "partition.clients=8"), ("fedavg", "base", "partition.clients=20"),
+            ("fedwon", "base", "partition.clients=8 model.norm=none"),
+            ("fedwon", "base", "partition.clients=20 model.norm=none")]  # fmt: skip
+    got = split_panels(keys)
+    assert got[keys[1]] == ("partition.clients=20", ("fedavg", "base", ""))
+    assert got[keys[2]] == ("partition.clients=8", ("fedwon", "base", "model.norm=none"))
+    one = [("fedavg", "base", ""), ("fedwon", "base", "model.norm=none")]
+    assert {p for p, _ in split_panels(one).values()} == {""}
+    same = [("fedavg", "base", "train.lr=0.1"), ("fedbn", "base", "train.lr=0.1")]  # one value
+    assert split_panels(same)[same[1]] == ("", ("fedbn", "base", "train.lr=0.1"))
+
+
+def test_a_swept_setting_ranks_the_methods_at_each_setting():
+    """The ranking section: each method's global average and rank at each number of
+    clients (computed by hand here), rows in the first setting's order, Kendall's tau-b
+    between the two settings' rankings (by hand: one concordant pair of three, tau -1/3)."""
+    names = variants((1,))
+    score = {("fedavg", "8"): 0.5, ("fedbn", "8"): 0.6, ("fedwon", "8"): 0.7,
+             ("fedavg", "20"): 0.5, ("fedbn", "20"): 0.8, ("fedwon", "20"): 0.3}  # fmt: skip
+    own = {"fedavg": "", "fedbn": "", "fedwon": " model.norm=none"}
+    summaries, per_run = [], {}
+    for (algo, n), v in score.items():
+        for seed in (0, 1):
+            for site, off in (("a", -0.1), ("b", 0.1)):  # the average over sites is v
+                s, r = _run(algo, site, seed, {k: v + off for k in names})
+                s["_setting"] = f"partition.clients={n}{own[algo]}"
+                s["run_dir"] += f"-{n}"
+                summaries.append(s)
+                per_run[s["run_dir"]] = r
+    text, data = new_site_tables(summaries, per_run, ["a", "b"], (1,), 3)
+    ranking = data["ranking"]
+    assert ranking["settings"] == ["partition.clients=8", "partition.clients=20"]
+    rows = {m["method"]: m["by_setting"] for m in ranking["methods"]}
+    assert [m["method"] for m in ranking["methods"]] == [
+        "fedwon [model.norm=none]", "fedbn", "fedavg"]  # fmt: skip
+    for (algo, n), v in score.items():
+        cell = rows[algo + (" [model.norm=none]" if algo == "fedwon" else "")][
+            f"partition.clients={n}"
+        ]
+        assert cell["mean"] == pytest.approx(v)
+    assert [rows[m]["partition.clients=20"]["rank"] for m in rows] == [3.0, 1.0, 2.0]
+    (pair,) = ranking["kendall"]
+    assert pair["tau"] == pytest.approx(-1 / 3) and pair["n"] == 3
+    line = next(x for x in text.splitlines() if x.startswith("| fedwon [model.norm=none]"))
+    assert [c.strip() for c in line.split("|")[2:4]] == ["70.00 (1)", "30.00 (3)"]
+    assert "### Ranking by setting: global" in text and "τ = -0.33" in text
 
 
 def _held_out_run(tmp_path: Path, name: str, *over: str, seg: bool = False) -> Path:
@@ -490,6 +544,56 @@ def test_the_new_site_figure_keeps_every_label_on_the_figure(tmp_path, monkeypat
     for t in texts:
         box = t.get_window_extent(renderer)
         assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, t.get_text()
+    plt.close(fig)
+
+
+def test_a_swept_setting_draws_one_panel_per_setting_on_the_figure(tmp_path, monkeypatch):
+    """Three numbers of clients: three panels side by side on one x scale, titled by the
+    setting, each method on one line in every panel (labelled once, without the setting:
+    42 rows in one column was a figure no one reads), every text inside the figure."""
+    import matplotlib.pyplot as plt
+
+    from fedshift.protocols.new_site_figure import new_site_png
+
+    def avg(x):
+        return {"average": {"mean": x, "std": 0.01}}
+
+    own = {"fedavg": "", "fedwon": " model.norm=none model.conv=ws train.agc=1.28"}
+    score = {"fedavg": 0.4, "fedwon": 0.5}
+    data = {
+        "metric_label": "accuracy",
+        "variants": ["global", "adabn"],
+        "methods": [
+            {"algorithm": a, "flow": "base", "setting": f"partition.clients={n}{own[a]}",
+             "variants": {"global": avg(score[a] + n / 1000),
+                          "adabn": avg(None if a == "fedwon" else 0.45)}}
+            for a in own for n in (8, 20, 80)
+        ],
+    }  # fmt: skip
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    new_site_png(data, tmp_path / "f.png")
+    (fig,) = drawn
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert [ax.get_title() for ax in fig.axes] == [f"partition.clients={n}" for n in (8, 20, 80)]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["fedavg", "fedwon\n[model.norm=none model.conv=ws\ntrain.agc=1.28]"]
+    for ax, n in zip(fig.axes, (8, 20, 80), strict=True):  # fedwon's global on row 1
+        xs = {round(float(x), 6) for line in ax.lines for x in line.get_xdata()}
+        assert round(100 * (0.5 + n / 1000), 6) in xs, n
+    assert fig.axes[1].get_shared_y_axes().joined(fig.axes[0], fig.axes[1])
+    assert fig.axes[0].get_xlim() == fig.axes[2].get_xlim()
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["global", "adabn"]  # each once
+    texts = [fig._suptitle, fig._supxlabel, *legend.get_texts()]
+    for ax in fig.axes:
+        texts += [ax.title, *ax.get_yticklabels()]
+    page = fig.bbox
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, t.get_text()
+        assert page.y0 - 1 <= box.y0 and box.y1 <= page.y1 + 1, t.get_text()
     plt.close(fig)
 
 

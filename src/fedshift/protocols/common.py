@@ -224,13 +224,42 @@ def row_order(key: tuple[str, str, str]) -> tuple:
     """Rows by algorithm, its base flow first, then flows and settings with their numbers
     compared as numbers (``partition.clients=8`` before ``=20`` before ``=80``)."""
     algo, flow, setting = key
-    return (algo, flow != "base", _natural(flow), _natural(setting))
+    return (algo, flow != "base", natural_key(flow), natural_key(setting))
 
 
-def _natural(text: str) -> tuple:
-    """``text`` split into alternating (text, number) parts, numbers as floats."""
+def natural_key(text: str) -> tuple:
+    """``text`` split into alternating (text, number) parts, numbers as floats (a sort key
+    that puts ``partition.clients=8`` before ``=20``)."""
     parts = re.split(r"(\d+(?:\.\d+)?)", text)
     return tuple(float(x) if i % 2 else x for i, x in enumerate(parts))
+
+
+def split_panels(
+    keys: Iterable[tuple[str, str, str]],
+) -> dict[tuple[str, str, str], tuple[str, tuple[str, str, str]]]:
+    """Each row key's (panel, method): the panel is the row's ``key=value`` items for the
+    keys that every row's setting gives and in which the rows differ (a swept number of
+    clients), the method is the row without them (algorithm, flow, its other items: FedWon's
+    ``model.norm=none ...``). Without such a key every row is in the one panel ``""``. The
+    setting text is ``key=value`` items without spaces (:func:`with_settings`)."""
+    keys = list(keys)
+    items = {k: k[2].split() for k in keys}
+
+    def name(item: str) -> str:
+        return item.split("=", 1)[0]
+
+    common = set.intersection(*({name(i) for i in v} for v in items.values())) if keys else set()
+    values: dict[str, set[str]] = {}
+    for its in items.values():
+        for i in its:
+            values.setdefault(name(i), set()).add(i)
+    panel_keys = {n for n in common if len(values[n]) > 1}
+    out = {}
+    for k, its in items.items():
+        panel = " ".join(i for i in its if name(i) in panel_keys)
+        rest = " ".join(i for i in its if name(i) not in panel_keys)
+        out[k] = (panel, (k[0], k[1], rest))
+    return out
 
 
 def reference_row(

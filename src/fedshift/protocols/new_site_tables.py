@@ -10,17 +10,19 @@ from collections import defaultdict
 from typing import Any
 
 from fedshift.core.errors import FedshiftError
-from fedshift.eval.stats import mean_std, paired_ttest
+from fedshift.eval.stats import mean_std, paired_ttest, rank_correlation, ranks
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
     DASH,
     fedavg_at_several_settings,
     label_rows,
     mean_std_text,
+    natural_key,
     place,
     reference_row,
     row_order,
     site_columns,
+    split_panels,
 )
 
 #: ``--shots``: labelled images per class for ``finetune-k``
@@ -89,9 +91,11 @@ def new_site_tables(
         summary_rows.append([row_name(k), *cells])
     summary = grid(["method", *names], summary_rows)
     note = _note(label, ref, epochs, per_class, why, fedavg_at_several_settings(keys))
+    ranking = ranking_by_setting(methods)
     text = "\n\n".join(
         [f"New-site adaptation: test {label} (%) of each held-out site", *parts]
         + [f"### Summary: average over sites\n\n{summary}", f"_{note}_"]
+        + ([ranking_text(ranking, label)] if ranking else [])
     )
     data = {
         "protocol": "new-site",
@@ -114,8 +118,77 @@ def new_site_tables(
         ],  # fmt: skip
         "runs": per_run,
         "not_applicable": {v: sorted(w) for v, w in why.items() if w},
+        **({"ranking": ranking} if ranking else {}),  # a swept setting's only
     }
     return text, data
+
+
+def ranking_by_setting(methods: dict[tuple, dict], variant: str = "global") -> dict | None:
+    """Where each method ranks at each setting of a swept key (the number of clients per
+    domain: Bai et al., arXiv 2307.04942, find that rankings move with it), by ``variant``'s
+    average over the held-out sites (mean over seeds; 1 = highest), and Kendall's tau-b
+    between every two settings' rankings. ``methods``: row key -> :func:`_method_numbers`.
+    None when the rows are not at two or more settings (:func:`~fedshift.protocols.common.
+    split_panels`)."""
+    split = split_panels(methods)
+    panels = sorted({p for p, _ in split.values()}, key=natural_key)
+    if len(panels) < 2:
+        return None
+    means: dict[str, dict[str, float]] = {p: {} for p in panels}
+    for k, (panel, method) in split.items():
+        m = methods[k]["variants"][variant]["average"]["mean"]
+        if m is not None:
+            means[panel][row_name(method)] = round(m, 9)  # float noise is no order
+    rank = {p: ranks(means[p]) for p in panels}
+    names = sorted({row_name(method) for _, method in split.values()})
+    last = len(names) + 1.0  # a method without a score at the first setting goes last
+    names.sort(key=lambda n: (rank[panels[0]].get(n, last), n))
+    pairs = []
+    for i, a in enumerate(panels):
+        for b in panels[i + 1 :]:
+            tau, p, n = rank_correlation(means[a], means[b])
+            pairs.append({"a": a, "b": b, "tau": tau, "p": p, "n": n})
+    return {
+        "variant": variant,
+        "settings": panels,
+        "methods": [
+            {
+                "method": n,
+                "by_setting": {
+                    p: {"mean": means[p].get(n), "rank": rank[p].get(n)} for p in panels
+                },
+            }
+            for n in names
+        ],
+        "kendall": pairs,
+    }
+
+
+def ranking_text(ranking: dict, label: str) -> str:
+    """The ranking section of ``new-site.md`` (:func:`ranking_by_setting`)."""
+    panels = ranking["settings"]
+    rows = []
+    for m in ranking["methods"]:
+        cells = []
+        for p in panels:
+            c = m["by_setting"][p]
+            cells.append(DASH if c["mean"] is None else f"{100 * c['mean']:.2f} ({c['rank']:g})")
+        rows.append([m["method"], *cells])
+    taus = "; ".join(
+        f"{k['a']} vs {k['b']}: "
+        + ("—" if k["tau"] is None else f"τ = {k['tau']:.2f} (p = {k['p']:.3f}, {k['n']} methods)")
+        for k in ranking["kendall"]
+    )
+    return (
+        f"### Ranking by setting: {ranking['variant']}\n\n"
+        f"{grid(['method', *panels], rows)}\n\n"
+        f"_Each method's {ranking['variant']} test {label} (%), averaged over the held-out "
+        "sites and the seeds, and its rank among the methods at that setting (1 = highest; "
+        "ties share the mean rank); rows in the order of the first setting. Kendall's τ-b "
+        f"between two settings' rankings: {taus}. τ = 1: the same order; 0: unrelated. Ranks "
+        "of means: methods whose means differ by less than their std over seeds may trade "
+        "places from seed to seed (their tables' ± and p)._"
+    )
 
 
 def _method_table(
