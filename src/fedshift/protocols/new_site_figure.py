@@ -71,7 +71,6 @@ def new_site_png(data: dict[str, Any], path: Path) -> Path:
 
     order = sorted(cells, key=global_mean)  # the best at the top
     variants = list(data["variants"])
-    finetunes = [v for v in variants if v.startswith("finetune-")]
     names = [tick_label({"algorithm": a, "flow": f, "setting": s}) for a, f, s in order]
     lines = [len(n.splitlines()) for n in names]
     longest = max((len(line) for n in names for line in n.splitlines()), default=0)
@@ -83,25 +82,9 @@ def new_site_png(data: dict[str, Any], path: Path) -> Path:
         1, len(panels), figsize=size, layout="constrained", sharex=True, sharey=True,
         squeeze=False,
     )  # fmt: skip
-    offsets = {v: (i - (len(variants) - 1) / 2) * 0.09 for i, v in enumerate(variants)}
     legend: dict[str, Any] = {}
     for ax, panel in zip(axes[0], panels, strict=True):
-        for v in variants:
-            xs, ys, errs = [], [], []
-            for row, method in enumerate(order):
-                m = cells[method].get(panel)
-                avg = m["variants"][v]["average"] if m else {"mean": None}
-                if avg["mean"] is None:
-                    continue
-                xs.append(100 * avg["mean"])
-                errs.append(100 * (avg["std"] or 0.0))
-                ys.append(row + offsets[v])
-            if not xs:
-                continue
-            marker, colour = _style(v, finetunes.index(v) if v in finetunes else 0)
-            legend[v] = ax.errorbar(
-                xs, ys, xerr=errs, fmt=marker, color=colour, ms=5, capsize=2, lw=0.8, label=v
-            )
+        legend.update(_draw_panel(ax, [cells[method].get(panel) for method in order], variants))
         ax.grid(axis="x", alpha=0.3)
         if len(panels) > 1:
             ax.set_title(panel, fontsize=8)
@@ -123,3 +106,26 @@ def new_site_png(data: dict[str, Any], path: Path) -> Path:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
     return path
+
+
+def _draw_panel(ax: Any, rows: list[dict | None], variants: list[str]) -> dict[str, Any]:
+    """One panel: row i = ``rows[i]``'s numbers (None: the method has no row at this
+    setting), one marker per variant with a number, ± one std; returns the legend handles."""
+    finetunes = [v for v in variants if v.startswith("finetune-")]
+    offsets = {v: (i - (len(variants) - 1) / 2) * 0.09 for i, v in enumerate(variants)}
+    handles = {}
+    for v in variants:
+        xs, ys, errs = [], [], []
+        for row, m in enumerate(rows):
+            avg = m["variants"][v]["average"] if m else {"mean": None}
+            if avg["mean"] is None:
+                continue
+            xs.append(100 * avg["mean"])
+            errs.append(100 * (avg["std"] or 0.0))
+            ys.append(row + offsets[v])
+        if xs:
+            marker, colour = _style(v, finetunes.index(v) if v in finetunes else 0)
+            handles[v] = ax.errorbar(
+                xs, ys, xerr=errs, fmt=marker, color=colour, ms=5, capsize=2, lw=0.8, label=v
+            )
+    return handles

@@ -64,14 +64,7 @@ def new_site_tables(
     methods = {k: _method_numbers(groups[k], clients, names) for k in keys}
     refs = {k: reference_row(k, keys) for k in keys}
     ref = refs[keys[0]] if keys else None  # the note's name of it
-    for k in keys:
-        for v in names:
-            mine = methods[k]["variants"][v]["average"]
-            r = refs[k]
-            base = methods[r]["variants"][v]["average"]["per_seed"] if r else {}
-            mine["p_vs_reference"] = (
-                None if r in (None, k) else paired_ttest(mine["per_seed"], base)
-            )
+    _paired_tests(methods, refs, names)
     parts = []
     why: dict[str, set[str]] = defaultdict(set)
     for k in keys:
@@ -121,6 +114,19 @@ def new_site_tables(
         **({"ranking": ranking} if ranking else {}),  # a swept setting's only
     }
     return text, data
+
+
+def _paired_tests(methods: dict[tuple, dict], refs: dict[tuple, tuple | None], names: list[str]):
+    """Each row's ``p_vs_reference`` per variant: the paired t-test over seeds of its average
+    against its reference row's same variant (None for the reference itself)."""
+    for k, numbers in methods.items():
+        r = refs[k]
+        for v in names:
+            mine = numbers["variants"][v]["average"]
+            base = methods[r]["variants"][v]["average"]["per_seed"] if r else {}
+            mine["p_vs_reference"] = (
+                None if r in (None, k) else paired_ttest(mine["per_seed"], base)
+            )
 
 
 def ranking_by_setting(methods: dict[tuple, dict], variant: str = "global") -> dict | None:
