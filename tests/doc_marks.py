@@ -191,6 +191,8 @@ MARKS: dict[str, Mark] = {
         Long("about 10-12 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds), two at a time; the suite's first 28 runs (8 clients, seed 0) took 4435 s per held-out site for the 14 methods, x 2 sites x 3 seeds x 3 client counts / 2 = 11.1 h, each run adapted as it finishes"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 6.2 h", "measured: 60 U-Net runs of 50 rounds (2 client counts x 10 methods x 3 seeds) two at a time on 2 cores, their wall times summing to 12.4 h (ELCFS 1700-2600 s a run, the others 300-1200 s; ~45 min of it the runner was paused) with each run adapted as it finished; results/protocols/unseen_sites_brain_mri"),
+    "fedshift protocol rounds results/new_site_brain_mri results/unseen_sites_brain_mri --thresholds 0.5,0.6,0.7,0.8 --split val":
+        NotRun("reads the runs of `fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1` (and new_site_brain_mri's), committed in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~5 CPU s"),
     "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
     "0.1,0.25,0.5,1": Run((*CHEAP_GRID, "sweep.algorithm.name=[fedbn]")),
     "fedshift protocol sweep -c configs/demo.yaml --key train.local_epochs --values 1,2,5,10":
