@@ -323,6 +323,48 @@ def test_results_table_labels_floats_short_unless_two_rows_would_read_alike(tmp_
     assert labels([third, close], "b") == sorted([f"train.lr={third}", f"train.lr={close}"])
 
 
+def test_results_table_has_a_column_per_domain_when_domains_are_dealt_to_several_clients(
+    tmp_path,
+):
+    """80 clients dealt from 4 domains made 80 client columns (plus each held-out site's);
+    with a domain dealt to several clients the columns are the training domains, each the
+    mean over the clients holding mostly that domain (by hand below), the held-out site in
+    the held-out column only; one client per domain keeps its client columns."""
+    from fedshift.eval.claims import ResultRun
+    from fedshift.eval.ledger import results_table
+
+    def table(sub: str, per_client: dict, mix: dict, holdout: list) -> list[str]:
+        runs = []
+        for seed, shift in ((0, 0.0), (1, 0.02)):
+            scores = {c: v + shift for c, v in per_client.items()}
+            trained = [v for c, v in scores.items() if c not in holdout]
+            held = [v for c, v in scores.items() if c in holdout]
+            _run(tmp_path / sub, f"r{seed}", seed, {"algorithm": {"name": "fedavg"}},
+                 sum(trained) / len(trained), test_per_client=scores, domain_mix=mix,
+                 holdout=holdout, target_test_mean=held[0] if held else None)  # fmt: skip
+            d = tmp_path / sub / f"r{seed}"
+            cfg = yaml.safe_load((d / "config.yaml").read_text())
+            runs.append(ResultRun(d, cfg, json.loads((d / "summary.json").read_text())))
+        return results_table("x", runs, None).splitlines()
+
+    mix = {"c0": {"a": 9, "b": 1, "h": 0}, "c1": {"a": 5, "b": 0, "h": 0},
+           "c2": {"a": 0, "b": 7, "h": 0}, "h": {"a": 0, "b": 0, "h": 8}}  # fmt: skip
+    lines = table("dealt", {"c0": 0.9, "c1": 0.7, "c2": 0.4, "h": 0.3}, mix, ["h"])
+    header = next(x for x in lines if x.startswith("| runs"))
+    assert [c.strip() for c in header.split("|")[1:-1]] == [
+        "runs", "seeds", "a", "b", "mean", "held-out", "KB up / round", "KB setup"]  # fmt: skip
+    row = next(x for x in lines if x.startswith("| (all runs)"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    a = ((0.9 + 0.7) / 2 + (0.92 + 0.72) / 2) / 2  # domain a per seed, then over seeds
+    b = (0.4 + 0.42) / 2
+    assert cells[2:4] == [f"{100 * a:.2f}", f"{100 * b:.2f}"]
+    assert cells[5].startswith(f"{100 * 0.31:.2f} ±")  # the held-out site: (0.30 + 0.32) / 2
+    assert "per domain" in "\n".join(lines)
+    one = {"c0": {"a": 9, "b": 0}, "c1": {"a": 0, "b": 7}}  # one client per domain
+    lines = table("one", {"c0": 0.9, "c1": 0.4}, one, [])
+    assert "| c0 | c1 |" in next(x for x in lines if x.startswith("| runs"))
+
+
 # ------------------------------------------------------------ the committed ledger
 def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate

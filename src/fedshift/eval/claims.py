@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -148,20 +149,39 @@ def _target(run: ResultRun, arg: str, protocol: Path | None) -> float:
     return float(v)
 
 
-def _per_domain(run: ResultRun) -> list[float]:
-    """Per domain, the mean test score of the clients that hold mostly that domain (clients
-    dealt from domains: ``partition.name=domains``, the summary's ``domain_mix``; with
-    lam = 0 each client holds exactly one), held-out clients left out."""
-    mix = run.summary.get("domain_mix")
+def domain_scores(summary: dict[str, Any]) -> dict[str, float] | None:
+    """Per domain (sorted), the mean test score of the training clients that hold mostly
+    that domain, for clients dealt from domains (``partition.name=domains``: the summary's
+    ``domain_mix``; with lam = 0 each client holds exactly one); held-out clients left out.
+    None for a summary without a ``domain_mix``."""
+    mix = summary.get("domain_mix")
     if not mix:
-        raise ClaimsError(f"{run.path}: no domain_mix in its summary (partition.name=domains)")
-    scores = run.summary["test_per_client"]
-    held = set(run.summary.get("holdout") or [])
+        return None
+    scores = summary["test_per_client"]
+    held = set(summary.get("holdout") or [])
     by: dict[str, list[float]] = defaultdict(list)
     for client, shares in mix.items():
         if client in scores and client not in held:
             by[max(shares, key=shares.get)].append(float(scores[client]))
-    return [statistics.fmean(v) for _, v in sorted(by.items())]
+    return {d: statistics.fmean(v) for d, v in sorted(by.items())}
+
+
+def split_domains(summary: dict[str, Any]) -> bool:
+    """Whether some domain was dealt to several training clients (so that a table per client
+    would repeat each domain; :func:`domain_scores` gives one number per domain)."""
+    mix = summary.get("domain_mix") or {}
+    held = set(summary.get("holdout") or [])
+    mains = [max(s, key=s.get) for c, s in mix.items() if c not in held and s]
+    return len(mains) > len(set(mains))
+
+
+def _per_domain(run: ResultRun) -> list[float]:
+    """Per domain, the mean test score of the clients that hold mostly that domain
+    (:func:`domain_scores`), held-out clients left out."""
+    scores = domain_scores(run.summary)
+    if scores is None:
+        raise ClaimsError(f"{run.path}: no domain_mix in its summary (partition.name=domains)")
+    return list(scores.values())
 
 
 def _domain_mean(run: ResultRun, arg: str, protocol: Path | None) -> float:

@@ -17,8 +17,10 @@ from fedshift.eval.claims import (
     ResultRun,
     Results,
     comm_numbers,
+    domain_scores,
     fmt_p,
     metric_words,
+    split_domains,
 )
 
 GENERATED = (
@@ -322,16 +324,21 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
     out = [f"# results/{folder}", "", GENERATED, ""]
     if source:
         out += [f"Command: `{source.get('command', '?')}`; {machine_text(source)}.", ""]
-    clients: list[str] = []
-    for r in runs:
-        for c in r.summary.get("test_per_client", {}):
-            if c not in clients:
-                clients.append(c)
+    by_domain = any(split_domains(r.summary) for r in runs)
+    columns = _columns(runs, by_domain)
     metric = runs[0].summary.get("metric_label", "accuracy") if runs else "accuracy"
     held = any(r.summary.get("target_test_mean") is not None for r in runs)
     out += [
         f"Test {metric} (%) at the round model selection picked (mean validation over the "
-        "training clients), mean over seeds per client; their mean as mean ± std over seeds"
+        "training clients), mean over seeds per "
+        + (
+            "domain (clients dealt from domains, several to a domain: a domain's column is "
+            "the mean over the training clients that hold mostly that domain, — where none "
+            "does); the mean over the training clients"
+            if by_domain
+            else "client; their mean"
+        )
+        + " as mean ± std over seeds"
         + (
             "; held-out: the clients that never trained (federation.holdout), not in the mean"
             if held
@@ -346,15 +353,11 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
         rs = sorted(groups[t], key=lambda r: r.seed)
         # a key a group lacks is at its "off" value there (a key added later): not named
         label = " ".join(f"{k}={shown[t][k]}" for k in varying if k in shown[t]) or "(all runs)"
-        per_client = []
-        for c in clients:
-            vals = [
-                r.summary["test_per_client"][c]
-                for r in rs
-                if c in r.summary.get("test_per_client", {})
-            ]
-            per_client.append(f"{100 * statistics.fmean(vals):.2f}" if vals else "—")
-        row = [label, str(len(rs)), *per_client, _pm([float(r.summary["test_mean"]) for r in rs])]
+        per_column = []
+        for c in columns:
+            vals = [v for r in rs if (v := _column_value(r.summary, c, by_domain)) is not None]
+            per_column.append(f"{100 * statistics.fmean(vals):.2f}" if vals else "—")
+        row = [label, str(len(rs)), *per_column, _pm([float(r.summary["test_mean"]) for r in rs])]
         if held:
             row.append(
                 _pm(
@@ -367,9 +370,31 @@ def results_table(folder: str, runs: list[ResultRun], source: dict | None) -> st
             )
         row += list(_bytes_per_round(rs[0].summary))
         rows.append(row)
-    header = ["runs", "seeds", *clients, "mean"] + (["held-out"] if held else [])
+    header = ["runs", "seeds", *columns, "mean"] + (["held-out"] if held else [])
     out.append(_table(header + ["KB up / round", "KB setup"], rows))
     return "\n".join(out).rstrip() + "\n"
+
+
+def _columns(runs: list[ResultRun], by_domain: bool) -> list[str]:
+    """The score columns of a results table: every client, in the runs' order; with clients
+    dealt several to a domain, the training domains (sorted; a held-out site's score is the
+    table's ``held-out`` column)."""
+    clients: list[str] = []
+    for r in runs:
+        for c in r.summary.get("test_per_client", {}):
+            if c not in clients:
+                clients.append(c)
+    if not by_domain:
+        return clients
+    return sorted({d for r in runs for d in domain_scores(r.summary) or {}})
+
+
+def _column_value(summary: dict, column: str, by_domain: bool) -> float | None:
+    """One run's score in a results table's ``column`` (:func:`_columns`): a client's own
+    score, or a domain's mean over its training clients (None where the run has none)."""
+    if by_domain:
+        return (domain_scores(summary) or {}).get(column)
+    return summary.get("test_per_client", {}).get(column)
 
 
 def _pm(values: list[float]) -> str:
