@@ -92,3 +92,35 @@ def test_report_sections_per_partition(tmp_path):
     page = build_report([tmp_path / "runs"], tmp_path / "rep")["html"].read_text()
     heads = re.findall(r"<h2>([^<]*)</h2>", page)
     assert len(heads) == 2 and any("iid DH=0%" in h for h in heads)
+
+
+def test_report_sections_per_number_of_clients_and_held_out_site():
+    """A suite that deals the same domains to 8, 20 and 80 clients and holds out one site at
+    a time (new-site's suites) was refused ("runs have different clients"); each number of
+    training clients and each held-out site is now a section, in number order. Runs whose
+    clients differ only by name still stop with the error."""
+    from fedshift.eval.order import natural_key
+    from fedshift.eval.report import _check_same_clients, _datasets
+
+    part = {"name": "domains", "clients": 8, "lam": 0.0}
+
+    def s(n: int, held: str) -> dict:
+        clients = [f"client{i:02d}" for i in range(n)] + [held]
+        return {"dataset": "digits", "partition": {**part, "clients": n}, "clients": clients,
+                "holdout": [held], "_dir": f"{n}-{held}"}  # fmt: skip
+
+    runs = [s(n, h) for n in (80, 8, 20) for h in ("synth", "mnistm")]
+    groups = _datasets(runs)
+    names = sorted(groups, key=natural_key)
+    assert [n.split(", ", 2)[-1] for n in names] == [
+        f"{n} training clients, held out {h}" for n in (8, 20, 80) for h in ("mnistm", "synth")
+    ]
+    for name, group in groups.items():
+        _check_same_clients(name, group)  # one client list per section
+    one = [s(8, "synth"), s(8, "synth")]
+    assert list(_datasets(one)) == [next(iter(_datasets(one)))]  # same clients: one section
+    assert ", 8 training clients" not in next(iter(_datasets(one)))
+    renamed = [s(8, "synth"), {**s(8, "synth"), "clients": [f"site{i}" for i in range(9)]}]
+    ((name, group),) = _datasets(renamed).items()
+    with pytest.raises(FedshiftError, match="runs have different clients"):
+        _check_same_clients(name, group)

@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.core.files import atomic_output, csv_safe, write_text_atomic  # noqa: E402
+from fedshift.eval.order import natural_key  # noqa: E402
 from fedshift.eval.summary import read_summary, selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,
@@ -200,7 +201,9 @@ def _html_table(header: list[str], rows: list[list[str]], best_col: int | None =
 
 def _datasets(runs: list[dict]) -> dict[str, list[dict]]:
     """Runs grouped by dataset and, under label skew, by partition (with its DH): rows of one
-    table must share their clients."""
+    table must share their clients. Runs of one partition that a suite dealt to several
+    numbers of clients, or with different held-out sites (new-site's suites), are sections of
+    their own (``10 training clients, held out site6``)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for s in runs:
         part = s.get("partition") or {"name": "none"}
@@ -210,7 +213,30 @@ def _datasets(runs: list[dict]) -> dict[str, list[dict]]:
             else (f"{s['dataset']}, {partition_label(s)}")
         )
         groups[key].append(s)
-    return dict(groups)
+    out: dict[str, list[dict]] = {}
+    for key, group in groups.items():
+        for s in group:
+            tag = _clients_tag(s, group)
+            out.setdefault(f"{key}, {tag}" if tag else key, []).append(s)
+    return out
+
+
+def _clients_tag(s: dict, group: list[dict]) -> str:
+    """What tells run ``s``'s clients from the others' in its ``group``: the number of
+    training clients and the held-out sites, where those differ ("" where they do not, or
+    where only the names differ: :func:`_check_same_clients` says so)."""
+    if len({tuple(r["clients"]) for r in group}) == 1:
+        return ""
+
+    def held(r: dict) -> list[str]:
+        return list(r.get("holdout") or [])
+
+    parts = []
+    if len({len(r["clients"]) - len(held(r)) for r in group}) > 1:
+        parts.append(f"{len(s['clients']) - len(held(s))} training clients")
+    if len({tuple(held(r)) for r in group}) > 1:
+        parts.append(f"held out {','.join(held(s)) or 'none'}")
+    return ", ".join(parts)
 
 
 def _check_same_clients(name: str, runs: list[dict]) -> None:
@@ -244,7 +270,7 @@ def build_report(
     ]
     csv_rows: list[dict] = []
     files: dict[str, Path] = {}
-    for name, group in sorted(_datasets(runs).items()):
+    for name, group in sorted(_datasets(runs).items(), key=lambda kv: natural_key(kv[0])):
         _check_same_clients(name, group)
         group_flows(group)  # the rows: runs of one config over seeds (every table below)
         first = group[0]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,13 @@ import yaml
 from fedshift.core.config import lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
-from fedshift.eval.tables import flow_label, group_flows, mean_std_cell, short_value
+from fedshift.eval.order import natural_key
+from fedshift.eval.tables import (
+    flow_label,
+    group_flows,
+    mean_std_cell,
+    short_value,
+)
 
 #: ``cross-site --pipeline``: whose input-pipeline state the data goes through
 PIPELINES = ("data", "model")
@@ -225,13 +230,6 @@ def row_order(key: tuple[str, str, str]) -> tuple:
     compared as numbers (``partition.clients=8`` before ``=20`` before ``=80``)."""
     algo, flow, setting = key
     return (algo, flow != "base", natural_key(flow), natural_key(setting))
-
-
-def natural_key(text: str) -> tuple:
-    """``text`` split into alternating (text, number) parts, numbers as floats (a sort key
-    that puts ``partition.clients=8`` before ``=20``)."""
-    parts = re.split(r"(\d+(?:\.\d+)?)", text)
-    return tuple(float(x) if i % 2 else x for i, x in enumerate(parts))
 
 
 def split_panels(

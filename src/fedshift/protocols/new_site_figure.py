@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.files import atomic_output
-from fedshift.protocols.common import natural_key, split_panels
+from fedshift.eval.order import natural_key
+from fedshift.protocols.common import split_panels
 from fedshift.protocols.new_site_tables import row_name
 
 #: marker and colour of each variant (finetune-k: shades of one colour, darker for more k)

@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from fedshift.core.errors import FedshiftError
+from fedshift.eval.order import natural_key
 from fedshift.eval.stats import mean_std, paired_ttest, rank_correlation, ranks
 from fedshift.eval.tables import grid
 from fedshift.protocols.common import (
@@ -17,7 +18,6 @@ from fedshift.protocols.common import (
     fedavg_at_several_settings,
     label_rows,
     mean_std_text,
-    natural_key,
     place,
     reference_row,
     row_order,
