@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedshift.eval.label_skew import label_skew_table
 from fedshift.eval.summary import SELECTION_RULE, load_summaries
-from fedshift.eval.tables import label_skew_table
 
 
 def main() -> int:

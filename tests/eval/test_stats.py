@@ -106,7 +106,7 @@ def test_flow_label_names_non_default_keys():
 
 
 def test_label_skew_table_grid_and_pvalues():
-    from fedshift.eval.tables import label_skew_table
+    from fedshift.eval.label_skew import label_skew_table
 
     def s(algo, part, dh, seed, acc, **algo_keys):
         return {
@@ -136,3 +136,27 @@ def test_label_skew_table_grid_and_pvalues():
     moon = lines[3]
     assert "moon" in moon and "(p=" in moon
     assert moon.split("|")[-2].strip() == ""  # moon has no one-class runs: empty cell
+
+
+def test_flows_rows_have_a_column_per_domain_when_domains_are_dealt_to_several_clients():
+    """The report's tables (and benchmarks/flows_table.py): clients dealt from domains, two
+    to a domain, give one column per training domain (the mean of its clients, by hand
+    here), then the held-out site's own; one client per domain keeps the client columns."""
+    from fedshift.eval.tables import flows_rows
+
+    mix = {"c0": {"a": 9, "b": 0}, "c1": {"a": 5, "b": 1}, "c2": {"a": 0, "b": 7},
+           "c3": {"a": 0, "b": 6}, "h": {"a": 0, "b": 0}}  # fmt: skip
+    runs = []
+    for seed, shift in ((0, 0.0), (1, 0.1)):
+        per = {"c0": 0.9 + shift, "c1": 0.7 + shift, "c2": 0.4, "c3": 0.2, "h": 0.3 + shift}
+        s = _s("fedavg", [], seed, sum(per[c] for c in ("c0", "c1", "c2", "c3")) / 4)
+        s.update(clients=list(per), test_per_client=per, domain_mix=mix, holdout=["h"])
+        runs.append(s)
+    header, rows = flows_rows(runs)
+    assert header[3:6] == ["a", "b", "h"] and header[6] == "avg ± std"
+    a = ((0.9 + 0.7) / 2 + (1.0 + 0.8) / 2) / 2
+    assert rows[0][3:6] == [f"{100 * a:.2f}", f"{100 * 0.3:.2f}", f"{100 * 0.35:.2f}"]
+    one = {"c0": {"a": 9, "b": 0}, "c1": {"a": 0, "b": 7}}
+    s = _s("fedavg", [], 0, 0.5)
+    s.update(clients=["c0", "c1"], test_per_client={"c0": 0.6, "c1": 0.4}, domain_mix=one)
+    assert flows_rows([s])[0][3:5] == ["c0", "c1"]

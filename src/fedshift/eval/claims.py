@@ -23,7 +23,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -36,6 +35,7 @@ from fedshift.eval.claim_spec import (
     Selector,
     load_paper,
 )
+from fedshift.eval.domains import domain_scores
 
 
 # --------------------------------------------------------------------------- the results
@@ -147,32 +147,6 @@ def _target(run: ResultRun, arg: str, protocol: Path | None) -> float:
     if v is None:
         raise ClaimsError(f"{run.path}: no held-out client (target_test_mean)")
     return float(v)
-
-
-def domain_scores(summary: dict[str, Any]) -> dict[str, float] | None:
-    """Per domain (sorted), the mean test score of the training clients that hold mostly
-    that domain, for clients dealt from domains (``partition.name=domains``: the summary's
-    ``domain_mix``; with lam = 0 each client holds exactly one); held-out clients left out.
-    None for a summary without a ``domain_mix``."""
-    mix = summary.get("domain_mix")
-    if not mix:
-        return None
-    scores = summary["test_per_client"]
-    held = set(summary.get("holdout") or [])
-    by: dict[str, list[float]] = defaultdict(list)
-    for client, shares in mix.items():
-        if client in scores and client not in held:
-            by[max(shares, key=shares.get)].append(float(scores[client]))
-    return {d: statistics.fmean(v) for d, v in sorted(by.items())}
-
-
-def split_domains(summary: dict[str, Any]) -> bool:
-    """Whether some domain was dealt to several training clients (so that a table per client
-    would repeat each domain; :func:`domain_scores` gives one number per domain)."""
-    mix = summary.get("domain_mix") or {}
-    held = set(summary.get("holdout") or [])
-    mains = [max(s, key=s.get) for c, s in mix.items() if c not in held and s]
-    return len(mains) > len(set(mains))
 
 
 def _per_domain(run: ResultRun) -> list[float]:

@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.core.files import atomic_output, csv_safe, write_text_atomic  # noqa: E402
+from fedshift.eval.label_skew import partition_label  # noqa: E402
 from fedshift.eval.order import natural_key  # noqa: E402
 from fedshift.eval.summary import read_summary, selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
@@ -48,7 +49,6 @@ from fedshift.eval.tables import (  # noqa: E402
     flows_rows,
     group_flows,
     metric_caption,
-    partition_label,
     row_label,
     scores,
 )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from fedshift.catalog import registry_for
 from fedshift.core.config import load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.identity import ONLY_WITH, flatten, number_config
+from fedshift.eval.domains import domain_columns, domain_view
 from fedshift.eval.stats import mean_std, paired_ttest
 
 
@@ -118,7 +118,7 @@ def component_defaults(section: dict, kind: str) -> dict:
     return dataclasses.asdict(entry.params()) if entry.params is not None else {}
 
 
-def _changed(section: dict, kind: str, recorded: dict | None = None) -> str:
+def changed_text(section: dict, kind: str, recorded: dict | None = None) -> str:
     """``k=v`` for the keys of a resolved component section that differ from its defaults:
     those the run recorded in its summary (``defaults``), so that a plug-in's run reports
     without the plug-in; else (summaries written before) the registry's."""
@@ -142,13 +142,13 @@ def flow_label(s: dict, skip: tuple[str, ...] = ()) -> str:
     if algo:
         hidden = {k.split(".", 1)[1] for k in skip if k.startswith("algorithm.")}
         algo = {k: v for k, v in algo.items() if k not in hidden}
-        changed = _changed(algo, "algorithm", recorded.get("algorithm"))
+        changed = changed_text(algo, "algorithm", recorded.get("algorithm"))
         if changed:
             parts.append(changed)
     implied = set(s.get("implied", []))
     for a in s.get("augment", []):
         own = recorded.get("augment", {}).get(a["name"])
-        changed = _changed(a, "augment", own) if len(a) > 1 else ""
+        changed = changed_text(a, "augment", own) if len(a) > 1 else ""
         if a["name"] in implied and not changed:
             continue
         tag = a["name"] + (f"({changed})" if changed else "")
@@ -356,7 +356,8 @@ def flows_rows(
     def by_seed(g: list[dict]) -> dict[int, float]:
         return {s["seed"]: scores(s, metric)["test_mean"] for s in g}
 
-    clients = summaries[0]["clients"]
+    by_domain = domain_columns(summaries)  # domains dealt to several clients: one column each
+    clients = by_domain or summaries[0]["clients"]
     header = ["algorithm", "flow", "seeds", *clients, "avg ± std", "Δ vs base", "p vs base"]
     if ref_key is not None:
         header.append(f"p vs {ref_key[0]}/{ref_key[1]}")
@@ -373,7 +374,11 @@ def flows_rows(
             delta = _delta(100 * (m - mean_std(list(base_seeds.values()))[0]))
             pv = paired_ttest(seeds, base_seeds)
             p = "" if pv is None else f"{pv:.3f}"
-        cells = [_client_mean([scores(s, metric) for s in g], c) for c in clients]
+        blocks = [scores(s, metric) for s in g]
+        if by_domain:
+            blocks = [{"test_per_client": domain_view(s, b["test_per_client"])}
+                      for s, b in zip(g, blocks, strict=True)]  # fmt: skip
+        cells = [_client_mean(blocks, c) for c in clients]
         row = [flow.algorithm, flow.label, str(len(g)), *cells,
                mean_std_cell(list(seeds.values())), delta, p]  # fmt: skip
         if ref_key is not None:
@@ -391,9 +396,7 @@ def _flow_order(flow: Flow) -> tuple:
     return (flow.algorithm, flow.context, bool(flow.variant), flow.variant)
 
 
-def flows_table(
-    summaries: list[dict], metric: str | None = None, reference: str | None = None
-) -> str:
+def flows_table(summaries: list[dict], metric: str | None = None, reference: str | None = None):
     """:func:`flows_rows` as a plain-text (Markdown) table."""
     return grid(*flows_rows(summaries, metric, reference))
 
@@ -440,48 +443,6 @@ def comm_table(summaries: list[dict]) -> str:
 
 def _setup_part(s: dict, direction: str) -> int:
     return int(s.get("bytes_setup_by_direction", {}).get(direction, 0))
-
-
-def partition_label(s: dict) -> str:
-    """``iid``, ``classes(classes_per_client=6)``... with the run's DH, for column headers."""
-    part = s.get("partition") or {"name": "none"}
-    changed = _changed(part, "partition") if part.get("name") != "none" else ""
-    changed = ",".join(x for x in changed.split(",") if x and not x.startswith("clients="))
-    dh = s.get("dh")
-    tag = part["name"] + (f"({changed})" if changed else "")
-    return f"{tag} DH={dh:.0f}%" if dh is not None else tag
-
-
-def label_skew_table(summaries: list[dict], reference: str = "fedavg") -> str:
-    """DisTrans's Table 1/4 shape: one row per flow (:func:`group_flows`, the partition
-    apart), one column per partition
-    (with its DH), cells = test accuracy mean ± std over seeds and, in brackets, the paired
-    t-test p-value against the ``reference`` algorithm's base flow on the same partition."""
-    groups: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
-    dhs: dict[str, float] = {}
-    for flow, runs in group_flows(summaries, shown=("partition",)).items():
-        for s in runs:
-            col = partition_label(s)
-            dhs[col] = s.get("dh") if s.get("dh") is not None else -1.0
-            groups[(flow.algorithm, flow.label, col)][s["seed"]] = s["test_mean"]
-    cols = sorted(dhs, key=lambda c: dhs[c])
-    rows_keys = sorted({(a, f) for a, f, _ in groups}, key=lambda k: (k[0] != reference, k))
-    rows = []
-    for algo, flow in rows_keys:
-        cells = []
-        for col in cols:
-            by_seed = groups.get((algo, flow, col))
-            if not by_seed:
-                cells.append("")
-                continue
-            cell = mean_std_cell(list(by_seed.values()))
-            ref = groups.get((reference, "base", col))
-            if ref and (algo, flow) != (reference, "base"):
-                p = paired_ttest(by_seed, ref)
-                cell += "" if p is None else f" (p={p:.3f})"
-            cells.append(cell)
-        rows.append([algo, flow, *cells])
-    return grid(["algorithm", "flow", *cols], rows)
 
 
 def print_tables(summaries: list[dict]) -> None:
