@@ -160,3 +160,6 @@ def test_flows_rows_have_a_column_per_domain_when_domains_are_dealt_to_several_c
     s = _s("fedavg", [], 0, 0.5)
     s.update(clients=["c0", "c1"], test_per_client={"c0": 0.6, "c1": 0.4}, domain_mix=one)
     assert flows_rows([s])[0][3:5] == ["c0", "c1"]
+    alike = {c: {"a": 5, "b": 5} for c in ("c0", "c1", "c2")}  # lam = 1: no main domain
+    s.update(clients=list(alike), test_per_client=dict.fromkeys(alike, 0.5), domain_mix=alike)
+    assert flows_rows([s])[0][3:6] == ["c0", "c1", "c2"]

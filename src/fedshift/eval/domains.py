@@ -30,11 +30,20 @@ def domain_scores(
 
 
 def split_domains(summary: dict[str, Any]) -> bool:
-    """Whether some domain was dealt to several training clients (so that a table per client
-    would repeat each domain; :func:`domain_scores` gives one number per domain)."""
+    """Whether some domain was dealt to several training clients, each client holding mostly
+    one domain (so that a table per client would repeat each domain; :func:`domain_scores`
+    gives one number per domain). False where a client's largest share is tied (lam near 1:
+    every client holds the domains alike, and a "main domain" would be an arbitrary pick)."""
     mix = summary.get("domain_mix") or {}
     held = set(summary.get("holdout") or [])
-    mains = [max(s, key=s.get) for c, s in mix.items() if c not in held and s]
+    mains = []
+    for c, shares in mix.items():
+        if c in held or not shares:
+            continue
+        top = max(shares.values())
+        if sum(v == top for v in shares.values()) > 1:
+            return False
+        mains.append(max(shares, key=shares.get))
     return len(mains) > len(set(mains))
 
 
