@@ -124,3 +124,14 @@ def test_report_sections_per_number_of_clients_and_held_out_site():
     ((name, group),) = _datasets(renamed).items()
     with pytest.raises(FedshiftError, match="runs have different clients"):
         _check_same_clients(name, group)
+
+
+def test_report_names_the_held_out_site_outside_the_average(tmp_path):
+    """A held-out client's column sits beside the training clients'; the section says it
+    never trained and is not in avg ± std (which is the training clients' mean)."""
+    cfg = toy_cfg("federation.holdout=[client1]", rounds=1)
+    run_experiment(cfg, run_dir=tmp_path / "runs/held", progress=False)
+    md = build_report([tmp_path / "runs"], tmp_path / "rep")["md"].read_text()
+    assert "(client1 held out: never trained, not in avg ± std)" in md
+    row = next(line for line in md.splitlines() if line.startswith("| fedavg | base |"))
+    assert "client1" in md.split(row)[0].splitlines()[-2]  # a column of the table's header

@@ -279,8 +279,11 @@ def build_report(
         task = first.get("task", "classification")
         model = sorted({s.get("model", "?") for s in group})
         rounds = sorted({s["rounds"] for s in group})
+        held = [c for c in first["clients"] if c in (first.get("holdout") or [])]
         head = (
-            f"{task}; clients: {', '.join(first['clients'])}; model {', '.join(model)}; "
+            f"{task}; clients: {', '.join(first['clients'])}"
+            + (f" ({', '.join(held)} held out: never trained, not in avg ± std)" if held else "")
+            + f"; model {', '.join(model)}; "
             f"rounds {', '.join(map(str, rounds))}; seeds {', '.join(map(str, seeds))}"
         )
         md += ["", f"## {name}", "", head]
