@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 
 import pytest
@@ -135,3 +136,16 @@ def test_report_names_the_held_out_site_outside_the_average(tmp_path):
     assert "(client1 held out: never trained, not in avg ± std)" in md
     row = next(line for line in md.splitlines() if line.startswith("| fedavg | base |"))
     assert "client1" in md.split(row)[0].splitlines()[-2]  # a column of the table's header
+
+
+def test_report_columns_per_domain_for_clients_dealt_from_domains(tmp_path):
+    """Domains dealt two to a client-per-domain pair: the report's tables have one column
+    per domain and the note says what a column is."""
+    cfg = toy_cfg("partition.name=domains", "partition.clients=4", rounds=1)
+    run = run_experiment(cfg, run_dir=tmp_path / "runs/dealt", progress=False)
+    mix = json.loads((run.run_dir / "summary.json").read_text())["domain_mix"]
+    domains = sorted({max(v, key=v.get) for v in mix.values()})
+    md = build_report([tmp_path / "runs"], tmp_path / "rep")["md"].read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| algorithm |"))
+    assert header.split(" | ")[3 : 3 + len(domains)] == domains and "client00" not in header
+    assert "a column per training domain" in md

@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.core.files import atomic_output, csv_safe, write_text_atomic  # noqa: E402
+from fedshift.eval.domains import domain_columns  # noqa: E402
 from fedshift.eval.label_skew import partition_label  # noqa: E402
 from fedshift.eval.order import natural_key  # noqa: E402
 from fedshift.eval.summary import read_summary, selection_rule  # noqa: E402
@@ -302,6 +303,12 @@ def build_report(
                 f"Model selection: {rule}.{shown} Δ: change of the average against the same "
                 "algorithm's base flow (percentage points); p: two-sided paired t-test over "
                 "seeds."
+                + (
+                    " Clients dealt from domains, several to a domain: a column per training "
+                    "domain, the mean over the clients holding mostly that domain."
+                    if domain_columns(group)
+                    else ""
+                )
             )
             md += ["", f"### {caption}", "", _md_table(header, rows), "", f"_{note}_"]
             body += [
