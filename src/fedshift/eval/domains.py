@@ -53,9 +53,14 @@ def domain_columns(summaries: list[dict[str, Any]]) -> list[str] | None:
     (a table per client is then one per domain already)."""
     if not any(split_domains(s) for s in summaries):
         return None
-    domains = sorted({d for s in summaries for d in domain_scores(s) or {}})
+    domains = training_domains(summaries)
     held = [c for c in summaries[0].get("clients", []) if c in (summaries[0].get("holdout") or [])]
     return domains + [c for c in held if c not in domains]
+
+
+def training_domains(summaries: list[dict[str, Any]]) -> list[str]:
+    """The domains any of ``summaries`` trained on (sorted; :func:`domain_scores`' keys)."""
+    return sorted({d for s in summaries for d in domain_scores(s) or {}})
 
 
 def domain_view(summary: dict[str, Any], per_client: dict[str, float]) -> dict[str, float]:

@@ -281,6 +281,7 @@ def build_report(
         model = sorted({s.get("model", "?") for s in group})
         rounds = sorted({s["rounds"] for s in group})
         held = [c for c in first["clients"] if c in (first.get("holdout") or [])]
+        by_domain = domain_columns(group) is not None
         head = (
             f"{task}; clients: {', '.join(first['clients'])}"
             + (f" ({', '.join(held)} held out: never trained, not in avg ± std)" if held else "")
@@ -306,7 +307,7 @@ def build_report(
                 + (
                     " Clients dealt from domains, several to a domain: a column per training "
                     "domain, the mean over the clients holding mostly that domain."
-                    if domain_columns(group)
+                    if by_domain
                     else ""
                 )
             )

@@ -396,7 +396,9 @@ def _flow_order(flow: Flow) -> tuple:
     return (flow.algorithm, flow.context, bool(flow.variant), flow.variant)
 
 
-def flows_table(summaries: list[dict], metric: str | None = None, reference: str | None = None):
+def flows_table(
+    summaries: list[dict], metric: str | None = None, reference: str | None = None
+) -> str:
     """:func:`flows_rows` as a plain-text (Markdown) table."""
     return grid(*flows_rows(summaries, metric, reference))
 
