@@ -7,6 +7,8 @@ import inspect
 import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -284,3 +286,33 @@ def pytest_xdist_make_scheduler(config, log):
             return next((g for p, g in GROUPS.items() if nodeid.startswith(p)), nodeid)
 
     return Groups(config, log)
+
+
+#: below this many free bytes where the suite writes, a failure may be the disk's: at its
+#: peak ``make test`` holds ~1.5 GB of run folders, checkpoints and wheels in the
+#: temporary folder (pytest keeps the last three sessions' folders)
+LOW_DISK = 1 << 30
+
+
+def low_disk(paths: dict[str, str]) -> list[str]:
+    """A line for each place in ``paths`` (what -> folder) with under :data:`LOW_DISK` free."""
+    lines = []
+    for what, path in paths.items():
+        free = shutil.disk_usage(path).free
+        if free < LOW_DISK:
+            lines.append(
+                f"disk: {free / 2**20:.0f} MiB free in the {what} ({path}) after the tests; "
+                f"they write ~1.5 GB there at their peak: an OSError 'No space left on "
+                f"device' or a worker's INTERNALERROR above is the disk, not the code"
+            )
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Where tests failed on a nearly full disk, say so last (CI shows the output's tail):
+    a full disk fails tests at random, and xdist reports a worker's ``OSError`` from its
+    output capture as an INTERNALERROR that names no test."""
+    if exitstatus != 0:
+        temp = tempfile.gettempdir()
+        for line in low_disk({"temporary folder": temp, "repository's disk": str(ROOT)}):
+            terminalreporter.write_line(line, red=True, bold=True)
