@@ -295,10 +295,17 @@ LOW_DISK = 1 << 30
 
 
 def low_disk(paths: dict[str, str]) -> list[str]:
-    """A line for each place in ``paths`` (what -> folder) with under :data:`LOW_DISK` free."""
-    lines = []
+    """A line for each place in ``paths`` (what -> folder) with under :data:`LOW_DISK` free,
+    one per file system (the first place named on it)."""
+    lines, seen = [], set()
     for what, path in paths.items():
-        free = shutil.disk_usage(path).free
+        try:
+            device, free = os.stat(path).st_dev, shutil.disk_usage(path).free
+        except OSError:  # a folder gone by now: nothing to say of it
+            continue
+        if device in seen:
+            continue
+        seen.add(device)
         if free < LOW_DISK:
             lines.append(
                 f"disk: {free / 2**20:.0f} MiB free in the {what} ({path}) after the tests; "

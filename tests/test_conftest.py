@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections import namedtuple
+from pathlib import Path
+from types import SimpleNamespace
 
 import conftest
 from conftest import LOW_DISK, low_disk, pytest_terminal_summary
@@ -21,7 +24,18 @@ class Reporter:
 
 def test_a_nearly_full_disk_is_named_after_failures(monkeypatch, tmp_path):
     free = {str(tmp_path / "full"): 193 * 2**20, str(tmp_path / "roomy"): 50 * 2**30}
+    for folder in free:
+        Path(folder).mkdir()
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(0, 0, free[str(path)]))
+    devices = {str(tmp_path / "full"): 1, str(tmp_path / "roomy"): 2}
+    real_stat = os.stat
+    monkeypatch.setattr(
+        os,
+        "stat",
+        lambda p, **kw: (
+            SimpleNamespace(st_dev=devices[str(p)]) if str(p) in devices else real_stat(p, **kw)
+        ),
+    )
     lines = low_disk({"temporary folder": str(tmp_path / "full"), "x": str(tmp_path / "roomy")})
     assert len(lines) == 1
     assert "193 MiB free in the temporary folder" in lines[0] and "not the code" in lines[0]
@@ -34,6 +48,15 @@ def test_a_nearly_full_disk_is_named_after_failures(monkeypatch, tmp_path):
     assert failed.lines == lines and passed.lines == []  # said only where tests failed
 
 
-def test_a_disk_with_room_says_nothing(monkeypatch, tmp_path):
+def test_one_line_per_file_system(monkeypatch, tmp_path):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(0, 0, 0))
+    (tmp_path / "a").mkdir()
+    lines = low_disk({"temporary folder": str(tmp_path), "repository's disk": str(tmp_path / "a")})
+    assert len(lines) == 1 and "temporary folder" in lines[0]  # the same disk: named once
+
+
+def test_a_disk_with_room_or_a_folder_gone_says_nothing(monkeypatch, tmp_path):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(0, 0, LOW_DISK))
     assert low_disk({"temporary folder": str(tmp_path)}) == []
+    monkeypatch.undo()
+    assert low_disk({"temporary folder": str(tmp_path / "gone")}) == []
