@@ -18,6 +18,8 @@ from fedshift.augment.ampnorm import (
     amplitude_phase,
     batch_amplitude,
     rebuild,
+    shrink_warning,
+    tracks_bn_statistics,
 )
 from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
@@ -286,6 +288,44 @@ def test_ablation_amplitude_norm_off(make_cfg, tmp_path):
     assert set(s["bytes_by_record"]["up"]) == {"weights"}
     assert set(s["bytes_by_record"]["down"]) == {"weights"}
     assert sim.algo.algorithm.sam_rho == 0.05
+
+
+def test_zero_start_shrink_warning_threshold_by_hand():
+    # c = 1 - 0.9^K: K = 6 -> 0.469 (< 0.5, warns), K = 7 -> 0.522 (does not)
+    assert "47 % of a mean amplitude" in shrink_warning("client3", 6, 0.1)
+    assert "client client3 ran 6 batch(es)" in shrink_warning("client3", 6, 0.1)
+    assert "init: first" in shrink_warning("client3", 6, 0.1)
+    assert shrink_warning("client3", 7, 0.1) is None
+    assert shrink_warning("client3", 1, 0.6) is None  # c = 0.6
+    assert tracks_bn_statistics(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))
+    assert not tracks_bn_statistics(nn.Sequential(nn.BatchNorm2d(2, track_running_stats=False)))
+    assert not tracks_bn_statistics(nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "percent"),
+    [
+        (["train.batch_size=1000"], 10),  # K = 1 of toyshift's 60 images: c = 0.1
+        (["train.batch_size=16"], 34),  # K = 4: c = 1 - 0.9^4 = 0.344
+        (["train.batch_size=8"], None),  # K = 8: c = 0.570, over 0.5
+        (["train.batch_size=1000", "augment=[{name: ampnorm, init: first}]"], None),
+        (["train.batch_size=1000", "model.norm=none", "model.conv=ws"], None),  # no BN
+    ],
+)
+def test_zero_start_warns_once_where_bn_statistics_lag(
+    make_cfg, tmp_path, caplog, overrides, percent
+):
+    cfg = make_cfg("algorithm.name=harmofl", "model.name=cnn", *overrides, rounds=2)
+    sim = Simulation(cfg, tmp_path / "w", None, False)
+    assert {len(c.train.y) for c in sim.fed.clients} == {60}  # the K above
+    with caplog.at_level("WARNING", logger="fedshift.augment.ampnorm"):
+        sim.run()
+    said = [r.getMessage() for r in caplog.records if r.name == "fedshift.augment.ampnorm"]
+    if percent is None:
+        assert said == []
+    else:
+        assert len(said) == 1  # once, not once for each of the 3 clients
+        assert f"rebuilds every image at {percent} % of a mean amplitude" in said[0]
 
 
 def test_nonsense_combinations(make_cfg):
