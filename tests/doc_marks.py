@@ -147,6 +147,9 @@ MARKS: dict[str, Mark] = {
     "fedshift data check brain-mri dataset.scanner_strength=0 --out data-check/brain-mri-s0": Run(
         ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
     ),
+    "python benchmarks/ampnorm_zero_start.py": Long(
+        "about 8 min", "two 15-round HarmoFL runs on brain-mri at 10 clients (zero vs first start)"
+    ),
     "python benchmarks/shift_construction.py": Long(
         "about 1 min", "four brain-mri builds (scanner strengths 0-2) and the same slices under six scanners"
     ),
