@@ -24,10 +24,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
+from fedshift.models.base import tracking_bn
 from fedshift.protocols.common import load_run
 from fedshift.runtime.simulation import Simulation
 
@@ -55,19 +54,15 @@ def running_vs_batch(run_dir: Path) -> tuple[float, float]:
         model, task = sim.model, sim.task
         metric = task.primary.name
         if batch_stats:
-            for m in model.modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                    m.track_running_stats, m.running_mean, m.running_var = False, None, None
-        weights = None
+            for m in tracking_bn(model):
+                m.track_running_stats, m.running_mean, m.running_var = False, None, None
+        clients = list(sim.exp.train_clients)
+        weights = {k: v.clone() for k, v in sim.weights_for(clients[0], "global").items()}
         scores = []
-        for cid in sim.exp.train_clients:
-            if weights is None:
-                weights = {k: v.clone() for k, v in sim.weights_for(cid, "global").items()}
+        for cid in clients:
             model.load_state_dict(weights, strict=not batch_stats)
-            state = sim.states[cid]
-            client = sim.fed.client(cid)
-            prep = functools.partial(sim.pipeline.eval, state=state)
-            bs = sim.cfg.eval.batch_size
+            prep = functools.partial(sim.pipeline.eval, state=sim.states[cid])
+            client, bs = sim.fed.client(cid), sim.cfg.eval.batch_size
             scores.append(task.evaluate(model, client.val, prep, bs, sim.device)[metric])
         out.append(sum(scores) / len(scores))
     return out[0], out[1]

@@ -9,7 +9,7 @@ from typing import Literal
 from torch import nn
 
 from fedshift.core.errors import ConfigError
-from fedshift.models.base import FedModel
+from fedshift.models.base import FedModel, tracking_bn
 
 BNPolicy = Literal["global", "local", "stats-local"]
 BN_STATS = ("running_mean", "running_var", "num_batches_tracked")
@@ -69,11 +69,7 @@ class FrozenBNStats:
     also when a layer runs several times per pass)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.layers = [
-            m
-            for m in model.modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-        ]
+        self.layers = tracking_bn(model)
 
     def __enter__(self) -> FrozenBNStats:
         self.saved = [(m, m.momentum, m.num_batches_tracked.clone()) for m in self.layers]

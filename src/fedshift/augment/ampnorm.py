@@ -87,7 +87,7 @@ from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
-from fedshift.models.base import FedModel
+from fedshift.models.base import FedModel, tracking_bn
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,7 @@ SHRINK_WARN = 0.5
 
 def tracks_bn_statistics(model: torch.nn.Module) -> bool:
     """Whether any BatchNorm layer of ``model`` evaluates with running statistics."""
-    return any(
-        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-        for m in model.modules()
-    )
+    return bool(tracking_bn(model))
 
 
 def shrink_warning(cid: str, batches: int, decay: float) -> str | None:

@@ -99,3 +99,13 @@ class AdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
         if x.is_cuda and torch.are_deterministic_algorithms_enabled():
             return adaptive_avg_pool2d_matmul(x, self.output_size)
         return super().forward(x)
+
+
+def tracking_bn(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """The model's BatchNorm layers that keep running statistics (and evaluate with them):
+    what AdaBN re-estimates, what a frozen-statistics pass must leave untouched."""
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]

@@ -77,6 +77,7 @@ from torch import nn
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import write_text_atomic
+from fedshift.models.base import tracking_bn
 from fedshift.protocols.common import (
     ProtocolResult,
     SuiteOptions,
@@ -163,9 +164,7 @@ def new_site(
 
 
 # ========================================================== one run's adaptation, kept
-def _adapt_all(
-    run_dirs: list[str], args: tuple, workers: int | None
-) -> Iterator[tuple[str, dict]]:
+def _adapt_all(run_dirs: list[str], args: tuple, workers: int | None) -> Iterator[tuple[str, dict]]:
     """(run directory, :func:`adapt_run`'s result) for each run, as they finish: in this
     process, or with ``workers`` > 1 in that many spawned processes (each run adapts at its
     own ``run.threads`` either way, so the numbers do not depend on ``--workers``)."""
@@ -285,15 +284,6 @@ def new_site_weights(sim: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    """The model's BN layers that keep running statistics (AdaBN re-estimates these)."""
-    return [
-        m
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    ]
-
-
 @torch.no_grad()
 def adabn(
     model: nn.Module,
@@ -309,7 +299,7 @@ def adabn(
     means and of the unbiased batch variances); only the BN layers are in training mode,
     the rest (dropout, FedFA's FFA layers) stays in eval mode; no gradient, no weight
     changes. Returns False (and does nothing) when the model has no such layer."""
-    layers = bn_layers(model)
+    layers = tracking_bn(model)
     if not layers:
         return False
     momenta = [m.momentum for m in layers]
