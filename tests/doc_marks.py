@@ -191,7 +191,7 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol new-site -c configs/suites/new_site_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 2 h", "measured: 30 U-Net runs of 50 rounds, two at a time on 2 cores (FedAvg 210-260 s, FedHEAL/FedRDN ~460 s, HarmoFL ~750 s, ELCFS 1160-1570 s: 240 min of runs) + 30 adaptations (~10 min); results/protocols/new_site_brain_mri"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
-        Long("about 10-12 h", "estimated: 252 runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds), two at a time; the suite's first 28 runs (8 clients, seed 0) took 4435 s per held-out site for the 14 methods, x 2 sites x 3 seeds x 3 client counts / 2 = 11.1 h, each run adapted as it finishes"),
+        Long("about 7 h", "measured: 252 cnn runs of 20 rounds (3 client counts x 14 methods x 2 sites x 3 seeds) two at a time on 2 cores, their wall times summing to 14.1 h (8 clients 5.9 h, 20 clients 4.2 h, 80 clients 4.0 h) over four machine sessions on two CPUs, each run adapted as it finished; results/protocols/unseen_sites_digits"),
     "fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1":
         Long("about 6.2 h", "measured: 60 U-Net runs of 50 rounds (2 client counts x 10 methods x 3 seeds) two at a time on 2 cores, their wall times summing to 12.4 h (ELCFS 1700-2600 s a run, the others 300-1200 s; ~45 min of it the runner was paused) with each run adapted as it finished; results/protocols/unseen_sites_brain_mri"),
     "fedshift protocol rounds results/new_site_brain_mri results/unseen_sites_brain_mri --thresholds 0.5,0.6,0.7,0.8 --split val":
