@@ -196,6 +196,12 @@ MARKS: dict[str, Mark] = {
         Long("about 6.2 h", "measured: 60 U-Net runs of 50 rounds (2 client counts x 10 methods x 3 seeds) two at a time on 2 cores, their wall times summing to 12.4 h (ELCFS 1700-2600 s a run, the others 300-1200 s; ~45 min of it the runner was paused) with each run adapted as it finished; results/protocols/unseen_sites_brain_mri"),
     "fedshift protocol new-site -c configs/suites/harmofl_start_digits.yaml --sites mnistm,synth --workers 2 --threads 1":
         Long("about 18 min", "measured: 18 cnn runs of 20 rounds at 80 clients (FedAvg ~55 s, HarmoFL ~105 s a run on a 2-core AMD EPYC), two at a time, each adapted as it finished; results/protocols/harmofl_start_digits"),
+    "fedshift bench configs/suites/harmofl_start_brain.yaml --workers 2 --threads 1":
+        Long("about 15 min", "measured: 9 U-Net runs of 50 rounds (FedAvg 130-160 s, HarmoFL ~210 s a run on a 2-core AMD EPYC), two at a time; results/harmofl_start_brain"),
+    "fedshift report results/harmofl_start_brain --reference fedavg":
+        NotRun("reads the committed runs of `fedshift bench configs/suites/harmofl_start_brain.yaml --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; a few CPU seconds"),
+    "fedshift protocol rounds results/harmofl_start_brain --thresholds 0.5,0.6,0.7,0.8 --split val":
+        NotRun("reads the committed runs of `fedshift bench configs/suites/harmofl_start_brain.yaml --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~2 CPU s"),
     "fedshift protocol rounds results/new_site_brain_mri results/unseen_sites_brain_mri --thresholds 0.5,0.6,0.7,0.8 --split val":
         NotRun("reads the runs of `fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1` (and new_site_brain_mri's), committed in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~5 CPU s"),
     "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
