@@ -501,13 +501,15 @@ def test_sweep_cell_sets_keys_together():
     [
         ("harmofl_start_digits", "unseen_sites_digits", 80),
         ("harmofl_start_brain", "brain_mri_table", None),
+        ("harmofl_start_unseen_brain", "unseen_sites_brain_mri", 10),
     ],
 )
 def test_start_suites_repeat_their_source_cells_but_for_the_start(suite, source, clients):
     """The harmofl_start suites' headers say their FedAvg and HarmoFL cells are those of the
-    suite they re-test (unseen_sites_digits at 80 clients, brain_mri_table; the suite name
-    aside), and that their one new row differs from HarmoFL's only in the running amplitude's
-    start (Eq. 3: the paper's zero, the released code's first batch)."""
+    suite they re-test (unseen_sites_digits at 80 clients, brain_mri_table,
+    unseen_sites_brain_mri at 10 clients; the suite name aside), and that their one new row
+    differs from HarmoFL's only in the running amplitude's start (Eq. 3: the paper's zero,
+    the released code's first batch)."""
     import dataclasses
 
     from fedshift.bench import plan
