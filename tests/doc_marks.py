@@ -202,6 +202,12 @@ MARKS: dict[str, Mark] = {
         NotRun("reads the committed runs of `fedshift bench configs/suites/harmofl_start_brain.yaml --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; a few CPU seconds"),
     "fedshift protocol rounds results/harmofl_start_brain --thresholds 0.5,0.6,0.7,0.8 --split val":
         NotRun("reads the committed runs of `fedshift bench configs/suites/harmofl_start_brain.yaml --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~2 CPU s"),
+    "fedshift protocol new-site -c configs/suites/harmofl_start_unseen_brain.yaml --sites site6 --workers 2 --threads 1":
+        Long("about 12 min", "measured: 9 U-Net runs of 50 rounds at 10 clients (FedAvg 90-100 s, HarmoFL 165-180 s a run on a 2-core AMD EPYC), two at a time, each adapted as it finished; results/protocols/harmofl_start_unseen_brain"),
+    "fedshift report results/harmofl_start_unseen_brain --reference fedavg":
+        NotRun("reads the committed runs of `fedshift protocol new-site -c configs/suites/harmofl_start_unseen_brain.yaml --sites site6 --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; a few CPU seconds"),
+    "fedshift protocol rounds results/harmofl_start_unseen_brain --thresholds 0.5,0.6,0.7,0.8 --split val":
+        NotRun("reads the committed runs of `fedshift protocol new-site -c configs/suites/harmofl_start_unseen_brain.yaml --sites site6 --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~2 CPU s"),
     "fedshift protocol rounds results/new_site_brain_mri results/unseen_sites_brain_mri --thresholds 0.5,0.6,0.7,0.8 --split val":
         NotRun("reads the runs of `fedshift protocol new-site -c configs/suites/unseen_sites_brain_mri.yaml --sites site6 --workers 2 --threads 1` (and new_site_brain_mri's), committed in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~5 CPU s"),
     "fedshift protocol sweep -c configs/demo.yaml --key federation.data_fraction --values "
