@@ -499,15 +499,15 @@ def test_sweep_cell_sets_keys_together():
 @pytest.mark.parametrize(
     ("suite", "source", "clients"),
     [
-        ("harmofl_start_digits", "unseen_sites_digits", 80),
+        ("harmofl_start_digits", "unseen_sites_digits", {80}),
         ("harmofl_start_brain", "brain_mri_table", None),
-        ("harmofl_start_unseen_brain", "unseen_sites_brain_mri", 10),
+        ("harmofl_start_unseen_brain", "unseen_sites_brain_mri", {10, 25}),
     ],
 )
 def test_start_suites_repeat_their_source_cells_but_for_the_start(suite, source, clients):
     """The harmofl_start suites' headers say their FedAvg and HarmoFL cells are those of the
     suite they re-test (unseen_sites_digits at 80 clients, brain_mri_table,
-    unseen_sites_brain_mri at 10 clients; the suite name aside), and that their one new row
+    unseen_sites_brain_mri at 10 and 25 clients; the suite name aside), and that their one new row
     differs from HarmoFL's only in the running amplitude's start (Eq. 3: the paper's zero,
     the released code's first batch)."""
     import dataclasses
@@ -519,22 +519,25 @@ def test_start_suites_repeat_their_source_cells_but_for_the_start(suite, source,
 
     ours = plan(SUITES / f"{suite}.yaml")
     theirs = plan(SUITES / f"{source}.yaml")
-    base = [key(c) for c in theirs if clients is None or c.cfg.partition.params.clients == clients]
+    base = [key(c) for c in theirs if clients is None or c.cfg.partition.params.clients in clients]
     same = [c for c in ours if key(c) in base]
     new = [c for c in ours if key(c) not in base]
-    assert sorted((c.cfg.algorithm.name, c.cfg.seed) for c in same) == sorted(
-        (a, s) for a in ("fedavg", "harmofl") for s in (0, 1, 2)
+    counts = sorted(clients) if clients else [None]
+
+    def part(cell):
+        return cell.cfg.partition.params.clients if clients else None
+
+    assert sorted((c.cfg.algorithm.name, c.cfg.seed, part(c)) for c in same) == sorted(
+        (a, s, n) for a in ("fedavg", "harmofl") for s in (0, 1, 2) for n in counts
     )
-    assert len(new) == 3
+    assert len(new) == 3 * len(counts)
+    zeros = [key(z) for z in same if z.cfg.algorithm.name == "harmofl"]
+    assert all(z.augment[0].params.init == "auto" for z in zeros)  # the paper's zero start
+    backs = []
     for c in new:
         (amp,) = c.cfg.augment
         assert (c.cfg.algorithm.name, amp.name, amp.params.init) == ("harmofl", "ampnorm", "first")
-        zero = next(
-            z for z in same if z.cfg.algorithm.name == "harmofl" and z.cfg.seed == c.cfg.seed
-        )
-        assert zero.cfg.augment[0].params.init == "auto"  # the paper's zero start for HarmoFL
-        back = dataclasses.replace(
-            c.cfg,
-            augment=[dataclasses.replace(amp, params=dataclasses.replace(amp.params, init="auto"))],
-        )
-        assert dataclasses.replace(back, name="", out="", sweep=None) == key(zero)
+        auto = dataclasses.replace(amp, params=dataclasses.replace(amp.params, init="auto"))
+        back = dataclasses.replace(c.cfg, augment=[auto])
+        backs.append(dataclasses.replace(back, name="", out="", sweep=None))
+    assert sorted(map(repr, backs)) == sorted(map(repr, zeros))  # one zero-start twin each
