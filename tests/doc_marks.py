@@ -203,7 +203,7 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol rounds results/harmofl_start_brain --thresholds 0.5,0.6,0.7,0.8 --split val":
         NotRun("reads the committed runs of `fedshift bench configs/suites/harmofl_start_brain.yaml --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; it reads their metrics.jsonl in ~2 CPU s"),
     "fedshift protocol new-site -c configs/suites/harmofl_start_unseen_brain.yaml --sites site6 --workers 2 --threads 1":
-        Long("about 12 min", "measured: 9 U-Net runs of 50 rounds at 10 clients (FedAvg 90-100 s, HarmoFL 165-180 s a run on a 2-core AMD EPYC), two at a time, each adapted as it finished; results/protocols/harmofl_start_unseen_brain"),
+        Long("about 27 min", "measured: 18 U-Net runs of 50 rounds at 10 and 25 clients (FedAvg 90-125 s, HarmoFL 165-210 s a run on a 2-core AMD EPYC), two at a time, each adapted as it finished; results/protocols/harmofl_start_unseen_brain"),
     "fedshift report results/harmofl_start_unseen_brain --reference fedavg":
         NotRun("reads the committed runs of `fedshift protocol new-site -c configs/suites/harmofl_start_unseen_brain.yaml --sites site6 --workers 2 --threads 1` in results/, which the doc test's scratch folder does not link; a few CPU seconds"),
     "fedshift protocol rounds results/harmofl_start_unseen_brain --thresholds 0.5,0.6,0.7,0.8 --split val":
