@@ -115,6 +115,25 @@ def test_folders_reads_png_jpeg_tiff_and_splits_per_class(tree: Path, tmp_path: 
     assert gray.input_shape == (1, 8, 8) and gray.client_names == ["site_b"]
 
 
+def test_folders_sites_are_domains_for_the_domains_partition(tree: Path, tmp_path: Path) -> None:
+    """A users' `folders` federation is dealt like digits and brain-mri (issue 31, Bai et
+    al.'s partition): at lam 0 every client holds one site's images, at lam 1 every client
+    holds an equal share of both; the clients partition the training images exactly."""
+    from fedshift.data.partition import apply_partition
+
+    fed = load_dataset(folders(tree, tmp_path))
+    n = {s: len(fed.client(s).train) for s in fed.client_names}
+    one = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 0})
+    for client, shares in one.info["domain_mix"].items():
+        held = [s for s, k in shares.items() if k]
+        assert len(held) == 1 and shares[held[0]] == n[held[0]] // 2, (client, shares)
+    equal = apply_partition(fed, {"name": "domains", "clients": 4, "lam": 1})
+    for shares in equal.info["domain_mix"].values():
+        assert set(shares) == set(n) and all(abs(shares[s] - n[s] / 4) < 1 for s in n)
+    for part in (one, equal):
+        assert sum(len(c.train) for c in part.clients) == sum(n.values())
+
+
 def test_folders_counts_and_names_skipped_files(tree: Path, tmp_path: Path, caplog) -> None:
     (tree / "A" / "cat" / "Thumbs.db").write_bytes(b"x")
     (tree / "A" / "dog" / "notes.txt").write_text("not an image")
