@@ -10,39 +10,27 @@ at c = 1 - 0.9 = 10 % of a mean amplitude). The two runs differ only in
 ``augment.ampnorm.init`` (``zero`` vs ``first``); everything else is the config's, rounds and
 evaluation period as given. A model whose BatchNorm tracks running statistics evaluates the
 shrunk inputs with statistics that lag them (docs/parts/harmofl-methods.md); batch statistics
-do not lag, so the gap between the last two columns is what the lag costs. About 5 min on 2
-cores for the default config.
+do not lag, so the gap between the last two columns is what the lag costs. About 2 min on an idle
+2-core machine for the default config.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 from fedshift.models.base import tracking_bn
 from fedshift.protocols.common import load_run
+from fedshift.protocols.rounds import mean_curve, metric_rows
 from fedshift.runtime.simulation import Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "results/unseen_sites_brain_mri/harmofl-brain-mri-seed0-6702ed5cf1/config.yaml"
-
-
-def val_curve(run_dir: Path, metric: str) -> dict[int, float]:
-    """Mean over the training clients of the global model's validation score, per round."""
-    scores: dict[int, list[float]] = defaultdict(list)
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        value = (row.get("global") or {}).get(f"val_{metric}")
-        if value is not None:
-            scores[row["round"]].append(value)
-    return {r: sum(v) / len(v) for r, v in sorted(scores.items())}
 
 
 def running_vs_batch(run_dir: Path) -> tuple[float, float]:
@@ -92,7 +80,8 @@ def main() -> int:
         sim = Simulation(cfg, run_dir, None, False)
         sim.run()
         metric = sim.task.primary.name
-        curves[init] = val_curve(run_dir, metric)
+        # the sources' mean (held-out clients' rows excluded), as `fedshift protocol rounds`
+        curves[init] = mean_curve(metric_rows(run_dir), "global", f"val_{metric}")
         last[init] = running_vs_batch(run_dir)
     rounds = sorted(curves["zero"])
     print(f"{args.config}\nsources' mean validation {metric} (%) of the global model, by round")

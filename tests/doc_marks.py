@@ -148,7 +148,7 @@ MARKS: dict[str, Mark] = {
         ("dataset.sites=2", "dataset.size=32"), why="two small sites build in seconds"
     ),
     "python benchmarks/ampnorm_zero_start.py": Long(
-        "about 8 min", "two 15-round HarmoFL runs on brain-mri at 10 clients (zero vs first start)"
+        "about 2 min", "measured: two 15-round HarmoFL runs on brain-mri at 10 clients (zero vs first start), 1 min 54 s on an idle 2-core AMD EPYC"
     ),
     "python benchmarks/shift_construction.py": Long(
         "about 1 min", "four brain-mri builds (scanner strengths 0-2) and the same slices under six scanners"

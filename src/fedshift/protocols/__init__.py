@@ -49,6 +49,7 @@ from fedshift.protocols.new_site import new_site, new_site_tables
 from fedshift.protocols.rounds import (
     first_round_reaching,
     mean_curve,
+    metric_rows,
     parse_thresholds,
     rounds_to_threshold,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "loco",
     "loco_table",
     "mean_curve",
+    "metric_rows",
     "new_site",
     "new_site_tables",
     "parse_thresholds",

@@ -159,7 +159,7 @@ def _read_run(d: Path, by: str, split: str, ths: list[float]) -> tuple[dict, dic
                 "(e.g. partition.clients, train.local_epochs)"
             )
         value = len(s["clients"])  # the dataset's own clients (partition none)
-    rows = _metric_rows(d)
+    rows = metric_rows(d)
     kind, metric = s["evaluated_model"], s.get("metric", "acc")
     try:
         curve = mean_curve(rows, kind, f"{split}_{metric}")
@@ -181,7 +181,7 @@ def _read_run(d: Path, by: str, split: str, ths: list[float]) -> tuple[dict, dic
     return s, rec
 
 
-def _metric_rows(d: Path) -> list[dict]:
+def metric_rows(d: Path) -> list[dict]:
     """The rows of a run's ``metrics.jsonl``."""
     rows = []
     with open(d / "metrics.jsonl") as fh:
