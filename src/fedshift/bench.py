@@ -231,14 +231,12 @@ def committed_cell(cell: Cell, root: Path | None) -> Path | None:
 def take_committed(cell: Cell, src: Path) -> None:
     """Copy a committed cell's files into its run directory, marked as taken from
     ``results/`` (it has no checkpoint: :func:`fedshift.protocols.common.load_run` says so)."""
-    import shutil
+    from fedshift.core.files import copy_regular, ensure_dir, write_text_atomic
 
-    from fedshift.runtime.results import write_text_atomic
-
-    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(cell.run_dir)
     for f in ("config.yaml", "metrics.jsonl"):
-        if (src / f).is_file():
-            shutil.copyfile(src / f, cell.run_dir / f)
+        if (src / f).is_file():  # a link or special file in results/ is refused, not copied
+            copy_regular(src / f, cell.run_dir / f)
     summary = _read_json(src / "summary.json") or {}
     summary["run_dir"] = str(cell.run_dir)  # where it lies now (reports, protocols)
     write_text_atomic(cell.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -48,8 +48,9 @@ def _cmd_claims(args: argparse.Namespace) -> int:
             continue
         stale.append(rel)
         if not args.check:
-            from fedshift.core.files import write_text_atomic
+            from fedshift.core.files import inside, write_text_atomic
 
+            inside(root, path.parent)  # no page outside the repository, even through a link
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(path, text)
     if args.check:

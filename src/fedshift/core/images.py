@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.files import atomic_output
+
 __all__ = [
     "IN_MEMORY_MAX_BYTES",
     "ByteImages",
@@ -61,13 +63,8 @@ def _header(path: Path) -> tuple[tuple[int, ...], int]:
 def write_npy(path: str | os.PathLike, x: np.ndarray) -> None:
     """Write ``x`` (uint8, ``(N, C, H, W)``) as ``.npy`` atomically: a reader sees the whole
     file or none."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_output(path) as tmp, open(tmp, "r+b") as f:  # a fresh name: no planted link
         np.save(f, np.ascontiguousarray(x, dtype=np.uint8), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class ByteImages:

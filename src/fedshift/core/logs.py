@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedshift.core.files import open_append
+
 __all__ = ["LOGGER", "RUN_LOG", "ConsoleHandler", "console", "run_log", "showing_console"]
 
 #: the root of fedshift's loggers
@@ -142,7 +144,7 @@ def run_log(run_dir: str | Path) -> Iterator[Path]:
     """Append the ``fedshift`` records of this thread, INFO and above, to
     ``<run_dir>/run.log`` inside the block (a resumed run appends to its log)."""
     path = Path(run_dir) / RUN_LOG
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler = logging.StreamHandler(open_append(path))  # never through a link
     handler.setLevel(logging.INFO)
     formatter = logging.Formatter(_FILE_FORMAT, datefmt="%Y-%m-%dT%H:%M:%SZ")
     formatter.converter = time.gmtime
@@ -156,3 +158,4 @@ def run_log(run_dir: str | Path) -> Iterator[Path]:
     finally:
         logger.removeHandler(handler)
         handler.close()
+        handler.stream.close()

@@ -174,6 +174,20 @@ class PaperSpec:
     claims: tuple[ClaimSpec, ...]
 
 
+def _page(page: str, where: str) -> str:
+    """A claims file's ``page``: a relative ``.md`` path under ``docs/`` (``fedshift claims``
+    writes it), never one that leaves the repository's docs."""
+    parts = page.split("/")
+    if not (page.startswith("docs/") and page.endswith(".md")) or any(
+        p in ("", ".", "..") or "\\" in p for p in parts
+    ):
+        raise ClaimsError(
+            f"{where}: page {page!r} must be a relative .md path under docs/ without '..' "
+            "(e.g. docs/parts/fedrdn-claims.md): `fedshift claims` writes it"
+        )
+    return page
+
+
 def _need(raw: dict, key: str, where: str, kind: type | tuple = str) -> Any:
     if key not in raw:
         raise ClaimsError(f"{where}: '{key}' is missing")
@@ -281,7 +295,7 @@ def load_paper(path: Path) -> PaperSpec:
         key=path.stem,
         paper=str(_need(raw, "paper", where)),
         venue=str(raw.get("venue", "")),
-        page=str(_need(raw, "page", where)),
+        page=_page(str(_need(raw, "page", where)), where),
         intro=str(raw.get("intro", "")).strip(),
         notes=str(raw.get("notes", "")).strip(),
         claims=claims,

@@ -9,11 +9,18 @@ another machine; a protocol folder or runs without one: the machine collecting,
 from __future__ import annotations
 
 import json
-import shutil
+import os
 from pathlib import Path
 
 from fedshift.core.errors import FedshiftError
-from fedshift.core.files import write_text_atomic
+from fedshift.core.files import (
+    check_regular,
+    child_path,
+    copy_regular,
+    ensure_dir,
+    remove_tree,
+    write_text_atomic,
+)
 from fedshift.core.machine import machine
 
 #: what a committed cell keeps (checkpoints and models stay in the run directory)
@@ -68,10 +75,36 @@ def _source(command: str, summaries: list[Path]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
+def _checked(files: list[Path]) -> list[Path]:
+    """``files``, each refused (:class:`~fedshift.core.files.UnsafePathError` naming it) when
+    it is a symbolic link or not a regular file: a received suite's ``config.yaml`` that
+    links to a private file must not be copied into ``results/``, ready to commit."""
+    for f in files:
+        check_regular(f, "copies into results/", missing_ok=False)
+    return files
+
+
+def _fresh(dest: Path, root: Path) -> None:
+    """Empty ``dest`` (a folder inside ``root``) for new content: a real folder there is
+    removed (never a link, never ``root`` itself or anything outside it)."""
+    if dest.exists() or dest.is_symlink():
+        remove_tree(dest, root)
+
+
+def _folder_name(src: Path, name: str | None) -> str:
+    """The results folder's name: ``name``, or the suite folder's own name (``.`` is the
+    folder it stands for, not an empty name)."""
+    return name if name is not None else src.resolve().name
+
+
 def collect_suite(src: Path, results: Path, command: str, name: str | None = None) -> Path:
     """Every finished cell of the suite folder ``src`` into ``results/<name or src's name>``
-    (replacing what that folder held)."""
+    (replacing what that folder held). ``name`` is a plain folder name (no ``..``, ``.``,
+    absolute path or separator); links and special files in the suite are refused before
+    anything in ``results/`` is touched."""
     src = Path(src)
+    results = Path(results)
+    dest = child_path(results, _folder_name(src, name), "--name")
     cells = sorted(p.parent for p in src.glob("*/summary.json"))
     if not cells:
         raise FedshiftError(f"{src}: no finished cells (no */summary.json)")
@@ -83,31 +116,45 @@ def collect_suite(src: Path, results: Path, command: str, name: str | None = Non
             f"{src}: cells without summary.json ({', '.join(unfinished)}): finish the suite "
             "first (run it again)"
         )
-    dest = Path(results) / (name or src.name)
-    if dest.exists():
-        shutil.rmtree(dest)
-    for cell in cells:
-        (dest / cell.name).mkdir(parents=True)
-        for f in CELL_FILES:
-            if (cell / f).is_file():
-                shutil.copyfile(cell / f, dest / cell.name / f)
+    for cell in (c for c in cells if c.is_symlink()):  # a linked cell folder: refused
+        check_regular(cell, "copies into results/", missing_ok=False)
+    copies = [
+        (cell / f, dest / cell.name / f)
+        for cell in cells
+        for f in CELL_FILES
+        if (cell / f).exists() or (cell / f).is_symlink()
+    ]
+    _checked([a for a, _ in copies])
+    ensure_dir(results)
+    _fresh(dest, results)
+    for a, b in copies:
+        ensure_dir(b.parent)
+        copy_regular(a, b)
     write_text_atomic(dest / SOURCE, _source(command, [c / "summary.json" for c in cells]))
     return dest
 
 
 def collect_protocol(src: Path, results: Path, command: str, name: str) -> Path:
     """A protocol's output folder (its tables and numbers, no figures) into
-    ``results/protocols/<name>``."""
+    ``results/protocols/<name>`` (``name``: a plain folder name). Links and special files in
+    the output are refused before anything is touched; linked folders are not entered."""
     src = Path(src)
-    files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix in PROTOCOL_SUFFIXES)
+    root = Path(results) / "protocols"
+    dest = child_path(root, name, "--protocol")
+    files = []
+    for folder, dirs, names in os.walk(src):  # does not descend into linked folders
+        for d in dirs:
+            if (Path(folder) / d).is_symlink():
+                check_regular(Path(folder) / d, "copies into results/", missing_ok=False)
+        files += [Path(folder) / n for n in names if Path(n).suffix in PROTOCOL_SUFFIXES]
+    files = _checked(sorted(files))
     if not files:
         raise FedshiftError(f"{src}: no protocol output (*.json / *.md)")
-    dest = Path(results) / "protocols" / name
-    if dest.exists():
-        shutil.rmtree(dest)
+    ensure_dir(root)
+    _fresh(dest, root)
     for f in files:
         out = dest / f.relative_to(src)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, out)
+        ensure_dir(out.parent)
+        copy_regular(f, out)
     write_text_atomic(dest / SOURCE, _source(command, []))
     return dest

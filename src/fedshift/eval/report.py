@@ -40,7 +40,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedshift.core.errors import FedshiftError  # noqa: E402
-from fedshift.core.files import atomic_output, csv_safe, write_text_atomic  # noqa: E402
+from fedshift.core.files import (  # noqa: E402
+    atomic_output,
+    csv_safe,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 from fedshift.eval.domains import domain_columns  # noqa: E402
 from fedshift.eval.label_skew import partition_label  # noqa: E402
 from fedshift.eval.order import natural_key  # noqa: E402
@@ -319,7 +324,7 @@ def build_report(
             ]
         png = convergence_png(group)
         fig_path = out / f"convergence-{_slug(name)}.png"
-        fig_path.write_bytes(png)
+        write_bytes_atomic(fig_path, png)
         files[f"convergence:{name}"] = fig_path
         md += ["", "### Convergence", "", f"![convergence]({fig_path.name})"]
         b64 = base64.b64encode(png).decode()

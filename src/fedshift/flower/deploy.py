@@ -40,6 +40,7 @@ import yaml
 from fedshift.core.config import RunConfig
 from fedshift.core.consent import ALLOW_ENV
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import open_append, write_bytes_atomic, write_text_atomic
 from fedshift.flower.apps import RUN_CONFIG_DEFAULTS
 from fedshift.flower.server import FlowerOptions
 
@@ -118,9 +119,7 @@ def make_certificates(folder: Path, hosts: list[str], days: int = 365) -> dict[s
     paths = {}
     for name, data in out.items():
         path = folder / name
-        path.write_bytes(data)
-        if name.endswith(".key"):
-            path.chmod(0o600)
+        write_bytes_atomic(path, data, 0o600 if name.endswith(".key") else 0o666)
         paths[name] = path
     return paths
 
@@ -139,20 +138,16 @@ def make_node_keys(folder: Path, names: list[str]) -> dict[str, tuple[Path, Path
         key = ec.generate_private_key(ec.SECP384R1())
         private = folder / name
         public = folder / f"{name}.pub"
-        private.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            )
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
         )
-        private.chmod(0o600)
-        public.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-            )
-            + f" {name}\n".encode()
+        write_bytes_atomic(private, pem, 0o600)
+        openssh = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
         )
+        write_bytes_atomic(public, openssh + f" {name}\n".encode())
         out[name] = (private, public)
     return out
 
@@ -231,8 +226,8 @@ def write_app(
             "default, on the first `flwr run`). fedshift refuses a run whose SuperNodes do not "
             "cover the config's clients, before round 1.\n"
         )
-    (folder / "pyproject.toml").write_text(tomli_w.dumps(project))
-    (folder / "README.md").write_text(readme)
+    write_text_atomic(folder / "pyproject.toml", tomli_w.dumps(project))
+    write_text_atomic(folder / "README.md", readme)
     return folder
 
 
@@ -252,7 +247,7 @@ def write_connection(
         conn["root-certificates"] = str(Path(root_cert).resolve())  # type: ignore[arg-type]
     home.mkdir(parents=True, exist_ok=True)
     doc = {"superlink": {"default": CONNECTION, CONNECTION: conn}}
-    (home / "config.toml").write_text(tomli_w.dumps(doc))
+    write_text_atomic(home / "config.toml", tomli_w.dumps(doc))
 
 
 def flower_bin(name: str) -> str:
@@ -465,7 +460,7 @@ class LocalDeployment:
 
     def _spawn(self, name: str, cmd: list[str], home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
-        log = open(self.logs / f"{name}.log", "a")  # noqa: SIM115 (kept open by the process)
+        log = open_append(self.logs / f"{name}.log")  # never through a link
         env = _env(home, self.task_poll)
         if self.allow_plugins:
             env[ALLOW_ENV] = "1"

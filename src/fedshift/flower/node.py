@@ -46,6 +46,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, set_dotted
 from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
+from fedshift.core.files import ensure_dir
 from fedshift.data import federation_key, run_federation
 from fedshift.data.base import ClientData, Federation
 from fedshift.flower.wire import (
@@ -257,7 +258,7 @@ def load_state(rt: NodeRuntime, context: Context, run: ConfigRecord) -> dict:
 def _write_snapshot(folder: Path | None, rnd: int, state: dict) -> None:
     if folder is None:
         return
-    folder.mkdir(parents=True, exist_ok=True)
+    ensure_dir(folder)  # a snapshot folder that is a link is not written through
     write_checkpoint(state, folder / f"r{rnd}.pt")  # atomic, checksummed
 
 

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import write_bytes_atomic
 
 #: a run directory's full state (last round) and the state at its selected round
 CHECKPOINT = "checkpoint.pt"
@@ -85,17 +86,7 @@ def write_checkpoint(obj: Any, path: str | Path) -> None:
     On an ``OSError`` (disk full, read-only folder) the ``.tmp`` is removed and ``path``
     keeps its previous content; the error propagates."""
     path = Path(path)
-    data = encode(obj)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, encode(obj))  # a fresh temporary name, never through a link
     _fsync_dir(path.parent)
 
 

@@ -44,6 +44,7 @@ import torch
 
 from fedshift.core.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.files import ensure_dir
 from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
@@ -356,7 +357,7 @@ class RoundLoop:
                 raise
 
     def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.run_dir)  # never a link (core.files)
         resumed = resume and (self.run_dir / CHECKPOINT).is_file()
         # on the terminal where a console shows it (the Flower ServerApp prints its own)
         shown = not self.options.round_log

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
-from fedshift.core.files import write_text_atomic
+from fedshift.core.files import open_append, write_text_atomic
 from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import RunRecord
@@ -222,7 +222,7 @@ def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None
     text = "".join(json.dumps(r) + "\n" for r in rows)
     path = Path(run_dir) / "metrics.jsonl"
     if append:
-        with open(path, "a") as f:
+        with open_append(path) as f:  # never through a link planted in a run folder
             f.write(text)
     else:
         write_text_atomic(path, text)

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import ensure_dir, open_lock
 
 try:  # POSIX; elsewhere runs are not locked (see _lock_fd)
     import fcntl
@@ -372,8 +373,8 @@ def hold_lock(lock_path: str | Path, what: str, advice: str) -> Iterator[None]:
     Another process holding it: :class:`FedshiftError` "``what`` is in use by <holder>;
     ``advice``". Reentrant within this process (module docstring)."""
     lock_path = Path(lock_path)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    ensure_dir(lock_path.parent)
+    fd = open_lock(lock_path)  # a link or special file planted as the lock is refused
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino)
     with _registry_lock:
@@ -414,8 +415,7 @@ def hold_lock(lock_path: str | Path, what: str, advice: str) -> Iterator[None]:
 def hold_run(run_dir: str | Path) -> Iterator[Path]:
     """Own ``run_dir`` (created if missing) for the ``with`` block: run, resume or write it.
     A second process gets a :class:`FedshiftError` naming the one that owns it."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = ensure_dir(run_dir)  # a run directory that is a link is not written through
     advice = (
         "Two processes must never write one run directory: wait for that run to finish, or "
         "stop it (Ctrl-C or kill, and it saves its last whole round) and continue it with "

@@ -26,11 +26,12 @@ import hashlib
 import io
 import json
 import os
-import uuid
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from fedshift.core.files import atomic_output, write_bytes_atomic
 
 __all__ = [
     "atomic_write",
@@ -58,23 +59,12 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fedshift"
 
 
-def _temporary(path: Path) -> Path:
-    """A fresh hidden name next to ``path`` (unique per process and call)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file + ``os.replace``); creates the
-    parent folder. The temporary file is removed if writing fails."""
+    """Write ``data`` to ``path`` atomically, never through a link planted in the cache
+    (:func:`fedshift.core.files.write_bytes_atomic`); creates the parent folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_bytes_atomic(path, data)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -86,13 +76,8 @@ def save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` as an uncompressed ``.npz`` atomically (see :func:`atomic_write`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "xb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_output(path) as tmp, open(tmp, "r+b") as fh:
+        np.savez(fh, **arrays)
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray] | None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
+from fedshift.core.files import ensure_dir
 from fedshift.core.images import ByteImages, MemoryBudget, write_npy
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
@@ -211,7 +212,7 @@ def _read_cached(
 
 def _write_cache(folder: Path, arrays: dict[str, np.ndarray], kept: dict[str, np.ndarray]):
     """The entry's split files, then ``kept.npz`` (its presence marks the entry complete)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    ensure_dir(folder)  # a cache entry that is a link is not written through
     for split, x in arrays.items():
         write_npy(folder / f"{split}.npy", x)
     cache.save_npz(folder / "kept.npz", kept)
