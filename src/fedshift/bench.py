@@ -65,6 +65,7 @@ from typing import Any
 from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import check_folder
 from fedshift.core.identity import number_config
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import RoundReport, Stopped, report, run_cells
@@ -402,6 +403,7 @@ def run_suite(
         "again (finished cells are kept, stopped ones resume)"
     )
     with hold_lock(root / SUITE_LOCK, f"suite folder {root}", advice):
+        check_folder(root, "a suite folder")  # a planted link (bench.json...): refused first
         todo = [c for c in cells if cell_status(c) != "done"]
         committed = []
         if reuse and todo:

@@ -45,6 +45,7 @@ from fedshift.core.errors import FedshiftError
 __all__ = [
     "UnsafePathError",
     "atomic_output",
+    "check_folder",
     "check_regular",
     "child_path",
     "copy_regular",
@@ -56,6 +57,7 @@ __all__ = [
     "read_bytes",
     "read_json",
     "remove_tree",
+    "save_figure",
     "temporary_name",
     "write_bytes_atomic",
     "write_text_atomic",
@@ -126,6 +128,25 @@ def ensure_dir(path: str | Path) -> Path:
     return path
 
 
+def check_folder(folder: str | Path, what: str = "a run directory") -> None:
+    """Refuse ``folder`` when any entry directly in it is a symbolic link or a special file:
+    fedshift writes only regular files and folders there, so such an entry was planted (a
+    received run directory, a shared suite folder). Checked before any work, so that the
+    refusal does not come after hours of training. Sub-folders (a tracker's own, which may
+    hold its links) are not entered."""
+    folder = Path(folder)
+    with os.scandir(folder) as entries:
+        for e in sorted(entries, key=lambda e: e.name):
+            st = e.stat(follow_symlinks=False)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise UnsafePathError(
+                    f"{Path(e.path)} is {_kind(st.st_mode)}"
+                    + (f" (to {os.readlink(e.path)})" if e.is_symlink() else "")
+                    + f" in {what}; fedshift never writes through links or special files "
+                    "there. Remove it (or start a new run: it gets a directory of its own)"
+                )
+
+
 def temporary_name(path: Path) -> Path:
     """A fresh hidden name next to ``path``, unique per process and call."""
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
@@ -160,6 +181,16 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
+    """A matplotlib figure as a PNG at ``path`` (its folder made), atomically and never through
+    a link (:func:`atomic_output`; the format is given, not read from the temporary name)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    return path
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o666) -> None:

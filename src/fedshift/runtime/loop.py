@@ -44,7 +44,7 @@ import torch
 
 from fedshift.core.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.files import ensure_dir
+from fedshift.core.files import check_folder, ensure_dir
 from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
@@ -358,6 +358,7 @@ class RoundLoop:
 
     def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
         ensure_dir(self.run_dir)  # never a link (core.files)
+        check_folder(self.run_dir)  # nor one planted inside: refused before any work
         resumed = resume and (self.run_dir / CHECKPOINT).is_file()
         # on the terminal where a console shows it (the Flower ServerApp prints its own)
         shown = not self.options.round_log

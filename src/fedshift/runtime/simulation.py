@@ -28,6 +28,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.files import check_folder
 from fedshift.core.identity import NOT_SET, config_diff
 from fedshift.core.seeding import set_rng_state
 from fedshift.data.base import Federation
@@ -213,8 +214,11 @@ def resume_config(
       run), is a :class:`ConfigError` listing every changed key, old -> new, and the fix.
 
     A run with no checkpoint yet (killed during its first rounds) has nothing to compare
-    with: it starts again from ``config.yaml``."""
+    with: it starts again from ``config.yaml``. A run directory holding a link or a special
+    file (a received one) is refused first (:func:`fedshift.core.files.check_folder`)."""
     run_dir = Path(run_dir)
+    if run_dir.is_dir():
+        check_folder(run_dir)
     cfg = _yaml_config(run_dir)
     target = cfg.train.rounds if rounds is None else rounds
     if not (run_dir / CHECKPOINT).is_file():

@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.files import read_json, write_text_atomic
+from fedshift.core.files import ensure_dir, read_json, write_text_atomic
 from fedshift.runtime.hooks import RoundRecord
 from fedshift.runtime.track import Tracker, flatten_row, round_scalars
 
@@ -191,7 +191,7 @@ class DurableTracker(Tracker):
 
     # ------------------------------------------------------------------ Tracker
     def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.dir)  # a tracker folder that is a link is not written through
         state = self._read_state()
         logged = int(state.get("logged_through") or 0)
         # a fresh start over a run that logged nothing yet (killed before its first

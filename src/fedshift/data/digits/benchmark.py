@@ -26,6 +26,7 @@ import torch
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError
+from fedshift.core.files import save_figure
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.sampling import class_quota, split_indices
@@ -365,7 +366,5 @@ def show_digits(params: DigitsParams, out_png: Path, per_domain: int = 10) -> di
                 ax.set_title(CLASSES[int(client.train.y[picks[c]])], fontsize=7, pad=2)
         axes[r][0].set_ylabel(client.name, rotation=0, ha="right", va="center", fontsize=10)
     fig.subplots_adjust(left=0.12, right=0.99, top=0.95, bottom=0.02, wspace=0.05, hspace=0.3)
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
+    save_figure(fig, out_png)
     return fed.counts()

@@ -34,6 +34,7 @@ import torch
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError, MissingSourceError
+from fedshift.core.files import save_figure
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.debian import apt_download, extract_deb_members, require_tools
@@ -312,9 +313,7 @@ def show_fashion(params: FashionParams, out_png: Path, per_class: int = 10) -> d
                 ax.imshow(train.x[picks[j], 0].numpy(), cmap="gray", vmin=0, vmax=1)
         axes[c][0].set_ylabel(name, rotation=0, ha="right", va="center", fontsize=9)
     fig.subplots_adjust(left=0.16, right=0.99, top=0.98, bottom=0.02, wspace=0.05, hspace=0.1)
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
+    save_figure(fig, out_png)
     client = fed.clients[0]
     return {
         "source": fed.info["source"],

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
+from fedshift.core.files import save_figure
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.medical.brain_mri.params import (
@@ -210,7 +211,5 @@ def scanner_preview(params: BrainMRIParams, path: str | Path, slice_id: str | No
         axes[0][j].set_title(sid, fontsize=8)
     axes[0][-1].set_title(f"labels {ids[0]}", fontsize=8)
     fig.subplots_adjust(left=0.12, right=0.99, top=0.96, bottom=0.01, wspace=0.04, hspace=0.04)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    path = save_figure(fig, path)
     return {"slices": ids, "path": str(path)}
