@@ -162,12 +162,7 @@ def bench_link(tmp: Path) -> Result:
     cell.parent.mkdir(parents=True)
     cell.symlink_to(v, target_is_directory=True)
     res = fedshift(tmp, "bench", str(suite), "--out", "runs", "--workers", "1", "--quiet")
-    ok = (
-        res.returncode == 2
-        and "symbolic link" in res.stderr
-        and "1 of 1 cells failed" in res.stderr
-    )
-    return Result(ok, crashed(res.stderr), lost(v))
+    return Result(refused(res, "symbolic link"), crashed(res.stderr), lost(v))
 
 
 def flower_link(tmp: Path) -> Result:
@@ -383,6 +378,117 @@ def formula_csv(tmp: Path) -> Result:
                   crashed(res))  # fmt: skip
 
 
+# ---------------------------------------------------------------------------- issue 48
+def thesis(tmp: Path) -> Path:
+    """The user's file a planted link points to."""
+    path = tmp / "home" / "thesis.tex"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("years of work\n")
+    return path
+
+
+def changed(path: Path) -> int:
+    return int(not path.is_file() or path.read_text() != "years of work\n")
+
+
+def stopped_run(tmp: Path) -> Path:
+    """A finished run of 1 round (the cases extend it to 2 with ``--resume``)."""
+    res = fedshift(tmp, "run", *TOY, "train.rounds=1", "--out", "runs", "--quiet")
+    if res.returncode != 0:
+        raise RuntimeError(f"the run failed: {res.stderr[-500:]}")
+    return next((tmp / "runs" / "x").iterdir())
+
+
+def resume_link(name: str) -> Callable[[Path], Result]:
+    """``run --resume`` (extending by a round) of a run directory with ``name`` a link."""
+
+    def case(tmp: Path) -> Result:
+        run_dir = stopped_run(tmp)
+        v = thesis(tmp)
+        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / name).symlink_to(v)
+        res = fedshift(tmp, "run", "--resume", str(run_dir), "train.rounds=2", "--quiet")
+        return Result(refused(res, "symbolic link", name), crashed(res), changed(v))
+
+    return case
+
+
+def bench_manifest_link(tmp: Path) -> Result:
+    suite = _suite(tmp)
+    v = thesis(tmp)
+    (tmp / "runs" / "s").mkdir(parents=True)
+    (tmp / "runs" / "s" / "bench.json").symlink_to(v)
+    res = fedshift(tmp, "bench", str(suite), "--out", "runs", "--workers", "1", "--quiet")
+    return Result(refused(res, "symbolic link", "bench.json"), crashed(res), changed(v))
+
+
+def _collected_suite(tmp: Path) -> Path:
+    suite = _suite(tmp)
+    res = fedshift(tmp, "bench", str(suite), "--out", "runs", "--workers", "1", "--quiet")
+    if res.returncode != 0:
+        raise RuntimeError(f"the suite failed: {res.stderr[-500:]}")
+    (tmp / "repo" / "results" / "old").mkdir(parents=True)
+    (tmp / "repo" / "results" / "old" / "source.json").write_text("{}\n")
+    (tmp / "repo" / "notes.tex").write_text("years of work\n")
+    return tmp / "runs" / "s"
+
+
+def _repo_lost(tmp: Path) -> int:
+    return changed(tmp / "repo" / "notes.tex") + int(
+        not (tmp / "repo" / "results" / "old" / "source.json").is_file()
+    )
+
+
+def collect_name(*extra: str, cwd_suite: bool = False) -> Callable[[Path], Result]:
+    """``claims collect`` with a ``--name`` / ``--protocol`` that escapes results/ (or '.'
+    from inside the suite folder, which must collect under the folder's own name)."""
+
+    def case(tmp: Path) -> Result:
+        folder = _collected_suite(tmp)
+        args = [a.replace("ABS", str(tmp / "repo")) for a in extra]
+        results = str(tmp / "repo" / "results")
+        src, where = (".", folder) if cwd_suite else (str(folder), tmp)
+        res = fedshift(where, "claims", "collect", src, "--command", "x", "--results",
+                       results, *args)  # fmt: skip
+        ok = (
+            res.returncode == 0 and (tmp / "repo" / "results" / "s" / "source.json").is_file()
+            if cwd_suite
+            else refused(res)
+        )
+        return Result(ok, crashed(res), _repo_lost(tmp))
+
+    return case
+
+
+def collect_linked(tmp: Path) -> Result:
+    """A received suite whose cell's config.yaml links to ~/.ssh/id_rsa: not copied."""
+    folder = _collected_suite(tmp)
+    key = tmp / "home" / ".ssh" / "id_rsa"
+    key.parent.mkdir(parents=True)
+    key.write_text("PRIVATE KEY\n")
+    cell = next(p for p in folder.iterdir() if p.is_dir())
+    (cell / "config.yaml").unlink()
+    (cell / "config.yaml").symlink_to(key)
+    res = fedshift(tmp, "claims", "collect", str(folder), "--command", "x", "--results",
+                   str(tmp / "repo" / "results"))  # fmt: skip
+    copied = any(
+        "PRIVATE" in p.read_text() for p in (tmp / "repo").rglob("*") if p.is_file()
+    )
+    return Result(refused(res, "symbolic link") and not copied, crashed(res), _repo_lost(tmp))
+
+
+def report_fifo(tmp: Path) -> Result:
+    """A summary.json that is a FIFO: refused by type, never a hang."""
+    run_dir = stopped_run(tmp)
+    (run_dir / "summary.json").unlink()
+    os.mkfifo(run_dir / "summary.json")
+    try:
+        res = fedshift(tmp, "report", "runs", "--out", "rep", timeout=60)
+    except subprocess.TimeoutExpired:
+        return Result(False, note="hung")
+    return Result(refused(res, "FIFO"), crashed(res))
+
+
 CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
     ("1 deletion", "run --overwrite, run dir a link to a user's folder", overwrite_link),
     ("1 deletion", "run --overwrite, a user's folder with a config.yaml", overwrite_foreign),
@@ -429,6 +535,16 @@ CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
     ("5 errors", "zero-byte model.weights", empty_weights),
     ("5 errors", "plug-in whose loss returns None", broken_plugin),
     ("6 smaller", "report.csv with a formula client name", formula_csv),
+    ("7 links (48)", "run --resume, run.lock a link", resume_link("run.lock")),
+    ("7 links (48)", "run --resume, metrics.jsonl a link", resume_link("metrics.jsonl")),
+    ("7 links (48)", "run --resume, checkpoint.pt.tmp a link", resume_link("checkpoint.pt.tmp")),
+    ("7 links (48)", "bench, bench.json a link", bench_manifest_link),
+    ("7 links (48)", "claims collect --name ..", collect_name("--name", "..")),
+    ("7 links (48)", "claims collect --protocol ..", collect_name("--protocol", "..")),
+    ("7 links (48)", "claims collect --name /abs", collect_name("--name", "ABS")),
+    ("7 links (48)", "claims collect . from inside", collect_name(cwd_suite=True)),
+    ("7 links (48)", "claims collect, config.yaml a link", collect_linked),
+    ("7 links (48)", "report, summary.json a FIFO", report_fifo),
 ]
 
 
