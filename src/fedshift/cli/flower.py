@@ -14,6 +14,11 @@ The handlers import :mod:`fedshift.flower` (and so ``flwr``) only when they run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from fedshift.core.errors import FedshiftError
@@ -173,7 +178,74 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     )
 
 
+class _Stop(Exception):
+    """SIGINT or SIGTERM reached ``fedshift flower local``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals(handler) -> Iterator[None]:
+    """SIGINT and SIGTERM handled by ``handler`` (a function, or ``signal.SIG_IGN``) inside
+    the block; the previous handlers after it."""
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signum)
+
+
+def _continue_command(args: argparse.Namespace, base: Path) -> str:
+    """The ``fedshift flower local`` that continues this one's run (``{run_dir}`` for its
+    directory): the same SuperNode state folder (``--dir``) and options."""
+    parts = ["fedshift flower local --resume {run_dir}", f"--dir {shlex.quote(str(base))}"]
+    if args.insecure:
+        parts.append("--insecure")
+    if args.min_clients is not None:
+        parts.append(f"--min-clients {args.min_clients}")
+    for flag, value, default in (
+        ("--round-timeout", args.round_timeout, 3600.0),
+        ("--node-wait", args.node_wait, 120.0),
+    ):
+        if value != default:
+            parts.append(f"{flag} {value:g}")
+    return " ".join(parts)
+
+
+def _local_config(args: argparse.Namespace):
+    """The config of ``flower local``: the run's saved one with ``--resume`` (nothing else
+    may be given then), else ``-c`` and ``key=value``."""
+    if not args.resume:
+        return _config(args)
+    from fedshift.runtime.simulation import saved_config
+
+    if args.config or args.overrides or args.out:
+        raise FedshiftError(
+            "--resume takes the run's saved config and directory; drop -c, key=value and --out"
+        )
+    if not args.dir:
+        raise FedshiftError(
+            "--resume needs the --dir the stopped run used (its SuperNodes keep each client's "
+            "state there): run the command the stopped run printed"
+        )
+    return saved_config(args.resume)
+
+
 def _cmd_local(args: argparse.Namespace) -> int:
+    """A SuperLink and one SuperNode per client here, the run submitted and its ServerApp's
+    log streamed. SIGINT (Ctrl-C) or SIGTERM stops it as a native run stops: the ServerApp
+    saves its last whole round, every process the command started ends (SuperLink,
+    SuperExecs, ServerApp, SuperNodes, ClientApps), and the command that continues it is
+    printed (exit 130 / 143). Each SuperNode keeps its client's state in ``--dir``/state, so
+    ``--resume`` continues to the numbers of an uninterrupted run."""
     import json
     import tempfile
 
@@ -182,24 +254,113 @@ def _cmd_local(args: argparse.Namespace) -> int:
     from fedshift.flower.deploy import LocalDeployment
     from fedshift.flower.simulate import client_names
 
-    cfg = _config(args)
+    cfg = _local_config(args)
     names = client_names(cfg)
-    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-"))
+    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-")).resolve()
     out = Path(args.out or "runs").resolve()
     print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
     # the user's own config, run on the user's own machine: its plug-ins are theirs
     mine = bool(plugin_names(cfg.to_dict()))
-    nodes = [{"client": n} for n in names]
-    with LocalDeployment(base, nodes, tls=not args.insecure, allow_plugins=mine) as dep:
-        _, status, log = dep.submit(cfg, _options(args), out, log=print)
-    marker = "fedshift: run directory "
-    run_dir = next((ln.split(marker, 1)[1].strip() for ln in log.splitlines() if marker in ln), "")
-    summary = Path(run_dir) / "summary.json"
-    if status == "finished:completed" and summary.is_file():
+    # each SuperNode computes with the config's run.threads (as a native run does: the same
+    # numbers) and keeps its client's state on disk (what --resume continues from)
+    threads = cfg.run.threads
+    nodes = [
+        {"client": n, "state-dir": str(base / "state" / n), "threads": threads} for n in names
+    ]
+    options = _options(args)
+    options.continue_with = _continue_command(args, base)
+    dep = LocalDeployment(base, nodes, tls=not args.insecure, allow_plugins=mine)
+    shown = _LogFilter()
+    stopped, status = None, "unknown"
+    try:
+        with _signals(_raise_stop):
+            dep.start()
+            _, status, _ = dep.submit(cfg, options, out, log=shown, resume=args.resume)
+    except _Stop as stop:
+        stopped = stop.signum
+        with _signals(signal.SIG_IGN):  # a second Ctrl-C must not cut the saving short
+            name = signal.Signals(stop.signum).name
+            print(f"\nfedshift: {name}: stopping the run (the ServerApp saves its last whole "
+                  "round), then every process this command started", flush=True)  # fmt: skip
+            dep.stop_runs()
+    finally:
+        with _signals(signal.SIG_IGN):
+            dep.close()
+    run_dir = Path(shown.run_dir) if shown.run_dir else None
+    if stopped is not None:
+        return _stopped(stopped, run_dir, options.continue_with, base)
+    summary = run_dir / "summary.json" if run_dir else None
+    if status == "finished:completed" and summary is not None and summary.is_file():
         print()
         print_tables([json.loads(summary.read_text())])
+    else:
+        _failed(run_dir, shown, options.continue_with)
     print(f"\nfedshift: Flower run {status}; logs of every process: {base / 'logs'}")
     return 0 if status == "finished:completed" else 1
+
+
+class _LogFilter:
+    """The ServerApp's streamed log, shown without Python tracebacks (a failed run's cause is
+    one line at the end, :func:`_failed`; the whole log stays in the ServerApp's log file):
+    remembers the run directory the ServerApp names."""
+
+    MARK = "fedshift: run directory "
+
+    def __init__(self) -> None:
+        self.run_dir = ""
+        self.in_traceback = False
+        self.hidden = 0
+
+    def __call__(self, line: str) -> None:
+        if self.MARK in line and not self.run_dir:
+            self.run_dir = line.split(self.MARK, 1)[1].strip()
+        if "Traceback (most recent call last)" in line:
+            self.in_traceback = True
+        elif self.in_traceback and line[:1] not in (" ", "\t", "") and ":" in line:
+            self.in_traceback = False  # the exception's own line ends the block
+            self.hidden += 1
+            return
+        if self.in_traceback:
+            self.hidden += 1
+            return
+        print(line, flush=True)
+
+
+def _stop_reason(run_dir: Path | None) -> str:
+    """The last ``stopped: ...`` line of the run's ``run.log`` (what the ServerApp raised)."""
+    log = run_dir / "run.log" if run_dir else None
+    if log is None or not log.is_file():
+        return ""
+    lines = [ln for ln in log.read_text().splitlines() if " stopped: " in ln]
+    return lines[-1].split(" stopped: ", 1)[1] if lines else ""
+
+
+def _failed(run_dir: Path | None, shown: _LogFilter, continue_with: str | None) -> None:
+    """A failed run's cause in one line (from its ``run.log``), and how to continue it."""
+    reason = _stop_reason(run_dir)
+    if reason:
+        print(f"fedshift: error: {reason}", file=sys.stderr)
+    elif shown.hidden:
+        print("fedshift: error: the ServerApp failed (its traceback is in the logs below)",
+              file=sys.stderr)  # fmt: skip
+    saved = run_dir is not None and (run_dir / "checkpoint.pt").is_file()
+    if saved and continue_with and "continue with" not in reason:
+        cmd = continue_with.replace("{run_dir}", shlex.quote(str(run_dir)))
+        print(f"fedshift: continue with: {cmd}", file=sys.stderr)
+
+
+def _stopped(signum: int, run_dir: Path | None, continue_with: str | None, base: Path) -> int:
+    """What a stopped ``flower local`` prints: where the state is and how to continue."""
+    if run_dir is not None and (run_dir / "checkpoint.pt").is_file() and continue_with:
+        cmd = continue_with.replace("{run_dir}", shlex.quote(str(run_dir)))
+        print(f"fedshift: stopped; the last whole round is saved in {run_dir / 'checkpoint.pt'}"
+              f". Continue with: {cmd}", file=sys.stderr)  # fmt: skip
+    else:
+        print("fedshift: stopped before a round was saved; nothing to continue: run the "
+              "command again", file=sys.stderr)  # fmt: skip
+    print(f"fedshift: every process it started has ended; logs: {base / 'logs'}",
+          file=sys.stderr)  # fmt: skip
+    return 128 + signum
 
 
 def _experiment_args(p: argparse.ArgumentParser) -> None:
@@ -289,6 +450,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     loc.add_argument("--dir", help="folder for certificates, keys, homes and logs (temp)")
     loc.add_argument("--out", help="root folder for run directories (default: ./runs)")
     loc.add_argument("--insecure", action="store_true", help="no TLS, no SuperNode auth")
+    loc.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped run from its checkpoint (give the same --dir: the SuperNodes' "
+        "client state is there); the command a stopped run prints",
+    )
     loc.set_defaults(fn=_cmd_local)
 
     sm = fsub.add_parser("submit", help="submit a config as a run to a SuperLink")

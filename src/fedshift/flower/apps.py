@@ -20,6 +20,8 @@ round-timeout  seconds to wait for one exchange's replies
 min-clients    replies a round needs when SuperNodes are lost (0: every sampled client)
 resume         a run directory on the SuperLink machine to continue from its checkpoint
                ("": a new run); the SuperNodes need their state-dir snapshots
+continue-with  the command a stopped run prints to continue it, ``{run_dir}`` standing for
+               its directory ("": a Flower run of the same app with ``resume``)
 ============== ======================================================================
 """
 
@@ -53,6 +55,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "round-timeout": 3600.0,
     "min-clients": 0,
     "resume": "",
+    "continue-with": "",
 }
 
 
@@ -68,6 +71,7 @@ def options_from_run_config(rc: dict) -> FlowerOptions:
         round_timeout=float(get("round-timeout")),  # type: ignore[arg-type]
         min_clients=int(get("min-clients")) or None,  # type: ignore[arg-type]
         mode="deployment",
+        continue_with=str(get("continue-with")) or None,
     )
 
 

@@ -42,6 +42,7 @@ from fedshift.core.consent import ALLOW_ENV
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import open_append, write_bytes_atomic, write_text_atomic
 from fedshift.flower.apps import RUN_CONFIG_DEFAULTS
+from fedshift.flower.proctree import command, descendants, stop_all
 from fedshift.flower.server import FlowerOptions
 
 CONNECTION = "fedshift"
@@ -164,6 +165,7 @@ def write_app(
     options: FlowerOptions,
     out: str | None = None,
     local_nodes: int | None = None,
+    resume: str | None = None,
 ) -> Path:
     """A Flower App folder for ``flwr run``: a ``pyproject.toml`` naming fedshift's
     ServerApp/ClientApp, its run config holding ``cfg`` and ``options``. ``local_nodes``: pin
@@ -171,7 +173,10 @@ def write_app(
     own default has 2 SuperNodes) to that many SuperNodes, one per client of the config
     (``fedshift flower app``). Flower 1.41 moves such a federation, on the app's first
     ``flwr run``, into the user's Flower config as the SuperLink connection
-    :func:`local_federation` (made the default) and comments it out in the app."""
+    :func:`local_federation` (made the default) and comments it out in the app. ``resume``:
+    a run directory on the SuperLink machine the run continues (run config ``resume``);
+    ``options.continue_with``: the command a stopped run prints (run config
+    ``continue-with``)."""
     folder.mkdir(parents=True, exist_ok=True)
     run_config = dict(RUN_CONFIG_DEFAULTS)
     run_config.update(
@@ -182,6 +187,8 @@ def write_app(
             "node-wait": float(options.node_wait),
             "round-timeout": float(options.round_timeout),
             "min-clients": int(options.min_clients or 0),
+            "resume": str(resume or ""),
+            "continue-with": str(options.continue_with or ""),
         }
     )
     name = re.sub(r"[^a-z0-9-]", "-", f"fedshift-{cfg.name}".lower())
@@ -319,15 +326,18 @@ def submit_app(
     lines = []
     t0 = time.monotonic()
     assert proc.stdout is not None
-    for line in proc.stdout:
-        line = ANSI.sub("", line)
-        lines.append(line)
-        if log is not None:
-            log(line.rstrip("\n"))
-        if timeout is not None and time.monotonic() - t0 > timeout:
+    try:
+        for line in proc.stdout:
+            line = ANSI.sub("", line)
+            lines.append(line)
+            if log is not None:
+                log(line.rstrip("\n"))
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                break
+    finally:  # also when a signal stops the caller: the log stream never outlives it
+        if proc.poll() is None:
             proc.kill()
-            break
-    proc.wait()
+        proc.wait()
     status = "unknown"
     for _ in range(40):  # the log ends as the run finishes; its status follows shortly
         status = run_status(run_id, home)
@@ -492,10 +502,30 @@ class LocalDeployment:
         out: Path,
         timeout: float | None = None,
         log=None,
+        resume: Path | None = None,
     ) -> tuple[str, str, str]:
+        """Submit ``cfg`` (or, with ``resume``, continue that run directory) and stream the
+        ServerApp's log until the run ends: (run id, status, log)."""
         options.nodes = options.nodes or len(self.node_configs)
-        app = write_app(self.base / f"app-{cfg.algorithm.name}", cfg, options, str(out))
+        app = write_app(
+            self.base / f"app-{cfg.algorithm.name}",
+            cfg,
+            options,
+            str(out),
+            resume=str(Path(resume).resolve()) if resume else None,
+        )
         return submit_app(app, self.home, stream=True, timeout=timeout, log=log)
+
+    def stop_runs(self, grace: float = 120.0) -> bool:
+        """Ask every running ServerApp to stop (SIGTERM: it rolls back the round in progress
+        and saves the last whole one in the run's ``checkpoint.pt``) and wait up to ``grace``
+        seconds for it to end. Returns whether a ServerApp was running."""
+        link = self.procs.get("superlink")
+        if link is None:
+            return False
+        apps = [p for p in descendants(link.pid) if "flwr-serverapp" in command(p)]
+        stop_all(apps, grace)
+        return bool(apps)
 
     def kill(self, i: int) -> None:
         """SIGKILL SuperNode ``i`` and its ClientApp processes (a site that crashed)."""
@@ -508,6 +538,11 @@ class LocalDeployment:
         return ANSI.sub("", path.read_text()) if path.is_file() else ""
 
     def close(self) -> None:
+        """Stop every process this deployment started and every process those started (the
+        SuperExecs, ServerApps and ClientApps live in sessions of their own: a process
+        group kill misses them, :mod:`fedshift.flower.proctree`): SIGTERM, up to 10 s, then
+        SIGKILL."""
+        tree = [d for p in self.procs.values() for d in descendants(p.pid)]
         for p in self.procs.values():
             if p.poll() is None:
                 p.terminate()
@@ -515,6 +550,7 @@ class LocalDeployment:
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(0.1, end - time.monotonic()))
+        stop_all(tree, max(0.5, end - time.monotonic()))
         for p in self.procs.values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)

@@ -56,11 +56,12 @@ class FlowerServer:
         gate = self.gate or SignalGate()
         transport = GridTransport(grid, self.options, stop_check=gate.poll)
         where = self.run_dir
-        hint = (
-            f"fedshift flower simulate --resume {where}"
-            if self.options.mode.startswith("simulation")
-            else f"a Flower run of the same app with the run config resume={where}"
-        )
+        if self.options.continue_with:
+            hint = self.options.continue_with.replace("{run_dir}", str(where))
+        elif self.options.mode.startswith("simulation"):
+            hint = f"fedshift flower simulate --resume {where}"
+        else:
+            hint = f"a Flower run of the same app with the run config resume={where}"
         options = LoopOptions(
             min_clients=self.options.min_clients,
             round_log=True,

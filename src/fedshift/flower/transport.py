@@ -82,6 +82,10 @@ class FlowerOptions:
     #: where nodes without a ``state-dir`` of their own keep per-round state snapshots
     #: (simulations: inside the run directory, so a killed simulation can resume)
     snapshot_dir: Path | None = None
+    #: the command that continues a stopped run, ``{run_dir}`` standing for its directory
+    #: (``fedshift flower local``: itself with ``--resume``); None: a Flower run of the same
+    #: app with the run config ``resume``
+    continue_with: str | None = None
 
     def check(self) -> None:
         if self.min_clients is not None and self.min_clients < 1:
