@@ -22,8 +22,6 @@ from support.same_run import assert_runs_equal
 
 from fedshift.flower.proctree import alive, command, descendants
 
-pytestmark = [pytest.mark.process, pytest.mark.slow]
-
 ARGS = ["dataset.name=toyshift", "dataset.clients=2", "model.name=lenet5",
         "train.batch_size=16", "train.rounds=4", "algorithm.name=fedbn"]  # fmt: skip
 
@@ -65,6 +63,8 @@ def _continuation(out: str) -> list[str]:
     return shlex.split(m.group(1))
 
 
+@pytest.mark.process
+@pytest.mark.slow
 def test_sigint_and_sigterm_stop_every_process_and_the_run_continues(tmp_path):
     base, out = tmp_path / "sites", tmp_path / "runs"
     first = ["flower", "local", *ARGS, "--insecure", "--dir", str(base), "--out", str(out)]
@@ -93,3 +93,37 @@ def test_sigint_and_sigterm_stop_every_process_and_the_run_continues(tmp_path):
     assert_runs_equal(
         run_dir, tmp_path / native_dir if not native_dir.is_absolute() else native_dir
     )
+
+
+def test_a_failed_run_is_one_line_with_a_continuation(tmp_path, capsys):
+    """The streamed log without the ServerApp's traceback; the cause from run.log as one
+    `fedshift: error:` line; the command that continues it when a checkpoint exists."""
+    from fedshift.cli.flower import _failed, _LogFilter
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.pt").write_bytes(b"x")
+    (run_dir / "run.log").write_text(
+        "2026-01-01T00:00:00Z INFO    fedshift.runtime: round 1/2: 2 replies\n"
+        "2026-01-01T00:00:09Z ERROR   fedshift.runtime: stopped: round 2: aggregation needs 2 "
+        "of the 2 sampled clients but only 1 replied (lost: client1)\n"
+    )
+    shown = _LogFilter()
+    for line in [
+        f"fedshift: run directory {run_dir}",
+        "fedshift: round 1/2: 2 replies",
+        "ERROR :     ServerApp raised an exception",
+        "Traceback (most recent call last):",
+        '  File "/x/flwr/serverapp.py", line 1, in run',
+        "    main(grid, context)",
+        "fedshift.core.errors.FedshiftError: round 2: aggregation needs 2",
+        "INFO :      run finished",
+    ]:
+        shown(line)
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and "File " not in out and "FedshiftError" not in out
+    assert "round 1/2" in out and "run finished" in out and shown.run_dir == str(run_dir)
+    _failed(run_dir, shown, "fedshift flower local --resume {run_dir} --dir /s")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("fedshift: error: round 2: aggregation needs 2 of the 2")
+    assert err[1] == f"fedshift: continue with: fedshift flower local --resume {run_dir} --dir /s"
