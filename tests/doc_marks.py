@@ -234,6 +234,12 @@ MARKS: dict[str, Mark] = {
         "the same local deployment (TLS, SuperNode authentication, one SuperNode per client) on "
         "toyshift, FedBN with FedFA's FFA layers",
     ),
+    "fedshift flower local --resume RUN_DIR --dir DIR": ByTest(
+        "tests/flower/test_flower_local_stop.py::"
+        "test_sigint_and_sigterm_stop_every_process_and_the_run_continues",
+        "flower local stopped by SIGTERM and by SIGINT, each time continued with the command it "
+        "printed, to the native run's numbers",
+    ),
     "fedshift flower certs certs/ --host superlink.example.org": Run(),
     "fedshift flower keys keys/ site1": Run(),
     "fedshift flower submit -c my.yaml --superlink superlink.example.org:8000 --root-cert "
