@@ -313,7 +313,11 @@ MARKS: dict[str, Mark] = {
     "fedshift data show NAME root=DIR": Synopsis(),
     "example: make-folders": Run(),
     "fedshift data show folders root=mydata size=28": Run(),
-    "fedshift run dataset.name=folders dataset.root=mydata dataset.size=28 model.name=cnn train.rounds=2": Run(),
+    "fedshift run dataset.name=folders dataset.root=mydata train.rounds=2": Run(),
+    "fedshift run dataset.name=folders dataset.root=DIR": ByTest(
+        "tests/data/test_folders_defaults.py::test_fedshift_run_folders_as_typed_trains",
+        "the command as typed on a generated three-site tree (one round)",
+    ),
     "example: make-segfolders": Run(),
     "fedshift run dataset.name=segfolders dataset.root=myseg 'dataset.labels=[0,255]' dataset.size=16 model.name=unet model.width=8 train.rounds=2": Run(),
     "example: make-arrays": Run(),

@@ -28,8 +28,9 @@ from fedshift.core.registry import Registry
 from fedshift.core.tasks import check_task
 from fedshift.core.yamlsafe import short_repr
 from fedshift.data import DATASETS, dataset_task
+from fedshift.data.domains.user_folders import DEFAULT_SIZE as FOLDERS_DEFAULT_SIZE
 from fedshift.data.partition import PARTITIONS
-from fedshift.models import MODELS, FedModel
+from fedshift.models import MODEL_INPUTS, MODELS, FedModel, check_model_input
 from fedshift.models.weights import WEIGHT_KEYS, resolve_weights
 
 REGISTRIES: dict[str, Registry] = {
@@ -89,9 +90,27 @@ def resolve(raw: dict, source: str = "config") -> RunConfig:
         implied = [a for a in algo.factory.implied_augments(algo.params) if a not in given]
         cfg.augment = _resolve_augments([*implied, *augment], algo.name)
         _check_task(cfg)
+        _fit_images(cfg)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return cfg
+
+
+def _fit_images(cfg: RunConfig) -> None:
+    """A dataset whose image size is a config key (``folders``: ``size`` and ``channels``)
+    and the model, chosen together before any image is decoded: an unset ``size`` takes the
+    model's input size where the model has a fixed one (``cnn``, ``digitmodel``, ``lenet5``:
+    28), else 224; a size the model cannot take is a :class:`ConfigError` naming the ways
+    out (:func:`fedshift.models.check_model_input`)."""
+    params = cfg.dataset.params
+    shape_of = getattr(params, "input_shape", None)
+    if shape_of is None:
+        return
+    if params.size is None:
+        fixed = MODEL_INPUTS.get(cfg.model.name)
+        params.size = fixed[-1] if fixed is not None else FOLDERS_DEFAULT_SIZE
+    task = dataset_task(cfg.dataset.name, params)
+    check_model_input(cfg.model.name, cfg.model.factory, shape_of(), task, "dataset.size")
 
 
 def _given(raw: dict, section: str) -> dict:

@@ -63,6 +63,41 @@ MODELS.add(
 MODEL_INPUTS = {"cnn": (3, 28, 28), "digitmodel": (3, 28, 28), "lenet5": (3, 28, 28)}
 
 
+#: what a model that takes any image size is, for the error of a fixed-size one
+ANY_SIZE_MODELS = "resnet18, alexnet (at least 63x63), densenet121 (at least 32x32)"
+
+
+def check_model_input(
+    name: str, cls: type, input_shape: tuple[int, ...], task: str, size_key: str = ""
+) -> None:
+    """Raise :class:`ConfigError` when model ``name`` cannot take images of ``input_shape``
+    for ``task``: its own ``check_input``, and the fixed input of :data:`MODEL_INPUTS`.
+    ``size_key``: the dataset key that sets the image size, named in the ways out (a
+    config resolved before any image is read names it; a built federation does not)."""
+    shape = "x".join(map(str, input_shape))
+    why = cls.check_input(tuple(input_shape), task)
+    if why is not None:
+        raise ConfigError(
+            f"config key 'model.name': model {name!r} cannot take this dataset's "
+            f"{task} task with images of shape {shape}: {why}; "
+            "choose another model (fedshift list) or change the dataset's image size"
+        )
+    expected = MODEL_INPUTS.get(name)
+    if expected is not None and tuple(input_shape) != expected:
+        ways = "choose a model for this dataset"
+        if size_key:
+            prefix = size_key.rsplit(".", 1)[0]
+            ways = (
+                f"drop {size_key} (it then follows the model), give {size_key}={expected[-1]}"
+                f" {prefix}.channels={expected[0]}, or choose a model that takes any size "
+                f"(model.name=...: {ANY_SIZE_MODELS})"
+            )
+        raise ConfigError(
+            f"config key 'model.name': model {name!r} takes images of shape "
+            f"{'x'.join(map(str, expected))} but the dataset gives {shape}; {ways}"
+        )
+
+
 def build_model(
     section: Component | dict,
     num_classes: int,
@@ -74,20 +109,7 @@ def build_model(
     ``model.weights`` if set (:mod:`fedshift.models.weights`)."""
     component = MODELS.component(section, "model", extra_keys=WEIGHT_KEYS)
     name, cls = component.name, component.factory
-    why = cls.check_input(tuple(input_shape), task)
-    if why is not None:
-        raise ConfigError(
-            f"config key 'model.name': model {name!r} cannot take this dataset's "
-            f"{task} task with images of shape {'x'.join(map(str, input_shape))}: {why}; "
-            "choose another model (fedshift list) or change the dataset's image size"
-        )
-    expected = MODEL_INPUTS.get(name)
-    if expected is not None and tuple(input_shape) != expected:
-        raise ConfigError(
-            f"config key 'model.name': model {name!r} takes images of shape "
-            f"{'x'.join(map(str, expected))} but the dataset gives "
-            f"{'x'.join(map(str, input_shape))}; choose a model for this dataset"
-        )
+    check_model_input(name, cls, tuple(input_shape), task)
     params = dataclasses.asdict(component.params) if component.params is not None else {}
     # FedWon's model option (model.norm / model.conv / model.ws_gamma): applied to the built
     # model, not passed to its constructor (fedshift.models.normfree)

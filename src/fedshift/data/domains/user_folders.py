@@ -36,9 +36,10 @@ for any number of sites and classes:
 * **Images**: ``channels=3`` (default): Pillow ``convert("RGB")``, gray (8- or 16-bit)
   copied to three channels, alpha dropped; ``channels=1``: gray kept, colour images
   converted to luma (0.299 R + 0.587 G + 0.114 B). So a mix of gray and colour images is
-  always read into one channel count. Every image is resized to ``size x size`` (default
-  224; aspect ratio not kept) by antialiased bilinear interpolation and rounded to 8 bits
-  (the cache holds uint8), then float32 in [0, 1] ``(N, C, size, size)``.
+  always read into one channel count. Every image is resized to ``size x size`` (unset: the
+  model's input size, 28 for ``cnn``, else 224; aspect ratio not kept) by antialiased
+  bilinear interpolation and rounded to 8 bits (the cache holds uint8), then float32 in
+  [0, 1] ``(N, C, size, size)``.
 * **Cache** (``cache=true``): decoded, resized images per client in
   ``<cache>/folders/<digest>.npz``, the digest over the files' paths, sizes and
   modification times (:mod:`fedshift.data.common.image_files`).
@@ -46,6 +47,7 @@ for any number of sites and classes:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -85,10 +87,16 @@ TREE = """\
     <class>/              the same class folders in every site
       <image>.png .jpg .jpeg .bmp .tif .tiff
     train.txt val.txt test.txt   (optional split lists: <class>/<image> per line)"""
+#: the layout in one line, for errors
+LAYOUT = "<dataset.root>/<site>/<class>/<image>"
 MISSING_HINT = (
     " (or set dataset.allow_missing_classes=true to let a site lack classes; the classes are "
     "then the union over the sites)"
 )
+
+
+#: the image size of a load without a model to follow (``dataset.size`` unset)
+DEFAULT_SIZE = 224
 
 
 @dataclass
@@ -97,7 +105,9 @@ class FoldersParams:
 
     root: str | None = None  # the folder holding one folder per site
     sites: list[str] | None = None  # site folder names, in client order; None: all, sorted
-    size: int = 224  # images resized to size x size
+    #: images resized to size x size; None: the model's input size where it has one (cnn,
+    #: digitmodel, lenet5: 28), else 224 (set when a config is resolved: catalog.resolve)
+    size: int | None = None
     channels: Literal[1, 3] = 3  # 3: RGB (gray copied); 1: gray (colour -> luma)
     splits: Literal["auto", "lists", "fractions"] = "auto"  # per-site lists or fractions
     fractions: list[float] = field(default_factory=lambda: [0.64, 0.16, 0.2])
@@ -113,7 +123,8 @@ class FoldersParams:
         """Raise :class:`ConfigError` naming the key for a value the loader cannot honour."""
         check_root_key(self.root, f"{prefix}.root")
         check_sites_key(self.sites, f"{prefix}.sites")
-        check_size(self.size, f"{prefix}.size")
+        if self.size is not None:
+            check_size(self.size, f"{prefix}.size")
         if self.channels not in (1, 3):
             raise ConfigError(f"config key '{prefix}.channels' must be 1 or 3")
         check_split_keys(self, prefix)
@@ -129,6 +140,12 @@ class FoldersParams:
         check_flag(self.skip_unreadable, f"{prefix}.skip_unreadable")
         check_flag(self.cache, f"{prefix}.cache")
         check_cache_dir(self.cache_dir, f"{prefix}.cache_dir")
+
+
+    def input_shape(self) -> tuple[int, int, int] | None:
+        """The images' shape, known before any is read (None while ``size`` follows the
+        model, before the config is resolved)."""
+        return None if self.size is None else (self.channels, self.size, self.size)
 
 
 def _listed_splits(
@@ -160,15 +177,56 @@ def _without(info: dict[str, dict], key: str) -> dict[str, dict]:
     return {c: {k: v for k, v in i.items() if k != key} for c, i in info.items()}
 
 
+def _nested_classes(site: SiteListing) -> list[str] | None:
+    """The sub-folder names shared by every class folder of ``site`` when each holds its
+    images only in such sub-folders (``<site>/<class>/<X>/<image>`` with the same ``X`` in
+    every class: classes one level further down), else None."""
+    subs = []
+    for cls, files in site.files.items():
+        top = site.folder / cls
+        if any(p.parent == top for p in files):
+            return None
+        subs.append({p.relative_to(top).parts[0] for p in files})
+    if len(subs) < 2 or any(s != subs[0] for s in subs) or len(subs[0]) < 2:
+        return None
+    return sorted(subs[0])
+
+
+def _check_layout(root: Path, listed: dict[str, SiteListing], sites_given: bool) -> None:
+    """Refuse a tree whose layout is probably not the one meant, naming the one that is: a
+    root that yields one site (``dataset.root`` one level too high: the sites became its
+    classes), or class folders that hold the same folders rather than images."""
+    for client, site in listed.items():
+        nested = _nested_classes(site)
+        if nested is not None:
+            raise DataError(
+                f"{NAME}: the class folders of site {client!r} ({', '.join(site.files)} in "
+                f"{site.folder}) hold the same folders ({', '.join(nested)}) rather than "
+                f"images: fedshift expects {LAYOUT}. If {site.folder} is your folder of sites, "
+                f"give dataset.root={site.folder}"
+            )
+    if len(listed) == 1 and not sites_given:
+        (client, site), = listed.items()
+        raise DataError(
+            f"{NAME}: dataset.root={root} holds one site folder ({site.folder.name}); a "
+            f"federation needs one folder per site ({LAYOUT}). Give the folder that holds "
+            f"the site folders as dataset.root, or load this one site on purpose (a "
+            f"SuperNode's) with dataset.sites=[{site.folder.name}]"
+        )
+
+
 def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
     """The ``folders`` federation: one client per site folder (module docstring)."""
     params.validate()
+    if params.size is None:  # loaded without a model (data show / check): the usual size
+        params = dataclasses.replace(params, size=DEFAULT_SIZE)
     fractions = check_fractions(params.fractions)
     root = require_root(params.root, NAME, TREE)
     folders = site_folders(root, params.sites, NAME, TREE)
     allow = params.allow_missing_classes
     hint = "" if allow else MISSING_HINT
     listed = {c: list_site(f, allow_empty=allow, hint=hint) for c, f in folders.items()}
+    _check_layout(root, listed, sites_given=params.sites is not None)
     files = {c: site.files for c, site in listed.items()}
     if params.classes is not None:
         classes = list(params.classes)
