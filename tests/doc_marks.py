@@ -111,6 +111,15 @@ MARKS: dict[str, Mark] = {
         "on one test (without arguments it runs the whole suite, which this test is part of)",
     ),
     ". .venv/bin/activate": NotRun(SETUP),
+    # the README's own-data commands, on the tree make_sites.py writes (one round, one seed)
+    "python benchmarks/make_sites.py mysites": Run(),
+    "fedshift data check dataset.name=folders dataset.root=mysites": Run(),
+    "fedshift run dataset.name=folders dataset.root=mysites 'sweep.cell=[{algorithm.name: fedavg}, {algorithm.name: fedavg, augment: [fedrdn]}, {algorithm.name: fedbn}]' 'sweep.seed=[0,1,2]'": Run(
+        ("train.rounds=1",), sub={"sweep.seed=[0,1,2]": "sweep.seed=[0]"}
+    ),
+    "fedshift report runs/run --reference fedavg": Run(),
+    "fedshift export runs/run/fedavg-folders-augment=fedrdn-*-seed0-* --client hospital_a --out model.pt": Run(),
+    "fedshift predict model.pt2 mysites/hospital_a/disc/0000.png": Run(),
     "fedshift list": Run(),
     "fedshift config show -c configs/demo.yaml": Run(),
     "fedshift run -c configs/demo.yaml": Run(CHEAP),
@@ -269,7 +278,8 @@ MARKS: dict[str, Mark] = {
         "as written, in a fresh venv holding the wheel, outside the clone",
     ),
     "fedshift docs": Run(),
-    "fedshift docs extending": Run(),
+    "fedshift docs usage": Run(),
+    "fedshift predict": Prose(),
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 #: the shipped guides: name -> (file, what it covers)
 GUIDES = {
+    "usage": ("USAGE.md", "running experiments, run directories, resume, tracking, protocols"),
     "architecture": ("ARCHITECTURE.md", "the pieces, the payload protocol, client state"),
     "methods": ("METHODS.md", "each method, its paper default and its released-code option"),
     "extending": ("EXTENDING.md", "your own method, augment or model; plug-ins; the Python API"),
