@@ -289,16 +289,24 @@ def export_model(
     weights: str = "selected",
     client: str | None = None,
     kind: str | None = None,
+    federation: object = None,
 ):
     """Write a finished run's evaluated model (at the ``selected`` round, or the ``last``) as
     a plain ``state_dict`` to ``out`` (``torch.load(out, weights_only=True)`` reads it) and
     its description (model config, classes, input normalisation, where it came from) to
     ``out`` with the suffix ``.json``; ``client`` picks the personalised model of runs that
-    keep one per client. Returns an :class:`~fedshift.runtime.export.ExportedModel`. As
+    keep one per client. ``federation``: for a run started with
+    ``fedshift.run(..., federation=...)``, the same arrays again (checked against the run's
+    fingerprint). Returns an :class:`~fedshift.runtime.export.ExportedModel`. As
     ``fedshift export``; see :mod:`fedshift.runtime.export`."""
     from fedshift.runtime.export import export_model as _export
 
-    return _export(run_dir, out, weights, client, kind)
+    fed = None
+    if federation is not None:
+        from fedshift.runtime.simulation import saved_config
+
+        fed = _arrays_federation(saved_config(run_dir), federation, run_dir)
+    return _export(run_dir, out, weights, client, kind, federation=fed)
 
 
 def load_exported(path: str | Path, device: str = "cpu"):

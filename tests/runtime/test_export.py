@@ -132,3 +132,14 @@ def test_export_cli_and_its_errors(tmp_path, capsys, one_thread):
     (tmp_path / "other.json").write_text((tmp_path / "m.json").read_text())
     with pytest.raises(FedshiftError, match="do not belong together"):
         fedshift.load_exported(other)
+
+
+@pytest.mark.parametrize("augment", ["fedrdn", "ampnorm"])
+def test_export_refuses_a_model_whose_inputs_need_the_runs_state(tmp_path, one_thread, augment):
+    """Issue 49: FedRDN's site statistics and HarmoFL's global amplitude transform every
+    input at evaluation; the weights alone predict differently, so export writes nothing."""
+    run_dir = _run(tmp_path, f"augment=[{augment}]", rounds=2)
+    out = tmp_path / "m.pt"
+    with pytest.raises(FedshiftError, match=f"augment '{augment}' transforms every input"):
+        fedshift.export_model(run_dir, out)
+    assert not out.exists() and not out.with_suffix(".json").exists()

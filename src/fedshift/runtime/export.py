@@ -110,6 +110,19 @@ def _eval_transforms(sim: Any) -> list[str]:
     return [a.name for a in sim.exp.augments if type(a).eval_batch is not Augment.eval_batch]
 
 
+def refuse_unfaithful(sim: Any) -> None:
+    """Refuse to export a model that would predict differently from the run's evaluation:
+    an augment that transforms inputs at evaluation with state of its own (FedRDN's site
+    statistics, HarmoFL's global amplitude, ``norm``'s constants) is not in the weights."""
+    names = _eval_transforms(sim)
+    if names:
+        raise FedshiftError(
+            f"export: augment {names[0]!r} transforms every input at evaluation with state "
+            "that the weights do not carry (its statistics / amplitude); a model.pt of this "
+            "run would predict differently from the run's own evaluation, so none is written"
+        )
+
+
 def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the base model's state dict (no algorithm wrapper, no augment)."""
     from fedshift.models import build_model
@@ -125,11 +138,17 @@ def export_model(
     weights: str = "selected",
     client: str | None = None,
     kind: str | None = None,
+    federation: Any = None,
 ) -> ExportedModel:
     """Write the run's evaluated model as a plain ``state_dict`` to ``out`` and its
     description to ``out`` with the suffix ``.json`` (see the module docstring); returns
     both paths and the description. Imports the run's plug-ins and reads its checkpoint:
-    use it on run directories you trust (as ``fedshift.load_run(...).rebuild()``)."""
+    use it on run directories you trust (as ``fedshift.load_run(...).rebuild()``).
+    ``federation``: the loaded :class:`~fedshift.data.base.Federation` of a run whose data
+    its config cannot load again (a run made with ``fedshift.run(..., federation=...)``).
+
+    Refuses (:class:`FedshiftError`) a run whose evaluation transforms its inputs with state
+    the weights do not carry (:func:`refuse_unfaithful`)."""
     from fedshift.core.config import lookup
     from fedshift.runtime.simulation import load_finished
 
@@ -142,8 +161,9 @@ def export_model(
             f"{run_dir} is not a finished fedshift run (no summary.json): give the folder of "
             "one finished run, or finish it first (fedshift run --resume DIR)"
         )
-    sim = load_finished(run_dir, weights=weights)
+    sim = load_finished(run_dir, federation=federation, weights=weights)
     kind, client = _pick(sim, client, kind)
+    refuse_unfaithful(sim)
     state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
     tensors = OrderedDict((k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items())
     out.parent.mkdir(parents=True, exist_ok=True)
