@@ -134,12 +134,78 @@ def test_export_cli_and_its_errors(tmp_path, capsys, one_thread):
         fedshift.load_exported(other)
 
 
-@pytest.mark.parametrize("augment", ["fedrdn", "ampnorm"])
-def test_export_refuses_a_model_whose_inputs_need_the_runs_state(tmp_path, one_thread, augment):
-    """Issue 49: FedRDN's site statistics and HarmoFL's global amplitude transform every
-    input at evaluation; the weights alone predict differently, so export writes nothing."""
-    run_dir = _run(tmp_path, f"augment=[{augment}]", rounds=2)
-    out = tmp_path / "m.pt"
-    with pytest.raises(FedshiftError, match=f"augment '{augment}' transforms every input"):
-        fedshift.export_model(run_dir, out)
-    assert not out.exists() and not out.with_suffix(".json").exists()
+def _run_scores(run_dir: Path, cid: str, kind: str = "global", client: str | None = None):
+    """The scores the run's evaluation gives ``cid``'s test images (its input pipeline with
+    the client's augment state, its batches), from the rebuilt run."""
+    from fedshift.runtime.predictor import client_states, reference_scores
+
+    sim = load_finished(run_dir)
+    x = sim.fed.client(cid).split("test").x
+    weights = sim.weights_for(client or cid, kind)
+    return x, reference_scores(sim, weights, client_states(sim, cid), x, sim.exp.eval_batch_size)
+
+
+def test_export_of_ampnorm_carries_the_global_amplitude(tmp_path, one_thread):
+    """Issue 49: HarmoFL's amplitude normalisation transforms every test image with the
+    global amplitude; the plain weights alone score differently, the predictor (model.pt2)
+    gives the run's scores for every client, and says so."""
+    run_dir = _run(tmp_path, "augment=[ampnorm]", rounds=2)
+    done = fedshift.export_model(run_dir, tmp_path / "m.pt")
+    assert done.predictor_path == tmp_path / "m.pt2" and done.config["predictor"] == "m.pt2"
+    pred = fedshift.load_predictor(done.predictor_path)
+    assert pred.meta["site"] == "every client" and pred.meta["clients"] == ["client0", "client1", "client2"]
+    plain = fedshift.load_exported(done.path)
+    for cid in pred.meta["clients"]:
+        x, want = _run_scores(run_dir, cid)
+        labels, scores = pred.predict(x)
+        assert torch.equal(labels, want.argmax(1))
+        torch.testing.assert_close(scores, want)
+        mean = torch.tensor(done.config["input"]["mean"]).view(1, -1, 1, 1)
+        std = torch.tensor(done.config["input"]["std"]).view(1, -1, 1, 1)
+        with torch.no_grad():  # what issue 49's user ran: the weights on normalised images
+            assert not torch.allclose(plain((x - mean) / std), want)
+
+
+def test_export_of_fedrdn_needs_the_site(tmp_path, one_thread):
+    """FedRDN normalises each site with its own statistics (Eq. 8): a global model's export
+    asks for the site; --client NAME gives that client's evaluation; a new site's images
+    (load_predictor(site_images=...), or --site-stats DIR at export) give statistics
+    computed by the augment's own rule: client1's training images reproduce client1."""
+    run_dir = _run(tmp_path, "augment=[fedrdn]", rounds=2)
+    with pytest.raises(FedshiftError, match=r"name a client of this run with --client NAME"):
+        fedshift.export_model(run_dir, tmp_path / "m.pt")
+    assert not list(tmp_path.glob("m.*"))
+    done = {
+        c: fedshift.export_model(run_dir, tmp_path / f"{c}.pt", client=c)
+        for c in ("client0", "client1")
+    }
+    x1, want1 = _run_scores(run_dir, "client1")
+    x0, want0 = _run_scores(run_dir, "client0")
+    p0, p1 = (fedshift.load_predictor(done[c].predictor_path) for c in ("client0", "client1"))
+    assert p1.meta["per_site"] == ["fedrdn"] and p1.meta["clients"] == ["client1"]
+    torch.testing.assert_close(p1.scores(x1), want1)
+    torch.testing.assert_close(p0.scores(x0), want0)
+    assert not torch.allclose(p0.scores(x1), want1)  # client0's statistics on client1's images
+    train1 = load_finished(run_dir).fed.client("client1").split("train").x
+    moved = fedshift.load_predictor(done["client0"].predictor_path, site_images=train1)
+    assert moved.meta["site"] == "the site of --site-stats"
+    torch.testing.assert_close(moved.scores(x1), want1)
+
+
+def test_export_refuses_what_the_predictor_cannot_carry(tmp_path, one_thread, monkeypatch):
+    """An augment that transforms inputs at evaluation without an eval_module (a plug-in's
+    eval_batch), and FedSR's sampled prediction: one error naming the method and what is
+    missing; nothing is written."""
+    from fedshift.augment.base import Augment
+    from fedshift.augment.fedrdn import FedRDNV
+
+    run_dir = _run(tmp_path / "v", "augment=[fedrdn_v]", rounds=2)
+    monkeypatch.setattr(FedRDNV, "eval_module", Augment.eval_module)
+    gives_none = "augment 'fedrdn_v' transforms inputs at evaluation but gives no eval_module"
+    with pytest.raises(FedshiftError, match=gives_none):
+        fedshift.export_model(run_dir, tmp_path / "v.pt")
+    run_dir = _run(tmp_path / "sr", "algorithm.name=fedsr", rounds=2)
+    sampled = "algorithm 'fedsr' cannot be exported faithfully: its sampled prediction"
+    with pytest.raises(FedshiftError, match=sampled):
+        fedshift.export_model(run_dir, tmp_path / "sr.pt")
+    assert not list(tmp_path.glob("*.pt*")) and not list(tmp_path.glob("*.json"))

@@ -55,6 +55,8 @@ class ExportedModel:
     path: Path
     config_path: Path
     config: dict[str, Any]
+    #: the self-contained predictor (``.pt2``: :mod:`fedshift.runtime.predictor`)
+    predictor_path: Path | None = None
 
 
 def config_path_for(path: str | Path) -> Path:
@@ -76,8 +78,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _pick(sim: Any, client: str | None, kind: str | None) -> tuple[str, str | None]:
-    """The model kind and client to export (see the module docstring)."""
+def _pick(
+    sim: Any, client: str | None, kind: str | None, site: bool = False
+) -> tuple[str, str | None]:
+    """The model kind and client to export (see the module docstring); ``site``: the run's
+    evaluation transform depends on the site, so a global model takes ``client`` as the
+    site whose transform the predictor applies."""
     kind = kind or sim.kinds[0]
     if kind not in MODEL_KINDS:
         raise ConfigError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
@@ -85,6 +91,13 @@ def _pick(sim: Any, client: str | None, kind: str | None) -> tuple[str, str | No
         raise FedshiftError(f"this run has no {kind} model (it evaluates {', '.join(sim.kinds)})")
     clients = list(sim.train_clients)
     if kind == "global":
+        if client is not None and site:
+            if client not in sim.fed.client_names:
+                raise FedshiftError(
+                    f"no client {client!r} in this run; its clients: "
+                    f"{', '.join(sim.fed.client_names)}"
+                )
+            return kind, client
         if client is not None:
             raise FedshiftError(
                 f"this run's global model is one model for every client; drop --client "
@@ -110,19 +123,6 @@ def _eval_transforms(sim: Any) -> list[str]:
     return [a.name for a in sim.exp.augments if type(a).eval_batch is not Augment.eval_batch]
 
 
-def refuse_unfaithful(sim: Any) -> None:
-    """Refuse to export a model that would predict differently from the run's evaluation:
-    an augment that transforms inputs at evaluation with state of its own (FedRDN's site
-    statistics, HarmoFL's global amplitude, ``norm``'s constants) is not in the weights."""
-    names = _eval_transforms(sim)
-    if names:
-        raise FedshiftError(
-            f"export: augment {names[0]!r} transforms every input at evaluation with state "
-            "that the weights do not carry (its statistics / amplitude); a model.pt of this "
-            "run would predict differently from the run's own evaluation, so none is written"
-        )
-
-
 def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the base model's state dict (no algorithm wrapper, no augment)."""
     from fedshift.models import build_model
@@ -132,6 +132,26 @@ def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def _needs_site(sim: Any) -> bool:
+    """Whether an augment's evaluation state is each site's own (FedRDN's statistics)."""
+    from fedshift.core.context import aug_key
+
+    return any(a.site_state(sim.server.get(aug_key(a), {}), None) is None for a in sim.exp.augments)
+
+
+def _batch_dependent(model: torch.nn.Module) -> bool:
+    """Whether a BatchNorm normalises with the batch's statistics at evaluation too
+    (``model.bn=harmofl``): an image's scores then depend on the images batched with it."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return any(isinstance(m, _BatchNorm) and not m.track_running_stats for m in model.modules())
+
+
+def predictor_path_for(path: str | Path) -> Path:
+    """``model.pt`` -> ``model.pt2`` (the self-contained predictor written next to it)."""
+    return Path(path).with_suffix(".pt2")
+
+
 def export_model(
     run_dir: str | Path,
     out: str | Path,
@@ -139,21 +159,41 @@ def export_model(
     client: str | None = None,
     kind: str | None = None,
     federation: Any = None,
+    site_stats: str | Path | None = None,
 ) -> ExportedModel:
-    """Write the run's evaluated model as a plain ``state_dict`` to ``out`` and its
-    description to ``out`` with the suffix ``.json`` (see the module docstring); returns
-    both paths and the description. Imports the run's plug-ins and reads its checkpoint:
-    use it on run directories you trust (as ``fedshift.load_run(...).rebuild()``).
-    ``federation``: the loaded :class:`~fedshift.data.base.Federation` of a run whose data
-    its config cannot load again (a run made with ``fedshift.run(..., federation=...)``).
+    """Write the run's evaluated model as a plain ``state_dict`` to ``out``, its description
+    to ``out`` with the suffix ``.json`` and the self-contained predictor (the run's
+    evaluation of a test image as a ``torch.export`` program: :mod:`fedshift.runtime.predictor`)
+    to ``out`` with the suffix ``.pt2`` (see the module docstring); returns the paths and the
+    description. Imports the run's plug-ins and reads its checkpoint: use it on run
+    directories you trust (as ``fedshift.load_run(...).rebuild()``). ``federation``: the
+    loaded :class:`~fedshift.data.base.Federation` of a run whose data its config cannot
+    load again (a run made with ``fedshift.run(..., federation=...)``). ``client``: also the
+    site whose evaluation transform a global model's predictor applies, where that transform
+    is each site's own (FedRDN); ``site_stats``: a folder of a new site's images to compute
+    that site's statistics from instead.
 
-    Refuses (:class:`FedshiftError`) a run whose evaluation transforms its inputs with state
-    the weights do not carry (:func:`refuse_unfaithful`)."""
+    Refuses (:class:`FedshiftError`), writing nothing, where the predictor could not compute
+    what the run's evaluation computes (the augment, algorithm or capture named)."""
     from fedshift.core.config import lookup
+    from fedshift.runtime.predictor import (
+        PREDICTOR_FORMAT,
+        build_predictor,
+        decode_rule,
+        image_paths,
+        read_image_files,
+        write_predictor,
+    )
     from fedshift.runtime.simulation import load_finished
 
     out = Path(out)
     desc_path = config_path_for(out)
+    pt2 = predictor_path_for(out)
+    if out.suffix == ".pt2":
+        raise FedshiftError(
+            f"--out {out}: name the weights file (e.g. model.pt); the predictor is written "
+            "next to it as a .pt2"
+        )
     if out.is_dir():
         raise FedshiftError(f"--out {out} is a folder; give a file name such as {out}/model.pt")
     if not (Path(run_dir) / "summary.json").is_file():
@@ -162,23 +202,62 @@ def export_model(
             "one finished run, or finish it first (fedshift run --resume DIR)"
         )
     sim = load_finished(run_dir, federation=federation, weights=weights)
-    kind, client = _pick(sim, client, kind)
-    refuse_unfaithful(sim)
+    needs_site = _needs_site(sim)
+    kind, client = _pick(sim, client, kind, site=needs_site and site_stats is None)
+    site_images = None
+    if site_stats is not None:
+        if not needs_site:
+            raise FedshiftError(
+                "--site-stats: no augment of this run normalises with a site's own statistics "
+                "(its evaluation is the same for every site); drop --site-stats"
+            )
+        site_images = read_image_files(image_paths([site_stats]), tuple(sim.fed.input_shape))
     state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
     tensors = OrderedDict((k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(out) as tmp:
-        torch.save(tensors, tmp)
+    site_client = client if kind == "personal" or site_images is None else None
+    program, site = build_predictor(sim, tensors, kind, site_client, site_images)
     cfg, fed = sim.cfg, sim.fed
     summary = read_json(Path(run_dir) / "summary.json")
     rnd = int(summary["best_round"]) if weights == "selected" else sim.round
     raw = cfg.to_dict()
+    source = {
+        "run_dir": str(Path(run_dir).resolve()),
+        "dataset": fed.name,
+        "seed": cfg.seed,
+        "weights": weights,
+        "round": rnd,
+        "kind": kind,
+        "client": client if kind == "personal" else None,
+        "site": site["site"],
+        "site_stats": None if site_stats is None else str(Path(site_stats).resolve()),
+    }
+    meta = {
+        "format": PREDICTOR_FORMAT,
+        "fedshift": fedshift.__version__,
+        "torch": torch.__version__,
+        "task": fed.task,
+        "classes": list(fed.classes),
+        "input_shape": list(fed.input_shape),
+        "decode": decode_rule(tuple(fed.input_shape)),
+        "batch_size": sim.exp.eval_batch_size,
+        "batch_dependent": _batch_dependent(sim.model),
+        "algorithm": raw["algorithm"],
+        "augment": raw["augment"],
+        **site,
+        "source": source,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp:
+        torch.save(tensors, tmp)
+    write_predictor(pt2, program, meta)
     desc = {
         "format": EXPORT_FORMAT,
         "fedshift": fedshift.__version__,
         "torch": torch.__version__,
         "state_dict": out.name,
         "sha256": _sha256(out),
+        "predictor": pt2.name,
+        "predictor_sha256": _sha256(pt2),
         # the model section without the pretrained-weights keys (the export replaces them)
         "model": dataclasses.replace(cfg.model, extra=()).to_dict(),
         "num_classes": fed.num_classes,
@@ -196,19 +275,11 @@ def export_model(
         "algorithm": raw["algorithm"],
         "augment": raw["augment"],
         "eval_transforms": _eval_transforms(sim),
-        "source": {
-            "run_dir": str(Path(run_dir).resolve()),
-            "dataset": fed.name,
-            "seed": cfg.seed,
-            "weights": weights,
-            "round": rnd,
-            "kind": kind,
-            "client": client,
-        },
+        "source": source,
         "config": raw,
     }
     write_text_atomic(desc_path, json.dumps(desc, indent=2) + "\n")
-    return ExportedModel(out, desc_path, desc)
+    return ExportedModel(out, desc_path, desc, pt2)
 
 
 def _stub_federation(desc: dict) -> Any:
