@@ -153,7 +153,8 @@ def test_export_of_ampnorm_carries_the_global_amplitude(tmp_path, one_thread):
     done = fedshift.export_model(run_dir, tmp_path / "m.pt")
     assert done.predictor_path == tmp_path / "m.pt2" and done.config["predictor"] == "m.pt2"
     pred = fedshift.load_predictor(done.predictor_path)
-    assert pred.meta["site"] == "every client" and pred.meta["clients"] == ["client0", "client1", "client2"]
+    assert pred.meta["site"] == "every client"
+    assert pred.meta["clients"] == ["client0", "client1", "client2"]
     plain = fedshift.load_exported(done.path)
     for cid in pred.meta["clients"]:
         x, want = _run_scores(run_dir, cid)
@@ -209,3 +210,70 @@ def test_export_refuses_what_the_predictor_cannot_carry(tmp_path, one_thread, mo
     with pytest.raises(FedshiftError, match=sampled):
         fedshift.export_model(run_dir, tmp_path / "sr.pt")
     assert not list(tmp_path.glob("*.pt*")) and not list(tmp_path.glob("*.json"))
+
+
+def _site(seed: int, n: int = 24) -> dict:
+    """A site of 28x28 uint8-valued images (in [0, 1]) whose red channel carries the label."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    x = torch.randint(0, 256, (n, 3, 28, 28), generator=g, dtype=torch.uint8)
+    x[:, 0] = (60 + 80 * y)[:, None, None].to(torch.uint8) + x[:, 0] // 8
+    x = x.float() / 255
+    cut = {"train": (0, 12), "val": (12, 18), "test": (18, n)}
+    return {k: (x[a:b], y[a:b]) for k, (a, b) in cut.items()}
+
+
+def _pngs(folder: Path, x: torch.Tensor) -> Path:
+    """``x`` (float images whose values are k / 255) as PNG files, in order."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for i, img in enumerate(x):
+        rgb = (img * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        Image.fromarray(rgb).save(folder / f"img_{i:03d}.png")
+    return folder
+
+
+def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread):
+    """Issue 49: a run made with fedshift.run(config, federation=...) exports with the same
+    arrays again; `fedshift predict` on a site's test images as PNG files (decoded as the
+    folders dataset decodes) gives the labels of the run's own evaluation; `--site-stats DIR`
+    with a site's training images gives that site's FedRDN statistics, at export and at
+    prediction."""
+    from fedshift.runtime.predictor import client_states, reference_scores
+
+    data = {"a": _site(0), "b": _site(1)}
+    config = {
+        "model": {"name": "cnn", "width": 4},
+        "augment": ["fedrdn"],
+        "train": {"rounds": 2, "batch_size": 6, "local_steps": 2},
+    }
+    res = fedshift.run(config, federation=data, out=tmp_path / "runs")
+    with pytest.raises(FedshiftError, match=r"federation="):
+        fedshift.export_model(res.run_dir, tmp_path / "x.pt", client="b")
+    done = fedshift.export_model(res.run_dir, tmp_path / "b.pt", client="b", federation=data)
+    sim = fedshift.load_run(res.run_dir).rebuild(federation=data)
+    x = sim.fed.client("b").split("test").x
+    want = reference_scores(
+        sim, sim.weights_for("b", "global"), client_states(sim, "b"), x, sim.exp.eval_batch_size
+    )
+    images = _pngs(tmp_path / "b_test", x)
+    assert main(["predict", str(done.predictor_path), str(images), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["file"] for r in rows] == [str(p) for p in sorted(images.iterdir())]
+    assert [r["label"] for r in rows] == [sim.fed.classes[i] for i in want.argmax(1)]
+    torch.testing.assert_close(torch.tensor([r["scores"] for r in rows]), want)
+    assert main(["predict", str(done.predictor_path), str(images)]) == 0
+    assert capsys.readouterr().out.count("img_0") == len(x)
+    # client a's predictor with b's training images as the site: b's predictions
+    train_b = _pngs(tmp_path / "b_train", sim.fed.client("b").split("train").x)
+    a = fedshift.export_model(res.run_dir, tmp_path / "a.pt", client="a", federation=data)
+    moved = main(["predict", str(a.predictor_path), str(images), "--site-stats", str(train_b)])
+    assert moved == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[1] for line in lines] == [r["label"] for r in rows]
+    new = fedshift.export_model(
+        res.run_dir, tmp_path / "new.pt", site_stats=train_b, federation=data
+    )
+    assert new.config["source"]["site"] == "the site of --site-stats"
+    torch.testing.assert_close(fedshift.load_predictor(new.predictor_path).scores(x), want)

@@ -345,7 +345,8 @@ def decode_rule(input_shape: tuple[int, ...]) -> dict | None:
 def read_image_files(paths: list[Path], input_shape: tuple[int, ...]) -> torch.Tensor:
     """Image files decoded as the ``folders`` dataset decodes them (:func:`decode_rule`):
     float32 ``(N, C, H, W)`` in [0, 1]."""
-    from fedshift.data.common.image_files import read_images, to_float
+    from fedshift.data.common.image_files import read_images
+    from fedshift.data.common.images import to_float
 
     rule = decode_rule(input_shape)
     if rule is None:
