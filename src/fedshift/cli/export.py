@@ -35,6 +35,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     import json
+    import sys
 
     import torch
 
@@ -42,6 +43,13 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     pred = load_predictor(args.model, args.site_stats)
     files, labels, scores = pred.predict_files(args.images)
+    if pred.meta.get("batch_dependent"):
+        print(
+            f"fedshift: note: this model normalises with each batch's statistics at evaluation "
+            f"(BatchNorm without running statistics): an image's scores depend on the images "
+            f"batched with it (batches of {pred.meta['batch_size']}, in the order given)",
+            file=sys.stderr,
+        )
     segmentation = pred.meta["task"] == "segmentation"
     rows = []
     for path, label, score in zip(files, labels, scores, strict=True):
