@@ -195,8 +195,9 @@ def test_export_of_fedrdn_needs_the_site(tmp_path, one_thread):
 
 def test_export_refuses_what_the_predictor_cannot_carry(tmp_path, one_thread, monkeypatch):
     """An augment that transforms inputs at evaluation without an eval_module (a plug-in's
-    eval_batch), and FedSR's sampled prediction: one error naming the method and what is
-    missing; nothing is written."""
+    eval_batch), a captured program that computes something else than the run's evaluation
+    (HarmoFL's rebuild dropped) and FedSR's sampled prediction: one error naming the method
+    and what is missing; nothing is written."""
     from fedshift.augment.base import Augment
     from fedshift.augment.fedrdn import FedRDNV
 
@@ -205,6 +206,14 @@ def test_export_refuses_what_the_predictor_cannot_carry(tmp_path, one_thread, mo
     gives_none = "augment 'fedrdn_v' transforms inputs at evaluation but gives no eval_module"
     with pytest.raises(FedshiftError, match=gives_none):
         fedshift.export_model(run_dir, tmp_path / "v.pt")
+    monkeypatch.undo()
+    # a program that does not compute the run's evaluation: refused by the export's check
+    from fedshift.augment.ampnorm import AmplitudeRebuild
+
+    run_dir = _run(tmp_path / "amp", "augment=[ampnorm]", rounds=2)
+    monkeypatch.setattr(AmplitudeRebuild, "forward", lambda self, x: x)
+    with pytest.raises(FedshiftError, match="predicts differently from the run's evaluation"):
+        fedshift.export_model(run_dir, tmp_path / "amp.pt")
     run_dir = _run(tmp_path / "sr", "algorithm.name=fedsr", rounds=2)
     sampled = "algorithm 'fedsr' cannot be exported faithfully: its sampled prediction"
     with pytest.raises(FedshiftError, match=sampled):
