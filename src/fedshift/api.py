@@ -290,7 +290,8 @@ def export_model(
     client: str | None = None,
     kind: str | None = None,
     federation: object = None,
-    site_stats: str | Path | None = None,
+    site_stats: object = None,
+    adabn: object = None,
 ):
     """Write a finished run's evaluated model (at the ``selected`` round, or the ``last``) as
     a plain ``state_dict`` to ``out`` (``torch.load(out, weights_only=True)`` reads it) and
@@ -302,7 +303,9 @@ def export_model(
     (:func:`load_predictor`; ``torch.export.load`` without fedshift): the run's evaluation of
     a test image, the method's input transform and its state included. ``client`` also names
     the site whose transform a global model applies where it is each site's own (FedRDN);
-    ``site_stats``: a folder of a new site's images instead. Refuses, writing nothing, a
+    ``site_stats``: a folder of a new site's images (or a tensor of them) instead;
+    ``adabn``: a new site's images, to export the model that site takes with its BatchNorm
+    statistics re-estimated on them (AdaBN). Refuses, writing nothing, a
     method the predictor cannot carry faithfully. Returns an
     :class:`~fedshift.runtime.export.ExportedModel`. As ``fedshift export``; see
     :mod:`fedshift.runtime.export` and :mod:`fedshift.runtime.predictor`."""
@@ -313,7 +316,9 @@ def export_model(
         from fedshift.runtime.simulation import saved_config
 
         fed = _arrays_federation(saved_config(run_dir), federation, run_dir)
-    return _export(run_dir, out, weights, client, kind, federation=fed, site_stats=site_stats)
+    return _export(
+        run_dir, out, weights, client, kind, federation=fed, site_stats=site_stats, adabn=adabn
+    )
 
 
 def load_exported(path: str | Path, device: str = "cpu"):

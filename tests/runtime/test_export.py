@@ -286,3 +286,57 @@ def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread)
     )
     assert new.config["source"]["site"] == "the site of --site-stats"
     torch.testing.assert_close(fedshift.load_predictor(new.predictor_path).scores(x), want)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "over"),
+    [("fedbn", ()), ("fedavg", ("augment=[fedrdn]",))],
+    ids=["fedbn", "fedrdn"],
+)
+def test_export_adabn_is_protocol_new_sites_answer(tmp_path, one_thread, algorithm, over):
+    """--adabn: the model a held-out site takes (FedBN: shared layers + the sources' mean BN
+    tensors; a global model as it is) with its BN statistics re-estimated on the site's
+    training images, through the site's input pipeline (FedRDN: the site's own statistics):
+    the predictor scores the site's test images as `fedshift protocol new-site`'s adabn
+    variant does (its own functions, applied here)."""
+    from fedshift.protocols.new_site import adabn, new_site_weights
+    from fedshift.testing import tiny_cfg
+
+    cfg = tiny_cfg(algorithm, "dataset.clients=3", "federation.holdout=[client2]", *over)
+    run_dir = run_experiment(cfg, run_dir=tmp_path / "run", progress=False).run_dir
+    sim = load_finished(run_dir)
+    site = sim.fed.client("client2")
+    done = fedshift.export_model(run_dir, tmp_path / "new.pt", adabn=site.train.x)
+    assert done.config["source"]["kind"] == "adabn"
+    state = sim.states["client2"]
+    sim.exp.algo.eval_receive(sim.exp.algo.eval_broadcast(sim.server, "client2"), state)
+    if sim.exp.algo.has_global_model:
+        base = sim.weights_for("client0", "global")
+    else:
+        base = new_site_weights(sim)
+    sim.model.load_state_dict(base)
+
+    def prep(x):
+        return sim.pipeline.eval(x, state)
+
+    assert adabn(sim.model, site.train.x, prep, sim.exp.eval_batch_size, sim.device)
+    sim.model.eval()
+    with torch.no_grad():
+        want = sim.model(prep(site.test.x))
+    got = fedshift.load_predictor(done.predictor_path).scores(site.test.x)
+    assert torch.equal(got.argmax(1), want.argmax(1))
+    torch.testing.assert_close(got, want)
+    with pytest.raises(FedshiftError, match="drop --client"):
+        fedshift.export_model(run_dir, tmp_path / "x.pt", adabn=site.train.x, client="client0")
+
+
+def test_export_adabn_needs_batch_norm(tmp_path, one_thread):
+    """AdaBN re-estimates BN statistics: a model without them is refused, nothing written."""
+    from fedshift.testing import tiny_cfg
+
+    cfg = tiny_cfg("fedavg", "model.norm=none")
+    run_dir = run_experiment(cfg, run_dir=tmp_path / "run", progress=False).run_dir
+    x = load_finished(run_dir).fed.client("client0").train.x
+    with pytest.raises(FedshiftError, match="no BatchNorm layer with running statistics"):
+        fedshift.export_model(run_dir, tmp_path / "m.pt", adabn=x)
+    assert not list(tmp_path.glob("m.*"))

@@ -12,10 +12,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from fedshift.runtime.export import export_model
 
     done = export_model(
-        args.run_dir, args.out, args.weights, args.client, args.kind, site_stats=args.site_stats
+        args.run_dir,
+        args.out,
+        args.weights,
+        args.client,
+        args.kind,
+        site_stats=args.site_stats,
+        adabn=args.adabn,
     )
     src = done.config["source"]
     who = f"client {src['client']}'s {src['kind']}" if src["client"] else src["kind"]
+    if src["kind"] == "adabn":
+        who = "a new site's (BN statistics re-estimated on its images: AdaBN)"
     print(f"{who} model of round {src['round']} ({src['weights']}): {done.path}")
     print(f"description (model config, classes, input normalisation): {done.config_path}")
     print(
@@ -111,6 +119,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="a new site's images: its statistics for a method that normalises each site "
         "with its own (FedRDN), instead of --client",
+    )
+    p.add_argument(
+        "--adabn",
+        metavar="DIR",
+        help="a new site's images: the model that site takes with its BatchNorm statistics "
+        "re-estimated on them (AdaBN, as protocol new-site's adabn variant)",
     )
     p.set_defaults(fn=_cmd_export)
     q = sub.add_parser(

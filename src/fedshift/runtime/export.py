@@ -147,6 +147,28 @@ def _batch_dependent(model: torch.nn.Module) -> bool:
     return any(isinstance(m, _BatchNorm) and not m.track_running_stats for m in model.modules())
 
 
+def _images(given: Any, shape: tuple[int, ...], read: Any, paths: Any) -> torch.Tensor:
+    """A new site's images: a tensor as given (float, (N, C, H, W) in [0, 1]), or a folder's
+    image files decoded as the ``folders`` dataset decodes them."""
+    if isinstance(given, torch.Tensor):
+        if given.ndim != 4 or tuple(given.shape[1:]) != shape or not len(given):
+            raise FedshiftError(
+                f"a new site's images must be (N, {', '.join(map(str, shape))}), got "
+                f"{tuple(given.shape)}"
+            )
+        return given.detach().float().cpu()
+    return read(paths([given]), shape)
+
+
+def _where(given: Any) -> str | None:
+    """How the description names a new site's images: the folder, or that they were given."""
+    if given is None:
+        return None
+    if isinstance(given, torch.Tensor):
+        return f"a tensor of {len(given)} images"
+    return str(Path(given).resolve())
+
+
 def predictor_path_for(path: str | Path) -> Path:
     """``model.pt`` -> ``model.pt2`` (the self-contained predictor written next to it)."""
     return Path(path).with_suffix(".pt2")
@@ -159,7 +181,8 @@ def export_model(
     client: str | None = None,
     kind: str | None = None,
     federation: Any = None,
-    site_stats: str | Path | None = None,
+    site_stats: str | Path | torch.Tensor | None = None,
+    adabn: str | Path | torch.Tensor | None = None,
 ) -> ExportedModel:
     """Write the run's evaluated model as a plain ``state_dict`` to ``out``, its description
     to ``out`` with the suffix ``.json`` and the self-contained predictor (the run's
@@ -170,8 +193,12 @@ def export_model(
     loaded :class:`~fedshift.data.base.Federation` of a run whose data its config cannot
     load again (a run made with ``fedshift.run(..., federation=...)``). ``client``: also the
     site whose evaluation transform a global model's predictor applies, where that transform
-    is each site's own (FedRDN); ``site_stats``: a folder of a new site's images to compute
-    that site's statistics from instead.
+    is each site's own (FedRDN); ``site_stats``: a folder of a new site's images (or those
+    images as a tensor) to compute that site's statistics from instead. ``adabn``: a new
+    site's images: the model that site takes (the global model, or the sources' mean local
+    tensors for FedBN / FRAug / DisTrans) with its BN statistics re-estimated on them
+    (AdaBN, as ``fedshift protocol new-site``'s ``adabn`` variant), and the site's input
+    transform from the same images.
 
     Refuses (:class:`FedshiftError`), writing nothing, where the predictor could not compute
     what the run's evaluation computes (the augment, algorithm or capture named)."""
@@ -203,19 +230,38 @@ def export_model(
         )
     sim = load_finished(run_dir, federation=federation, weights=weights)
     needs_site = _needs_site(sim)
-    kind, client = _pick(sim, client, kind, site=needs_site and site_stats is None)
-    site_images = None
-    if site_stats is not None:
-        if not needs_site:
+    shape = tuple(sim.fed.input_shape)
+    if adabn is not None:
+        if client is not None or site_stats is not None or kind is not None:
             raise FedshiftError(
-                "--site-stats: no augment of this run normalises with a site's own statistics "
-                "(its evaluation is the same for every site); drop --site-stats"
+                "--adabn DIR exports the model of a new site whose images are DIR (its "
+                "statistics too); drop --client, --kind and --site-stats"
             )
-        site_images = read_image_files(image_paths([site_stats]), tuple(sim.fed.input_shape))
-    state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
-    tensors = OrderedDict((k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items())
-    site_client = client if kind == "personal" or site_images is None else None
-    program, site = build_predictor(sim, tensors, kind, site_client, site_images)
+        from fedshift.runtime.newsite import adapted_weights
+        from fedshift.runtime.predictor import choose_site
+
+        site_images = _images(adabn, shape, read_image_files, image_paths)
+        states = choose_site(sim, "global", None, site_images).states
+        tensors = OrderedDict(adapted_weights(sim, site_images, states))
+        kind = "adabn"
+        program, site = build_predictor(sim, tensors, "global", None, site_images)
+        site["site"] = "a new site (AdaBN on the --adabn images)"
+    else:
+        kind, client = _pick(sim, client, kind, site=needs_site and site_stats is None)
+        site_images = None
+        if site_stats is not None:
+            if not needs_site:
+                raise FedshiftError(
+                    "--site-stats: no augment of this run normalises with a site's own "
+                    "statistics (its evaluation is the same for every site); drop --site-stats"
+                )
+            site_images = _images(site_stats, shape, read_image_files, image_paths)
+        state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
+        tensors = OrderedDict(
+            (k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items()
+        )
+        site_client = client if kind == "personal" or site_images is None else None
+        program, site = build_predictor(sim, tensors, kind, site_client, site_images)
     cfg, fed = sim.cfg, sim.fed
     summary = read_json(Path(run_dir) / "summary.json")
     rnd = int(summary["best_round"]) if weights == "selected" else sim.round
@@ -229,7 +275,8 @@ def export_model(
         "kind": kind,
         "client": client if kind == "personal" else None,
         "site": site["site"],
-        "site_stats": None if site_stats is None else str(Path(site_stats).resolve()),
+        "site_stats": _where(site_stats),
+        "adabn": _where(adabn),
     }
     meta = {
         "format": PREDICTOR_FORMAT,
