@@ -340,3 +340,17 @@ def test_export_adabn_needs_batch_norm(tmp_path, one_thread):
     with pytest.raises(FedshiftError, match="no BatchNorm layer with running statistics"):
         fedshift.export_model(run_dir, tmp_path / "m.pt", adabn=x)
     assert not list(tmp_path.glob("m.*"))
+
+
+def test_export_of_ampnorm_after_round_one_is_one_clients(tmp_path, one_thread):
+    """After round 1 each client still rebuilds its images with its own running amplitude
+    (the global one arrives with round 2's broadcast): no client evaluates as a new site
+    would, so the export asks for the client, and --client gives that client's evaluation."""
+    run_dir = _run(tmp_path, "augment=[ampnorm]", rounds=1)
+    with pytest.raises(FedshiftError, match="no client of the run evaluates with the state"):
+        fedshift.export_model(run_dir, tmp_path / "m.pt")
+    done = fedshift.export_model(run_dir, tmp_path / "m.pt", client="client1")
+    pred = fedshift.load_predictor(done.predictor_path)
+    assert pred.meta["clients"] == ["client1"]
+    x, want = _run_scores(run_dir, "client1")
+    torch.testing.assert_close(pred.scores(x), want)

@@ -11,19 +11,27 @@ whole run's state; an export is what another program wants instead:
   class names, the input normalisation the model was trained with (images in [0, 1], then
   ``(x - mean) / std`` per channel), the run's algorithm and augments, where the weights come
   from (run directory, ``selected`` or ``last`` round, client, model kind) and the SHA-256 of
-  ``model.pt``.
+  ``model.pt``;
+* ``model.pt2``: the self-contained predictor, the run's evaluation of a test image (the
+  method's input transform with its state, the normalisation, the model) as a
+  ``torch.export`` program that loads without fedshift (:mod:`fedshift.runtime.predictor`;
+  ``fedshift predict``, :func:`fedshift.load_predictor`). Where it could not compute what
+  the run's evaluation computes, the export refuses and writes none of the three files.
 
 Which model: the one the run's tables evaluate (its first model kind): the global model, or,
 for runs that keep client-local tensors (FedBN, local training), a client's personalised
 model (``client=``, required then). ``weights="selected"`` (default) is the round model
-selection picked on validation, ``"last"`` the final round.
+selection picked on validation, ``"last"`` the final round. A global model whose evaluation
+transform is each site's own (FedRDN) takes the site: ``client=`` (a client of the run) or
+``site_stats=`` (a new site's images); ``adabn=`` exports a new site's AdaBN model instead
+(:mod:`fedshift.runtime.newsite`).
 
 :func:`load_exported` builds the model with fedshift (the base model, and the wrapper or
 layers the run's algorithm and augments add) and loads the weights. Where ``plain`` is true
 in ``model.json``, the weights load into the base model class alone
 (``fedshift.models.build_model(model, num_classes, input_shape, task)``). Augments that
 transform inputs at evaluation (``eval_transforms``: FedRDN's client statistics, HarmoFL's
-amplitude) are not part of the weights: apply them yourself, or evaluate inside fedshift.
+amplitude) are not part of the weights: the predictor carries them.
 """
 
 from __future__ import annotations
@@ -82,8 +90,8 @@ def _pick(
     sim: Any, client: str | None, kind: str | None, site: bool = False
 ) -> tuple[str, str | None]:
     """The model kind and client to export (see the module docstring); ``site``: the run's
-    evaluation transform depends on the site, so a global model takes ``client`` as the
-    site whose transform the predictor applies."""
+    evaluation transforms inputs (per client state), so a global model takes ``client`` as
+    the site whose transform the predictor applies."""
     kind = kind or sim.kinds[0]
     if kind not in MODEL_KINDS:
         raise ConfigError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
@@ -247,7 +255,8 @@ def export_model(
         program, site = build_predictor(sim, tensors, "global", None, site_images)
         site["site"] = "a new site (AdaBN on the --adabn images)"
     else:
-        kind, client = _pick(sim, client, kind, site=needs_site and site_stats is None)
+        site_ok = bool(_eval_transforms(sim)) and site_stats is None
+        kind, client = _pick(sim, client, kind, site=site_ok)
         site_images = None
         if site_stats is not None:
             if not needs_site:

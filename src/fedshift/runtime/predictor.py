@@ -30,7 +30,12 @@ Never a program that predicts differently: an augment without ``eval_module``, a
 algorithm whose :meth:`~fedshift.algorithms.base.Algorithm.export_refusal` gives a reason
 (FedSR's sampled prediction), a model ``torch.export`` cannot capture, or a program whose
 labels differ from the run's own evaluation on the checked images (at most two evaluation
-batches of each client it claims to match) is refused with a :class:`FedshiftError`.
+batches of each client it claims to match), or whose scores differ beyond float32
+tolerance, is refused with a :class:`FedshiftError`.
+
+Load it with :func:`load_predictor` (:class:`Predictor`: labels and scores of tensors or
+image files, decoded as the ``folders`` dataset decodes them: :func:`decode_rule`), or with
+torch alone: ``torch.export.load(path).module()(images)``.
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ def _module(augment: Any, state: dict) -> nn.Module:
         raise FedshiftError(
             f"export: augment {augment.name!r} transforms inputs at evaluation but gives no "
             "eval_module (its eval_batch as a torch module), so no predictor can carry it; "
-            "none is written (docs/EXTENDING.md, 'Exporting')"
+            "none is written (docs/EXTENDING.md, 'An augment')"
         )
     return module
 
