@@ -354,3 +354,30 @@ def test_export_of_ampnorm_after_round_one_is_one_clients(tmp_path, one_thread):
     assert pred.meta["clients"] == ["client1"]
     x, want = _run_scores(run_dir, "client1")
     torch.testing.assert_close(pred.scores(x), want)
+
+
+def test_predict_cli_segmentation_and_its_errors(tmp_path, capsys, one_thread):
+    """A segmentation predictor: `fedshift predict` counts each image's pixels per class
+    (the label map's argmax, as Predictor.predict gives it); a file that is not a predictor
+    and --site-stats on a predictor without per-site state are one-line errors."""
+    from conftest import SEG
+
+    cfg = toy_cfg(*SEG, rounds=1)
+    run_dir = run_experiment(cfg, run_dir=tmp_path / "run", progress=False).run_dir
+    done = fedshift.export_model(run_dir, tmp_path / "seg.pt")
+    pred = fedshift.load_predictor(done.predictor_path)
+    x = load_finished(run_dir).fed.client("client0").split("test").x[:3]
+    images = _pngs(tmp_path / "imgs", x)
+    labels, scores = pred.predict_files([images])[1:]
+    assert scores.shape[:2] == (3, len(pred.classes)) and labels.shape == (3, *x.shape[2:])
+    assert main(["predict", str(done.predictor_path), str(images), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    for row, label in zip(rows, labels, strict=True):
+        counts = torch.bincount(label.flatten(), minlength=len(pred.classes)).tolist()
+        assert list(row["pixels"].values()) == counts
+    assert main(["predict", str(done.path), str(images)]) == 2
+    err = capsys.readouterr().err
+    assert "not a torch.export program" in err and len(err.strip().splitlines()) == 1
+    again = ["predict", str(done.predictor_path), str(images), "--site-stats", str(images)]
+    assert main(again) == 2
+    assert "drop --site-stats" in capsys.readouterr().err

@@ -330,8 +330,10 @@ def read_meta(path: str | Path) -> tuple[Any, dict]:
     try:
         program = torch.export.load(str(path), extra_files=extra)
     except Exception as e:  # not a .pt2 file, or a broken one
+        first = (str(e).strip().splitlines() or [""])[0][:200]
         raise FedshiftError(
-            f"{path}: not a torch.export program ({type(e).__name__}: {e})"
+            f"{path}: not a torch.export program ({type(e).__name__}: {first}); give the "
+            ".pt2 file fedshift export wrote"
         ) from None
     meta = json.loads(extra[META] or "{}")
     if meta.get("format") != PREDICTOR_FORMAT:
