@@ -293,7 +293,9 @@ def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread)
     [("fedbn", ()), ("fedavg", ("augment=[fedrdn]",))],
     ids=["fedbn", "fedrdn"],
 )
-def test_export_adabn_is_protocol_new_sites_answer(tmp_path, one_thread, algorithm, over):
+def test_export_adabn_is_protocol_new_sites_answer(
+    tmp_path, capsys, one_thread, algorithm, over
+):
     """--adabn: the model a held-out site takes (FedBN: shared layers + the sources' mean BN
     tensors; a global model as it is) with its BN statistics re-estimated on the site's
     training images, through the site's input pipeline (FedRDN: the site's own statistics):
@@ -328,9 +330,13 @@ def test_export_adabn_is_protocol_new_sites_answer(tmp_path, one_thread, algorit
     torch.testing.assert_close(got, want)
     with pytest.raises(FedshiftError, match="drop --client"):
         fedshift.export_model(run_dir, tmp_path / "x.pt", adabn=site.train.x, client="client0")
+    pngs = _pngs(tmp_path / "site", site.train.x)  # the same images as files (8-bit)
+    argv = ["export", str(run_dir), "--adabn", str(pngs), "--out", str(tmp_path / "c.pt")]
+    assert main(argv) == 0
+    assert "(BN statistics re-estimated on its images: AdaBN)" in capsys.readouterr().out
 
 
-def test_export_adabn_needs_batch_norm(tmp_path, one_thread):
+def test_export_adabn_needs_batch_norm(tmp_path, capsys, one_thread):
     """AdaBN re-estimates BN statistics: a model without them is refused, nothing written."""
     from fedshift.testing import tiny_cfg
 
@@ -339,6 +345,10 @@ def test_export_adabn_needs_batch_norm(tmp_path, one_thread):
     x = load_finished(run_dir).fed.client("client0").train.x
     with pytest.raises(FedshiftError, match="no BatchNorm layer with running statistics"):
         fedshift.export_model(run_dir, tmp_path / "m.pt", adabn=x)
+    images = _pngs(tmp_path / "site", x[:4])
+    argv = ["export", str(run_dir), "--adabn", str(images), "--out", str(tmp_path / "m.pt")]
+    assert main(argv) == 2
+    assert "no BatchNorm layer" in capsys.readouterr().err
     assert not list(tmp_path.glob("m.*"))
 
 
