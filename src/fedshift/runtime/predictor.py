@@ -29,9 +29,10 @@ size, and ``torch.export.save`` stores the metadata (``fedshift.json``) in the s
 Never a program that predicts differently: an augment without ``eval_module``, an
 algorithm whose :meth:`~fedshift.algorithms.base.Algorithm.export_refusal` gives a reason
 (FedSR's sampled prediction), a model ``torch.export`` cannot capture, or a program whose
-labels differ from the run's own evaluation on the checked images (at most two evaluation
-batches of each client it claims to match), or whose scores differ beyond float32
-tolerance, is refused with a :class:`FedshiftError`.
+labels differ from the run's own evaluation on the checked images (the first test images of
+each client it claims to match: at most two evaluation batches a client, about 1,024 in
+all), or whose scores differ beyond float32 tolerance, is refused with a
+:class:`FedshiftError`.
 
 Load it with :func:`load_predictor` (:class:`Predictor`: labels and scores of tensors or
 image files, decoded as the ``folders`` dataset decodes them: :func:`decode_rule`), or with
@@ -66,6 +67,8 @@ __all__ = [
 PREDICTOR_FORMAT = "fedshift-predictor/1"
 #: the metadata file inside the ``.pt2`` (``torch.export.save(extra_files=...)``)
 META = "fedshift.json"
+#: about how many test images the export's check scores, over the clients it claims
+CHECK_IMAGES = 1024
 
 
 class EvalProgram(nn.Module):
@@ -245,14 +248,18 @@ def program_scores(program: Any, x: torch.Tensor, batch_size: int) -> torch.Tens
 def _check(
     sim: Any, program: Any, weights: dict, site: Site, example: torch.Tensor, what: str
 ) -> int:
-    """Compare the exported program with the run's evaluation: at most two evaluation batches
-    of each client ``site`` matches (the example images for a new site); refuse on any label
-    that differs or any score beyond float32 tolerance. Returns the number of images checked."""
+    """Compare the exported program with the run's evaluation: the first test images of each
+    client ``site`` matches (at most two evaluation batches a client, about
+    :data:`CHECK_IMAGES` in all, at least 16 a client; the example images for a new site);
+    refuse on any label that differs or any score beyond float32 tolerance. Returns the
+    number of images checked."""
     bs = sim.exp.eval_batch_size
+    # at most two evaluation batches a client, about CHECK_IMAGES images in all
+    per_client = min(2 * bs, max(16, CHECK_IMAGES // max(1, len(site.clients))))
     checks = []
     for cid in site.clients:
         data = next(c for c in sim.fed.clients if c.name == cid)
-        x = data.split("test").x[: 2 * bs]
+        x = data.split("test").x[:per_client]
         if len(x):
             checks.append((cid, torch.as_tensor(x).float().cpu(), client_states(sim, cid)))
     if not checks:
