@@ -250,7 +250,8 @@ def _check(
 ) -> int:
     """Compare the exported program with the run's evaluation: the first test images of each
     client ``site`` matches (at most two evaluation batches a client, about
-    :data:`CHECK_IMAGES` in all, at least 16 a client; the example images for a new site);
+    :data:`CHECK_IMAGES` in all, at least 16 a client; for a new site, ``example``: its
+    images, up to two evaluation batches);
     refuse on any label that differs or any score beyond float32 tolerance. Returns the
     number of images checked."""
     bs = sim.exp.eval_batch_size
@@ -262,8 +263,8 @@ def _check(
         x = data.split("test").x[:per_client]
         if len(x):
             checks.append((cid, torch.as_tensor(x).float().cpu(), client_states(sim, cid)))
-    if not checks:
-        checks.append(("the example images", example, site.states))
+    if not checks:  # a new site: its own images where given, else the example
+        checks.append(("the new site", example[: 2 * bs], site.states))
     # float32 tolerances (torch.testing's defaults) where the run evaluates on this CPU too;
     # the CPU program against a GPU's kernels: the labels, and scores to 1e-3
     rtol, atol = (1.3e-6, 1e-5) if torch.device(sim.device).type == "cpu" else (1e-3, 1e-3)
@@ -307,7 +308,8 @@ def build_predictor(
     if len(example) < 2:
         example = torch.rand(2, *sim.fed.input_shape, generator=torch.Generator().manual_seed(0))
     exported = capture(program, example, what)
-    checked = _check(sim, exported.module(), weights, site, example, what)
+    new_site = site_images if site_images is not None and not site.clients else example
+    checked = _check(sim, exported.module(), weights, site, new_site, what)
     meta = {
         "site": site.label,
         "clients": site.clients,
