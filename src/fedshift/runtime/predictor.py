@@ -21,10 +21,12 @@ holds it and matches every client that evaluates with it; where an augment needs
 of the run (``client``) or a new site's images (``site_images``: its statistics computed by
 the augment's own rule). A personalised model is one client's, with that client's state.
 
-Why ``torch.export``: TorchScript (``torch.jit.trace`` / ``script``) is deprecated in
-torch 2.13 (every call warns); ``torch.export`` captures the FFT, complex and float64 ops of
-HarmoFL's amplitude normalisation, forward hooks (stage-level augments) and a dynamic batch
-size, and ``torch.export.save`` stores the metadata (``fedshift.json``) in the same file.
+Why ``torch.export``: on torch 2.13 TorchScript (``torch.jit.trace``) captures HarmoFL's
+FFT, complex and float64 ops as exactly, but it is deprecated there (every call warns);
+``torch.export`` captures them, forward hooks (stage-level augments) and a dynamic batch
+size, fails on what it cannot capture (a generator made inside ``forward``) rather than
+recording one call's values, and ``torch.export.save`` stores the metadata
+(``fedshift.json``) in the same file (docs/EXTENDING.md, "The predictor").
 
 Never a program that predicts differently: an augment without ``eval_module``, an
 algorithm whose :meth:`~fedshift.algorithms.base.Algorithm.export_refusal` gives a reason
