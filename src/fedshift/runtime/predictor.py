@@ -213,7 +213,9 @@ def _refuse_algorithm(sim: Any) -> None:
 
 def capture(program: EvalProgram, example: torch.Tensor, what: str) -> Any:
     """``torch.export`` of ``program`` with a dynamic batch size, or the refusal naming why."""
-    batch = torch.export.Dim.DYNAMIC
+    # Dim.DYNAMIC (torch >= 2.5) allows a batch of one; older torch: a named dimension
+    dim = torch.export.Dim
+    batch = getattr(dim, "DYNAMIC", None) or dim("batch", min=1, max=1 << 20)
     try:
         with torch.no_grad():
             return torch.export.export(program, (example,), dynamic_shapes={"x": {0: batch}})
@@ -221,7 +223,8 @@ def capture(program: EvalProgram, example: torch.Tensor, what: str) -> Any:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise FedshiftError(
             f"export: torch.export cannot capture the evaluation of {what} "
-            f"({type(e).__name__}: {first[:200]}); no predictor is written"
+            f"({type(e).__name__}: {first[:200]}; torch {torch.__version__}); no predictor "
+            "is written"
         ) from None
 
 
