@@ -258,7 +258,7 @@ def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread)
         "train": {"rounds": 2, "batch_size": 6, "local_steps": 2},
     }
     res = fedshift.run(config, federation=data, out=tmp_path / "runs")
-    with pytest.raises(FedshiftError, match=r"federation="):
+    with pytest.raises(FedshiftError, match=r"fedshift.export_model\(run_dir, out, federation="):
         fedshift.export_model(res.run_dir, tmp_path / "x.pt", client="b")
     done = fedshift.export_model(res.run_dir, tmp_path / "b.pt", client="b", federation=data)
     sim = fedshift.load_run(res.run_dir).rebuild(federation=data)
