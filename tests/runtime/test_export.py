@@ -267,6 +267,7 @@ def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread)
         sim, sim.weights_for("b", "global"), client_states(sim, "b"), x, sim.exp.eval_batch_size
     )
     images = _pngs(tmp_path / "b_test", x)
+    capsys.readouterr()  # what the run printed (its logger writes to stdout after a CLI test)
     assert main(["predict", str(done.predictor_path), str(images), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["file"] for r in rows] == [str(p) for p in sorted(images.iterdir())]
@@ -277,6 +278,7 @@ def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread)
     # client a's predictor with b's training images as the site: b's predictions
     train_b = _pngs(tmp_path / "b_train", sim.fed.client("b").split("train").x)
     a = fedshift.export_model(res.run_dir, tmp_path / "a.pt", client="a", federation=data)
+    capsys.readouterr()
     moved = main(["predict", str(a.predictor_path), str(images), "--site-stats", str(train_b)])
     assert moved == 0
     lines = capsys.readouterr().out.splitlines()
@@ -380,6 +382,7 @@ def test_predict_cli_segmentation_and_its_errors(tmp_path, capsys, one_thread):
     images = _pngs(tmp_path / "imgs", x)
     labels, scores = pred.predict_files([images])[1:]
     assert scores.shape[:2] == (3, len(pred.classes)) and labels.shape == (3, *x.shape[2:])
+    capsys.readouterr()  # what the run printed
     assert main(["predict", str(done.predictor_path), str(images), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     for row, label in zip(rows, labels, strict=True):
