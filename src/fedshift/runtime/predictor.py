@@ -448,8 +448,9 @@ class Predictor:
         per_site = list(self.meta.get("per_site") or [])
         if not per_site:
             raise FedshiftError(
-                f"{self.path}: its evaluation is the same for every site (no per-site "
-                "statistics); drop --site-stats"
+                f"{self.path}: this predictor has no per-site statistics to replace (its "
+                "evaluation is the same for every site, or one client's personal model); "
+                "drop --site-stats"
             )
         seed = int(self.meta["source"]["seed"])
         augs = build_augments(self.meta["augment"], seed, len(self.classes))
