@@ -416,6 +416,23 @@ MARKS: dict[str, Mark] = {
         sub={"runs/demo/fedbn-digits-seed0": "runs/demo/fedbn-*"}
     ),
     "example: export.py": Run(),
+    "example: predictor.py": Run(why="loads the model.pt2 the export above wrote"),
+    "fedshift export RUN_DIR --site-stats DIR --out model.pt": ByTest(
+        "tests/runtime/test_export.py::test_export_and_predict_a_run_made_with_arrays",
+        "fedshift.export_model(..., site_stats=DIR) on a folder of a site's PNG images",
+    ),
+    "fedshift export RUN_DIR --adabn DIR --out new-site.pt": ByTest(
+        "tests/runtime/test_export.py::test_export_adabn_is_protocol_new_sites_answer",
+        "fedshift.export_model(..., adabn=images) against protocol new-site's own functions",
+    ),
+    "fedshift predict model.pt2 IMAGES...": ByTest(
+        "tests/runtime/test_export.py::test_export_and_predict_a_run_made_with_arrays",
+        "on a folder of a site's test images as PNG files, against the run's evaluation",
+    ),
+    "fedshift predict --site-stats DIR": ByTest(
+        "tests/runtime/test_export.py::test_export_and_predict_a_run_made_with_arrays",
+        "another site's predictor given this site's training images as PNG files",
+    ),
     "example: from-python": Run(
         sub={
             '"algorithm.name=mymethods:FadingProx"]': '"algorithm.name=mymethods:FadingProx", '

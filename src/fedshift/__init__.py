@@ -11,6 +11,7 @@ _API = {
     "LoadedRun": "fedshift.api",
     "export_model": "fedshift.api",
     "load_exported": "fedshift.api",
+    "load_predictor": "fedshift.api",
     # what fedshift.run returns, and a finished run rebuilt (LoadedRun.rebuild)
     "RunResult": "fedshift.runtime.results",
     "SavedRun": "fedshift.runtime.saved",

@@ -289,16 +289,36 @@ def export_model(
     weights: str = "selected",
     client: str | None = None,
     kind: str | None = None,
+    federation: object = None,
+    site_stats: object = None,
+    adabn: object = None,
 ):
     """Write a finished run's evaluated model (at the ``selected`` round, or the ``last``) as
     a plain ``state_dict`` to ``out`` (``torch.load(out, weights_only=True)`` reads it) and
     its description (model config, classes, input normalisation, where it came from) to
     ``out`` with the suffix ``.json``; ``client`` picks the personalised model of runs that
-    keep one per client. Returns an :class:`~fedshift.runtime.export.ExportedModel`. As
-    ``fedshift export``; see :mod:`fedshift.runtime.export`."""
+    keep one per client. ``federation``: for a run started with
+    ``fedshift.run(..., federation=...)``, the same arrays again (checked against the run's
+    fingerprint). Also writes the self-contained predictor, ``out`` with the suffix ``.pt2``
+    (:func:`load_predictor`; ``torch.export.load`` without fedshift): the run's evaluation of
+    a test image, the method's input transform and its state included. ``client`` also names
+    the site whose transform a global model applies where it is each site's own (FedRDN);
+    ``site_stats``: a folder of a new site's images (or a tensor of them) instead;
+    ``adabn``: a new site's images, to export the model that site takes with its BatchNorm
+    statistics re-estimated on them (AdaBN). Refuses, writing nothing, a
+    method the predictor cannot carry faithfully. Returns an
+    :class:`~fedshift.runtime.export.ExportedModel`. As ``fedshift export``; see
+    :mod:`fedshift.runtime.export` and :mod:`fedshift.runtime.predictor`."""
     from fedshift.runtime.export import export_model as _export
 
-    return _export(run_dir, out, weights, client, kind)
+    fed = None
+    if federation is not None:
+        from fedshift.runtime.simulation import saved_config
+
+        fed = _arrays_federation(saved_config(run_dir), federation, run_dir)
+    return _export(
+        run_dir, out, weights, client, kind, federation=fed, site_stats=site_stats, adabn=adabn
+    )
 
 
 def load_exported(path: str | Path, device: str = "cpu"):
@@ -307,3 +327,14 @@ def load_exported(path: str | Path, device: str = "cpu"):
     from fedshift.runtime.export import load_exported as _load
 
     return _load(path, device)
+
+
+def load_predictor(path: str | Path, site_images: object = None):
+    """The predictor :func:`export_model` wrote (``model.pt2``): ``.predict(images)`` gives
+    the labels (class indices, per pixel for segmentation) and scores of float32 images in
+    [0, 1] ``(N, C, H, W)``, ``.predict_files(paths)`` of image files, ``.classes`` the class
+    names. ``site_images``: a new site's images (a tensor or a folder) whose statistics
+    replace the per-site state (FedRDN). See :mod:`fedshift.runtime.predictor`."""
+    from fedshift.runtime.predictor import load_predictor as _load
+
+    return _load(path, site_images)

@@ -43,7 +43,8 @@ def test_python_m_fedshift_cli_help():
         [sys.executable, "-m", "fedshift.cli", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0
-    assert "{run,bench,list,config,report,protocol,flower,data,claims,export,docs}" in out.stdout
+    commands = "{run,bench,list,config,report,protocol,flower,data,claims,export,predict,docs}"
+    assert commands in out.stdout
 
 
 def test_protocol_choices_match_the_protocols():

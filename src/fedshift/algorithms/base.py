@@ -169,6 +169,13 @@ class Algorithm:
         return []
 
     @classmethod
+    def export_refusal(cls, params: Any) -> str | None:
+        """Why the predictor ``fedshift export`` writes (a ``torch.export`` program of the
+        evaluated model) could not compute what this algorithm's evaluation computes, or
+        ``None`` (default) when it can; the export then refuses with this reason."""
+        return None
+
+    @classmethod
     def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
         """The model this algorithm trains, built around the configured backbone ``model``
         (identity by default; DisTrans wraps it in a double-input-channel model). Called once

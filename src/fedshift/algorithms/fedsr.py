@@ -254,6 +254,17 @@ class FedSR(FedAvg):
         )
 
     @classmethod
+    def export_refusal(cls, params: Any) -> str | None:
+        if params.prediction != "sampled" or params.representation != "probabilistic":
+            return None
+        return (
+            "its sampled prediction (algorithm.prediction=sampled) draws its noise inside the "
+            "forward pass from a torch.Generator seeded there, which torch.export cannot "
+            "carry, and the draw an image gets depends on its batch; a run with "
+            "algorithm.prediction=mean exports"
+        )
+
+    @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:
         if params.representation == "deterministic" and params.cmi_coeff:
             raise ConfigError(

@@ -177,6 +177,19 @@ def rebuild(x: torch.Tensor, amplitude: torch.Tensor, dc_only: bool = False) -> 
     return from_amplitude_phase(amp, phase, x.dtype)
 
 
+class AmplitudeRebuild(torch.nn.Module):
+    """Eq. 4 with a fixed amplitude held as a buffer: ``eval_batch`` of one client in a form
+    ``torch.export`` captures (the export's predictor, :mod:`fedshift.runtime.predictor`)."""
+
+    def __init__(self, amplitude: torch.Tensor, dc_only: bool) -> None:
+        super().__init__()
+        self.register_buffer("amplitude", amplitude.detach().float().cpu().clone())
+        self.dc_only = dc_only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rebuild(x, self.amplitude, self.dc_only)
+
+
 class AmpNorm(Augment):
     """HarmoFL's amplitude normalisation: every client's images get one global amplitude."""
 
@@ -275,3 +288,12 @@ class AmpNorm(Augment):
         amplitude; else unchanged (no amplitude exists yet)."""
         amp = state["global"] if state["global"] is not None else state["running"]
         return x if amp is None else rebuild(x, amp, self._dc_only)
+
+    def eval_module(self, state: State) -> torch.nn.Module | None:
+        """:meth:`eval_batch`'s choice of amplitude for this client, fixed."""
+        amp = state["global"] if state["global"] is not None else state["running"]
+        return torch.nn.Identity() if amp is None else AmplitudeRebuild(amp, self._dc_only)
+
+    def site_state(self, server: State, images: torch.Tensor | None) -> State | None:
+        """A new site gets the global amplitude (as a held-out client: ``eval_broadcast``)."""
+        return {"global": server["amplitude"], "running": None}

@@ -121,3 +121,20 @@ class Augment:
 
     def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
         return x
+
+    # -- export (fedshift export's predictor: runtime/predictor.py) ----------------------------
+    def eval_module(self, state: State) -> torch.nn.Module | None:
+        """``eval_batch`` with this client state as a ``torch.nn.Module`` that ``torch.export``
+        captures (its state as buffers), or ``None`` when the augment cannot give one: the
+        export then refuses rather than write a model that predicts differently. Default: the
+        identity for an augment that does not override ``eval_batch``, else ``None``."""
+        if type(self).eval_batch is Augment.eval_batch:
+            return torch.nn.Identity()
+        return None
+
+    def site_state(self, server: State, images: torch.Tensor | None) -> State | None:
+        """The state ``eval_module`` takes for a site that never trained: from the server's
+        augment state and, where the augment needs them, that site's images (raw, in [0, 1],
+        (N, C, H, W)); ``None`` when it needs images and ``images`` is None. Default: ``{}``
+        (no per-site state)."""
+        return {}

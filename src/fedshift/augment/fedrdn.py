@@ -74,6 +74,20 @@ def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.
     return (x - mean) / std
 
 
+class Standardize(torch.nn.Module):
+    """``(x - mean) / std`` per channel with fixed statistics held as buffers: ``eval_batch``
+    of these augments for one site, in a form ``torch.export`` captures (the export's
+    predictor, :mod:`fedshift.runtime.predictor`)."""
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean.detach().float().cpu().clone())
+        self.register_buffer("std", std.detach().float().cpu().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _normalize(x, self.mean, self.std)
+
+
 class _ClientStats(Augment):
     """Shared part: the client's own statistics, computed once from its training split."""
 
@@ -91,6 +105,22 @@ class _ClientStats(Augment):
     def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
         """Eq. 8: each client normalises its test data with its own statistics."""
         return _normalize(x, state["mean"].to(x.device), state["std"].to(x.device))
+
+    def eval_module(self, state: State) -> torch.nn.Module | None:
+        return Standardize(state["mean"], state["std"])
+
+    def site_state(self, server: State, images: torch.Tensor | None) -> State | None:
+        """A new site normalises with its own Eq. 5-6 statistics (as a held-out client):
+        computed from ``images``; ``None`` without them."""
+        if images is None:
+            return None
+        mean, std = channel_statistics(images)
+        if bool((std <= 0).any()):
+            raise ConfigError(
+                f"augment '{self.name}': the site's images have a channel with zero spread "
+                "(constant images); their statistics cannot normalise"
+            )
+        return {"mean": mean, "std": std}
 
     @classmethod
     def _one_normalizer(cls, others: list[str]) -> None:
@@ -160,6 +190,13 @@ class Norm(_ClientStats):
 
     def train_batch(self, x, y, state, generator):
         return _normalize(x, state["mean"].to(x.device), state["std"].to(x.device)), y
+
+    def site_state(self, server: State, images: torch.Tensor | None) -> State | None:
+        """``stats="fixed"``: the same constants for every site; ``"client"``: the site's own."""
+        if self.params.stats == "client":
+            return super().site_state(server, images)
+        mean = torch.tensor([float(v) for v in self.params.mean])
+        return {"mean": mean, "std": torch.tensor([float(v) for v in self.params.std])}
 
 
 @dataclass
@@ -234,3 +271,10 @@ class FedRDNV(_Federated):
 
     def eval_batch(self, x: torch.Tensor, state: State) -> torch.Tensor:
         return _normalize(x, state["avg_mean"].to(x.device), state["avg_std"].to(x.device))
+
+    def eval_module(self, state: State) -> torch.nn.Module | None:
+        return Standardize(state["avg_mean"], state["avg_std"])
+
+    def site_state(self, server: State, images: torch.Tensor | None) -> State | None:
+        """Every site, a new one too, normalises with the federation's averages (Eq. 9)."""
+        return {"avg_mean": server["mean"].mean(0), "avg_std": server["std"].mean(0)}

@@ -12,7 +12,8 @@ fedshift data build|show|fetch ...                       offline benchmarks
 fedshift data check [DATASET|CONFIG] [key=value ...]     how the sites differ: the shift report
 fedshift flower simulate|certs|keys|app|submit ...       the same runs on Flower
 fedshift claims [--check] | claims collect ...           the claims ledger from results/
-fedshift export RUN_DIR --out model.pt                   the trained model as a plain state_dict
+fedshift export RUN_DIR --out model.pt                   the trained model: state_dict + predictor
+fedshift predict MODEL.pt2 IMAGES... [--site-stats DIR]  an exported predictor's labels and scores
 fedshift docs [GUIDE]                                    the guides shipped with fedshift
 
 One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report),

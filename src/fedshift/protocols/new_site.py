@@ -77,7 +77,6 @@ from torch import nn
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import write_text_atomic
-from fedshift.models.base import tracking_bn
 from fedshift.protocols.common import (
     ProtocolResult,
     SuiteOptions,
@@ -91,6 +90,7 @@ from fedshift.protocols.new_site_tables import (
     SHOTS,
     new_site_tables,
 )
+from fedshift.runtime.newsite import adabn, new_site_weights
 from fedshift.runtime.progress import fmt_duration
 from fedshift.runtime.simulation import torch_threads
 
@@ -265,59 +265,6 @@ def _store_adapted(out: Path, run_dir: str | Path, key: dict, result: dict) -> N
 
 
 # ============================================================================ the variants
-def new_site_weights(sim: Any) -> dict[str, torch.Tensor]:
-    """The model a site that never trained takes from a run whose algorithm keeps
-    client-local tensors (FedBN, FRAug, DisTrans: ``has_new_site_answer``): every source's
-    personal model, the tensors in which they differ (the local ones: BN tensors, DisTrans's
-    offset) replaced by their uniform mean over the sources, the others (the shared layers,
-    equal in every source) taken as they are. Integer tensors (BN's batch counters) are taken
-    from the first source."""
-    sources = list(sim.train_clients)
-    per = [sim.weights_for(c, "personal") for c in sources]
-    out = {}
-    for k, v in per[0].items():
-        same = all(torch.equal(v, p[k]) for p in per[1:])
-        if same or not v.is_floating_point():
-            out[k] = v.clone()
-        else:
-            out[k] = torch.stack([p[k].double() for p in per]).mean(0).to(v.dtype)
-    return out
-
-
-@torch.no_grad()
-def adabn(
-    model: nn.Module,
-    x: torch.Tensor,
-    prepare: Any,
-    batch_size: int,
-    device: torch.device,
-) -> bool:
-    """AdaBN: re-estimate every BN layer's running statistics on the images ``x`` (through
-    ``prepare``, the site's input pipeline). The statistics are reset and accumulated with
-    ``momentum=None`` (PyTorch's cumulative moving average: each batch weighs 1/t of the
-    running value at its t-th step, so equal batches give the plain mean of the batch
-    means and of the unbiased batch variances); only the BN layers are in training mode,
-    the rest (dropout, FedFA's FFA layers) stays in eval mode; no gradient, no weight
-    changes. Returns False (and does nothing) when the model has no such layer."""
-    layers = tracking_bn(model)
-    if not layers:
-        return False
-    momenta = [m.momentum for m in layers]
-    model.eval()
-    for m in layers:
-        m.reset_running_stats()
-        m.momentum = None
-        m.train()
-    try:
-        for i in range(0, len(x), batch_size):
-            model(prepare(x[i : i + batch_size].to(device)))
-    finally:
-        for m, mom in zip(layers, momenta, strict=True):
-            m.momentum = mom
-        model.eval()
-    return True
-
-
 def select_shots(y: torch.Tensor, k: int, seed: int, site: str, task: str) -> torch.Tensor:
     """Indices of k labelled images per class of ``y`` (classification; a class with fewer
     images gives all it has) or k images (segmentation), sorted. One permutation per class

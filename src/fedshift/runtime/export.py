@@ -11,19 +11,27 @@ whole run's state; an export is what another program wants instead:
   class names, the input normalisation the model was trained with (images in [0, 1], then
   ``(x - mean) / std`` per channel), the run's algorithm and augments, where the weights come
   from (run directory, ``selected`` or ``last`` round, client, model kind) and the SHA-256 of
-  ``model.pt``.
+  ``model.pt``;
+* ``model.pt2``: the self-contained predictor, the run's evaluation of a test image (the
+  method's input transform with its state, the normalisation, the model) as a
+  ``torch.export`` program that loads without fedshift (:mod:`fedshift.runtime.predictor`;
+  ``fedshift predict``, :func:`fedshift.load_predictor`). Where it could not compute what
+  the run's evaluation computes, the export refuses and writes none of the three files.
 
 Which model: the one the run's tables evaluate (its first model kind): the global model, or,
 for runs that keep client-local tensors (FedBN, local training), a client's personalised
 model (``client=``, required then). ``weights="selected"`` (default) is the round model
-selection picked on validation, ``"last"`` the final round.
+selection picked on validation, ``"last"`` the final round. A global model whose evaluation
+transform is each site's own (FedRDN) takes the site: ``client=`` (a client of the run) or
+``site_stats=`` (a new site's images); ``adabn=`` exports a new site's AdaBN model instead
+(:mod:`fedshift.runtime.newsite`).
 
 :func:`load_exported` builds the model with fedshift (the base model, and the wrapper or
 layers the run's algorithm and augments add) and loads the weights. Where ``plain`` is true
 in ``model.json``, the weights load into the base model class alone
 (``fedshift.models.build_model(model, num_classes, input_shape, task)``). Augments that
 transform inputs at evaluation (``eval_transforms``: FedRDN's client statistics, HarmoFL's
-amplitude) are not part of the weights: apply them yourself, or evaluate inside fedshift.
+amplitude) are not part of the weights: the predictor carries them.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ class ExportedModel:
     path: Path
     config_path: Path
     config: dict[str, Any]
+    #: the self-contained predictor (``.pt2``: :mod:`fedshift.runtime.predictor`)
+    predictor_path: Path | None = None
 
 
 def config_path_for(path: str | Path) -> Path:
@@ -76,8 +86,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _pick(sim: Any, client: str | None, kind: str | None) -> tuple[str, str | None]:
-    """The model kind and client to export (see the module docstring)."""
+def _pick(
+    sim: Any, client: str | None, kind: str | None, site: bool = False
+) -> tuple[str, str | None]:
+    """The model kind and client to export (see the module docstring); ``site``: the run's
+    evaluation transforms inputs (per client state), so a global model takes ``client`` as
+    the site whose transform the predictor applies."""
     kind = kind or sim.kinds[0]
     if kind not in MODEL_KINDS:
         raise ConfigError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
@@ -85,6 +99,13 @@ def _pick(sim: Any, client: str | None, kind: str | None) -> tuple[str, str | No
         raise FedshiftError(f"this run has no {kind} model (it evaluates {', '.join(sim.kinds)})")
     clients = list(sim.train_clients)
     if kind == "global":
+        if client is not None and site:
+            if client not in sim.fed.client_names:
+                raise FedshiftError(
+                    f"no client {client!r} in this run; its clients: "
+                    f"{', '.join(sim.fed.client_names)}"
+                )
+            return kind, client
         if client is not None:
             raise FedshiftError(
                 f"this run's global model is one model for every client; drop --client "
@@ -119,22 +140,95 @@ def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def _needs_site(sim: Any) -> bool:
+    """Whether an augment's evaluation state is each site's own (FedRDN's statistics)."""
+    from fedshift.core.context import aug_key
+
+    return any(a.site_state(sim.server.get(aug_key(a), {}), None) is None for a in sim.exp.augments)
+
+
+def _batch_dependent(model: torch.nn.Module) -> bool:
+    """Whether a BatchNorm normalises with the batch's statistics at evaluation too
+    (``model.bn=harmofl``): an image's scores then depend on the images batched with it."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return any(isinstance(m, _BatchNorm) and not m.track_running_stats for m in model.modules())
+
+
+def _images(given: Any, shape: tuple[int, ...], read: Any, paths: Any) -> torch.Tensor:
+    """A new site's images: a tensor as given (float, (N, C, H, W) in [0, 1]), or a folder's
+    image files decoded as the ``folders`` dataset decodes them."""
+    if isinstance(given, torch.Tensor):
+        if given.ndim != 4 or tuple(given.shape[1:]) != shape or not len(given):
+            raise FedshiftError(
+                f"a new site's images must be (N, {', '.join(map(str, shape))}), got "
+                f"{tuple(given.shape)}"
+            )
+        return given.detach().float().cpu()
+    return read(paths([given]), shape)
+
+
+def _where(given: Any) -> str | None:
+    """How the description names a new site's images: the folder, or that they were given."""
+    if given is None:
+        return None
+    if isinstance(given, torch.Tensor):
+        return f"a tensor of {len(given)} images"
+    return str(Path(given).resolve())
+
+
+def predictor_path_for(path: str | Path) -> Path:
+    """``model.pt`` -> ``model.pt2`` (the self-contained predictor written next to it)."""
+    return Path(path).with_suffix(".pt2")
+
+
 def export_model(
     run_dir: str | Path,
     out: str | Path,
     weights: str = "selected",
     client: str | None = None,
     kind: str | None = None,
+    federation: Any = None,
+    site_stats: str | Path | torch.Tensor | None = None,
+    adabn: str | Path | torch.Tensor | None = None,
 ) -> ExportedModel:
-    """Write the run's evaluated model as a plain ``state_dict`` to ``out`` and its
-    description to ``out`` with the suffix ``.json`` (see the module docstring); returns
-    both paths and the description. Imports the run's plug-ins and reads its checkpoint:
-    use it on run directories you trust (as ``fedshift.load_run(...).rebuild()``)."""
+    """Write the run's evaluated model as a plain ``state_dict`` to ``out``, its description
+    to ``out`` with the suffix ``.json`` and the self-contained predictor (the run's
+    evaluation of a test image as a ``torch.export`` program: :mod:`fedshift.runtime.predictor`)
+    to ``out`` with the suffix ``.pt2`` (see the module docstring); returns the paths and the
+    description. Imports the run's plug-ins and reads its checkpoint: use it on run
+    directories you trust (as ``fedshift.load_run(...).rebuild()``). ``federation``: the
+    loaded :class:`~fedshift.data.base.Federation` of a run whose data its config cannot
+    load again (a run made with ``fedshift.run(..., federation=...)``). ``client``: also the
+    site whose evaluation transform a global model's predictor applies, where that transform
+    is each site's own (FedRDN); ``site_stats``: a folder of a new site's images (or those
+    images as a tensor) to compute that site's statistics from instead. ``adabn``: a new
+    site's images: the model that site takes (the global model, or the sources' mean local
+    tensors for FedBN / FRAug / DisTrans) with its BN statistics re-estimated on them
+    (AdaBN, as ``fedshift protocol new-site``'s ``adabn`` variant), and the site's input
+    transform from the same images.
+
+    Refuses (:class:`FedshiftError`), writing nothing, where the predictor could not compute
+    what the run's evaluation computes (the augment, algorithm or capture named)."""
     from fedshift.core.config import lookup
+    from fedshift.runtime.predictor import (
+        PREDICTOR_FORMAT,
+        build_predictor,
+        decode_rule,
+        image_paths,
+        read_image_files,
+        write_predictor,
+    )
     from fedshift.runtime.simulation import load_finished
 
     out = Path(out)
     desc_path = config_path_for(out)
+    pt2 = predictor_path_for(out)
+    if out.suffix == ".pt2":
+        raise FedshiftError(
+            f"--out {out}: name the weights file (e.g. model.pt); the predictor is written "
+            "next to it as a .pt2"
+        )
     if out.is_dir():
         raise FedshiftError(f"--out {out} is a folder; give a file name such as {out}/model.pt")
     if not (Path(run_dir) / "summary.json").is_file():
@@ -142,23 +236,84 @@ def export_model(
             f"{run_dir} is not a finished fedshift run (no summary.json): give the folder of "
             "one finished run, or finish it first (fedshift run --resume DIR)"
         )
-    sim = load_finished(run_dir, weights=weights)
-    kind, client = _pick(sim, client, kind)
-    state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
-    tensors = OrderedDict((k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(out) as tmp:
-        torch.save(tensors, tmp)
+    sim = load_finished(run_dir, federation=federation, weights=weights)
+    needs_site = _needs_site(sim)
+    shape = tuple(sim.fed.input_shape)
+    if adabn is not None:
+        if client is not None or site_stats is not None or kind is not None:
+            raise FedshiftError(
+                "--adabn DIR exports the model of a new site whose images are DIR (its "
+                "statistics too); drop --client, --kind and --site-stats"
+            )
+        from fedshift.runtime.newsite import adapted_weights
+        from fedshift.runtime.predictor import choose_site
+
+        site_images = _images(adabn, shape, read_image_files, image_paths)
+        states = choose_site(sim, "global", None, site_images).states
+        tensors = OrderedDict(adapted_weights(sim, site_images, states))
+        kind = "adabn"
+        program, site = build_predictor(sim, tensors, "global", None, site_images)
+        site["site"] = "a new site (AdaBN on the --adabn images)"
+    else:
+        site_ok = bool(_eval_transforms(sim)) and site_stats is None
+        kind, client = _pick(sim, client, kind, site=site_ok)
+        site_images = None
+        if site_stats is not None:
+            if not needs_site:
+                raise FedshiftError(
+                    "--site-stats: no augment of this run normalises with a site's own "
+                    "statistics (its evaluation is the same for every site); drop --site-stats"
+                )
+            site_images = _images(site_stats, shape, read_image_files, image_paths)
+        state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
+        tensors = OrderedDict(
+            (k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items()
+        )
+        site_client = client if kind == "personal" or site_images is None else None
+        program, site = build_predictor(sim, tensors, kind, site_client, site_images)
     cfg, fed = sim.cfg, sim.fed
     summary = read_json(Path(run_dir) / "summary.json")
     rnd = int(summary["best_round"]) if weights == "selected" else sim.round
     raw = cfg.to_dict()
+    source = {
+        "run_dir": str(Path(run_dir).resolve()),
+        "dataset": fed.name,
+        "seed": cfg.seed,
+        "weights": weights,
+        "round": rnd,
+        "kind": kind,
+        "client": client if kind == "personal" else None,
+        "site": site["site"],
+        "site_stats": _where(site_stats),
+        "adabn": _where(adabn),
+    }
+    meta = {
+        "format": PREDICTOR_FORMAT,
+        "fedshift": fedshift.__version__,
+        "torch": torch.__version__,
+        "task": fed.task,
+        "classes": list(fed.classes),
+        "input_shape": list(fed.input_shape),
+        "decode": decode_rule(tuple(fed.input_shape)),
+        "batch_size": sim.exp.eval_batch_size,
+        "batch_dependent": _batch_dependent(sim.model),
+        "algorithm": raw["algorithm"],
+        "augment": raw["augment"],
+        **site,
+        "source": source,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp:
+        torch.save(tensors, tmp)
+    write_predictor(pt2, program, meta)
     desc = {
         "format": EXPORT_FORMAT,
         "fedshift": fedshift.__version__,
         "torch": torch.__version__,
         "state_dict": out.name,
         "sha256": _sha256(out),
+        "predictor": pt2.name,
+        "predictor_sha256": _sha256(pt2),
         # the model section without the pretrained-weights keys (the export replaces them)
         "model": dataclasses.replace(cfg.model, extra=()).to_dict(),
         "num_classes": fed.num_classes,
@@ -176,19 +331,11 @@ def export_model(
         "algorithm": raw["algorithm"],
         "augment": raw["augment"],
         "eval_transforms": _eval_transforms(sim),
-        "source": {
-            "run_dir": str(Path(run_dir).resolve()),
-            "dataset": fed.name,
-            "seed": cfg.seed,
-            "weights": weights,
-            "round": rnd,
-            "kind": kind,
-            "client": client,
-        },
+        "source": source,
         "config": raw,
     }
     write_text_atomic(desc_path, json.dumps(desc, indent=2) + "\n")
-    return ExportedModel(out, desc_path, desc)
+    return ExportedModel(out, desc_path, desc, pt2)
 
 
 def _stub_federation(desc: dict) -> Any:

@@ -93,7 +93,8 @@ PYTHON_FIX = (
     "this run's arrays were given in Python (fedshift.run(config, federation=...)) and are "
     "not on disk; resume or rebuild it in Python with the same arrays: "
     "fedshift.resume(run_dir, federation=...) or fedshift.load_run(run_dir)."
-    "rebuild(federation=...)"
+    "rebuild(federation=...); export its model with fedshift.export_model(run_dir, out, "
+    "federation=...)"
 )
 
 
