@@ -15,6 +15,7 @@ from pathlib import Path
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
 from fedshift.core.machine import machine
+from fedshift.eval.cells import check_cell
 
 #: what a committed cell keeps (checkpoints and models stay in the run directory)
 CELL_FILES = ("cell.json", "config.yaml", "summary.json", "metrics.jsonl")
@@ -83,6 +84,8 @@ def collect_suite(src: Path, results: Path, command: str, name: str | None = Non
             f"{src}: cells without summary.json ({', '.join(unfinished)}): finish the suite "
             "first (run it again)"
         )
+    for cell in cells:  # before anything is replaced: each cell is one fedshift wrote
+        check_cell(cell)
     dest = Path(results) / (name or src.name)
     if dest.exists():
         shutil.rmtree(dest)

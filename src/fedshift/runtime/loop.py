@@ -271,8 +271,7 @@ class RoundLoop:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """The run's state after its last whole round (``checkpoint.pt``), with what its
-        hooks add (``selected_round``)."""
+        """The run's state after its last round (``checkpoint.pt``), with its hooks' keys."""
         return {
             "round": self.last_round,
             "server": self.server,
@@ -312,7 +311,8 @@ class RoundLoop:
 
     def load_checkpoint(self) -> dict:
         """Load ``checkpoint.pt``: the run continues after its round (returns its dict)."""
-        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device)
+        like = (self.server, self.transport.state_dict())  # its keys, shapes, dtypes to match
+        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device, like=like)
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])
