@@ -430,9 +430,15 @@ def test_selected_state_copied_from_another_run_is_refused(runs, tmp_path):
         (lambda s: s.update(test_per_client=[0.5]), "test_per_client"),
         (lambda s: s.update(clients="client0"), "clients"),
         (lambda s: s.update(best_round=40), "best_round"),
+        (lambda s: s.update(test_mean=1e308), "test_mean"),
+        (lambda s: s["val_per_client"].update(client0=-5.0), "val_per_client.client0"),
+        (lambda s: s["test_per_client"].update(client1=5.0), "test_per_client.client1"),
+        (lambda s: s["models"]["global"]["final"].update(test_mean=5.0),
+         "models.global.final.test_mean"),
     ],
-    ids=["missing", "text-round", "list-scores", "clients-text", "round-past"],
-)
+    ids=["missing", "text-round", "list-scores", "clients-text", "round-past", "1e308",
+         "negative", "500%", "models-block"],
+)  # fmt: skip
 def test_hand_edited_summary_is_one_error_in_report_and_cross_site(
     runs, tmp_path, capsys, edit, field
 ):

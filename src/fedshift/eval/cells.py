@@ -75,24 +75,31 @@ def _digest(cfg: object, threads: int | None) -> str | None:
 
 
 def check_cell(folder: Path) -> None:
-    """The finished cell ``folder`` of a suite folder is one fedshift wrote (before it goes
-    into ``results/``): its name ends with the digest its ``cell.json`` records, its files
-    are of that config (:func:`foreign_cell`) and its ``summary.json`` is as fedshift
-    writes it (fields, types, scores in range). A
+    """The finished cell ``folder`` of a suite folder is one fedshift wrote, before it goes
+    into ``results/``: when it has a ``cell.json`` (every cell ``fedshift bench`` runs), its
+    name ends with the digest that records and its files are of that config
+    (:func:`foreign_cell`); its ``summary.json``'s scores are finite and in range
+    (:func:`~fedshift.eval.summary.check_scores`, what the claims ledger reads). A
     :class:`~fedshift.core.errors.FedshiftError` names the cell and what is wrong."""
     from fedshift.core.errors import FedshiftError
-    from fedshift.eval.summary import read_summary
+    from fedshift.eval.summary import check_scores
 
-    meta = read_object(folder / CELL_FILE)
-    if meta is None or not isinstance(meta.get("digest"), str):
-        raise FedshiftError(f"{folder / CELL_FILE} is missing or unreadable: not a suite cell")
-    digest = meta["digest"]
-    if not folder.name.endswith(f"-{digest}"):
-        raise FedshiftError(
-            f"{folder}: its cell.json records the digest {digest}, which its folder name "
-            "does not end with (renamed, or its cell.json rewritten); run the suite again"
-        )
-    problem = foreign_cell(folder, digest)
-    if problem is not None:
-        raise FedshiftError(f"{problem}; run the suite again")
-    read_summary(folder / "summary.json")
+    again = "; run the suite again"
+    if (folder / CELL_FILE).exists():
+        meta = read_object(folder / CELL_FILE)
+        digest = meta.get("digest") if meta is not None else None
+        if not isinstance(digest, str):
+            raise FedshiftError(f"{folder / CELL_FILE} is unreadable{again}")
+        if not folder.name.endswith(f"-{digest}"):
+            raise FedshiftError(
+                f"{folder}: its cell.json records the digest {digest}, which its folder name "
+                f"does not end with (renamed, or its cell.json rewritten){again}"
+            )
+        problem = foreign_cell(folder, digest)
+        if problem is not None:
+            raise FedshiftError(problem + again)
+    path = folder / "summary.json"
+    summary = read_object(path)
+    if summary is None:
+        raise FedshiftError(f"{path} is unreadable{again}")
+    check_scores(summary, path)

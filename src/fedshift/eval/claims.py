@@ -36,7 +36,7 @@ from fedshift.eval.claim_spec import (
     load_paper,
 )
 from fedshift.eval.domains import domain_scores
-from fedshift.eval.summary import check_summary, read_metric_rows
+from fedshift.eval.summary import check_scores, read_metric_rows
 
 
 # --------------------------------------------------------------------------- the results
@@ -85,7 +85,7 @@ class Results:
                     summary = json.loads(s.read_text())
                 except (OSError, ValueError, yaml.YAMLError) as e:
                     raise ClaimsError(f"{s.parent}: unreadable result ({e})") from None
-                check_summary(summary, s)  # fields, types, scores in range: or one error
+                check_scores(summary, s)  # every score finite and in range: or one error
                 found.append(ResultRun(s.parent, cfg, summary))
             self._folders[folder] = found
         return self._folders[folder]

@@ -317,10 +317,26 @@ def check_summary(s: Any, path: Any) -> dict[str, Any]:
         missing = [c for c in s["clients"] if c not in s[field] and c not in unscored]
         if missing:
             raise bad(field, f"a score for every client (none for {missing[0]!r})", s[field])
+    check_scores(s, path, end)
+    return s
+
+
+def check_scores(s: Any, path: Any, end: str = "") -> dict[str, Any]:
+    """Every score of the summary ``s`` (read from ``path``) that is there is a finite number
+    in its metric's range (:func:`metric_range`: accuracy and Dice in [0, 1]): the means,
+    the per-client scores, the other metrics' blocks and the ``models`` blocks. A
+    :class:`~fedshift.core.errors.FedshiftError` names the file and the dotted field; what
+    the claims ledger reads is checked this way. Returns ``s``."""
+    from fedshift.core.errors import FedshiftError
+
+    end = end or "; it was not written by fedshift or was edited"
+    if not isinstance(s, dict):
+        raise FedshiftError(f"{path}: expected a JSON object, got {type(s).__name__}{end}")
     found = _out_of_range(s)
     if found is not None:
         field, metric, value = found
-        raise bad(field, metric_range(metric)[2], value)
+        want = metric_range(metric)[2]
+        raise FedshiftError(f"{path}: field {field!r} must be {want}, got {value!r}{end}")
     return s
 
 
@@ -373,13 +389,14 @@ def _out_of_range(s: dict) -> tuple[str, str, Any] | None:
     """The first score of a summary outside its metric's range: ``(field, metric, value)``
     (``field`` dotted: ``test_per_client.site1``, ``metrics.dice_all.test_mean``,
     ``models.global.best.val_mean``), or None."""
-    found = _block_out_of_range(s, s["metric"], "")
+    metric = s.get("metric", "acc")
+    found = _block_out_of_range(s, metric, "")
     models = s.get("models")
     for kind, sel in models.items() if isinstance(models, dict) else ():
         for which in ("best", "final"):
             block = sel.get(which) if isinstance(sel, dict) else None
             if found is None and isinstance(block, dict):
-                found = _block_out_of_range(block, s["metric"], f"models.{kind}.{which}.")
+                found = _block_out_of_range(block, metric, f"models.{kind}.{which}.")
     return found
 
 
