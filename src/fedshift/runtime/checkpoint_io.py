@@ -64,6 +64,7 @@ __all__ = [
     "config_digest",
     "read_checkpoint",
     "read_run_state",
+    "state_departure",
     "write_checkpoint",
     "write_failed",
 ]
@@ -434,7 +435,7 @@ def _kind(v: Any) -> str:
     return f"{type(v).__name__} {repr(v)[:40]}"
 
 
-def _like(value: Any, template: Any, where: str) -> str | None:
+def state_departure(value: Any, template: Any, where: str) -> str | None:
     """Where ``value`` departs from ``template`` (the state this run builds before its first
     round), or None: every key of a template dict is there, every template tensor is a
     tensor of the same shape and dtype, a dict stays a dict. Keys the template lacks are
@@ -451,7 +452,7 @@ def _like(value: Any, template: Any, where: str) -> str | None:
         for key, sub in template.items():
             if key not in value:
                 return f"key {f'{where}/{key}'!r} is missing"
-            found = _like(value[key], sub, f"{where}/{key}")
+            found = state_departure(value[key], sub, f"{where}/{key}")
             if found is not None:
                 return found
     return None
@@ -467,12 +468,12 @@ def check_like(
     file and the first key that does not (a checkpoint of another model or config, or an
     edited one), before anything is loaded."""
     end = f"; it is not a state of this run's model and config (or was edited). {fix}".rstrip()
-    found = _like(server, template_server, "server")
+    found = state_departure(server, template_server, "server")
     if found is None and template_clients is not None and isinstance(clients, dict):
         extra = sorted(set(clients) - set(template_clients))
         if extra:
             found = f"key {'clients/' + str(extra[0])!r} is a client this run does not have"
         else:
-            found = _like(clients, template_clients, "clients")
+            found = state_departure(clients, template_clients, "clients")
     if found is not None:
         raise CheckpointError(f"{path}: {found}{end}")
