@@ -28,8 +28,10 @@ A second table (``--part inputs``; :mod:`unsafe_inputs`) feeds the commands unsa
 (issue 28): symbolic links and foreign folders where a run directory goes, plug-in names in
 run directories and suites from elsewhere, SIGINT / SIGTERM to a simulation on Ray,
 checkpoints, ``selected.pt`` and ``summary.json`` with wrong content, sizes that cannot fit
-in memory, CSV formulas. Its columns: cases, handled as intended, tracebacks, files outside
-``--out`` lost, code run unasked; exit status 1 unless the last two are 0 and every case is
+in memory, CSV formulas; and issue 48's content cases (:mod:`content_inputs`: a decode cache
+altered, checkpoints that do not fit the run, scores out of range, a forged committed cell).
+Its columns: cases, handled as intended, tracebacks, files outside ``--out`` lost, code run
+unasked; exit status 1 unless the last two are 0 and every case is
 as intended.
 
     python benchmarks/faults.py                 # 20 kills, ~4 minutes on 2 cores

@@ -333,3 +333,79 @@ def test_killed_bench_leaves_no_worker(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------- a cell's files, its content
+# issue 48: a committed cell whose cell.json digest was rewritten (another suite's cell,
+# renamed) was taken as this suite's cell, and a cached cell's summary.json with scores out
+# of range was taken as done; now the digest is recomputed from the cell's config.yaml (and
+# its summary's config), and the summary's scores are range-checked
+def _one_cell(tmp_path: Path, *over: str) -> tuple[Path, list]:
+    suite = write_suite(tmp_path, sweep={"seed": [0]}, train={"rounds": 1, "batch_size": 16})
+    return suite, plan(suite, list(over))
+
+
+def test_a_committed_cell_with_a_rewritten_digest_is_not_taken(tmp_path, monkeypatch, caplog):
+    from fedshift.eval.collect import collect_suite
+
+    monkeypatch.chdir(tmp_path)
+    suite, [cell] = _one_cell(tmp_path)
+    run_suite(suite, workers=1, progress=False)
+    results = tmp_path / "results"
+    collect_suite(tmp_path / "runs" / "suite", results, "fedshift bench suite.yaml")
+    # the cell of another config (train.lr=0.02) forged from it: renamed, cell.json rewritten
+    [other] = plan(suite, ["train.lr=0.02"])
+    forged = results / "suite" / other.run_dir.name
+    (results / "suite" / cell.run_dir.name).rename(forged)
+    meta = json.loads((forged / "cell.json").read_text())
+    (forged / "cell.json").write_text(json.dumps({**meta, "digest": other.digest}))
+    with caplog.at_level("WARNING", logger="fedshift.bench"):
+        run_suite(suite, ["train.lr=0.02"], out=str(tmp_path / "b"), workers=1, progress=False)
+    manifest = json.loads((tmp_path / "b" / "suite" / "bench.json").read_text())
+    assert [row["status"] for row in manifest] == ["ran"]  # run, not taken
+    assert any(forged.name in r.getMessage() and "config.yaml gives" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    # and collecting a suite folder holding such a cell is refused, naming it
+    local = tmp_path / "b" / "suite" / other.run_dir.name
+    meta = json.loads((local / "cell.json").read_text())
+    (local / "cell.json").write_text(json.dumps({**meta, "digest": cell.digest}))
+    with pytest.raises(FedshiftError, match=rf"{local.name}.*does not end with"):
+        collect_suite(tmp_path / "b" / "suite", results, "x", name="again")
+    assert not (results / "again").exists()
+
+
+def test_a_cell_with_another_configs_summary_is_not_taken(tmp_path, monkeypatch):
+    from fedshift.eval.collect import collect_suite
+
+    monkeypatch.chdir(tmp_path)
+    suite, [cell] = _one_cell(tmp_path)
+    run_suite(suite, workers=1, progress=False)
+    path = cell.run_dir / "summary.json"
+    s = json.loads(path.read_text())
+    s["config"]["train"]["lr"] = 0.5  # a summary of another run pasted in
+    path.write_text(json.dumps(s))
+    with pytest.raises(FedshiftError, match=rf"{cell.run_dir.name}: its summary.json was written"):
+        collect_suite(tmp_path / "runs" / "suite", tmp_path / "results", "x")
+    assert cell_status(cell) == "new"  # run again, from the start
+
+
+@pytest.mark.parametrize("value", [1e308, -5.0, 5.0], ids=["1e308", "negative", "500%"])
+def test_a_cached_cell_with_scores_out_of_range_runs_again(tmp_path, caplog, value):
+    from fedshift.eval.collect import collect_suite
+
+    suite, [cell] = _one_cell(tmp_path)
+    [first] = run_suite(suite, workers=1, progress=False)
+    path = cell.run_dir / "summary.json"
+    s = json.loads(path.read_text())
+    client = next(iter(s["test_per_client"]))
+    s["test_per_client"][client] = value
+    path.write_text(json.dumps(s))
+    with caplog.at_level("WARNING", logger="fedshift.bench"):
+        [again] = run_suite(suite, workers=1, progress=False)
+    assert again["test_per_client"] == first["test_per_client"]  # the run's own numbers
+    assert any(f"field 'test_per_client.{client}' must be a finite number in [0, 1]"
+               in r.getMessage() and cell.run_dir.name in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    path.write_text(json.dumps(s))  # and such a cell is not collected into results/
+    with pytest.raises(FedshiftError, match=rf"{path}: field 'test_per_client.{client}'"):
+        collect_suite(tmp_path / "runs" / "suite", tmp_path / "results", "x")

@@ -54,8 +54,8 @@ invocation is refused with the name of the one running.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +66,8 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import check_folder
-from fedshift.core.identity import number_config
+from fedshift.core.identity import number_digest
+from fedshift.eval.cells import CELL_FILE, foreign_cell
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import RoundReport, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
@@ -81,7 +82,8 @@ from fedshift.runtime.rundir import (
 )
 from fedshift.runtime.stopping import RunSignal
 
-CELL_FILE = "cell.json"
+log = logging.getLogger("fedshift.bench")
+
 MANIFEST = "bench.json"
 #: held by ``fedshift bench`` in the suite folder for the whole invocation
 SUITE_LOCK = "bench.lock"
@@ -102,9 +104,7 @@ def config_digest(cfg: RunConfig, threads: int | None = None) -> str:
     not how many processes run its clients): the resolved config and, when not 1, the torch
     thread count (``threads``, default: the config's ``run.threads``; 1 adds nothing, so
     digests of suites cached before threads counted stay valid)."""
-    d = number_config(cfg.to_dict(), threads)
-    blob = json.dumps(d, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:10]
+    return number_digest(cfg.to_dict(), threads)
 
 
 def _fmt(v: Any) -> str:
@@ -189,16 +189,31 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _summary(path: Path) -> dict | None:
-    """A cell's ``summary.json`` if readable and as fedshift writes it
-    (:func:`~fedshift.eval.summary.check_summary`), else None (the cell runs again)."""
+def _checked_summary(path: Path) -> tuple[dict | None, str | None]:
+    """A cell's ``summary.json`` if readable and as fedshift writes it (fields, types, scores
+    in range: :func:`~fedshift.eval.summary.check_summary`), else None and why."""
     from fedshift.eval.summary import check_summary
 
     s = _read_json(path)
+    if s is None:
+        return None, f"{path} is missing or unreadable"
     try:
-        return None if s is None else check_summary(s, path)
-    except FedshiftError:
-        return None
+        return check_summary(s, path), None
+    except FedshiftError as e:
+        return None, str(e).split("; it was not written")[0]
+
+
+def _summary(path: Path) -> dict | None:
+    """A cell's ``summary.json`` if readable and as fedshift writes it
+    (:func:`~fedshift.eval.summary.check_summary`), else None (the cell runs again)."""
+    return _checked_summary(path)[0]
+
+
+def cell_problem(folder: Path, digest: str) -> str | None:
+    """What makes the finished cell ``folder`` (``cell.json``, ``config.yaml``,
+    ``summary.json``) not the cell of ``digest``, or None: the files must be of that config
+    (:func:`foreign_cell`) and its summary as fedshift writes it (scores in range)."""
+    return foreign_cell(folder, digest) or _checked_summary(folder / "summary.json")[1]
 
 
 def results_root(results: str | Path | None = None) -> Path | None:
@@ -224,7 +239,9 @@ def committed_cell(cell: Cell, root: Path | None) -> Path | None:
     meta = _read_json(src / CELL_FILE)
     if meta is None or meta.get("digest") != cell.digest:
         return None
-    if _summary(src / "summary.json") is None or not (src / "config.yaml").is_file():
+    problem = cell_problem(src, cell.digest)  # the digest recomputed from its config.yaml
+    if problem is not None:
+        log.warning("committed cell not taken, it runs instead: %s", problem)
         return None
     return src
 
@@ -246,14 +263,23 @@ def take_committed(cell: Cell, src: Path) -> None:
     write_text_atomic(cell.run_dir / CELL_FILE, json.dumps(meta) + "\n")
 
 
-def cell_status(cell: Cell) -> str:
-    """``done`` (a readable summary, this digest), ``partial`` (a checkpoint to resume; also
-    when the summary is unreadable) or ``new``."""
+def cell_status(cell: Cell, quiet: bool = False) -> str:
+    """``done`` (a readable summary, this digest, recomputed from its ``config.yaml``:
+    :func:`cell_problem`), ``partial`` (a checkpoint to resume; also when the summary is
+    unreadable) or ``new`` (also a cell whose files give another digest: run again, said in
+    a warning unless ``quiet``)."""
     meta = _read_json(cell.run_dir / CELL_FILE)
     if meta is None or meta.get("digest") != cell.digest:
         return "new"
-    if _summary(cell.run_dir / "summary.json") is not None:
-        return "done"
+    if (cell.run_dir / "summary.json").is_file():
+        foreign = foreign_cell(cell.run_dir, cell.digest)
+        problem = foreign or _checked_summary(cell.run_dir / "summary.json")[1]
+        if problem is None:
+            return "done"
+        if not quiet:
+            log.warning("cell %s runs again: %s", cell.run_dir.name, problem)
+        if foreign is not None:  # another config's files: its checkpoint is not this cell's
+            return "new"
     if (cell.run_dir / "checkpoint.pt").is_file():
         return "partial"
     return "new"
@@ -285,7 +311,7 @@ def _run_cell(
         raise NotClearable(path, "a symbolic link", "bench")
     with hold_run(path):
         cfg = resolve(cfg_dict, source=f"{run_dir}/config.yaml")
-        status = cell_status(Cell(cfg, label, path, digest))
+        status = cell_status(Cell(cfg, label, path, digest), quiet=True)
         if status == "new":  # a stale cell (another digest): start clean; foreign: refused
             clear_run_dir(path, "bench")
         meta = {"digest": digest, "label": label, "threads": threads}

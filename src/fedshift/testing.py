@@ -52,6 +52,7 @@ from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_sta
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
+from fedshift.runtime.checkpoint_io import state_departure
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 
 __all__ = [
@@ -131,6 +132,9 @@ class Run:
     exp: Experiment
     server: State
     states: dict[str, State]
+    #: copies of the server and client state as ``init_server`` / ``init_client`` built them
+    #: (before the setup exchange): what a checkpoint is checked against on resume
+    initial: tuple[State, dict[str, State]] | None = None
 
     @property
     def cids(self) -> list[str]:
@@ -146,12 +150,13 @@ def start(cfg: RunConfig, fed: Federation) -> Run:
     states = {
         cid: init_client_state(exp, cfg.seed, cid, data) for cid, data in exp.train_clients.items()
     }
+    initial = (copy.deepcopy(server), copy.deepcopy(states))
     if comp.needs_setup:
         replies = [(cid, comp.setup_reply(cid, states[cid])) for cid in states]
         comp.setup_aggregate(server, replies)
         for cid in states:
             comp.setup_receive(comp.setup_broadcast(server, cid), states[cid])
-    return Run(cfg, exp, server, states)
+    return Run(cfg, exp, server, states, initial)
 
 
 def client_round(
@@ -312,6 +317,16 @@ def check_one_round(cfg: RunConfig, fed: Federation | None = None) -> None:
     assert_saves_and_loads_back(run.server, f"{name}: server after round 1")
     for cid, state in run.states.items():
         assert_saves_and_loads_back(state, f"{name}: state of {cid} after round 1")
+    if run.initial is not None:  # what a resumed run's checkpoint is checked against
+        departed = state_departure(run.server, run.initial[0], "server") or state_departure(
+            run.states, run.initial[1], "clients"
+        )
+        _require(
+            departed is None,
+            f"{name}: after round 1, {departed}: keep the keys init_server / init_client "
+            "return, with their tensors' shapes and dtypes (a resumed run's checkpoint is "
+            "checked against them)",
+        )
     _require(comp.has_global_model or comp.has_personal_model, f"{name}: no model to evaluate")
     keys = set(run.exp.model.state_dict())
     if comp.has_global_model:

@@ -20,6 +20,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedshift.algorithms import ALGORITHMS
 from fedshift.augment.compose import Composition
@@ -179,6 +180,26 @@ def test_the_interleaving_check_catches_round_values_on_self(fed, one_thread, mo
     assert got[2:] == seq[2:]  # B ran whole, with its own
     with pytest.raises(ContractError, match=r"scaffold: .*changed algorithm attribute.*_correct"):
         check_reentrancy(tiny_cfg("scaffold"), fed)
+
+
+def test_the_round_check_catches_state_a_checkpoint_would_not_fit(fed, one_thread, monkeypatch):
+    """A state key init_server built, reshaped by aggregate: a resumed run's checkpoint is
+    checked against the initial state (issue 48), so check_algorithm says so at once."""
+    from fedshift.algorithms.fedavg import FedAvg
+
+    init, aggregate = FedAvg.init_server, FedAvg.aggregate
+
+    def init_server(self, model):
+        return {**init(self, model), "count": torch.zeros(1)}
+
+    def grown(self, server, rnd, replies):
+        aggregate(self, server, rnd, replies)
+        server["count"] = torch.zeros(2)
+
+    monkeypatch.setattr(FedAvg, "init_server", init_server)
+    monkeypatch.setattr(FedAvg, "aggregate", grown)
+    with pytest.raises(ContractError, match=r"fedavg: after round 1, key 'server/count' must be"):
+        check_one_round(tiny_cfg("fedavg"), fed)
 
 
 def test_augment_and_model_checks_pass_for_built_ins_and_catch_a_broken_model(one_thread):

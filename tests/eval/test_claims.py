@@ -429,3 +429,42 @@ def test_new_site_metric_reads_the_protocols_score_of_that_run(tmp_path):
     other = ResultRun(tmp_path / "results" / "ns" / "fedbn-digits-seed0-cccc", {}, {})
     with pytest.raises(ClaimsError, match="no entry for run"):
         metric_value(other, "new_site:adabn", proto)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("test_mean", 1e308), ("test_mean", -5.0), ("test_mean", 5.0), ("test_per_client", 5.0)],
+    ids=["1e308", "negative", "500%", "per-client-500%"],
+)
+def test_a_score_out_of_range_is_refused_not_judged(tmp_path, field, value):
+    """A committed summary.json with a score of 1e308, -5.0 or 500 % moved a verdict without
+    a word (issue 48); now the ledger refuses it, naming the file and the field."""
+    from fedshift.core.errors import FedshiftError
+
+    results = _tree(tmp_path, [-0.04, -0.03, -0.05])  # a NO verdict
+    path = results / "suite" / "rdn-s0" / "summary.json"
+    s = json.loads(path.read_text())
+    if field == "test_per_client":
+        s["test_per_client"]["c1"] = value
+        field = "test_per_client.c1"
+    else:
+        s[field] = value
+    path.write_text(json.dumps(s))
+    with pytest.raises(FedshiftError, match=rf"{re.escape(str(path))}: field '{field}' must be"):
+        evaluate(_claims(tmp_path), results)
+
+
+def test_metric_rows_out_of_range_are_refused_by_the_ledger(tmp_path):
+    from fedshift.core.errors import FedshiftError
+    from fedshift.eval.claims import Results
+
+    results = _tree(tmp_path, [0.04])
+    path = results / "suite" / "rdn-s0" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[3])
+    row["global"]["val_acc"] = 5.0
+    lines[3] = json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+    run = next(r for r in Results(results).runs("suite") if r.path.name == "rdn-s0")
+    with pytest.raises(FedshiftError, match=r"metrics.jsonl, line 4: key 'global.val_acc'"):
+        _ = run.rows

@@ -149,3 +149,30 @@ def test_report_columns_per_domain_for_clients_dealt_from_domains(tmp_path):
     header = next(line for line in md.splitlines() if line.startswith("| algorithm |"))
     assert header.split(" | ")[3 : 3 + len(domains)] == domains and "client00" not in header
     assert "a column per training domain" in md
+
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda r: r["global"].update(val_acc=1e308), "global.val_acc"),
+        (lambda r: r["global"].update(test_acc=-5.0), "global.test_acc"),
+        (lambda r: r["global"].update(test_acc=5.0), "global.test_acc"),
+        (lambda r: r["global"].update(test_loss=float("nan")), "global.test_loss"),
+        (lambda r: r.update(round="2"), "round"),
+    ],
+    ids=["1e308", "negative", "500%", "nan", "round-text"],
+)
+def test_report_refuses_metric_rows_out_of_range(runs_root, tmp_path, capsys, edit, key):
+    """A metrics.jsonl row with a score out of range went into the convergence curves without
+    a word (issue 48); now `fedshift report` names the file, the line and the key."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(runs_root / "fedavg-base-s0", run)
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(rows[2])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}, line 3: key {key!r} must be" in err and err.count("\n") == 1, err

@@ -430,9 +430,15 @@ def test_selected_state_copied_from_another_run_is_refused(runs, tmp_path):
         (lambda s: s.update(test_per_client=[0.5]), "test_per_client"),
         (lambda s: s.update(clients="client0"), "clients"),
         (lambda s: s.update(best_round=40), "best_round"),
+        (lambda s: s.update(test_mean=1e308), "test_mean"),
+        (lambda s: s["val_per_client"].update(client0=-5.0), "val_per_client.client0"),
+        (lambda s: s["test_per_client"].update(client1=5.0), "test_per_client.client1"),
+        (lambda s: s["models"]["global"]["final"].update(test_mean=5.0),
+         "models.global.final.test_mean"),
     ],
-    ids=["missing", "text-round", "list-scores", "clients-text", "round-past"],
-)
+    ids=["missing", "text-round", "list-scores", "clients-text", "round-past", "1e308",
+         "negative", "500%", "models-block"],
+)  # fmt: skip
 def test_hand_edited_summary_is_one_error_in_report_and_cross_site(
     runs, tmp_path, capsys, edit, field
 ):
@@ -451,3 +457,65 @@ def test_hand_edited_summary_is_one_error_in_report_and_cross_site(
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert want in err and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------- content against the run's model
+# issue 48: a checkpoint whose header and fields pass but whose tensors do not fit the run's
+# model (shape, dtype, a string, a key gone), whose RNG state has the wrong size, or whose
+# rows belong to rounds it never ran: a traceback deep in torch, numpy or random, or rows of
+# a future round merged into metrics.jsonl; now one line naming the file and the key
+def _first(ck: dict) -> str:
+    return next(iter(ck["server"]["weights"]))
+
+
+def _set_weight(ck: dict, value) -> None:
+    ck["server"]["weights"][_first(ck)] = value
+
+
+def _weight(ck: dict) -> torch.Tensor:
+    return ck["server"]["weights"][_first(ck)]
+
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda ck: _set_weight(ck, torch.zeros(3)), "server/weights/{w}"),
+        (lambda ck: _set_weight(ck, _weight(ck).double()), "server/weights/{w}"),
+        (lambda ck: _set_weight(ck, "not a tensor"), "server/weights/{w}"),
+        (lambda ck: ck["server"]["weights"].pop(_first(ck)), "server/weights/{w}"),
+        (lambda ck: ck["clients"].pop("client1"), "clients/client1"),
+        (lambda ck: ck["clients"].update(stranger={}), "clients/stranger"),
+        (lambda ck: ck["rng"].update(torch=ck["rng"]["torch"][:100]), "rng/torch"),
+        (lambda ck: ck["rng"]["numpy"].update(keys=torch.zeros(9)), "rng/numpy/keys"),
+        (lambda ck: ck["rng"]["numpy"].update(pos=10_000), "rng/numpy/pos"),
+        (lambda ck: ck["rng"]["python"].update(internal=[1, 2, 3]), "rng/python/internal"),
+        (lambda ck: ck["records"].append({**ck["records"][-1], "round": 9}), "records/{n}/round"),
+        (lambda ck: ck["ledger"]["rows"].append((9, "client0", "up", "w", 1)), "ledger/rows/{r}"),
+    ],
+    ids=[
+        "shape", "dtype", "string", "key-gone", "client-gone", "client-unknown", "rng-torch",
+        "rng-numpy-keys", "rng-numpy-pos", "rng-python", "future-record", "future-ledger-row",
+    ],
+)  # fmt: skip
+def test_checkpoint_not_of_this_run_is_one_error_naming_the_key(runs, tmp_path, capsys, edit, key):
+    run_dir = _copy(runs, tmp_path)
+    path = run_dir / "checkpoint.pt"
+    ck = read_checkpoint(path)
+    names = {"w": _first(ck), "n": len(ck["records"]), "r": len(ck["ledger"]["rows"])}
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    edit(ck)
+    write_checkpoint(ck, path)
+    err = _resume_error(run_dir, capsys)
+    assert f"{path}: key {key.format(**names)!r}" in err, err
+    assert (run_dir / "metrics.jsonl").read_text() == metrics  # nothing merged or rewritten
+
+
+def test_a_finished_run_with_a_foreign_state_is_refused_when_rebuilt(runs, tmp_path):
+    """load_finished (the protocols, fedshift.load_run) checks the state it rebuilds too."""
+    run_dir = _copy(runs, tmp_path)
+    path = run_dir / "checkpoint.pt"
+    ck = read_checkpoint(path)
+    _set_weight(ck, torch.zeros(3))
+    write_checkpoint(ck, path)
+    with pytest.raises(FedshiftError, match=rf"checkpoint\.pt: key 'server/weights/{_first(ck)}'"):
+        load_finished(run_dir, weights="last")

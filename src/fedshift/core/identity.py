@@ -10,6 +10,8 @@ configs differ (a resumed run against its checkpoint, a run directory against a 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from fedshift.core.yamlsafe import short_repr
@@ -92,6 +94,15 @@ def number_config(d: dict, threads: int | None = None) -> dict:
     if execution.get("tf32", False):  # TensorFloat-32 on a GPU: other numbers
         out["tf32"] = True
     return out
+
+
+def number_digest(d: dict, threads: int | None = None) -> str:
+    """The 10-hex-digit SHA-256 of :func:`number_config` (sorted-key JSON): a suite cell's
+    digest (``fedshift.bench.config_digest``), computed here from a resolved config or a
+    cell's ``config.yaml`` read as data, so a committed cell's recorded digest can be
+    checked against the config it holds."""
+    blob = json.dumps(number_config(d, threads), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

@@ -84,3 +84,51 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+
+
+def rng_state_problem(state: object) -> str | None:
+    """What is wrong with ``state`` as a :func:`rng_state` of this platform (the key and
+    what it must be), or None: :func:`set_rng_state` would raise deep inside torch, numpy or
+    Python on a wrong size or type, or restore generators that draw other numbers."""
+    if not isinstance(state, dict):
+        return "rng: must be a dict"
+    cpu = torch.get_rng_state()
+    t = state.get("torch")
+    if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.shape == cpu.shape):
+        return f"rng/torch: must be a uint8 tensor of {cpu.numel()} bytes"
+    n = state.get("numpy")
+    if not isinstance(n, dict):
+        return "rng/numpy: must be a dict"
+    keys = n.get("keys")
+    if n.get("name") != "MT19937":
+        return "rng/numpy/name: must be 'MT19937'"
+    if not (isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.shape == (624,)):
+        return "rng/numpy/keys: must be an int64 tensor of 624 values"
+    if bool(((keys < 0) | (keys >= 2**32)).any()):
+        return "rng/numpy/keys: must hold 32-bit unsigned values"
+    pos = n.get("pos")
+    if not (isinstance(pos, int) and not isinstance(pos, bool) and 0 <= pos <= 624):
+        return "rng/numpy/pos: must be a whole number in [0, 624]"
+    if n.get("has_gauss") not in (0, 1) or not isinstance(n.get("cached_gaussian"), float):
+        return "rng/numpy/has_gauss, cached_gaussian: must be 0 or 1, and a number"
+    p = state.get("python")
+    version, internal, _ = random.getstate()
+    if not isinstance(p, dict) or p.get("version") != version:
+        return f"rng/python/version: must be {version}"
+    inner = p.get("internal")
+    if not (
+        isinstance(inner, list | tuple)
+        and len(inner) == len(internal)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in inner)
+        and inner[-1] <= len(internal) - 1
+    ):
+        return f"rng/python/internal: must be {len(internal)} 32-bit whole numbers"
+    if not (p.get("gauss_next") is None or isinstance(p.get("gauss_next"), float)):
+        return "rng/python/gauss_next: must be None or a number"
+    cuda = state.get("cuda")
+    if cuda is not None and not (
+        isinstance(cuda, list | tuple)
+        and all(isinstance(c, torch.Tensor) and c.dtype == torch.uint8 for c in cuda)
+    ):
+        return "rng/cuda: must be a list of uint8 tensors"
+    return None

@@ -36,6 +36,7 @@ from fedshift.eval.claim_spec import (
     load_paper,
 )
 from fedshift.eval.domains import domain_scores
+from fedshift.eval.summary import check_scores, read_metric_rows
 
 
 # --------------------------------------------------------------------------- the results
@@ -54,9 +55,8 @@ class ResultRun:
 
     @property
     def rows(self) -> list[dict]:
-        if self._rows is None:
-            text = (self.path / "metrics.jsonl").read_text()
-            self._rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        if self._rows is None:  # checked: scores finite and in range, rounds whole
+            self._rows = read_metric_rows(self.path / "metrics.jsonl")
         return self._rows
 
 
@@ -85,6 +85,7 @@ class Results:
                     summary = json.loads(s.read_text())
                 except (OSError, ValueError, yaml.YAMLError) as e:
                     raise ClaimsError(f"{s.parent}: unreadable result ({e})") from None
+                check_scores(summary, s)  # every score finite and in range: or one error
                 found.append(ResultRun(s.parent, cfg, summary))
             self._folders[folder] = found
         return self._folders[folder]

@@ -22,6 +22,7 @@ from fedshift.core.files import (
     write_text_atomic,
 )
 from fedshift.core.machine import machine
+from fedshift.eval.cells import check_cell
 
 #: what a committed cell keeps (checkpoints and models stay in the run directory)
 CELL_FILES = ("cell.json", "config.yaml", "summary.json", "metrics.jsonl")
@@ -125,6 +126,8 @@ def collect_suite(src: Path, results: Path, command: str, name: str | None = Non
         if (cell / f).exists() or (cell / f).is_symlink()
     ]
     _checked([a for a, _ in copies])
+    for cell in cells:  # before anything is replaced: each cell is one fedshift wrote
+        check_cell(cell)
     ensure_dir(results)
     _fresh(dest, results)
     for a, b in copies:

@@ -28,7 +28,6 @@ import base64
 import csv
 import html
 import io
-import json
 import re
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -49,7 +48,7 @@ from fedshift.core.files import (  # noqa: E402
 from fedshift.eval.domains import domain_columns  # noqa: E402
 from fedshift.eval.label_skew import partition_label  # noqa: E402
 from fedshift.eval.order import natural_key  # noqa: E402
-from fedshift.eval.summary import read_summary, selection_rule  # noqa: E402
+from fedshift.eval.summary import read_metric_rows, read_summary, selection_rule  # noqa: E402
 from fedshift.eval.tables import (  # noqa: E402
     comm_rows,
     flows_rows,
@@ -108,8 +107,7 @@ def _curves(runs: list[dict]) -> dict[str, dict[int, tuple[float, float]]]:
             continue
         kind, metric = s["evaluated_model"], s.get("metric", "acc")
         per_round: dict[int, list[dict]] = defaultdict(list)
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
+        for row in read_metric_rows(path):  # checked: scores finite and in range
             if kind in row:
                 per_round[row["round"]].append(row[kind])
         label = _label(s)

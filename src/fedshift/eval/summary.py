@@ -317,7 +317,144 @@ def check_summary(s: Any, path: Any) -> dict[str, Any]:
         missing = [c for c in s["clients"] if c not in s[field] and c not in unscored]
         if missing:
             raise bad(field, f"a score for every client (none for {missing[0]!r})", s[field])
+    check_scores(s, path, end)
     return s
+
+
+def check_scores(s: Any, path: Any, end: str = "") -> dict[str, Any]:
+    """Every score of the summary ``s`` (read from ``path``) that is there is a finite number
+    in its metric's range (:func:`metric_range`: accuracy and Dice in [0, 1]): the means,
+    the per-client scores, the other metrics' blocks and the ``models`` blocks. A
+    :class:`~fedshift.core.errors.FedshiftError` names the file and the dotted field; what
+    the claims ledger reads is checked this way. Returns ``s``."""
+    from fedshift.core.errors import FedshiftError
+
+    end = end or "; it was not written by fedshift or was edited"
+    if not isinstance(s, dict):
+        raise FedshiftError(f"{path}: expected a JSON object, got {type(s).__name__}{end}")
+    found = _out_of_range(s)
+    if found is not None:
+        field, metric, value = found
+        want = metric_range(metric)[2]
+        raise FedshiftError(f"{path}: field {field!r} must be {want}, got {value!r}{end}")
+    return s
+
+
+# ---------------------------------------------------------------------------- value ranges
+#: metrics stored as fractions: accuracy and Dice are in [0, 1] in summary.json and
+#: metrics.jsonl (tables print them as percent); a value of 5.0 (500 %) is not a score
+FRACTION_METRICS = ("acc", "dice", "dice_all")
+
+
+def metric_range(metric: str) -> tuple[float, float, str]:
+    """``(low, high, in words)`` of a stored value of ``metric`` (any other metric: finite)."""
+    if metric in FRACTION_METRICS:
+        return 0.0, 1.0, "a finite number in [0, 1] (fedshift stores fractions, not percent)"
+    if metric == "loss":
+        return 0.0, math.inf, "a finite number >= 0"
+    return -math.inf, math.inf, "a finite number"
+
+
+def in_range(value: Any, metric: str) -> bool:
+    """``value`` is a finite number within :func:`metric_range` of ``metric``."""
+    low, high, _ = metric_range(metric)
+    return _finite(value) and low <= value <= high
+
+
+#: the score fields of a block (the summary itself, ``metrics.<m>``, ``models.<kind>.best``)
+_MEANS = ("val_mean", "test_mean", "final_test_mean", "target_test_mean")
+_PER_CLIENT = ("val_per_client", "test_per_client", "target_per_client")
+
+
+def _block_out_of_range(block: dict, metric: str, prefix: str) -> tuple[str, str, Any] | None:
+    for field in _MEANS:
+        v = block.get(field)
+        if v is not None and not in_range(v, metric):
+            return f"{prefix}{field}", metric, v
+    for field in _PER_CLIENT:
+        per = block.get(field)
+        for client, v in per.items() if isinstance(per, dict) else ():
+            if not in_range(v, metric):
+                return f"{prefix}{field}.{client}", metric, v
+    others = block.get("metrics")
+    for m, sub in others.items() if isinstance(others, dict) else ():
+        if isinstance(sub, dict):
+            found = _block_out_of_range(sub, m, f"{prefix}metrics.{m}.")
+            if found is not None:
+                return found
+    return None
+
+
+def _out_of_range(s: dict) -> tuple[str, str, Any] | None:
+    """The first score of a summary outside its metric's range: ``(field, metric, value)``
+    (``field`` dotted: ``test_per_client.site1``, ``metrics.dice_all.test_mean``,
+    ``models.global.best.val_mean``), or None."""
+    metric = s.get("metric", "acc")
+    found = _block_out_of_range(s, metric, "")
+    models = s.get("models")
+    for kind, sel in models.items() if isinstance(models, dict) else ():
+        for which in ("best", "final"):
+            block = sel.get(which) if isinstance(sel, dict) else None
+            if found is None and isinstance(block, dict):
+                found = _block_out_of_range(block, metric, f"models.{kind}.{which}.")
+    return found
+
+
+def check_metric_row(row: Any, path: Any, line: int) -> dict[str, Any]:
+    """One row of a run's ``metrics.jsonl`` (line ``line`` of ``path``) as fedshift writes
+    it: a ``round`` (whole, >= 0), a ``client`` name, and per evaluated model (``global`` /
+    ``personal``) scores that are finite and in their metric's range (accuracy and Dice in
+    [0, 1]). A :class:`~fedshift.core.errors.FedshiftError` names the file, line and key.
+    Returns ``row``."""
+    from fedshift.core.errors import FedshiftError
+
+    where = f"{path}, line {line}"
+    end = "; it was not written by fedshift or was edited"
+    if not isinstance(row, dict):
+        raise FedshiftError(f"{where}: expected a JSON object, got {type(row).__name__}{end}")
+    if not _whole(row.get("round")):
+        raise FedshiftError(f"{where}: key 'round' must be a whole number >= 0{end}")
+    if not _text(row.get("client")):
+        raise FedshiftError(f"{where}: key 'client' must be a client name{end}")
+    for kind in ("global", "personal"):
+        scores = row.get(kind)
+        if scores is None:
+            continue
+        if not isinstance(scores, dict):
+            raise FedshiftError(f"{where}: key {kind!r} must be a mapping of scores{end}")
+        for key, v in scores.items():
+            metric = str(key).partition("_")[2]
+            if not in_range(v, metric):
+                want = metric_range(metric)[2]
+                raise FedshiftError(f"{where}: key '{kind}.{key}' must be {want}, got {v!r}{end}")
+    tl = row.get("train_loss")
+    if tl is not None and not _finite(tl):
+        raise FedshiftError(f"{where}: key 'train_loss' must be a finite number, got {tl!r}{end}")
+    return row
+
+
+def read_metric_rows(path: Any) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``, each checked (:func:`check_metric_row`); a line that
+    is not JSON is an error naming the file and line."""
+    import json
+    from pathlib import Path
+
+    from fedshift.core.errors import FedshiftError
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise FedshiftError(f"cannot read {path} ({e})") from None
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise FedshiftError(f"{path}, line {i}: not JSON ({e})") from None
+        rows.append(check_metric_row(row, path, i))
+    return rows
 
 
 def read_summary(path: Any) -> dict[str, Any]:

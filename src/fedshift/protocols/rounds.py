@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fedshift.core.errors import FedshiftError
-from fedshift.eval.summary import read_summary
+from fedshift.eval.summary import read_metric_rows, read_summary
 from fedshift.eval.tables import grid, group_flows
 from fedshift.protocols.common import (
     DASH,
@@ -182,16 +182,9 @@ def _read_run(d: Path, by: str, split: str, ths: list[float]) -> tuple[dict, dic
 
 
 def metric_rows(d: Path) -> list[dict]:
-    """The rows of a run's ``metrics.jsonl``."""
-    rows = []
-    with open(d / "metrics.jsonl") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise FedshiftError(f"{d}/metrics.jsonl line {n}: not JSON ({e})") from None
-    return rows
+    """The rows of a run's ``metrics.jsonl``, each checked (scores finite and in range:
+    :func:`~fedshift.eval.summary.read_metric_rows`)."""
+    return read_metric_rows(d / "metrics.jsonl")
 
 
 def _group_order(k: tuple) -> tuple:

@@ -41,6 +41,7 @@ import torch
 
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_bytes_atomic
+from fedshift.core.seeding import rng_state_problem
 
 #: a run directory's full state (last round) and the state at its selected round
 CHECKPOINT = "checkpoint.pt"
@@ -58,11 +59,13 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "CheckpointError",
+    "check_like",
     "check_run_state",
     "check_selected",
     "config_digest",
     "read_checkpoint",
     "read_run_state",
+    "state_departure",
     "write_checkpoint",
     "write_failed",
 ]
@@ -197,11 +200,16 @@ def read_checkpoint(
 
 
 def read_run_state(
-    run_dir: str | Path, name: str = CHECKPOINT, map_location: str | torch.device | None = None
+    run_dir: str | Path,
+    name: str = CHECKPOINT,
+    map_location: str | torch.device | None = None,
+    like: tuple[Any, Any] | None = None,
 ) -> dict:
     """``checkpoint.pt`` or ``selected.pt`` of a run directory (:func:`read_checkpoint`),
-    its content checked against the schema fedshift writes (:func:`check_run_state`), with
-    errors that say how to go on."""
+    its content checked against the schema fedshift writes (:func:`check_run_state`) and,
+    with ``like`` (the server state and the transport's client state the run loading it
+    builds before its first round), against that run's model and algorithm
+    (:func:`check_like`), with errors that say how to go on."""
     path = Path(run_dir) / name
     if not path.is_file():
         raise CheckpointError(
@@ -213,6 +221,8 @@ def read_run_state(
     fix = again if name == CHECKPOINT else f"use its last weights (--weights last) or {again}"
     state = read_checkpoint(path, map_location=map_location, fix=fix)
     check_run_state(state, path, selected=name != CHECKPOINT, fix=fix)
+    if like is not None:
+        check_like(path, state["server"], like[0], state["clients"], like[1], fix)
     return state
 
 
@@ -349,6 +359,42 @@ def check_run_state(state: Any, path: Path, selected: bool = False, fix: str = "
         sel = state["selected_round"]
         if sel is not None and sel > state["round"]:
             raise bad("selected_round", f"at most the saved round ({state['round']})", sel)
+        problem = rng_state_problem(state["rng"])
+        if problem is not None:
+            key, _, want = problem.partition(": ")
+            raise CheckpointError(f"{path}: key {key!r} {want}{end}")
+        _check_rows(state, path, end)
+
+
+def _check_rows(state: dict, path: Path, end: str) -> None:
+    """The evaluation rows (``records``, what ``metrics.jsonl`` is rewritten from on resume)
+    and the ledger's rows belong to rounds the checkpoint has run: a row of a later round
+    would be merged into the resumed run's metrics as if it had been evaluated."""
+    last = state["round"]
+    for i, r in enumerate(state["records"]):
+        rnd = r["round"]
+        if not (_is_int(rnd) and 1 <= rnd <= last):
+            raise CheckpointError(
+                f"{path}: key 'records/{i}/round' must be an evaluated round in [1, {last}] "
+                f"(the saved round), got {rnd!r}{end}"
+            )
+        if not isinstance(r.get("client"), str):
+            raise CheckpointError(f"{path}: key 'records/{i}/client' must be a client name{end}")
+    for i, row in enumerate(state["ledger"]["rows"]):
+        ok = (
+            isinstance(row, list | tuple)
+            and len(row) == 5
+            and _is_int(row[0])
+            and 0 <= row[0] <= last
+            and all(isinstance(v, str) for v in row[1:4])
+            and _is_int(row[4])
+            and row[4] >= 0
+        )
+        if not ok:
+            raise CheckpointError(
+                f"{path}: key 'ledger/rows/{i}' must be (round in [0, {last}], client, "
+                f"direction, record, bytes >= 0), got {repr(row)[:60]}{end}"
+            )
 
 
 def check_selected(state: dict, path: Path, run_key: str, config: dict) -> None:
@@ -367,3 +413,58 @@ def check_selected(state: dict, path: Path, run_key: str, config: dict) -> None:
             f"{path} was written with another config (digest {state['config_digest']}, this "
             f"run's config.yaml gives {digest}); {fix}"
         )
+
+
+# ---------------------------------------------------------------------------- against the run
+def _kind(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"a {str(v.dtype).removeprefix('torch.')} tensor of shape {list(v.shape)}"
+    if isinstance(v, dict):
+        return "a dict"
+    if isinstance(v, list | tuple):
+        return f"a list of {len(v)}"
+    return f"{type(v).__name__} {repr(v)[:40]}"
+
+
+def state_departure(value: Any, template: Any, where: str) -> str | None:
+    """Where ``value`` departs from ``template`` (the state this run builds before its first
+    round), or None: every key of a template dict is there, every template tensor is a
+    tensor of the same shape and dtype, a dict stays a dict. Keys the template lacks are
+    allowed (state an algorithm adds as it goes: momentum, control variates)."""
+    if isinstance(template, torch.Tensor):
+        if not isinstance(value, torch.Tensor):
+            return f"key {where!r} must be {_kind(template)}, got {_kind(value)}"
+        if value.shape != template.shape or value.dtype != template.dtype:
+            return f"key {where!r} must be {_kind(template)}, got {_kind(value)}"
+        return None
+    if isinstance(template, dict):
+        if not isinstance(value, dict):
+            return f"key {where!r} must be a dict, got {_kind(value)}"
+        for key, sub in template.items():
+            if key not in value:
+                return f"key {f'{where}/{key}'!r} is missing"
+            found = state_departure(value[key], sub, f"{where}/{key}")
+            if found is not None:
+                return found
+    return None
+
+
+def check_like(
+    path: Path, server: Any, template_server: Any, clients: Any, template_clients: Any, fix: str
+) -> None:
+    """The saved ``server`` and ``clients`` state (read from ``path``) fit the run that loads
+    them: the keys, tensor shapes and dtypes of the state its model and algorithm build
+    (``template_server``; ``template_clients``, ``None`` for a transport whose clients keep
+    their own state), and state for exactly its clients. A :class:`CheckpointError` names the
+    file and the first key that does not (a checkpoint of another model or config, or an
+    edited one), before anything is loaded."""
+    end = f"; it is not a state of this run's model and config (or was edited). {fix}".rstrip()
+    found = state_departure(server, template_server, "server")
+    if found is None and template_clients is not None and isinstance(clients, dict):
+        extra = sorted(set(clients) - set(template_clients))
+        if extra:
+            found = f"key {'clients/' + str(extra[0])!r} is a client this run does not have"
+        else:
+            found = state_departure(clients, template_clients, "clients")
+    if found is not None:
+        raise CheckpointError(f"{path}: {found}{end}")

@@ -44,7 +44,7 @@ import torch
 
 from fedshift.core.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.files import check_folder, ensure_dir
+from fedshift.core.files import check_folder
 from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
@@ -272,8 +272,7 @@ class RoundLoop:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """The run's state after its last whole round (``checkpoint.pt``), with what its
-        hooks add (``selected_round``)."""
+        """The run's state after its last round (``checkpoint.pt``), with its hooks' keys."""
         return {
             "round": self.last_round,
             "server": self.server,
@@ -313,7 +312,8 @@ class RoundLoop:
 
     def load_checkpoint(self) -> dict:
         """Load ``checkpoint.pt``: the run continues after its round (returns its dict)."""
-        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device)
+        like = (self.server, self.transport.state_dict())  # its keys, shapes, dtypes to match
+        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device, like=like)
         self.last_round = int(ck["round"])
         self.server = ck["server"]
         self.transport.load_state_dict(ck["clients"])
@@ -344,9 +344,8 @@ class RoundLoop:
         no checkpoint, killed during its set-up, starts again); ``rounds``: with ``resume``,
         extend a run to that many rounds (it ends as a run of ``rounds`` from the start);
         ``stop_after``: stop with :class:`RunInterrupted` after that round (tests). The run
-        directory is locked for the whole call: a second process gets an error naming this
-        one (:mod:`fedshift.runtime.rundir`); its log records go to its ``run.log``
-        (:func:`fedshift.core.logs.run_log`)."""
+        directory is locked for the whole call (:mod:`fedshift.runtime.rundir`: a second
+        process is refused); its log records go to ``run.log`` (:mod:`fedshift.core.logs`)."""
         shown = self.options.round_log and not self.progress
         console = showing_console() if shown else nullcontext()
         with hold_run(self.run_dir), run_log(self.run_dir), console:
@@ -357,8 +356,7 @@ class RoundLoop:
                 raise
 
     def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
-        ensure_dir(self.run_dir)  # never a link (core.files)
-        check_folder(self.run_dir)  # nor one planted inside: refused before any work
+        check_folder(self.run_dir)  # hold_run refused a link; a link planted inside too
         resumed = resume and (self.run_dir / CHECKPOINT).is_file()
         # on the terminal where a console shows it (the Flower ServerApp prints its own)
         shown = not self.options.round_log

@@ -27,12 +27,18 @@ __all__ = ["SavedRun", "read_selected"]
 
 
 def read_selected(
-    run_dir: str | Path, cfg: RunConfig, run_key: str, device: str | torch.device = "cpu"
+    run_dir: str | Path,
+    cfg: RunConfig,
+    run_key: str,
+    device: str | torch.device = "cpu",
+    like: tuple | None = None,
 ) -> dict:
     """``selected.pt`` of ``run_dir``, read without running code and checked to belong to
     the run whose ``checkpoint.pt`` holds ``run_key`` and whose config is ``cfg`` (a file
-    copied from another run is refused: :func:`~fedshift.runtime.checkpoint_io.check_selected`)."""
-    state = read_run_state(run_dir, SELECTED, map_location=device)
+    copied from another run is refused: :func:`~fedshift.runtime.checkpoint_io.check_selected`);
+    with ``like`` (the run's initial server and client state), its keys, shapes and dtypes
+    checked against them (:func:`~fedshift.runtime.checkpoint_io.check_like`)."""
+    state = read_run_state(run_dir, SELECTED, map_location=device, like=like)
     check_selected(state, Path(run_dir) / SELECTED, run_key, cfg.to_dict())
     return state
 

@@ -302,15 +302,19 @@ def load_finished(
     cfg = saved_config(run_dir)
     with torch_threads(cfg.run.threads):
         identity = RunIdentity(key=uuid.uuid4().hex)
-        exp, _ = start_experiment(cfg, InProcessTransport(federation), identity)
-    ck = read_run_state(run_dir, CHECKPOINT, map_location=exp.device)
+        transport = InProcessTransport(federation)
+        exp, server = start_experiment(cfg, transport, identity)
+    like = (server, transport.state_dict())  # the keys, shapes and dtypes of this run's state
+    ck = read_run_state(run_dir, CHECKPOINT, map_location=exp.device, like=like)
     set_rng_state(ck["rng"])
-    state = ck if weights == "last" else _selected_state(run_dir, cfg, ck, exp.device)
+    state = ck if weights == "last" else _selected_state(run_dir, cfg, ck, exp.device, like)
     clients = held_client_state(state["clients"])
     return SavedRun(run_dir, cfg, weights, int(state["round"]), exp, state["server"], clients)
 
 
-def _selected_state(run_dir: Path, cfg: RunConfig, ck: dict, device: torch.device) -> dict:
+def _selected_state(
+    run_dir: Path, cfg: RunConfig, ck: dict, device: torch.device, like: tuple
+) -> dict:
     """The state of the round ``summary.json`` selected: ``checkpoint.pt``'s (``ck``) when it
     is the last round, else ``selected.pt``'s, checked to belong to this run."""
     summary_path = run_dir / "summary.json"
@@ -327,7 +331,7 @@ def _selected_state(run_dir: Path, cfg: RunConfig, ck: dict, device: torch.devic
             f"{run_dir} selected round {best} but has no {SELECTED} (a run made before "
             "fedshift kept the selected state); use its last weights with --weights last"
         )
-    state = read_selected(run_dir, cfg, ck["run_key"], device)
+    state = read_selected(run_dir, cfg, ck["run_key"], device, like)
     if int(state["round"]) != best:
         raise FedshiftError(
             f"{run_dir / SELECTED} holds round {state['round']} but summary.json selected "

@@ -107,8 +107,12 @@ def load_npy_bytes(data: bytes) -> np.ndarray:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (a file larger than memory too)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(2**20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def json_digest(obj: object, length: int) -> str:

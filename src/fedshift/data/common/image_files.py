@@ -4,11 +4,21 @@ and resizing them into memory, and the cache of the decoded, resized images.
 
 Cache: with caching on, a client's images are decoded once and stored as uint8 in
 ``<cache>/<dataset>/<digest>/<split>.npy`` (``<cache>`` is ``dataset.cache_dir``, else
-``$FEDSHIFT_CACHE``, else ``~/.cache/fedshift``), each file written atomically, the entry
-complete when its ``kept.npz`` is there; read back with ``allow_pickle=False``. The digest
+``$FEDSHIFT_CACHE``, else ``~/.cache/fedshift``), each file written atomically, with
+``kept.npz`` (the indices of the files each split holds), the entry complete when its
+``digest.json`` is there; read back with ``allow_pickle=False``. The digest
 covers the absolute paths, sizes and modification times of the chosen files, the size and the
 reading rule, so an edited file or a new selection is read again (old entries are not
 deleted).
+
+What is read back is checked before it is used: ``digest.json`` seals the entry with the
+SHA-256 of every file (:mod:`fedshift.data.common.sealed`: a multi-GB file is hashed again
+only when its size, times or inode changed), and ``kept.npz`` must hold, per split, integer
+indices in range, strictly increasing (as written; all of them unless unreadable files were
+skipped). An entry that fails (bytes changed, a split file replaced by a link to another
+array, index arrays permuted, an entry of an older fedshift) is read again from the image
+files, with a warning naming the file (logger ``fedshift.data``); one that still fails after
+that is a :class:`~fedshift.core.errors.DataError` naming it.
 
 Memory: a split's images stay uint8 (:class:`~fedshift.core.images.ByteImages`), converted to
 float per batch. A cache file up to :data:`~fedshift.core.images.IN_MEMORY_MAX_BYTES` is read
@@ -19,6 +29,7 @@ cache the bytes are held in memory. The numbers do not depend on where the bytes
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +41,7 @@ from fedshift.core.errors import DataError
 from fedshift.core.files import ensure_dir
 from fedshift.core.images import ByteImages, MemoryBudget, write_npy
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
-from fedshift.data.common import cache
+from fedshift.data.common import cache, sealed
 from fedshift.data.common.images import (
     read_image,
     read_image_fedbn,
@@ -55,6 +66,10 @@ __all__ = [
 CACHE_VERSION = 2
 #: progress bar from this many image files on
 PROGRESS_FROM = 300
+#: the index file of an entry (its split files are ``<split>.npy``)
+KEPT = "kept.npz"
+
+log = logging.getLogger("fedshift.data")
 
 
 def cache_root(enabled: bool, cache_dir: str | None) -> Path | None:
@@ -177,6 +192,27 @@ def _cache_key(
     return cache.json_digest(meta, 24), meta
 
 
+def _entry_files(client: ClientSource) -> list[str]:
+    return [*(f"{split}.npy" for split in client.splits), KEPT]
+
+
+def _check_kept(idx: np.ndarray | None, n: int, skip: bool) -> str | None:
+    """What is wrong with one split's index array of ``kept.npz`` (``n`` files listed), or
+    None: as written, it is 1-D integers in [0, n), strictly increasing, and all of them
+    unless unreadable files were skipped."""
+    if idx is None:
+        return "is missing"
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        return f"must be a 1-D integer array, got {idx.dtype} of shape {tuple(idx.shape)}"
+    if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < n:
+        return f"has indices outside [0, {n})"
+    if len(idx) > 1 and not bool(np.all(np.diff(idx.astype(np.int64)) > 0)):
+        return "is not strictly increasing (indices repeated or reordered)"
+    if not skip and len(idx) != n:
+        return f"holds {len(idx)} of the {n} files, but no file was to be skipped"
+    return None
+
+
 def _read_cached(
     folder: Path,
     client: ClientSource,
@@ -184,38 +220,43 @@ def _read_cached(
     channels: int,
     skip: bool,
     budget: MemoryBudget,
-) -> tuple[dict[str, ByteImages], dict[str, np.ndarray]] | None:
+) -> tuple[tuple[dict[str, ByteImages], dict[str, np.ndarray]] | None, str | None]:
     """The cached images of ``client``'s splits and the indices of the files they hold (all,
-    unless unreadable files were skipped), or ``None`` if the entry is incomplete, unreadable
-    or does not hold them (then the images are read again: same result)."""
-    kept_all = cache.load_npz(folder / "kept.npz")
+    unless unreadable files were skipped), or ``None`` and what is wrong with the entry
+    (naming the file) if it is incomplete, unsealed, altered or does not hold them (then the
+    images are read again: same result)."""
+    problem = sealed.check(folder, _entry_files(client))
+    if problem is not None:
+        return None, problem
+    kept_all = cache.load_npz(folder / KEPT)
     if kept_all is None:
-        return None
+        return None, f"{folder / KEPT} is unreadable"
     arrays, kept = {}, {}
     for split, src in client.splits.items():
         idx = kept_all.get(split)
-        if idx is None or idx.ndim != 1:
-            return None
-        if len(idx) and not 0 <= idx.min() <= idx.max() < len(src):
-            return None
-        if not skip and len(idx) != len(src):
-            return None
+        wrong = _check_kept(idx, len(src), skip)
+        if wrong is not None:
+            return None, f"{folder / KEPT}: the index array {split!r} {wrong}"
+        path = folder / f"{split}.npy"
         try:
-            arrays[split] = budget.open(folder / f"{split}.npy")
-        except (OSError, ValueError):
-            return None
-        if tuple(arrays[split].shape) != (len(idx), channels, size, size):
-            return None
-        kept[split] = idx
-    return arrays, kept
+            arrays[split] = budget.open(path)
+        except (OSError, ValueError) as e:
+            return None, f"{path} is unreadable ({e})"
+        want = (len(idx), channels, size, size)
+        if tuple(arrays[split].shape) != want:
+            return None, f"{path} holds images {tuple(arrays[split].shape)}, not {want}"
+        kept[split] = idx.astype(np.int64)
+    return (arrays, kept), None
 
 
 def _write_cache(folder: Path, arrays: dict[str, np.ndarray], kept: dict[str, np.ndarray]):
-    """The entry's split files, then ``kept.npz`` (its presence marks the entry complete)."""
+    """The entry's split files and ``kept.npz``, then ``digest.json`` (its presence marks
+    the entry complete, and seals what the others hold)."""
     ensure_dir(folder)  # a cache entry that is a link is not written through
     for split, x in arrays.items():
         write_npy(folder / f"{split}.npy", x)
-    cache.save_npz(folder / "kept.npz", kept)
+    cache.save_npz(folder / KEPT, kept)
+    sealed.seal(folder, [*(f"{split}.npy" for split in arrays), KEPT])
 
 
 def materialize_client(
@@ -256,9 +297,12 @@ def materialize_client(
         digest, _ = _cache_key(dataset, client, size, mode, skip_unreadable)
         target = cache_dir / dataset / digest
         info["path"] = str(target)
-        if (target / "kept.npz").is_file():
-            found = _read_cached(target, client, size, channels, skip_unreadable, budget)
+        if (target / KEPT).exists() or (target / sealed.DIGESTS).exists():
+            found, problem = _read_cached(target, client, size, channels, skip_unreadable, budget)
             info["hit"] = found is not None
+            if problem is not None:
+                info["rebuilt"] = problem
+                log.warning("decode cache: %s; reading the images again", problem)
     if found is None:
         total = sum(len(s) for s in client.splits.values())
         arrays, kept = {}, {}
@@ -277,9 +321,12 @@ def materialize_client(
                 )
         if target is not None:
             _write_cache(target, arrays, kept)
-            found = _read_cached(target, client, size, channels, skip_unreadable, budget)
+            found, problem = _read_cached(target, client, size, channels, skip_unreadable, budget)
             if found is None:
-                raise DataError(f"{target}: the cache entry just written cannot be read back")
+                raise DataError(
+                    f"{target}: the cache entry just written cannot be read back ({problem}); "
+                    "delete that folder, or set dataset.cache_dir to another folder"
+                )
             arrays, kept = found
         else:
             arrays = {s: ByteImages(a) for s, a in arrays.items()}
