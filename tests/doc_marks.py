@@ -113,7 +113,10 @@ MARKS: dict[str, Mark] = {
     ". .venv/bin/activate": NotRun(SETUP),
     # the README's own-data commands, on the tree make_sites.py writes (one round, one seed)
     "python benchmarks/make_sites.py mysites": Run(),
-    "fedshift data check dataset.name=folders dataset.root=mysites": Run(),
+    "fedshift data check dataset.name=folders dataset.root=mysites": Run(
+        before=("python benchmarks/make_sites.py mysites",),
+        why="the tree the README's prose makes first (inline commands run after the blocks)",
+    ),
     "fedshift run dataset.name=folders dataset.root=mysites 'sweep.cell=[{algorithm.name: fedavg}, {algorithm.name: fedavg, augment: [fedrdn]}, {algorithm.name: fedbn}]' 'sweep.seed=[0,1,2]'": Run(
         ("train.rounds=1",), sub={"sweep.seed=[0,1,2]": "sweep.seed=[0]"}
     ),
@@ -279,7 +282,6 @@ MARKS: dict[str, Mark] = {
     ),
     "fedshift docs": Run(),
     "fedshift docs usage": Run(),
-    "fedshift predict": Prose(),
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(
