@@ -74,13 +74,16 @@ def runs_table(summaries: list[dict], metric: str | None = None) -> str:
     """One row per run: per-client test score (%) at the selected round, and the mean."""
     clients = summaries[0]["clients"]
     header = ["algorithm", "seed", "model", *clients, "mean", "best rnd", "MB up+down"]
+    # each run under its flow's name (algorithm + augments + what else tells runs apart, as
+    # the mean-over-seeds table names them): two runs of one algorithm stay distinguishable
+    flow = {id(s): f.name for f, g in group_flows(summaries).items() for s in g}
     rows = []
     for s in summaries:
         mb = (s["bytes_up"] + s["bytes_down"]) / 1e6
         sc = scores(s, metric)
         rows.append(
             [
-                s["algorithm"],
+                flow.get(id(s), s["algorithm"]),
                 str(s["seed"]),
                 s["evaluated_model"],
                 *(_client_mean([sc], c) for c in clients),
