@@ -139,6 +139,27 @@ class _ThisThread(logging.Filter):
         return record.thread == self.thread
 
 
+def logged_warnings(run_dir: str | Path) -> list[str]:
+    """The warnings (and errors) a run logged, in order and each once: the message of every
+    WARNING / ERROR line of ``<run_dir>/run.log`` (a resumed run's earlier segments
+    included). Read back so that a method's warning that scrolled past between progress bars
+    is shown again under the results (:func:`fedshift.eval.tables.print_tables`, ``fedshift
+    report``). A missing or unreadable log gives none."""
+    path = Path(run_dir) / RUN_LOG
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    seen: list[str] = []
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1] in ("WARNING", "ERROR"):
+            message = parts[2].lstrip().split(": ", 1)[-1]
+            if message not in seen and not message.startswith("stopped"):
+                seen.append(message)
+    return seen
+
+
 @contextmanager
 def run_log(run_dir: str | Path) -> Iterator[Path]:
     """Append the ``fedshift`` records of this thread, INFO and above, to

@@ -45,6 +45,7 @@ from fedshift.core.files import (  # noqa: E402
     write_bytes_atomic,
     write_text_atomic,
 )
+from fedshift.core.logs import logged_warnings  # noqa: E402
 from fedshift.eval.domains import domain_columns  # noqa: E402
 from fedshift.eval.label_skew import partition_label  # noqa: E402
 from fedshift.eval.order import natural_key  # noqa: E402
@@ -253,6 +254,15 @@ def _check_same_clients(name: str, runs: list[dict]) -> None:
             )
 
 
+def _warnings(runs: list[dict]) -> dict[str, list[str]]:
+    """Each warning a run logged (:func:`fedshift.core.logs.logged_warnings`) -> the runs."""
+    found: dict[str, list[str]] = {}
+    for s in runs:
+        for message in logged_warnings(s["_dir"]):
+            found.setdefault(message, []).append(f"{s['_flow'].label} seed {s['seed']}")
+    return found
+
+
 def build_report(
     roots: list[str | Path],
     out: str | Path,
@@ -351,6 +361,12 @@ def build_report(
                     if c in sc["test_per_client"]:  # a held-out site the run did not score
                         csv_rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
                 csv_rows.append({**base, "client": "mean", "test": sc["test_mean"]})
+    warned = _warnings(runs)
+    if warned:  # what the runs logged as warnings (their run.log), once each
+        items = [f"{m} [{', '.join(r)}]" for m, r in warned.items()]
+        md += ["", "## Warnings the runs logged", "", *(f"- {i}" for i in items)]
+        lis = "".join(f"<li>{html.escape(i)}</li>" for i in items)
+        body += ["<h2>Warnings the runs logged</h2>", f"<ul>{lis}</ul>"]
     md_path, html_path, csv_path = out / "report.md", out / "report.html", out / "report.csv"
     write_text_atomic(md_path, "\n".join(md) + "\n")
     page = (

@@ -17,6 +17,7 @@ from fedshift.catalog import registry_for
 from fedshift.core.config import load_yaml
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.identity import ONLY_WITH, flatten, number_config
+from fedshift.core.logs import logged_warnings
 from fedshift.eval.domains import domain_columns, domain_view
 from fedshift.eval.stats import mean_std, paired_ttest
 
@@ -305,9 +306,7 @@ def group_flows(summaries: list[dict], shown: tuple[str, ...] = ()) -> dict[Flow
     keys = list(dict.fromkeys(k for f in flats for k in f if not own(k)))
     missing = object()
     varying = [
-        k
-        for k in keys
-        if len({json.dumps(f.get(k, missing), default=str) for f in flats}) > 1
+        k for k in keys if len({json.dumps(f.get(k, missing), default=str) for f in flats}) > 1
     ]
     groups: dict[Flow, list[dict]] = {}
     identity: dict[Flow, str] = {}
@@ -464,3 +463,21 @@ def print_tables(summaries: list[dict]) -> None:
         if agg:
             print(f"\nMean over seeds ({caption}):")
             print(agg)
+    print_warnings(summaries)
+
+
+def print_warnings(summaries: list[dict]) -> None:
+    """The warnings the runs logged (their ``run.log``), once each under the tables, with the
+    runs that logged them: a method's warning that scrolled past between progress bars (a
+    HarmoFL zero start worth points, say) is not lost."""
+    found: dict[str, list[str]] = {}
+    flow = {id(s): f.name for f, g in group_flows(summaries).items() for s in g}
+    for s in summaries:
+        for message in logged_warnings(s.get("run_dir", "")) if s.get("run_dir") else []:
+            found.setdefault(message, []).append(
+                f"{flow.get(id(s), s['algorithm'])} seed {s['seed']}"
+            )
+    if found:
+        print("\nwarnings the runs logged (each run's run.log has them):")
+        for message, runs in found.items():
+            print(f"- {message} [{', '.join(runs)}]")
