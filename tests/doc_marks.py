@@ -282,6 +282,8 @@ MARKS: dict[str, Mark] = {
     ),
     "fedshift docs": Run(),
     "fedshift docs usage": Run(),
+    "fedshift cache list": Run(),
+    "fedshift cache clean --dry-run": Run(),
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(

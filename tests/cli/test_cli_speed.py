@@ -43,7 +43,9 @@ def test_python_m_fedshift_cli_help():
         [sys.executable, "-m", "fedshift.cli", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0
-    commands = "{run,bench,list,config,report,protocol,flower,data,claims,export,predict,docs}"
+    commands = (
+        "{run,bench,list,config,report,protocol,flower,data,cache,claims,export,predict,docs}"
+    )
     assert commands in out.stdout
 
 

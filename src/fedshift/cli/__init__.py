@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 from fedshift import __version__
-from fedshift.cli import claims, data, docs, export, flower, protocol, run
+from fedshift.cli import cache, claims, data, docs, export, flower, protocol, run
 from fedshift.core.errors import FedshiftError
 
 __all__ = ["build_parser", "describe_os_error", "main", "parse"]
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     protocol.add_parser(sub)
     flower.add_parser(sub)
     data.add_parser(sub)
+    cache.add_parser(sub)
     claims.add_parser(sub)
     export.add_parser(sub)
     docs.add_parser(sub)

@@ -306,7 +306,7 @@ def child_path(root: str | Path, name: str, what: str = "name", nested: bool = F
     if bad:
         raise UnsafePathError(
             f"{what} {name!r} must be a plain folder name inside {root} (no '..', '.', "
-            f"absolute path{'' if nested else ' or /'}); give e.g. {what}=my_suite"
+            f"absolute path{'' if nested else ' or /'})"
         )
     return inside(root, Path(root) / name)
 
