@@ -383,6 +383,177 @@ def formula_csv(tmp: Path) -> Result:
                   crashed(res))  # fmt: skip
 
 
+# ---------------------------------------------------------------------------- issue 48
+# items 3 (the dataset contract), 4 (read-only commands, the current folder) and 6
+# (estimates before allocation, files refused by type)
+BROKEN_DATASET = """\
+from dataclasses import dataclass
+import sys
+import torch
+from fedshift.core.federation import ClientData, Federation, Split
+
+@dataclass
+class P:
+    fault: str = "none"
+
+class Data:
+    name = "broken"
+    Params = P
+    task = "classification"
+
+    @staticmethod
+    def load(p):
+        if p.fault == "exit":
+            sys.exit(0)
+        def split(y):
+            return Split(torch.rand(len(y), 3, 28, 28), y)
+        y = torch.arange(12) % 3
+        bad = {"range": y + 2, "float": y.float()}.get(p.fault, y)
+        clients = [ClientData(n, split(bad), split(y), split(y)) for n in ("a", "b")]
+        if p.fault == "names":
+            clients[1].name = "a"
+        return Federation("broken", clients, ["h", "v", "d"], (3, 28, 28))
+"""
+
+
+def dataset_contract(fault: str, *words: str) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        (tmp / "brokendata.py").write_text(BROKEN_DATASET)
+        res = fedshift(tmp, "run", "dataset.name=brokendata:Data", f"dataset.fault={fault}",
+                       "model.name=cnn", "train.rounds=1", "--out", "runs", "--quiet")  # fmt: skip
+        left = [p for p in (tmp / "runs").rglob("*") if p.is_file()]  # none: nothing ran
+        ok = refused(res, "brokendata:Data.load", *words) and not left
+        return Result(ok, crashed(res), note="" if ok else res.stderr[-300:])
+
+    return case
+
+
+def received_config(tmp: Path) -> Path:
+    (tmp / "evilmod.py").write_text(PLUGIN)
+    raw = {"dataset": {"name": "toyshift"}, "algorithm": {"name": "evilmod:Algo"},
+           "model": {"name": "lenet5"}, "train": {"rounds": 1, "batch_size": 16}}  # fmt: skip
+    path = tmp / "received.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def config_show_plugin(tmp: Path) -> Result:
+    res = fedshift(tmp, "config", "show", "-c", str(received_config(tmp)))
+    ok = res.returncode == 0 and res.stdout.startswith("# not imported: algorithm.name")
+    return Result(ok, crashed(res), 0, imports(tmp))
+
+
+def data_check_plugin(tmp: Path) -> Result:
+    res = fedshift(tmp, "data", "check", "-c", str(received_config(tmp)), "--out", "dc")
+    return Result(refused(res, "names plug-in code", "--allow-plugins"), crashed(res), 0,
+                  imports(tmp))  # fmt: skip
+
+
+def report_plugin(tmp: Path) -> Result:
+    """A received run whose summary.json records no defaults (an older fedshift's)."""
+    received_run(tmp)
+    (path,) = (tmp / "runs").rglob("summary.json")
+    s = json.loads(path.read_text())
+    s.pop("defaults", None)
+    path.write_text(json.dumps(s))
+    res = fedshift(tmp, "report", "runs", "--out", "rep")
+    return Result(res.returncode == 0 and "only reads" in res.stderr, crashed(res), 0,
+                  imports(tmp))  # fmt: skip
+
+
+def list_dist_info(tmp: Path) -> Result:
+    info = tmp / "evil-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[fedshift.algorithms]\nsneaky = evilmod:Algo\n")
+    (tmp / "evilmod.py").write_text(PLUGIN)
+    res = fedshift(tmp, "list")
+    return Result(res.returncode == 0 and "sneaky" not in res.stdout, crashed(res), 0,
+                  imports(tmp))  # fmt: skip
+
+
+MAKE_FILES = textwrap.dedent(
+    """
+    import gzip, io, os, struct, sys, zipfile
+    import numpy as np
+    kind, root = sys.argv[1], sys.argv[2]
+    os.makedirs(root, exist_ok=True)
+    y = np.arange(30) % 3
+    if kind == "npz-bomb":  # a few kB claiming 3 TB
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            head, {"descr": "|u1", "fortran_order": False, "shape": (10**6, 3, 1000, 1000)})
+        with zipfile.ZipFile(f"{root}/a.npz", "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("x.npy", head.getvalue() + bytes(4096))
+            b = io.BytesIO(); np.save(b, y); z.writestr("y.npy", b.getvalue())
+    elif kind == "npy-fifo":
+        os.makedirs(f"{root}/a", exist_ok=True)
+        np.save(f"{root}/a/y.npy", y)
+        os.mkfifo(f"{root}/a/x.npy")
+    elif kind == "label":
+        y[3] = 10**12
+        np.savez(f"{root}/a.npz", x=np.zeros((30, 8, 8), np.uint8), y=y)
+    elif kind == "nifti-bomb":  # a .nii.gz whose header claims 30000^3 int16 voxels
+        import nibabel
+        buf = io.BytesIO()
+        img = nibabel.Nifti1Image(np.zeros((4, 4, 4), np.int16), np.eye(4))
+        img.to_file_map({"image": nibabel.FileHolder(fileobj=buf)})
+        raw = bytearray(buf.getvalue())
+        struct.pack_into("<8h", raw, 40, 3, 30000, 30000, 30000, 1, 1, 1, 1)
+        for sub in ("images", "masks"):
+            os.makedirs(f"{root}/s1/{sub}", exist_ok=True)
+            for i in range(5):
+                with open(f"{root}/s1/{sub}/case{i}.nii.gz", "wb") as f:
+                    f.write(gzip.compress(bytes(raw)))
+    elif kind == "folders":
+        from PIL import Image
+        for c in ("a", "b"):
+            os.makedirs(f"{root}/s1/{c}", exist_ok=True)
+            for i in range(6):
+                Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(f"{root}/s1/{c}/{i}.png")
+    """
+)
+
+
+def loader_case(kind: str, dataset: str, keys: tuple[str, ...], *words: str):
+    def case(tmp: Path) -> Result:
+        subprocess.run([sys.executable, "-c", MAKE_FILES, kind, str(tmp / "data")], env=env(),
+                       check=True)  # fmt: skip
+        res = fedshift(tmp, "data", "show", dataset, f"root={tmp / 'data'}", *keys, timeout=120)
+        return Result(refused(res, *words), crashed(res))
+
+    return case
+
+
+CASES_48: list[tuple[str, str, Callable[[Path], Result]]] = [
+    ("48 contract", "dataset plug-in, labels out of range", dataset_contract("range", "outside")),
+    ("48 contract", "dataset plug-in, float labels", dataset_contract("float", "int64")),
+    ("48 contract", "dataset plug-in, a client name twice", dataset_contract("names", "twice")),
+    ("48 contract", "dataset plug-in calling sys.exit(0)", dataset_contract("exit", "sys.exit")),
+    ("48 read-only", "config show of a received config", config_show_plugin),
+    ("48 read-only", "data check of a received config", data_check_plugin),
+    ("48 read-only", "report of a received run (no defaults)", report_plugin),
+    ("48 read-only", "list next to a *.dist-info", list_dist_info),
+    (
+        "48 estimates",
+        "arrays .npz claiming 3 TB",
+        loader_case("npz-bomb", "arrays", (), "needs about"),
+    ),
+    ("48 estimates", "arrays x.npy a FIFO", loader_case("npy-fifo", "arrays", (), "FIFO")),
+    ("48 estimates", "arrays label 10^12", loader_case("label", "arrays", (), "renumber")),
+    (
+        "48 estimates",
+        "segfolders .nii.gz claiming 108 TB",
+        loader_case("nifti-bomb", "segfolders", (), "needs about"),
+    ),
+    (
+        "48 estimates",
+        "folders at dataset.size=100000",
+        loader_case("folders", "folders", ("size=100000", "cache=false"), "dataset.size"),
+    ),
+]
+
+
 CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
     ("1 deletion", "run --overwrite, run dir a link to a user's folder", overwrite_link),
     ("1 deletion", "run --overwrite, a user's folder with a config.yaml", overwrite_foreign),
@@ -430,6 +601,7 @@ CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
     ("5 errors", "plug-in whose loss returns None", broken_plugin),
     ("6 smaller", "report.csv with a formula client name", formula_csv),
 ]
+CASES += CASES_48
 
 
 def run_cases(tmp: Path, ray: bool = True, log=print) -> dict[str, Row]:
