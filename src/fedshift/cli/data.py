@@ -169,7 +169,7 @@ def _check(args: argparse.Namespace) -> int:
     # it only reads: a plug-in the config file names is imported with --allow-plugins only
     # (one typed on the command line is imported as asked)
     given = {name for _, name in plugin_names(load_config(None, overrides))}
-    why = READ_ONLY.format(command="'fedshift data check'")
+    why = READ_ONLY.format(command="'fedshift data check'") + " (one typed here is imported)"
     with untrusted(f"config {source}", [raw], given, how=CLI_HOW, reason=why):
         return _check_config(args, raw, overrides, source)
 

@@ -62,10 +62,7 @@ PLUGIN_KEYS = ("algorithm.name", "model.name", "dataset.name", "augment")
 #: why a config from elsewhere is not imported from (the default reason)
 ELSEWHERE = "this config did not come from your command line or your own -c file"
 #: why a command that only reads imports nothing a config file names
-READ_ONLY = (
-    "{command} only reads, and imports no plug-in a config file names (one typed on the "
-    "command line is imported)"
-)
+READ_ONLY = "{command} only reads, and imports no plug-in a config file names"
 
 #: how to say yes, from the command line or Python
 HOW = (
