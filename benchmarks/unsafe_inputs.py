@@ -119,9 +119,23 @@ def imports(folder: Path) -> int:
 
 
 # ---------------------------------------------------------------------------- item 1
+def toy_dir(tmp: Path, *over: str) -> Path:
+    """Where ``fedshift run *TOY *over --out runs`` puts its run in ``tmp`` (its name carries
+    the overrides and the config's digest)."""
+    code = (
+        "import sys; from fedshift.catalog import resolve; "
+        "from fedshift.core.config import load_config; "
+        "from fedshift.runtime.results import run_dir_name; "
+        "print(run_dir_name(resolve(load_config(None, sys.argv[1:]))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *TOY, *over], cwd=tmp, env=env(),
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return tmp / "runs" / "x" / out.stdout.strip()
+
+
 def overwrite_link(tmp: Path) -> Result:
     v = victim(tmp)
-    link = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+    link = toy_dir(tmp)
     link.parent.mkdir(parents=True)
     link.symlink_to(v, target_is_directory=True)
     res = fedshift(tmp, "run", *TOY, "train.rounds=1", "--out", "runs", "--overwrite", "--quiet")
@@ -129,7 +143,7 @@ def overwrite_link(tmp: Path) -> Result:
 
 
 def overwrite_foreign(tmp: Path) -> Result:
-    run_dir = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+    run_dir = toy_dir(tmp)
     run_dir.parent.mkdir(parents=True)
     v = victim(tmp)
     shutil.move(v, run_dir)
@@ -167,7 +181,7 @@ def bench_link(tmp: Path) -> Result:
 
 def flower_link(tmp: Path) -> Result:
     v = victim(tmp)
-    link = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+    link = toy_dir(tmp)
     link.parent.mkdir(parents=True)
     link.symlink_to(v, target_is_directory=True)
     res = fedshift(tmp, "flower", "simulate", *TOY, "train.rounds=1", "--out", "runs",
@@ -185,7 +199,7 @@ def received_run(tmp: Path) -> Path:
     if res.returncode != 0:
         raise RuntimeError(f"the author's run failed: {res.stderr[-500:]}")
     (tmp / "marker.txt").unlink()
-    return tmp / "runs" / "x" / "evilmod.Algo-toyshift-seed0"
+    return next((tmp / "runs" / "x").iterdir())  # the only run there
 
 
 def plugin_case(*args: str) -> Callable[[Path], Result]:
@@ -229,7 +243,7 @@ def shadowing_module(tmp: Path) -> Result:
 # ---------------------------------------------------------------------------- item 3
 def ray_signal(sig: signal.Signals) -> Callable[[Path], Result]:
     def case(tmp: Path) -> Result:
-        run_dir = tmp / "runs" / "x" / "fedavg-toyshift-seed0"
+        run_dir = toy_dir(tmp)
         proc = subprocess.Popen(
             [sys.executable, "-m", "fedshift", "flower", "simulate", *TOY, "train.rounds=12",
              "checkpoint.every=0", "checkpoint.minutes=0", "--out", "runs", "--quiet"],
@@ -261,7 +275,7 @@ def ray_signal(sig: signal.Signals) -> Callable[[Path], Result]:
 
 def wrong_engine(tmp: Path) -> Result:
     res = fedshift(tmp, "run", *TOY, "train.rounds=1", "--out", "runs", "--quiet")
-    res = fedshift(tmp, "flower", "simulate", "--resume", "runs/x/fedavg-toyshift-seed0")
+    res = fedshift(tmp, "flower", "simulate", "--resume", str(toy_dir(tmp)))
     return Result(refused(res, "written by a native run"), crashed(res))
 
 
@@ -490,6 +504,177 @@ def report_fifo(tmp: Path) -> Result:
     return Result(refused(res, "FIFO"), crashed(res))
 
 
+# items 3 (the dataset contract), 4 (read-only commands, the current folder) and 6
+# (estimates before allocation, files refused by type)
+BROKEN_DATASET = """\
+from dataclasses import dataclass
+import sys
+import torch
+from fedshift.core.federation import ClientData, Federation, Split
+
+@dataclass
+class P:
+    fault: str = "none"
+
+class Data:
+    name = "broken"
+    Params = P
+    task = "classification"
+
+    @staticmethod
+    def load(p):
+        if p.fault == "exit":
+            sys.exit(0)
+        def split(y):
+            return Split(torch.rand(len(y), 3, 28, 28), y)
+        y = torch.arange(12) % 3
+        bad = {"range": y + 2, "float": y.float()}.get(p.fault, y)
+        clients = [ClientData(n, split(bad), split(y), split(y)) for n in ("a", "b")]
+        if p.fault == "names":
+            clients[1].name = "a"
+        return Federation("broken", clients, ["h", "v", "d"], (3, 28, 28))
+"""
+
+
+def dataset_contract(fault: str, *words: str) -> Callable[[Path], Result]:
+    def case(tmp: Path) -> Result:
+        (tmp / "brokendata.py").write_text(BROKEN_DATASET)
+        res = fedshift(tmp, "run", "dataset.name=brokendata:Data", f"dataset.fault={fault}",
+                       "model.name=cnn", "train.rounds=1", "--out", "runs", "--quiet")  # fmt: skip
+        left = [p for p in (tmp / "runs").rglob("*") if p.is_file()]  # none: nothing ran
+        ok = refused(res, "brokendata:Data.load", *words) and not left
+        return Result(ok, crashed(res), note="" if ok else res.stderr[-300:])
+
+    return case
+
+
+def received_config(tmp: Path) -> Path:
+    (tmp / "evilmod.py").write_text(PLUGIN)
+    raw = {"dataset": {"name": "toyshift"}, "algorithm": {"name": "evilmod:Algo"},
+           "model": {"name": "lenet5"}, "train": {"rounds": 1, "batch_size": 16}}  # fmt: skip
+    path = tmp / "received.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def config_show_plugin(tmp: Path) -> Result:
+    res = fedshift(tmp, "config", "show", "-c", str(received_config(tmp)))
+    ok = res.returncode == 0 and res.stdout.startswith("# not imported: algorithm.name")
+    return Result(ok, crashed(res), 0, imports(tmp))
+
+
+def data_check_plugin(tmp: Path) -> Result:
+    res = fedshift(tmp, "data", "check", "-c", str(received_config(tmp)), "--out", "dc")
+    return Result(refused(res, "names plug-in code", "--allow-plugins"), crashed(res), 0,
+                  imports(tmp))  # fmt: skip
+
+
+def report_plugin(tmp: Path) -> Result:
+    """A received run whose summary.json records no defaults (an older fedshift's)."""
+    received_run(tmp)
+    (path,) = (tmp / "runs").rglob("summary.json")
+    s = json.loads(path.read_text())
+    s.pop("defaults", None)
+    path.write_text(json.dumps(s))
+    res = fedshift(tmp, "report", "runs", "--out", "rep")
+    return Result(res.returncode == 0 and "only reads" in res.stderr, crashed(res), 0,
+                  imports(tmp))  # fmt: skip
+
+
+def list_dist_info(tmp: Path) -> Result:
+    info = tmp / "evil-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[fedshift.algorithms]\nsneaky = evilmod:Algo\n")
+    (tmp / "evilmod.py").write_text(PLUGIN)
+    res = fedshift(tmp, "list")
+    return Result(res.returncode == 0 and "sneaky" not in res.stdout, crashed(res), 0,
+                  imports(tmp))  # fmt: skip
+
+
+MAKE_FILES = textwrap.dedent(
+    """
+    import gzip, io, os, struct, sys, zipfile
+    import numpy as np
+    kind, root = sys.argv[1], sys.argv[2]
+    os.makedirs(root, exist_ok=True)
+    y = np.arange(30) % 3
+    if kind == "npz-bomb":  # a few kB claiming 3 TB
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            head, {"descr": "|u1", "fortran_order": False, "shape": (10**6, 3, 1000, 1000)})
+        with zipfile.ZipFile(f"{root}/a.npz", "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("x.npy", head.getvalue() + bytes(4096))
+            b = io.BytesIO(); np.save(b, y); z.writestr("y.npy", b.getvalue())
+    elif kind == "npy-fifo":
+        os.makedirs(f"{root}/a", exist_ok=True)
+        np.save(f"{root}/a/y.npy", y)
+        os.mkfifo(f"{root}/a/x.npy")
+    elif kind == "label":
+        y[3] = 10**12
+        np.savez(f"{root}/a.npz", x=np.zeros((30, 8, 8), np.uint8), y=y)
+    elif kind == "nifti-bomb":  # a .nii.gz whose header claims 30000^3 int16 voxels
+        import nibabel
+        buf = io.BytesIO()
+        img = nibabel.Nifti1Image(np.zeros((4, 4, 4), np.int16), np.eye(4))
+        img.to_file_map({"image": nibabel.FileHolder(fileobj=buf)})
+        raw = bytearray(buf.getvalue())
+        struct.pack_into("<8h", raw, 40, 3, 30000, 30000, 30000, 1, 1, 1, 1)
+        for sub in ("images", "masks"):
+            os.makedirs(f"{root}/s1/{sub}", exist_ok=True)
+            for i in range(5):
+                with open(f"{root}/s1/{sub}/case{i}.nii.gz", "wb") as f:
+                    f.write(gzip.compress(bytes(raw)))
+    elif kind == "folders":
+        from PIL import Image
+        for site in ("s1", "s2"):
+            for c in ("a", "b"):
+                os.makedirs(f"{root}/{site}/{c}", exist_ok=True)
+                for i in range(6):
+                    Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(f"{root}/{site}/{c}/{i}.png")
+    """
+)
+
+
+def loader_case(kind: str, dataset: str, keys: tuple[str, ...], *words: str):
+    def case(tmp: Path) -> Result:
+        subprocess.run([sys.executable, "-c", MAKE_FILES, kind, str(tmp / "data")], env=env(),
+                       check=True)  # fmt: skip
+        res = fedshift(tmp, "data", "show", dataset, f"root={tmp / 'data'}", *keys, timeout=120)
+        return Result(refused(res, *words), crashed(res))
+
+    return case
+
+
+CASES_48: list[tuple[str, str, Callable[[Path], Result]]] = [
+    ("48 contract", "dataset plug-in, labels out of range", dataset_contract("range", "outside")),
+    ("48 contract", "dataset plug-in, float labels", dataset_contract("float", "int64")),
+    ("48 contract", "dataset plug-in, a client name twice", dataset_contract("names", "twice")),
+    ("48 contract", "dataset plug-in calling sys.exit(0)", dataset_contract("exit", "sys.exit")),
+    ("48 read-only", "config show of a received config", config_show_plugin),
+    ("48 read-only", "data check of a received config", data_check_plugin),
+    ("48 read-only", "report of a received run (no defaults)", report_plugin),
+    ("48 read-only", "list next to a *.dist-info", list_dist_info),
+    (
+        "48 estimates",
+        "arrays .npz claiming 3 TB",
+        loader_case("npz-bomb", "arrays", (), "needs about"),
+    ),
+    ("48 estimates", "arrays x.npy a FIFO", loader_case("npy-fifo", "arrays", (), "FIFO")),
+    ("48 estimates", "arrays label 10^12", loader_case("label", "arrays", (), "renumber")),
+    (
+        "48 estimates",
+        "segfolders .nii.gz claiming 108 TB",
+        loader_case("nifti-bomb", "segfolders", (), "needs about"),
+    ),
+    (
+        "48 estimates",
+        "folders at dataset.size=100000",
+        loader_case("folders", "folders", ("size=100000", "cache=false"), "dataset.size"),
+    ),
+]
+
+
 CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
     ("1 deletion", "run --overwrite, run dir a link to a user's folder", overwrite_link),
     ("1 deletion", "run --overwrite, a user's folder with a config.yaml", overwrite_foreign),
@@ -547,6 +732,7 @@ CASES: list[tuple[str, str, Callable[[Path], Result]]] = [
     ("7 links (48)", "claims collect, config.yaml a link", collect_linked),
     ("7 links (48)", "report, summary.json a FIFO", report_fifo),
 ]
+CASES += CASES_48
 
 
 def all_cases() -> list[tuple[str, str, Callable[[Path], Result]]]:

@@ -16,6 +16,7 @@ switched on below), and every ``model`` section takes pretrained weights (``mode
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection
 from typing import Any
 
 from fedshift.algorithms import ALGORITHMS, Algorithm
@@ -111,6 +112,45 @@ def _fit_images(cfg: RunConfig) -> None:
         params.size = fixed[-1] if fixed is not None else FOLDERS_DEFAULT_SIZE
     task = dataset_task(cfg.dataset.name, params)
     check_model_input(cfg.model.name, cfg.model.factory, shape_of(), task, "dataset.size")
+
+
+def shown(raw: dict, source: str = "config", names: Collection[str] = ()) -> dict:
+    """The config ``fedshift config show`` prints: ``resolve(raw).to_dict()``, except that
+    every component named by one of ``names`` (plug-ins a read-only command does not import)
+    is shown as written, its keys unchecked. Every other section is resolved and checked as
+    :func:`resolve` does; the checks that need a held-back component's code (the algorithm
+    against the augments and the dataset's task; an algorithm's implied augments) are not
+    made."""
+    if not names:
+        return resolve(raw, source).to_dict()
+    try:
+        cfg = build_dataclass(RunConfig, raw, skip=(*COMPONENT_SECTIONS, "augment"))
+        check_ranges(cfg)
+        out = cfg.to_dict()
+        for section in COMPONENT_SECTIONS:
+            given = _given(raw, section)
+            held = given.get("name") in names
+            out[section] = dict(given) if held else component(section, given).to_dict()
+        augment = raw.get("augment", [])
+        if not isinstance(augment, list):
+            augment = [augment]
+        items = [x.get("name") if isinstance(x, dict) else x for x in augment]
+        implied: list = []
+        if out["algorithm"]["name"] not in names:
+            algo = component("algorithm", _given(raw, "algorithm"))
+            implied = [a for a in algo.factory.implied_augments(algo.params) if a not in items]
+        rows = []
+        for item in [*implied, *augment]:
+            section = {"name": item} if isinstance(item, str) else item
+            name = section.get("name") if isinstance(section, dict) else None
+            if name in names:
+                rows.append(dict(section))
+            else:
+                rows.append(component("augment", section, f"augment.{name}").to_dict())
+        out["augment"] = rows
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return out
 
 
 def _given(raw: dict, section: str) -> dict:

@@ -187,3 +187,52 @@ def test_the_guide_dataset_runs_by_module_class(tmp_path):
     assert s["dataset"] == "mydatasets:Stripes" and sorted(s["test_per_client"]) == [
         "c0", "c1", "c2",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fault", "match"),
+    [
+        ("high", r"client 'c0' train labels hold 3, outside 0\.\.2 \(3 classes\)"),
+        ("negative", r"client 'c0' train labels hold -1, outside 0\.\.2"),
+        ("huge", r"client 'c0' train labels hold 1000000000000, outside 0\.\.2"),
+        ("float", r"client 'c0' train labels are a torch\.float32 tensor; labels are int64"),
+        ("no_classes", r"classes are an empty list; a federation names its classes"),
+        ("same_names", r"client name 'c0' is given twice; client names are distinct"),
+        ("empty_name", r"clients\[0\] is named ''; client names are non-empty strings"),
+        ("empty_train", r"client 'c0' has an empty train split"),
+        ("seg_shape", r"client 'c0' test labels have shape \(12, 1\), not \(12,\)"),
+        ("exit", r"fsdataplug:Broken\.load called sys\.exit\(0\) while loading"),
+        ("raise", r"fsdataplug:Broken\.load failed: ValueError: the plug-in's own bug"),
+    ],
+)
+def test_what_a_plugin_loads_is_checked_against_the_contract(installed, fault, match):
+    """Issue 48: labels out of range, negative, float or huge, no classes, a client name twice
+    or empty, an empty training split, a label map of the wrong shape, a loader calling
+    sys.exit or failing: one ContractError naming the plug-in's loader, before any training
+    (the loader returned; nothing was built from it)."""
+    from fedshift.core.contract import ContractError
+
+    with pytest.raises(ContractError, match=match) as e:
+        load_dataset({"name": "fsdataplug:Broken", "fault": fault})
+    assert str(e.value).startswith("dataset 'fsdataplug:Broken': fsdataplug:Broken.load ")
+    assert "\n" not in str(e.value)
+    load_dataset({"name": "fsdataplug:Broken"})  # the same plug-in, unbroken, loads
+
+
+@pytest.mark.parametrize("fault", ["exit", "huge", "same_names"])
+def test_a_broken_plugin_stops_the_run_in_one_line_and_leaves_no_run(
+    installed, tmp_path, capsys, fault
+):
+    """`fedshift run` with a plug-in whose load calls sys.exit(0) exited 0 with no run (and
+    one whose labels are out of range failed deep in training): now exit code 2, one line
+    naming the plug-in, and no run directory."""
+    from fedshift.cli import main
+
+    out = tmp_path / "runs"
+    argv = ["run", "--quiet", "--out", str(out), *RUN, "dataset.name=fsdataplug:Broken"]
+    assert main([*argv, f"dataset.fault={fault}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedshift: error: dataset 'fsdataplug:Broken': fsdataplug:Broken.load")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not [p for p in out.rglob("*") if p.is_file()]  # nothing written: no run started
+    assert not list(out.rglob("*-seed0-*"))  # and no (empty) run directory

@@ -158,14 +158,26 @@ def _bare_dataset_keys(raw: dict, overrides: list[str]) -> None:
 def _check(args: argparse.Namespace) -> int:
     """``data check``: load the config's dataset (its loader's checks first), measure how the
     sites differ and write the report (:mod:`fedshift.eval.shift_report`)."""
-    from fedshift.catalog import resolve
+    from fedshift.cli.run import CLI_HOW
     from fedshift.core.config import load_config
-    from fedshift.eval.shift_report import check
+    from fedshift.core.consent import READ_ONLY, plugin_names, untrusted
 
     config, overrides, source = _check_inputs(args)
     if args.model_weights:
         overrides.append(f"model.weights={args.model_weights}")
     raw = load_config(config, overrides)
+    # it only reads: a plug-in the config file names is imported with --allow-plugins only
+    # (one typed on the command line is imported as asked)
+    given = {name for _, name in plugin_names(load_config(None, overrides))}
+    why = READ_ONLY.format(command="'fedshift data check'") + " (one typed here is imported)"
+    with untrusted(f"config {source}", [raw], given, how=CLI_HOW, reason=why):
+        return _check_config(args, raw, overrides, source)
+
+
+def _check_config(args: argparse.Namespace, raw: dict, overrides: list[str], source: str) -> int:
+    from fedshift.catalog import resolve
+    from fedshift.eval.shift_report import check
+
     _bare_dataset_keys(raw, overrides)
     cfg = resolve(raw, source)
     varied = [k for k in raw.get("sweep") or {} if k.split(".")[0] in SWEPT_DATA or k in SWEPT_DATA]
@@ -240,6 +252,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="'check': the features axis uses this state dict (model.weights=PATH) instead "
         "of the model's seeded random initialisation",
+    )
+    data.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="'check': import the plug-ins (module:Class names) the config file names "
+        "(default: refused, it only reads; a plug-in name runs its module's code)",
     )
     data.add_argument("--cache", help="cache folder for 'fetch' (default: $FEDSHIFT_CACHE)")
     data.add_argument(

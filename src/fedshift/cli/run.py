@@ -157,10 +157,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from fedshift.core.consent import READ_ONLY, untrusted
+    from fedshift.core.logs import showing_console
     from fedshift.eval.report import build_report
 
+    # reading run directories from anywhere: a module:Class they name is not imported
+    # (without --allow-plugins) but shown as a name, its keys all listed
+    why = READ_ONLY.format(command="'fedshift report'")
     try:
-        files = build_report(args.runs, args.out, args.reference, args.title)
+        with untrusted("a run's config", how=CLI_HOW, reason=why), showing_console():
+            files = build_report(args.runs, args.out, args.reference, args.title)
     except ValueError as e:  # an unknown reference row
         raise FedshiftError(str(e)) from None
     for key in ("md", "html", "csv"):
@@ -232,6 +238,10 @@ def add_exists_options(p: argparse.ArgumentParser) -> None:
         const=True,
         help="a run directory of this config exists: run into a new one next to it (-2, -3...)",
     )
+
+
+#: how to allow plug-ins, on the command line
+CLI_HOW = "--allow-plugins (or set FEDSHIFT_ALLOW_PLUGINS=1)"
 
 
 def add_allow_plugins(p: argparse.ArgumentParser) -> None:
@@ -345,6 +355,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--reference", help="row the p-values are also taken against: ALGO or ALGO/FLOW"
     )
     rep.add_argument("--title", help="report title")
+    rep.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="import the plug-ins (module:Class names) the runs name, to tell their keys' "
+        "defaults (default: not imported, every key shown; a plug-in name runs its code)",
+    )
     rep.add_argument(
         "--screenshot", action="store_true", help="also render report.png in headless Chromium"
     )

@@ -19,8 +19,15 @@ variable ``FEDSHIFT_ALLOW_PLUGINS=1``, :func:`allowed` around Python code, or th
 ``allow`` (a SuperNode's ``allow-plugins`` node-config key). The registry checks the scope
 again before every import (:func:`require`), so a name the listing missed is refused too.
 
+A command that only reads never imports a plug-in a config file names (:data:`READ_ONLY`):
+``fedshift config show`` prints such a section as written (:func:`held_back`), ``fedshift
+data check`` refuses, and ``fedshift report`` shows the plug-in's keys without its defaults;
+each imports with ``--allow-plugins``. Names typed on the command line are imported as asked.
+
 Entry-point names (a plain name declared by an installed package) are not gated: installing
-the package already ran its code on this machine.
+the package already ran its code on this machine. A ``*.dist-info`` lying in the folder
+``python -m fedshift`` runs from is not an installed package, and declares nothing
+(:mod:`fedshift.core.searchpath`).
 """
 
 from __future__ import annotations
@@ -34,12 +41,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from fedshift.core.errors import ConfigError
+from fedshift.core.searchpath import plugin_import
 
 __all__ = [
     "ALLOW_ENV",
     "PluginConsentError",
     "allow_in_this_process",
     "allowed",
+    "held_back",
+    "listing",
     "plugin_names",
     "require",
     "untrusted",
@@ -48,7 +58,11 @@ __all__ = [
 #: set to 1 / true / yes to import plug-ins named by configs from elsewhere
 ALLOW_ENV = "FEDSHIFT_ALLOW_PLUGINS"
 #: the config keys whose value may be a ``module:Class`` plug-in name
-PLUGIN_KEYS = ("algorithm.name", "model.name", "augment")
+PLUGIN_KEYS = ("algorithm.name", "model.name", "dataset.name", "augment")
+#: why a config from elsewhere is not imported from (the default reason)
+ELSEWHERE = "this config did not come from your command line or your own -c file"
+#: why a command that only reads imports nothing a config file names
+READ_ONLY = "{command} only reads, and imports no plug-in a config file names"
 
 #: how to say yes, from the command line or Python
 HOW = (
@@ -66,6 +80,7 @@ class _Scope:
     trusted: frozenset[str]
     allow: bool
     how: str
+    reason: str = ELSEWHERE
 
 
 _scope: ContextVar[_Scope | None] = ContextVar("fedshift_plugin_scope", default=None)
@@ -107,8 +122,9 @@ def _is_plugin(name: object) -> bool:
 
 def plugin_names(raw: dict) -> list[tuple[str, str]]:
     """``(config key, name)`` of every ``module:Class`` name a raw config holds:
-    ``algorithm.name``, ``model.name``, the ``augment`` entries, and the same keys' values in
-    its ``sweep`` grid (``cell`` mappings included). Nothing is imported."""
+    ``algorithm.name``, ``model.name``, ``dataset.name``, the ``augment`` entries, and the
+    same keys' values in its ``sweep`` grid (``cell`` mappings included). Nothing is
+    imported."""
     found: list[tuple[str, str]] = []
 
     def section(key: str, value: object) -> None:
@@ -121,14 +137,14 @@ def plugin_names(raw: dict) -> list[tuple[str, str]]:
             section(f"{key}[{i}]", item)
 
     def dotted(key: str, value: object) -> None:
-        if key in ("algorithm.name", "model.name", "algorithm", "model"):
-            section(key, value)
+        if key in ("algorithm.name", "model.name", "dataset.name", "algorithm", "model", "dataset"):
+            section(key if key.endswith(".name") else f"{key}.name", value)
         elif key == "augment":
             augments(key, value)
 
     if not isinstance(raw, dict):
         return found
-    for head in ("algorithm", "model"):
+    for head in ("algorithm", "model", "dataset"):
         section(f"{head}.name", raw.get(head))
     if "augment" in raw:
         augments("augment", raw["augment"])
@@ -152,7 +168,8 @@ def locate(module: str) -> str | None:
     if loaded is not None:
         return getattr(loaded, "__file__", None)
     try:
-        spec = importlib.machinery.PathFinder.find_spec(top, sys.path) if top else None
+        with plugin_import():  # looked for as a plug-in: python -m's folder counts
+            spec = importlib.machinery.PathFinder.find_spec(top, sys.path) if top else None
     except (ImportError, ValueError):
         spec = None
     if spec is None:
@@ -175,18 +192,23 @@ def untrusted(
     trusted: set[str] | frozenset[str] = frozenset(),
     allow: bool = False,
     how: str | None = None,
+    reason: str | None = None,
 ) -> Iterator[None]:
     """Read a config from ``source`` (a place the user may have received from elsewhere):
     the ``module:Class`` names in ``raws`` other than the ``trusted`` ones (given by the
     user) and those registered already are listed in one :class:`PluginConsentError` unless
     plug-ins are allowed (``allow``, or the module docstring's ways; ``how`` says how to);
     inside the block the registry refuses to import any other (:func:`require`). A scope
-    inside another keeps the outer one's ``how`` unless given its own, and its ``allow``."""
+    inside another keeps the outer one's ``how`` and ``reason`` (why nothing is imported,
+    :data:`ELSEWHERE` by default; :data:`READ_ONLY` for a command that only reads) unless
+    given its own, and its ``allow``."""
     outer = _scope.get()
     if how is None:
         how = outer.how if outer is not None else HOW
+    if reason is None:
+        reason = outer.reason if outer is not None else ELSEWHERE
     allow = allow or (outer is not None and outer.allow)
-    scope = _Scope(source, frozenset(trusted), allow, how)
+    scope = _Scope(source, frozenset(trusted), allow, how, reason)
     if raws is not None:
         check(scope, [n for raw in raws for n in plugin_names(raw)])
     token = _scope.set(scope)
@@ -196,23 +218,43 @@ def untrusted(
         _scope.reset(token)
 
 
-def check(scope: _Scope, names: list[tuple[str, str]]) -> None:
+def _held(scope: _Scope, names: list[tuple[str, str]]) -> dict[str, str]:
+    """``{name: config key}`` of the ``names`` that ``scope`` does not let be imported."""
     from fedshift.core.registry import registered_anywhere
 
     if _is_allowed(scope):
-        return
+        return {}
     todo: dict[str, str] = {}
     for key, name in names:
         if name not in scope.trusted and not registered_anywhere(name):
             todo.setdefault(name, key)
+    return todo
+
+
+def listing(held: dict[str, str]) -> str:
+    """``algorithm.name 'm:X' (module 'm' at /path/m.py); ...`` for :func:`held_back`'s
+    answer: each name with its key and the file its module would come from."""
+    return "; ".join(f"{key} {name!r} ({_where(name)})" for name, key in held.items())
+
+
+def check(scope: _Scope, names: list[tuple[str, str]]) -> None:
+    todo = _held(scope, names)
     if not todo:
         return
-    listed = "; ".join(f"{key} {name!r} ({_where(name)})" for name, key in todo.items())
     raise PluginConsentError(
-        f"{scope.source} names plug-in code: {listed}. Importing a plug-in runs its module's "
-        "code, and this config did not come from your command line or your own -c file, so "
-        f"nothing was imported. If you trust it and its modules, run again with {scope.how}"
+        f"{scope.source} names plug-in code: {listing(todo)}. Importing a plug-in runs its "
+        f"module's code, and {scope.reason}: nothing was imported. If you trust it and its "
+        f"modules, run again with {scope.how}"
     )
+
+
+def held_back(raws: list[dict], trusted: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
+    """``{name: config key}`` of the ``module:Class`` names in ``raws`` that are not
+    imported here: not registered yet, not ``trusted`` (given on the command line), and
+    plug-ins not allowed (``--allow-plugins``, :data:`ALLOW_ENV`, :func:`allowed`). A
+    command that only shows a config treats these as names (``fedshift config show``)."""
+    scope = _Scope("config", frozenset(trusted), False, HOW)
+    return _held(scope, [n for raw in raws for n in plugin_names(raw)])
 
 
 def require(name: str, key: str | None) -> None:

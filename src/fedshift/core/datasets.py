@@ -11,6 +11,24 @@ A dataset is a component like an algorithm: a spec with
 * ``load(params) -> Federation``: the clients' splits, built from the validated ``Params``
   (no download at run time: fedshift never fetches data).
 
+What ``load`` returns is checked before anything trains (:func:`check_loaded`, for built-in
+datasets and plug-ins alike): a :class:`~fedshift.core.federation.Federation` of the
+declared task, with
+
+* ``classes``: a non-empty list of distinct strings (at most :data:`MAX_CLASSES`);
+* ``clients``: at least one :class:`~fedshift.core.federation.ClientData`, named by
+  distinct non-empty strings, each with a non-empty training split;
+* every split's ``x``: float32 ``(N, C, H, W)`` images (or
+  :class:`~fedshift.core.images.ByteImages`) of ``input_shape`` ``(C, H, W)``;
+* every split's ``y``: int64 labels in ``[0, len(classes))``, ``(N,)`` for
+  classification, ``(N, H, W)`` label maps (the images' size) for segmentation.
+
+A federation that breaks one of these is a :class:`ContractError` naming the dataset, its
+loader, the client and split, and the fix; the label range is read with one
+``torch.aminmax`` per split (no copy of the labels), the images are never read. A loader
+that calls ``sys.exit`` (:class:`SystemExit`) is the same kind of error
+(:func:`loader_failed`), and so is any other exception a plug-in's loader raises.
+
 :class:`DatasetSpec` states it as a typing protocol. Built-in datasets are registered with
 these four facts by one ``DATASETS.add(name, load, Params, description, task=...)`` call each
 (:mod:`fedshift.data`); a plug-in is a class (or an object) with these attributes, found by
@@ -24,21 +42,31 @@ import dataclasses
 import inspect
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import torch
+
 from fedshift.core.contract import GUIDE, ContractError, check_params
-from fedshift.core.federation import TASKS, Federation
+from fedshift.core.federation import SPLITS, TASKS, ClientData, Federation, Split
+from fedshift.core.images import ByteImages
 from fedshift.core.registry import Entry
 
 #: a dataset whose ``Params`` decide its task (their ``task`` field)
 TASK_FROM_PARAMS = "params"
 #: what a dataset's ``task`` may be
 DATASET_TASKS = (*TASKS, TASK_FROM_PARAMS)
+#: the most classes a federation may have: a label of 10**12 is a mistake in the labels,
+#: not a class list to allocate (ImageNet-21k has about 21,800)
+MAX_CLASSES = 100_000
 
 __all__ = [
     "DATASET_TASKS",
+    "MAX_CLASSES",
     "TASK_FROM_PARAMS",
     "DatasetSpec",
+    "check_federation",
     "check_loaded",
     "dataset_entry",
+    "loader_failed",
+    "loader_name",
     "params_task",
 ]
 
@@ -114,10 +142,33 @@ def dataset_entry(name: str, obj: Any, what: str) -> Entry:
     return Entry(name, load, params, doc, task)
 
 
+def loader_name(load: Any) -> str:
+    """``module:Qual.name`` of a dataset's ``load`` (what errors call it)."""
+    return f"{getattr(load, '__module__', '?')}:{getattr(load, '__qualname__', '?')}"
+
+
+def loader_failed(exc: BaseException, name: str, load: Any) -> ContractError:
+    """The one-line error for dataset ``name``'s ``load`` ending in ``exc``: a ``sys.exit``
+    (:class:`SystemExit`), or an exception of a plug-in's own code (a traceback from inside
+    a user's loader says less than its name and message)."""
+    who = loader_name(load)
+    if isinstance(exc, SystemExit):
+        return ContractError(
+            f"dataset {name!r}: {who} called sys.exit({exc.code!r}) while loading; a "
+            "dataset's load returns a Federation or raises an error, it must not end the "
+            f"program (see {GUIDE})"
+        )
+    return ContractError(
+        f"dataset {name!r}: {who} failed: {type(exc).__name__}: {exc} (call {who} with the "
+        f"same Params to see where; see {GUIDE})"
+    )
+
+
 def check_loaded(fed: Any, name: str, task: str, load: Any) -> Federation:
     """``fed``, what dataset ``name``'s ``load`` returned, if it is a :class:`Federation` of
-    the declared ``task``; else a :class:`ContractError` naming the loader."""
-    who = f"{getattr(load, '__module__', '?')}:{getattr(load, '__qualname__', '?')}"
+    the declared ``task`` that keeps the contract (module docstring:
+    :func:`check_federation`); else a :class:`ContractError` naming the loader."""
+    who = loader_name(load)
     if not isinstance(fed, Federation):
         got = "None" if fed is None else f"a {type(fed).__name__}"
         raise ContractError(
@@ -129,7 +180,112 @@ def check_loaded(fed: Any, name: str, task: str, load: Any) -> Federation:
             f"dataset {name!r}: {who} returned a {fed.task} federation, but the dataset "
             f"declares task {task!r}; make the two agree (see {GUIDE})"
         )
+    check_federation(fed, f"dataset {name!r}: {who} returned a federation whose")
     return fed
+
+
+def check_federation(fed: Federation, what: str) -> None:
+    """Raise a :class:`ContractError` starting with ``what`` (e.g. ``dataset 'x': m:X.load
+    returned a federation whose``) at the first rule of the module docstring ``fed`` breaks.
+    Cheap: shapes and dtypes, and one ``aminmax`` over each split's labels."""
+
+    def fail(problem: str, fix: str) -> ContractError:
+        return ContractError(f"{what} {problem}; {fix} (see {GUIDE})")
+
+    classes = fed.classes
+    if not isinstance(classes, list | tuple) or not classes:
+        raise fail(
+            f"classes are {_shown(classes)}",
+            "a federation names its classes in a non-empty list (segmentation: classes[0] is "
+            "the background)",
+        )
+    if len(classes) > MAX_CLASSES:
+        raise fail(
+            f"classes are {len(classes)} names",
+            f"at most {MAX_CLASSES} are taken: labels are class indices 0..C-1",
+        )
+    odd = next((c for c in classes if not isinstance(c, str) or not c), None)
+    if odd is not None or len(set(classes)) != len(classes):
+        shown = _shown(odd) if odd is not None else "a name twice"
+        raise fail(f"classes hold {shown}", "class names are distinct non-empty strings")
+    clients = fed.clients
+    if not isinstance(clients, list | tuple) or not clients:
+        raise fail(f"clients are {_shown(clients)}", "a federation has at least one client")
+    seen: set[str] = set()
+    for i, client in enumerate(clients):
+        if not isinstance(client, ClientData):
+            raise fail(f"clients[{i}] is {_shown(client)}", "each client is a ClientData")
+        cname = client.name
+        if not isinstance(cname, str) or not cname.strip():
+            raise fail(f"clients[{i}] is named {cname!r}", "client names are non-empty strings")
+        if cname in seen:
+            raise fail(
+                f"client name {cname!r} is given twice",
+                "client names are distinct (a table row and a model per client)",
+            )
+        seen.add(cname)
+        for split in SPLITS:
+            _check_split(getattr(client, split, None), fed, f"client {cname!r} {split}", fail)
+        if len(client.train) == 0:
+            raise fail(
+                f"client {cname!r} has an empty train split",
+                "every client trains on at least one example (drop the client, or give it data)",
+            )
+
+
+def _check_split(part: Any, fed: Federation, where: str, fail: Any) -> None:
+    """One split's images and labels against the federation's shape, task and classes."""
+    if not isinstance(part, Split):
+        raise fail(f"{where} split is {_shown(part)}", "each split is a Split(x, y)")
+    x, y = part.x, part.y
+    if isinstance(x, ByteImages):
+        pass
+    elif not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        got = f"{x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise fail(
+            f"{where} images are a {got}",
+            "images are float32 tensors in [0, 1] (N, C, H, W), or ByteImages",
+        )
+    shape = tuple(int(s) for s in x.shape)
+    want = tuple(fed.input_shape)
+    if len(shape) != 4 or shape[1:] != want:
+        raise fail(
+            f"{where} images have shape {shape} but input_shape is {want}",
+            "images are (N, C, H, W) with (C, H, W) = input_shape",
+        )
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.int64:
+        got = f"{y.dtype} tensor" if isinstance(y, torch.Tensor) else type(y).__name__
+        raise fail(
+            f"{where} labels are a {got}",
+            "labels are int64 class indices (torch.long): convert them with y.long() after "
+            "checking they are whole numbers",
+        )
+    n = shape[0]
+    want_y = (n,) if fed.task == "classification" else (n, *shape[2:])
+    if tuple(y.shape) != want_y:
+        kind = "one class per image" if fed.task == "classification" else "one per pixel"
+        raise fail(
+            f"{where} labels have shape {tuple(y.shape)}, not {want_y}",
+            f"a {fed.task} federation has {kind}",
+        )
+    if y.numel():
+        lo, hi = (int(v) for v in torch.aminmax(y))
+        classes = len(fed.classes)
+        if lo < 0 or hi >= classes:
+            bad = lo if lo < 0 else hi
+            raise fail(
+                f"{where} labels hold {bad}, outside 0..{classes - 1} ({classes} classes)",
+                "labels index the classes list (0 .. len(classes) - 1)",
+            )
+
+
+def _shown(value: Any) -> str:
+    """A short description of an unexpected value."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return repr(value)
+    if isinstance(value, list | tuple | dict) and not value:
+        return f"an empty {type(value).__name__}"
+    return f"a {type(value).__name__}"
 
 
 def _takes_one(fn: Any) -> bool:

@@ -31,6 +31,7 @@ module and the fix (the import error, Python's path, the attributes the module h
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import os
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from fedshift.core import consent
+from fedshift.core import consent, searchpath
 from fedshift.core.components import Component
 from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError
@@ -188,7 +189,7 @@ class Registry(Generic[T]):
         if self._group is None:
             return {}
         found: dict[str, set[str]] = {}
-        for ep in importlib.metadata.entry_points(group=self._group):
+        for ep in _installed(importlib.metadata.entry_points(group=self._group)):
             if ep.name not in self._entries:
                 found.setdefault(ep.name, set()).add(ep.value)
         return {n: sorted(v) for n, v in sorted(found.items())}
@@ -225,7 +226,7 @@ class Registry(Generic[T]):
 
         if self._group is None:
             return []
-        return list(importlib.metadata.entry_points(group=self._group, name=name))
+        return _installed(importlib.metadata.entry_points(group=self._group, name=name))
 
     def _add_plugin(self, name: str, obj: Any, what: str) -> None:
         base = self._base
@@ -254,6 +255,23 @@ class Registry(Generic[T]):
         return name in self._plugins
 
 
+def _installed(eps: Any) -> list[Any]:
+    """The entry points of installed packages: not those of a ``*.dist-info`` lying in the
+    current folder that ``python -m`` put on the path (a received folder's metadata naming
+    its own module would be code run by ``fedshift list``; :mod:`fedshift.core.searchpath`)."""
+    out = []
+    for ep in eps:
+        dist = getattr(ep, "dist", None)
+        where = None
+        if dist is not None:
+            with contextlib.suppress(Exception):  # a distribution without a folder
+                where = dist.locate_file("")
+        if where is not None and searchpath.in_guarded_folder(str(where)):
+            continue
+        out.append(ep)
+    return out
+
+
 def load_object(spec: str, what: str) -> Any:
     """The object ``module.path:Attr.path`` names, importing the module; every failure is a
     :class:`ConfigError` starting with ``what`` that says what to fix."""
@@ -264,7 +282,8 @@ def load_object(spec: str, what: str) -> Any:
             "an importable module and a class in it"
         )
     try:
-        module = importlib.import_module(module_name)
+        with searchpath.plugin_import(module_name):  # python -m's folder serves plug-ins
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         missing = e.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):

@@ -17,7 +17,14 @@ from collections.abc import Callable
 
 from fedshift.core.components import Component
 from fedshift.core.config import RunConfig
-from fedshift.core.datasets import DATASET_TASKS, TASK_FROM_PARAMS, check_loaded, params_task
+from fedshift.core.datasets import (
+    DATASET_TASKS,
+    TASK_FROM_PARAMS,
+    check_loaded,
+    loader_failed,
+    params_task,
+)
+from fedshift.core.errors import FedshiftError
 from fedshift.core.registry import Registry
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
@@ -210,7 +217,9 @@ def dataset_task(name: str, params: object = None) -> str:
 def load_dataset(
     section: Component | dict, partition: Component | dict | None = None
 ) -> Federation:
-    """Load the dataset of a resolved ``dataset`` component, then apply the resolved
+    """Load the dataset of a resolved ``dataset`` component, check what its loader returned
+    against the dataset contract (:func:`fedshift.core.datasets.check_loaded`; a loader's
+    ``sys.exit`` or a plug-in's exception is one error naming it), then apply the resolved
     ``partition`` (label skew across simulated clients; ``none`` by default). A plain
     ``{name: ..., **params}`` section is validated into its component first."""
     from fedshift.core.memory import check_fits
@@ -229,7 +238,18 @@ def load_dataset(
         task = dataset_task(dataset.name, dataset.params)
     else:  # resolved: the entry's task came with it, no second lookup
         task = params_task(dataset.task, dataset.params, type(dataset.params))
-    fed = check_loaded(dataset.factory(dataset.params), dataset.name, task, dataset.factory)
+    load = dataset.factory
+    try:
+        fed = load(dataset.params)
+    except SystemExit as e:  # a loader ending the program: one line naming it, no empty run
+        raise loader_failed(e, dataset.name, load) from None
+    except FedshiftError:
+        raise
+    except Exception as e:  # a plug-in's own code failed: named (built-ins: the traceback)
+        if not DATASETS.is_plugin(dataset.name):
+            raise
+        raise loader_failed(e, dataset.name, load) from e
+    fed = check_loaded(fed, dataset.name, task, load)
     return apply_partition(fed, partition or {"name": "none"})
 
 

@@ -6,8 +6,10 @@ including background); :func:`metric_caption` names what a table shows."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,11 +117,24 @@ def seeds_table(summaries: list[dict], metric: str | None = None) -> str | None:
 
 
 def component_defaults(section: dict, kind: str) -> dict:
-    """The default keys of the component a config section names (``{}``: it has none)."""
+    """The default keys of the component a config section names (``{}``: it has none, or
+    it is a ``module:Class`` plug-in that may not be imported here: ``fedshift report`` only
+    reads, :mod:`fedshift.core.consent`; a warning says so once, and every key is shown)."""
     import dataclasses
 
-    entry = registry_for(kind).entry(section["name"])
+    from fedshift.core.consent import PluginConsentError
+
+    try:
+        entry = registry_for(kind).entry(section["name"])
+    except PluginConsentError as e:
+        _held_back(str(e))
+        return {}
     return dataclasses.asdict(entry.params()) if entry.params is not None else {}
+
+
+@functools.cache
+def _held_back(message: str) -> None:
+    logging.getLogger("fedshift.eval").warning("%s", message)
 
 
 def changed_text(section: dict, kind: str, recorded: dict | None = None) -> str:

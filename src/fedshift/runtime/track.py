@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import csv
 import importlib.metadata
-import importlib.util
 import io
 import json
 import platform
@@ -49,6 +48,7 @@ from typing import Any, ClassVar
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import csv_safe, write_text_atomic
 from fedshift.core.machine import machine
+from fedshift.core.searchpath import find_optional
 from fedshift.runtime.hooks import Hook, RoundRecord
 
 __all__ = [
@@ -183,7 +183,7 @@ class TensorBoardTracker(Tracker):
     @classmethod
     def check(cls) -> None:
         problem = None
-        if importlib.util.find_spec("tensorboard") is None:
+        if find_optional("tensorboard") is None:  # not a tensorboard.py of the current folder
             problem = "the tensorboard package is not installed"
         else:
             try:

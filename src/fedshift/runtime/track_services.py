@@ -58,7 +58,6 @@ When a round is logged
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
@@ -73,6 +72,7 @@ from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import ensure_dir, read_json, write_text_atomic
+from fedshift.core.searchpath import find_optional
 from fedshift.runtime.hooks import RoundRecord
 from fedshift.runtime.track import Tracker, flatten_row, round_scalars
 
@@ -92,7 +92,8 @@ Pending = tuple[int, float, dict[str, float]]
 
 
 def _not_installed(modules: Sequence[str]) -> list[str]:
-    return [m for m in modules if importlib.util.find_spec(m) is None]
+    # a wandb.py in the folder `python -m fedshift` ran from is not wandb (core/searchpath)
+    return [m for m in modules if find_optional(m) is None]
 
 
 def _package_error(tracker: str, problem: str) -> ConfigError:

@@ -75,3 +75,42 @@ class NotAFederation(Stripes):
     @staticmethod
     def load(params: StripesParams) -> Federation:
         return {"x": 1}  # type: ignore[return-value]
+
+
+@dataclass
+class BrokenParams(StripesParams):
+    fault: str = "none"  # which rule of the contract load breaks (Broken.load)
+
+
+class Broken(Stripes):
+    """Stripes whose load breaks one rule of the dataset contract, chosen by ``fault``"""
+
+    Params = BrokenParams
+
+    @staticmethod
+    def load(params: BrokenParams) -> Federation:
+        import sys
+
+        fault = params.fault
+        if fault == "exit":
+            sys.exit(0)
+        if fault == "raise":
+            raise ValueError("the plug-in's own bug")
+        fed = Stripes.load(params)
+        c0 = fed.clients[0]
+        y = c0.train.y
+        if fault in ("high", "negative", "huge"):
+            y[0] = {"high": 3, "negative": -1, "huge": 10**12}[fault]
+        elif fault == "float":
+            c0.train.y = y.float()
+        elif fault == "no_classes":
+            fed.classes = []
+        elif fault == "same_names":
+            fed.clients[1].name = c0.name
+        elif fault == "empty_name":
+            c0.name = ""
+        elif fault == "empty_train":
+            c0.train = Split(c0.train.x[:0], y[:0])
+        elif fault == "seg_shape":
+            c0.test.y = y.view(-1)[: len(c0.test.y)].clone().view(-1, 1)
+        return fed

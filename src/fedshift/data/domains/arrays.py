@@ -45,6 +45,7 @@ torch tensors. Both go through the same checks and conversion (:func:`build_fede
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,13 +55,22 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from fedshift.core.datasets import MAX_CLASSES
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.memory import check_fits
 from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
     check_fractions,
     check_root_key,
     check_size,
     require_root,
+)
+from fedshift.data.common.headers import (
+    ArrayHeader,
+    array_bytes,
+    npy_headers,
+    open_regular,
+    require_regular,
 )
 from fedshift.data.common.images import resize_images, resize_labels
 from fedshift.data.common.sampling import (
@@ -164,7 +174,7 @@ def _as_numpy(value: Any, what: str) -> np.ndarray:
 
 def _npz(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open_regular(path, "an array file") as fh, np.load(fh, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(
@@ -175,11 +185,57 @@ def _npz(path: Path) -> dict[str, np.ndarray]:
 
 def _npy(path: Path) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        with open_regular(path, "an array file") as fh:
+            return np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise DataError(
             f"{path}: not a readable .npy of a plain array ({exc}); save it with np.save"
         ) from exc
+
+
+def _site_headers(path: Path) -> dict[str, ArrayHeader]:
+    """The arrays of a site (its ``.npz``, or the ``.npy`` files of its folder) as their
+    headers state them; nothing is loaded."""
+    if path.suffix == ".npz" and not path.is_dir():
+        heads = npy_headers(path)
+        missing = [k for k in ("x", "y") if k not in heads]
+        extra = sorted(set(heads) - {"x", "y", "split"})
+        if missing or extra:
+            raise DataError(
+                f"{path} holds the arrays {sorted(heads)}; it needs x and y (and may hold "
+                f"split), nothing else{f': rename or drop {extra}' if extra else ''}"
+            )
+        return heads
+    heads = {}
+    for key in ("x", "y", "split"):
+        file = path / f"{key}.npy"
+        if os.path.lexists(file):
+            heads[key] = npy_headers(file)[""]
+    if "y" not in heads:
+        raise DataError(f"{path / 'x.npy'} has no {path / 'y.npy'}; add the labels")
+    return heads
+
+
+def check_memory(sites: dict[str, Path]) -> None:
+    """Refuse, before anything is loaded, arrays that would not fit in memory: every site's
+    arrays as their headers state them, plus the float32 copy of each ``x`` the loader
+    makes (:mod:`fedshift.data.common.headers`)."""
+    total, largest, shown = 0, -1, ""
+    for path in sites.values():
+        heads = _site_headers(path)
+        need = sum(h.nbytes for h in heads.values())
+        if "x" in heads:
+            need += array_bytes(heads["x"].shape, np.float32)  # x in [0, 1] as float32
+        total += need
+        if need > largest:
+            largest = need
+            shown = f"{path}: " + ", ".join(f"{k} {h}" for k, h in heads.items())
+    check_fits(
+        total,
+        f"dataset {NAME!r}: the arrays of {len(sites)} site(s) (largest: {shown})",
+        "load fewer sites (dataset.sites), store x as uint8 rather than float, or use a "
+        "machine with more memory",
+    )
 
 
 def read_site_files(root: Path, sites: list[str] | None) -> list[SiteArrays]:
@@ -188,8 +244,10 @@ def read_site_files(root: Path, sites: list[str] | None) -> list[SiteArrays]:
     for p in sorted(root.iterdir()):
         if p.name.startswith("."):
             continue
+        if p.suffix == ".npz" and not p.is_dir():
+            require_regular(p, "an array file")  # a FIFO would block np.load: refused by type
         name = p.name[:-4] if p.is_file() and p.suffix == ".npz" else p.name if p.is_dir() else None
-        if name is None or (p.is_dir() and not (p / "x.npy").exists()):
+        if name is None or (p.is_dir() and not os.path.lexists(p / "x.npy")):
             continue
         if name in found:
             raise DataError(f"{found[name]} and {p} are both site {name!r}; keep one of them")
@@ -200,28 +258,21 @@ def read_site_files(root: Path, sites: list[str] | None) -> list[SiteArrays]:
             f"layout:\n{TREE}"
         )
     names = sorted(found) if sites is None else list(sites)
-    out = []
     for name in names:
         if name not in found:
             raise MissingSourceError(
                 f"site {name!r} (dataset.sites) is missing: no {root / name}.npz and no "
                 f"{root / name}/x.npy; add it or drop it from dataset.sites"
             )
+    check_memory({name: found[name] for name in names})  # from the headers, before loading
+    out = []
+    for name in names:
         path = found[name]
         if path.is_file():
             arrays = _npz(path)
-            missing = [k for k in ("x", "y") if k not in arrays]
-            extra = sorted(set(arrays) - {"x", "y", "split"})
-            if missing or extra:
-                raise DataError(
-                    f"{path} holds the arrays {sorted(arrays)}; it needs x and y (and may hold "
-                    f"split), nothing else{f': rename or drop {extra}' if extra else ''}"
-                )
             out.append(SiteArrays(name, arrays["x"], arrays["y"], arrays.get("split"), str(path)))
         else:
-            if not (path / "y.npy").is_file():
-                raise DataError(f"{path / 'x.npy'} has no {path / 'y.npy'}; add the labels")
-            split = _npy(path / "split.npy") if (path / "split.npy").is_file() else None
+            split = _npy(path / "split.npy") if os.path.lexists(path / "split.npy") else None
             x, y = _npy(path / "x.npy"), _npy(path / "y.npy")
             out.append(SiteArrays(name, x, y, split, str(path)))
     return out
@@ -450,6 +501,13 @@ def build_federation(sites: list[SiteArrays], params: ArraysParams) -> Federatio
         )
     prepared = _prepare(sites, params)
     top = max(int(s.y.max()) if s.y.size else -1 for s in prepared)
+    if params.classes is None and top >= MAX_CLASSES:  # not a class list of 10**12 names
+        where = next(s.where for s in prepared if s.y.size and s.y.max() == top)
+        raise DataError(
+            f"{where}: y holds the label {top}; without dataset.classes the classes are the "
+            f"labels 0..{top}, and more than {MAX_CLASSES} classes are refused: labels are "
+            "class indices, so renumber them 0..C-1 (or name the classes in dataset.classes)"
+        )
     if params.classes is not None:
         classes = list(params.classes)
         if top >= len(classes):

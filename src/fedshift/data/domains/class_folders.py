@@ -24,8 +24,10 @@ import numpy as np
 
 from fedshift.core.errors import DataError
 from fedshift.core.images import MemoryBudget
+from fedshift.core.memory import check_fits
 from fedshift.data.base import SPLITS, ClientData
 from fedshift.data.common.image_files import (
+    READERS,
     ClientSource,
     SplitSource,
     cap_split,
@@ -41,6 +43,7 @@ __all__ = [
     "check_same_classes",
     "list_domain",
     "list_site",
+    "check_decode_fits",
     "read_client",
     "split_by_class",
 ]
@@ -159,6 +162,39 @@ class ReadOptions:
     skip_unreadable: bool = False
     #: one per federation load: what its cache files may hold in memory (core/images.py)
     budget: MemoryBudget = field(default_factory=MemoryBudget)
+
+
+def check_decode_fits(
+    dataset: str, clients: dict[str, dict[str, SplitSource]], options: ReadOptions
+) -> None:
+    """Refuse, before any image is decoded, images that would not fit in memory once decoded
+    at ``dataset.size``: every split's file count (capped at ``max_per_split``) x channels x
+    size x size bytes, all of it without the cache, the largest client with it (a client is
+    decoded whole, then written to its cache files and read back from them). The estimate
+    and the fix name ``dataset.size``; nothing is read first (``dataset.size=20000`` on a
+    dozen images asked for 15.6 GB)."""
+    channels, size = READERS[options.mode][1], options.size
+    cap = options.cap
+    counts = {
+        c: sum(len(s) if cap is None else min(len(s), cap) for s in splits.values())
+        for c, splits in clients.items()
+    }
+    per_image = channels * size * size
+    largest = max(counts, key=lambda c: counts[c]) if counts else None
+    if largest is None:
+        return
+    if options.cache_dir is None:
+        n = sum(counts.values())
+        held = f"all {n} images"
+    else:
+        n = counts[largest]
+        held = f"the {n} images of client {largest!r}"
+    check_fits(
+        n * per_image,
+        f"dataset {dataset!r}: {held} decoded at dataset.size={size} ({channels}x{size}x{size} "
+        "bytes each)",
+        "lower dataset.size (or dataset.max_per_split), or use a machine with more memory",
+    )
 
 
 def read_client(

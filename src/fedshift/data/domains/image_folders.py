@@ -70,6 +70,7 @@ from fedshift.data.common.checks import (
 from fedshift.data.common.image_files import cache_root, federation_info
 from fedshift.data.domains.class_folders import (
     ReadOptions,
+    check_decode_fits,
     check_same_classes,
     fraction_rng,
     list_domain,
@@ -231,9 +232,13 @@ def load_folder_federation(params: FolderParams, progress: bool = True) -> Feder
         params.size, "rgb", params.max_per_split, params.seed, store, progress=progress
     )
     clients, available, cache_info = [], {}, {}
+    planned = {
+        d: split_by_class(listed[d], classes, fractions, fraction_rng(spec.name, d, params.seed))
+        for d in params.domains
+    }
+    check_decode_fits(spec.name, planned, options)  # before an image is decoded
     for d in params.domains:
-        rng = fraction_rng(spec.name, d, params.seed)
-        splits = split_by_class(listed[d], classes, fractions, rng)
+        splits = planned[d]
         available[d] = {s: len(src) for s, src in splits.items()}
         n = sum(len(v) for v in listed[d].values())
 

@@ -71,6 +71,7 @@ from fedshift.data.common.walk import warn_skipped
 from fedshift.data.domains.class_folders import (
     ReadOptions,
     SiteListing,
+    check_decode_fits,
     check_same_classes,
     fraction_rng,
     list_site,
@@ -259,25 +260,28 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
         skip_unreadable=params.skip_unreadable,
     )
     clients, available, how, unlisted, cache_info = [], {}, {}, {}, {}
+    planned, rules = {}, {}
     for client, folder in folders.items():
         lists = find_split_lists(folder, params.splits)
         if lists is None:
-            splits = split_by_class(
+            planned[client] = split_by_class(
                 files[client], classes, fractions, fraction_rng(NAME, client, params.seed)
             )
             how[client] = f"fractions {list(fractions)}, per class"
-            rule = f"dataset.fractions={list(fractions)} (cut per class at int(f0 n))"
+            rules[client] = f"dataset.fractions={list(fractions)} (cut per class at int(f0 n))"
         else:
-            splits, unlisted[client] = _listed_splits(listed[client], lists, classes)
+            planned[client], unlisted[client] = _listed_splits(listed[client], lists, classes)
             how[client] = "lists " + ", ".join(str(p) for p in lists.values())
-            rule = "its split lists"
+            rules[client] = "its split lists"
+    check_decode_fits(NAME, planned, options)  # dataset.size x the images: before decoding
+    for client, splits in planned.items():
         available[client] = {s: len(src) for s, src in splits.items()}
         n = listed[client].count
 
-        def empty(split: str, client: str = client, n: int = n, rule: str = rule) -> str:
+        def empty(split: str, client: str = client, n: int = n) -> str:
             return (
                 f"{NAME}: site {client!r} ({folders[client]}, {n} images) gets an empty "
-                f"{split} split from {rule}; add images, or change the lists / "
+                f"{split} split from {rules[client]}; add images, or change the lists / "
                 f"dataset.fractions"
             )
 

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedshift.core.errors import DataError, MissingSourceError
+from fedshift.core.errors import DataError, FedshiftError, MissingSourceError
+from fedshift.core.memory import check_fits
+from fedshift.data.common.headers import nifti_bytes, require_regular
 from fedshift.data.medical.brain_mri.params import MARGIN, PIP_HINT, TEMPLATE_FILES
+from fedshift.data.medical.nifti import VOLUME_FIX
 
 __all__ = ["Template", "class_probabilities", "load_template", "locate_template"]
 
@@ -76,8 +79,14 @@ def _read_nifti(path: Path) -> np.ndarray:
             "brain-mri reads NIfTI files with nibabel, which is not installed: "
             "`pip install nibabel`"
         ) from exc
+    require_regular(path, "a NIfTI volume")  # a FIFO would block nibabel's open
     try:
-        data = np.asarray(nibabel.load(str(path)).dataobj)
+        img = nibabel.load(str(path))  # the header; the voxels are read below
+        need, shown = nifti_bytes(img)
+        check_fits(need, f"{path} (a {shown} volume)", VOLUME_FIX)  # before a voxel is read
+        data = np.asarray(img.dataobj)
+    except FedshiftError:
+        raise
     except Exception as exc:  # nibabel raises many types for a corrupt file
         raise DataError(
             f"{path}: not a readable NIfTI file ({exc}); reinstall nilearn (`{PIP_HINT} "
