@@ -409,3 +409,28 @@ def test_a_cached_cell_with_scores_out_of_range_runs_again(tmp_path, caplog, val
     path.write_text(json.dumps(s))  # and such a cell is not collected into results/
     with pytest.raises(FedshiftError, match=rf"{path}: field 'test_per_client.{client}'"):
         collect_suite(tmp_path / "runs" / "suite", tmp_path / "results", "x")
+
+
+def test_a_full_disk_at_the_last_result_file_leaves_no_cached_cell(tmp_path, monkeypatch):
+    """Issue 48: a suite whose disk filled while a cell wrote its last result files (the
+    ledger, the figure) was taken as cached on the next `fedshift bench` though those files
+    were never written. summary.json is now written last, so the cell is not `done`; the
+    next bench finishes it and every result file is there."""
+    import fedshift.runtime.results as results
+
+    suite = write_suite(tmp_path, train={"rounds": 1, "batch_size": 16}, sweep={"seed": [0]})
+    (cell,) = plan(suite)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results, "plot_convergence", full)
+    with pytest.raises(FedshiftError, match="1 of 1 cells failed"):
+        run_suite(suite, progress=False)
+    assert not (cell.run_dir / "summary.json").exists()
+    assert cell_status(cell) != "done"
+    monkeypatch.undo()
+    run_suite(suite, progress=False)
+    assert cell_status(cell) == "done"
+    names = {p.name for p in cell.run_dir.iterdir()}
+    assert {"summary.json", "ledger.json", "convergence.png", "metrics.jsonl"} <= names

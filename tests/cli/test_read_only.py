@@ -61,6 +61,18 @@ def received(tmp_path, monkeypatch):
     sys.modules.pop("markplug", None)
 
 
+def _python_m_fedshift(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``python -m fedshift ARGV`` in ``cwd`` (the way that puts ``cwd`` on the path)."""
+    return subprocess.run(
+        [sys.executable, "-m", "fedshift", *argv],
+        cwd=cwd,
+        env=fedshift_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_config_show_prints_a_plugin_as_a_name(received, capsys):
     folder, marker = received
     assert main(["config", "show", "-c", str(folder / "config.yaml")]) == 0
@@ -192,14 +204,7 @@ def test_list_reads_no_plugin_metadata_from_the_current_folder(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[fedshift.algorithms]\nsneaky = evilmod:Algo\n")
     (tmp_path / "evilmod.py").write_text(FAKE)
-    out = subprocess.run(
-        [sys.executable, "-m", "fedshift", "list"],
-        cwd=tmp_path,
-        env=fedshift_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = _python_m_fedshift(tmp_path, "list")
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "MARKER").exists() and "sneaky" not in out.stdout
     assert "fedavg " in out.stdout
@@ -215,14 +220,7 @@ def test_a_plugin_module_in_the_current_folder_still_runs(tmp_path):
         "class Algo(FedAvg):\n    pass\n"
     )
     argv = ["run", "dataset.name=toyshift", "train.rounds=1", "algorithm.name=cwdalgo:Algo"]
-    out = subprocess.run(
-        [sys.executable, "-m", "fedshift", *argv, "--quiet", "--out", "r"],
-        cwd=tmp_path,
-        env=fedshift_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = _python_m_fedshift(tmp_path, *argv, "--quiet", "--out", "r")
     assert out.returncode == 0, out.stderr
     (summary,) = Path(tmp_path / "r").rglob("summary.json")
     assert json.loads(summary.read_text())["algorithm"] == "cwdalgo:Algo"

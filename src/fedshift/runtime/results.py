@@ -246,12 +246,12 @@ class ResultFiles(Hook):
     """At the end of a run: ``summary.json`` (:attr:`RunRecord.summary
     <fedshift.eval.summary.RunRecord.summary>`; its ``provenance`` records what produced
     the run, :func:`fedshift.runtime.track.provenance`, and is not a result),
-    ``ledger.json`` and ``convergence.png``."""
+    ``ledger.json`` and ``convergence.png``. ``summary.json`` is written last: its presence
+    says every other result file is there (a full disk that stops the ledger or the figure
+    leaves a run that resumes, never one that ``fedshift bench`` takes as finished)."""
 
     def end(self, record: RunRecord) -> None:
         run_dir = Path(record.run_dir)
-        text = json.dumps(record.summary, indent=2) + "\n"
-        write_text_atomic(run_dir / "summary.json", text)
         ledger = record.ledger
         data = {
             "by_record": ledger.by_record(),
@@ -268,3 +268,4 @@ class ResultFiles(Hook):
             metric.name,
             metric.label,
         )
+        write_text_atomic(run_dir / "summary.json", json.dumps(record.summary, indent=2) + "\n")
