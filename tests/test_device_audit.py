@@ -76,6 +76,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the discriminator's seed drawn from the global CPU RNG, turned into a Python int",
     ("algorithms/distrans/algorithm.py", "DisTrans.wrap_model", "randint"):
         "a seed drawn from the global CPU RNG, turned into a Python int",
+    ("augment/fedrdn.py", "Norm.site_state", "tensor"):
+        "the fixed constants as host state of an exported predictor (buffers it carries; "
+        "train_batch and the export move them with .to(x.device))",
     ("algorithms/fedaws.py", "FedAwS.broadcast", "tensor"):
         "class ids sent as a host record; indexing uses classes.to(w.device)",
     ("algorithms/fedproto.py", "aggregate_prototypes", "zeros"):

@@ -253,6 +253,10 @@ def _write_cache(folder: Path, arrays: dict[str, np.ndarray], kept: dict[str, np
     """The entry's split files and ``kept.npz``, then ``digest.json`` (its presence marks
     the entry complete, and seals what the others hold)."""
     ensure_dir(folder)  # a cache entry that is a link is not written through
+    for name in [*(f"{split}.npy" for split in arrays), KEPT, sealed.DIGESTS]:
+        path = folder / name  # a link or FIFO found in place of a file (the check said so):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            path.unlink()  # removed as such (never its target), then written anew
     for split, x in arrays.items():
         write_npy(folder / f"{split}.npy", x)
     cache.save_npz(folder / KEPT, kept)
