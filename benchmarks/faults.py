@@ -36,7 +36,7 @@ as intended.
 
     python benchmarks/faults.py                 # 20 kills, ~4 minutes on 2 cores
     python benchmarks/faults.py --kills 5 --seed 1
-    python benchmarks/faults.py --part inputs   # the unsafe inputs only, ~5 minutes
+    python benchmarks/faults.py --part inputs   # the unsafe inputs only, ~9 minutes
 """
 
 from __future__ import annotations

@@ -447,7 +447,7 @@ MARKS: dict[str, Mark] = {
     "PYTHONPATH=/path/to/folder fedshift run ...": Synopsis(),
     "fedshift flower simulate --resume": Prose(),
     # ------------------------------------------------------------------------- RESULTS.md
-    "python benchmarks/faults.py --part inputs": Long("~5 min", "25 cases against real processes, 2 of them start Ray"),
+    "python benchmarks/faults.py --part inputs": Long("~9 min", "59 cases against real processes, 2 of them start Ray"),
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
     ),
