@@ -60,7 +60,14 @@ FLOAT32_TINY = 1.1754943508222875e-38
 class TrainConfig:
     """Local training of every client."""
 
+    # the most rounds a run trains (with ``patience``: it may stop earlier)
     rounds: int = bounded(50, ge=1)
+    # early stopping: stop once the mean validation primary metric of the primary model has
+    # not improved (strictly) for this many scheduled evaluations (every ``eval.every``
+    # rounds), never before ``min_rounds``; None: train all ``rounds``
+    # (fedshift.eval.early_stop)
+    patience: int | None = bounded(None, ge=1)
+    min_rounds: int = bounded(0, ge=0, why="no early stop before this round")
     local_epochs: int = bounded(1, ge=1)
     # if set, overrides local_epochs (mini-batch steps per round)
     local_steps: int | None = bounded(None, ge=1)
@@ -474,6 +481,16 @@ def check_ranges(cfg: RunConfig) -> None:
         )
     if len(cfg.input.mean) != len(cfg.input.std):
         raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths")
+    if t.min_rounds and t.patience is None:
+        raise ConfigError(
+            f"config key 'train.min_rounds' ({t.min_rounds}) acts with early stopping only; "
+            "set train.patience=P (scheduled evaluations without improvement) or remove it"
+        )
+    if t.min_rounds > t.rounds:
+        raise ConfigError(
+            f"config key 'train.min_rounds' ({t.min_rounds}) exceeds train.rounds "
+            f"({t.rounds}): lower it, or raise train.rounds"
+        )
 
 
 def lookup(tree: dict, dotted: str, default: Any = None) -> Any:

@@ -35,10 +35,11 @@ LATER_DEFAULTS: dict[str, Any] = {
     "train.agc_head": False,
     "model.norm": "keep",  # the model's own normalisation layers (FedWon's option)
     "model.conv": "plain",
+    "train.patience": None,  # early stopping off (issue 50)
 }
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)
-ONLY_WITH = {"model.ws_gamma": "model.conv"}
+ONLY_WITH = {"model.ws_gamma": "model.conv", "train.min_rounds": "train.patience"}
 
 
 def _drop_later_defaults(out: dict) -> None:

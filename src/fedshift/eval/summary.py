@@ -25,6 +25,25 @@ def selection_rule(label: str = "accuracy") -> str:
     return SELECTION_RULE.replace("accuracy", label)
 
 
+def _rounds_of(records: list[dict], kind: str) -> dict[int, list[dict]]:
+    by_round: dict[int, list[dict]] = defaultdict(list)
+    for r in records:
+        if kind in r:
+            by_round[r["round"]].append(r)
+    return by_round
+
+
+def val_curve(records: list[dict], kind: str, metric: str = "acc") -> dict[int, float]:
+    """The validation curve model selection reads: per evaluated round (ascending), the mean
+    validation ``metric`` of the ``kind`` model over the clients that train (rows flagged
+    ``holdout`` left out)."""
+    curve = {}
+    for rnd, rows in sorted(_rounds_of(records, kind).items()):
+        scored = [r[kind][f"val_{metric}"] for r in rows if not r.get("holdout")]
+        curve[rnd] = sum(scored) / len(scored)
+    return curve
+
+
 def select_round(
     records: list[dict], kind: str, metric: str = "acc", others: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -35,10 +54,7 @@ def select_round(
     Rows flagged ``holdout`` (clients that never trained: leave-one-client-out) take no part in
     the selection or the means; their test scores are reported apart as ``target_test_mean``
     / ``target_per_client`` (and stay in ``test_per_client``)."""
-    by_round: dict[int, list[dict]] = defaultdict(list)
-    for r in records:
-        if kind in r:
-            by_round[r["round"]].append(r)
+    by_round = _rounds_of(records, kind)
     if not by_round:
         raise ValueError(f"no evaluated rounds for the {kind} model")
 
@@ -46,7 +62,7 @@ def select_round(
         rows = [r for r in rows if not r.get("holdout")]
         return sum(r[kind][key] for r in rows) / len(rows)
 
-    curve = {rnd: mean(rows, f"val_{metric}") for rnd, rows in sorted(by_round.items())}
+    curve = val_curve(records, kind, metric)
     best = max(curve, key=lambda rnd: (curve[rnd], -rnd))
     last = max(by_round)
 
@@ -150,6 +166,10 @@ class RunRecord:
     provenance: dict | None = None
     #: each client's training examples per source domain (``partition.name=domains``)
     domain_mix: dict | None = None
+    #: the last round the run trained (``train.rounds`` unless early stopping ended it)
+    stopped_at: int | None = None
+    #: where ``train.patience`` stopped the run (:class:`~fedshift.eval.early_stop.Stop`)
+    stop: Any = None
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -176,6 +196,9 @@ class RunRecord:
             "holdout": list(cfg.federation.holdout),
             "data_fraction": cfg.federation.data_fraction,
             "rounds": cfg.train.rounds,
+            # where the run ended and why: "patience" (early stopping) or "rounds" (all run)
+            "stopped_at": cfg.train.rounds if self.stopped_at is None else self.stopped_at,
+            "stop_reason": "rounds" if self.stop is None else "patience",
             "clients": self.clients,
             "model_params": self.model_params,
             "model_bytes": self.model_bytes,
@@ -279,6 +302,8 @@ SUMMARY_OPTIONAL: dict[str, tuple[str, Any]] = {
     "bytes_setup": ("a whole number of bytes >= 0", _whole),
     "wall_s": ("a number of seconds >= 0", lambda v: _finite(v) and v >= 0),
     "label": ("text", lambda v: isinstance(v, str)),
+    "stopped_at": ("a whole number >= 1", lambda v: _whole(v, 1)),
+    "stop_reason": ("'patience' or 'rounds'", lambda v: v in ("patience", "rounds")),
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from fedshift.data.common.sites import name_hint
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+
+if TYPE_CHECKING:
+    from fedshift.runtime.transport import RunIdentity, Transport
 
 log = logging.getLogger("fedshift")
 
@@ -214,3 +218,15 @@ def score_client(
         m = exp.task.evaluate(exp.model, client.split(split), prepare, batch_size, exp.device)
         out.update({f"{split}_{k}": v for k, v in m.items()})
     return out
+
+
+def start_experiment(
+    cfg: RunConfig, transport: Transport, identity: RunIdentity
+) -> tuple[Experiment, dict]:
+    """The experiment of a run over ``transport`` (built from the federation it connects
+    to, which the transport is then attached to) and the server's initial state."""
+    exp = build_experiment(cfg, transport.connect(cfg))
+    server = exp.algo.init_server(exp.model)
+    exp.algo.register_clients(list(exp.train_clients))
+    transport.attach(exp, identity)
+    return exp, server

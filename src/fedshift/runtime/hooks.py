@@ -276,7 +276,7 @@ class Checkpoints(Hook):
 
     def due(self, rnd: int) -> bool:
         ck, rounds = self.run.cfg.checkpoint, self.run.cfg.train.rounds
-        if rnd == rounds or (ck.every and rnd % ck.every == 0):
+        if rnd == rounds or self.run.stop is not None or (ck.every and rnd % ck.every == 0):
             return True
         return bool(ck.minutes) and time.monotonic() - self._last_save >= 60 * ck.minutes
 

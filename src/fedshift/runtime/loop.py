@@ -1,8 +1,8 @@
 """The round loop: one implementation for every transport, holding the round protocol only.
 
-:class:`RoundLoop` is one run. It builds the experiment from the federation its transport
-connects to (:func:`start_experiment`), then (after the setup exchange, round 0, when an
-augment needs one) every round:
+:class:`RoundLoop` is one run. It builds the experiment from its transport's federation
+(:func:`~fedshift.runtime.experiment.start_experiment`), then (after the setup exchange,
+round 0, when an augment needs one) every round up to ``train.rounds``:
 
 1. keeps what undoes the round (server state, ledger length, the sampled clients' state);
 2. samples clients (:func:`sample_clients`, from the run's ``sample`` stream of the round);
@@ -10,7 +10,8 @@ augment needs one) every round:
    non-finite values and lost clients (``min_clients``), and lets the algorithm aggregate;
 4. every ``eval.every`` rounds and at the last, evaluates every client with the global
    and/or personal model;
-5. commits the round (no undo any more) and hands it to the run's hooks.
+5. commits the round (no undo any more) and hands it to the run's hooks;
+6. stops after it where ``train.patience`` says (:mod:`fedshift.eval.early_stop`).
 
 Every payload passes the :class:`~fedshift.core.payload.Ledger`. Randomness is derived from
 (seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so a resumed, or extended, run
@@ -48,6 +49,7 @@ from fedshift.core.files import check_folder
 from fedshift.core.logs import run_log, showing_console
 from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
+from fedshift.eval.early_stop import Stop, stop_of
 from fedshift.eval.summary import RunRecord
 from fedshift.runtime import track, tracking
 from fedshift.runtime.checkpoint_io import (
@@ -57,7 +59,7 @@ from fedshift.runtime.checkpoint_io import (
     write_failed,
 )
 from fedshift.runtime.client import check_reply
-from fedshift.runtime.experiment import Experiment, build_experiment
+from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import (
     Checkpoints,
     Hook,
@@ -81,16 +83,14 @@ class LoopOptions:
 
     #: replies a round needs when clients are lost (None: every sampled client)
     min_clients: int | None = None
-    #: show the round lines on the terminal (the Flower ServerApp's log, where there is no
-    #: progress bar); they are in the run's ``run.log`` either way
+    #: show the round lines on the terminal (the Flower ServerApp's log: no progress bar)
     round_log: bool = False
     #: appended to the progress label, e.g. " (flower)"
     label_suffix: str = ""
-    #: how to continue the run after SIGINT / SIGTERM, when not ``fedshift run --resume DIR``
-    #: (the command, with the run directory)
+    #: the command that continues the run after a signal, if not ``fedshift run --resume DIR``
     resume_hint: str = ""
-    #: the run's signal gate, when its signals arrive elsewhere (a loop in a thread of its
-    #: own: :meth:`~fedshift.runtime.stopping.SignalGate.forwarded`); None: its own
+    #: the run's signal gate where its signals arrive elsewhere (a loop in a thread:
+    #: :meth:`~fedshift.runtime.stopping.SignalGate.forwarded`); None: its own
     gate: SignalGate | None = None
 
 
@@ -102,18 +102,6 @@ def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list
         return list(ids)
     perm = torch.randperm(len(ids), generator=generator(seed, "sample", rnd))
     return [ids[i] for i in sorted(perm[:m].tolist())]
-
-
-def start_experiment(
-    cfg: RunConfig, transport: Transport, identity: RunIdentity
-) -> tuple[Experiment, dict]:
-    """The experiment of a run over ``transport`` (built from the federation it connects
-    to, which the transport is then attached to) and the server's initial state."""
-    exp = build_experiment(cfg, transport.connect(cfg))
-    server = exp.algo.init_server(exp.model)
-    exp.algo.register_clients(list(exp.train_clients))
-    transport.attach(exp, identity)
-    return exp, server
 
 
 class RoundLoop:
@@ -155,6 +143,7 @@ class RoundLoop:
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
         self.extra_hooks = list(hooks)
         self.hooks = Hooks([])  # the run's hooks, made when it starts (hooks_for)
+        self.stop: Stop | None = None  # where train.patience stopped the run
 
     @property
     def label(self) -> str:
@@ -217,8 +206,8 @@ class RoundLoop:
         raise FedshiftError(
             f"round {rnd}: {what} needs {need} of the {len(asked)} sampled clients but only "
             f"{got} replied; lost (gone, crashed or silent past the timeout): {', '.join(lost)}. "
-            "Restart those clients and resume the run "
-            "(`--resume`), or let rounds complete with fewer clients (`--min-clients`)."
+            "Restart those clients and resume the run (`--resume`), or let rounds complete "
+            "with fewer clients (`--min-clients`)."
         )
 
     def setup_exchange(self) -> None:
@@ -340,12 +329,12 @@ class RoundLoop:
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
     ) -> RunResult:
-        """Run to ``train.rounds``. ``resume``: continue from ``checkpoint.pt`` (a run with
-        no checkpoint, killed during its set-up, starts again); ``rounds``: with ``resume``,
-        extend a run to that many rounds (it ends as a run of ``rounds`` from the start);
-        ``stop_after``: stop with :class:`RunInterrupted` after that round (tests). The run
-        directory is locked for the whole call (:mod:`fedshift.runtime.rundir`: a second
-        process is refused); its log records go to ``run.log`` (:mod:`fedshift.core.logs`)."""
+        """Run to ``train.rounds`` (or its early stop). ``resume``: continue from
+        ``checkpoint.pt`` (no checkpoint, killed during set-up: it starts again); ``rounds``:
+        with ``resume``, extend to that many rounds (it ends as a run of ``rounds`` from the
+        start); ``stop_after``: stop with :class:`RunInterrupted` after that round (tests).
+        The run directory is locked for the call (:mod:`fedshift.runtime.rundir`), its log
+        records go to ``run.log`` (:mod:`fedshift.core.logs`)."""
         shown = self.options.round_log and not self.progress
         console = showing_console() if shown else nullcontext()
         with hold_run(self.run_dir), run_log(self.run_dir), console:
@@ -431,6 +420,8 @@ class RoundLoop:
             runtime=info,
             provenance=end,
             domain_mix=self.fed.info.get("domain_mix"),
+            stopped_at=self.last_round,
+            stop=self.stop,
         )
 
     def _extend(self, rounds: int, resumed: bool) -> None:
@@ -459,7 +450,9 @@ class RoundLoop:
     def _rounds(self, stop_after: int | None) -> None:
         rounds, every = self.cfg.train.rounds, self.cfg.eval.every
         self._t0 = time.perf_counter()
-        for rnd in range(self.last_round + 1, rounds + 1):
+        self.stop = self._early_stop()  # a resumed run that had stopped trains no further
+        last = rounds if self.stop is None else self.last_round
+        for rnd in range(self.last_round + 1, last + 1):
             self.gate.poll()  # a signal recorded for a loop in another thread
             mark = len(self.ledger.rows)  # the round's first ledger row
             self._undo = (copy.deepcopy(self.server), mark)
@@ -469,10 +462,17 @@ class RoundLoop:
             if rnd % every == 0 or rnd == rounds:
                 rows = self.evaluate_round(rnd, train_metrics)
             self._commit(rnd, rows)
+            self.stop = self._early_stop() if rows is not None else None
             ledger_rows = self.ledger.rows[mark:]  # the round's own
             self.hooks.log_round(RoundRecord.of(rnd, train_metrics, rows, ledger_rows, self.kinds))
+            if self.stop is not None:
+                log.info("%s", self.stop.describe(self.task.primary.name))
+                return
             if stop_after is not None and rnd >= stop_after and rnd < rounds:
                 raise RunInterrupted(f"stopped after round {rnd} (stop_after)")
+
+    def _early_stop(self) -> Stop | None:  # over the rows so far: a stopped run stays so
+        return stop_of(self.cfg, self.records, self.kinds[0], self.task.primary.name)
 
     def _commit(self, rnd: int, rows: list[dict] | None) -> None:
         """Round ``rnd`` is whole: drop the undo, keep its rows, hand them to the hooks."""

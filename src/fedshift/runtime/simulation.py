@@ -35,8 +35,9 @@ from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
 from fedshift.runtime.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
 from fedshift.runtime.cores import resolve_workers
+from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import Hook
-from fedshift.runtime.loop import LoopOptions, RoundLoop, start_experiment
+from fedshift.runtime.loop import LoopOptions, RoundLoop
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.pool import PoolTransport, WorkerPool
 from fedshift.runtime.results import RunResult, new_run_dir
