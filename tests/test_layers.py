@@ -28,6 +28,7 @@ LAYERS = {
     "augment": 3,
     "catalog": 4,
     "eval": 5,
+    "attacks": 5,
     "runtime": 6,
     "flower": 7,
     "bench": 8,

@@ -1,0 +1,97 @@
+"""Membership inference on a shared mean: was example ``x`` among the ``n`` examples a site's
+statistic summarises?
+
+FedRDN shares each site's mean over its images of per-image channel means and standard
+deviations (its Eq. 5-6), FedFA running means of per-image feature statistics, FedProto / FPL
+per-class means of embeddings: each is a mean ``s = (1/n) sum_i f(x_i)`` of per-example
+features ``f``. The tracing attack of Homer et al. (PLoS Genetics 2008; Dwork, Smith, Steinke
+and Ullman, Annu. Rev. Stat. Appl. 2017) tests a target ``x`` against a reference population
+the attacker can sample (the same domain: a worst case for the site) by a likelihood ratio.
+With the population's per-feature mean ``mu`` and variance ``v`` (diagonal Gaussian model),
+
+* not a member: ``s ~ N(mu, v / n)``;
+* a member: ``s ~ N(f(x) / n + (n - 1) mu / n, (n - 1) v / n^2)``;
+
+:func:`llr` is the log of their density ratio at ``s``, summed over features. Its power grows
+with the number of features over ``n``: small sites are where statistics leak. With ``n = 1``
+the statistic is the example itself, and the test separates members perfectly (the check that
+the attack works: ``tests/attacks``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fedshift.attacks.scores import RocScore, roc_score
+
+__all__ = ["SizeResult", "llr", "membership_by_size"]
+
+#: the floor of the member hypothesis's variance (relative), for ``n = 1`` where it is zero
+_TINY = 1e-9
+
+
+def llr(
+    stat: torch.Tensor, targets: torch.Tensor, mu: torch.Tensor, var: torch.Tensor, n: int
+) -> torch.Tensor:
+    """The log-likelihood ratio "member" over "not a member" (module docstring) of each target
+    (``targets``: ``(m, d)`` features) for the mean ``stat`` (``(d,)``) over ``n`` examples of
+    a population with per-feature mean ``mu`` and variance ``var``."""
+    stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
+    var = var.clamp_min(1e-12)
+    v0 = var / n
+    v1 = var * max(n - 1, _TINY) / n**2
+    m1 = targets / n + (n - 1) * mu / n
+    out = -0.5 * ((stat - m1) ** 2 / v1 + torch.log(v1)) + 0.5 * (
+        (stat - mu) ** 2 / v0 + torch.log(v0)
+    )
+    return out.sum(dim=-1)
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """The attack at one site size: its ROC over every trial's members and non-members."""
+
+    n: int
+    trials: int
+    roc: RocScore
+
+
+def membership_by_size(
+    features: torch.Tensor,
+    sizes: list[int],
+    trials: int = 50,
+    reference: float = 0.5,
+    seed: int = 0,
+    fpr: float = 1e-3,
+) -> list[SizeResult]:
+    """The attack on sites of each size in ``sizes``, drawn from one population's per-example
+    ``features`` (``(N, d)``). A ``reference`` share of the examples is the attacker's sample of
+    the population (``mu``, ``var``); each trial draws a site of ``n`` others, releases its
+    mean, and scores its ``n`` members and ``n`` other examples. A size larger than half the
+    examples left is refused (members and non-members would not be disjoint)."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(features), generator=gen)
+    k = int(math.floor(reference * len(features)))
+    ref, pool = features[perm[:k]].double(), features[perm[k:]].double()
+    if len(ref) < 2:
+        raise ValueError("membership_by_size: too few examples for a reference sample")
+    mu, var = ref.mean(0), ref.var(0)
+    out = []
+    for n in sizes:
+        if 2 * n > len(pool):
+            raise ValueError(
+                f"membership_by_size: a site of {n} needs {2 * n} examples besides the "
+                f"reference sample, there are {len(pool)}"
+            )
+        ins, outs = [], []
+        for _ in range(trials):
+            idx = torch.randperm(len(pool), generator=gen)
+            site, others = pool[idx[:n]], pool[idx[n : 2 * n]]
+            stat = site.mean(0)
+            ins.append(llr(stat, site, mu, var, n))
+            outs.append(llr(stat, others, mu, var, n))
+        out.append(SizeResult(n, trials, roc_score(torch.cat(ins), torch.cat(outs), fpr)))
+    return out
