@@ -132,6 +132,24 @@ def _cmd_tsne(args: argparse.Namespace) -> int:
     )
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        msg = f"expected comma-separated whole numbers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _cmd_privacy(args: argparse.Namespace) -> int:
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+    from fedshift.protocols.privacy import privacy
+
+    cfg = resolve(load_config(args.config, args.overrides))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    return _print(privacy(cfg, methods, args.sizes, args.seeds, args.trials, args.out))
+
+
 def _weights_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights",
@@ -164,7 +182,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "protocol",
         help="the papers' evaluation protocols "
-        "(cross-site, loco, new-site, sweep, rounds, head-finetune, tsne)",
+        "(cross-site, loco, new-site, sweep, rounds, head-finetune, privacy, tsne)",
     )
     ps = p.add_subparsers(dest="protocol", required=True)
 
@@ -247,6 +265,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _weights_arg(hf)
     common(hf, "head-finetune")
     hf.set_defaults(fn=_cmd_head_finetune)
+
+    pv = ps.add_parser(
+        "privacy",
+        help="attacks on the statistics each method shares (membership, property, reconstruction)",
+    )
+    pv.add_argument("-c", "--config", help="YAML run config: its dataset and partition")
+    pv.add_argument("overrides", nargs="*", help="key=value overrides, e.g. dataset.name=digits")
+    pv.add_argument(
+        "--methods",
+        default="fedrdn,harmofl,elcfs,fedmix",
+        help="comma-separated methods whose records are attacked (default: all four)",
+    )
+    pv.add_argument("--sizes", type=_ints, default=[10, 50, 200], help="site sizes (10,50,200)")
+    pv.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="seeds (0,1,2)")
+    pv.add_argument("--trials", type=int, default=40, help="sites drawn per size and seed (40)")
+    common(pv, "privacy")
+    pv.set_defaults(fn=_cmd_privacy)
 
     ts = ps.add_parser("tsne", help="t-SNE of test features by client (FedRDN Fig. 3)")
     ts.add_argument("runs", nargs="+", help="finished run directories, one panel each")
