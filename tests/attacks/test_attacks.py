@@ -84,3 +84,51 @@ def test_a_property_written_into_the_statistic_is_read_back_and_noise_is_not():
     assert hit.accuracy == 1.0 and hit.chance == pytest.approx(1 / 3)
     noise = probe_accuracy(torch.randn(18, 5, generator=g), labels)
     assert noise.accuracy < 0.8
+
+
+def test_per_class_means_leak_membership_per_class():
+    """Prototypes: one mean per class. Classes of one example each give AUC 1 (each class's
+    record is its example); ungrouped, the same site's single mean leaks less."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(4000) % 8
+    feats = torch.randn(4000, 5, generator=g) + labels[:, None].double()
+    grouped = membership_by_size(feats, [8, 80], trials=30, seed=2, labels=labels)
+    plain = membership_by_size(feats, [8, 80], trials=30, seed=2)
+    assert grouped[0].roc.auc > plain[0].roc.auc
+    assert grouped[1].roc.auc > plain[1].roc.auc
+
+
+def test_an_invertible_representation_gives_back_its_image():
+    """Features that keep the image (a fixed random orthogonal map of its pixels) are
+    inverted to the image; a representation of 4 numbers is not."""
+    from fedshift.attacks.inversion import invert_features
+
+    img = torch.stack([_object(s) for s in range(2)])[:, None]  # (2, 1, 8, 8)
+    q, _ = torch.linalg.qr(torch.randn(64, 64, generator=torch.Generator().manual_seed(0)))
+
+    def keep(x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1) @ q
+
+    rec = invert_features(keep, keep(img), (1, 8, 8), steps=400, tv=0.0)
+    assert nearest_image(rec[0, 0], img[:, 0]).ssim > 0.95
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.adaptive_avg_pool2d(x, 2).flatten(1)
+
+    lossy = invert_features(pool, pool(img), (1, 8, 8), steps=400, tv=0.0)
+    assert nearest_image(lossy[0, 0], img[:, 0]).ssim < 0.9
+
+
+def test_tracing_separates_members_of_small_sites_and_fades():
+    from fedshift.attacks.membership import tracing
+
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(2000, 50, generator=g)
+    mu, var = ref.mean(0), ref.var(0)
+    aucs = []
+    for n in (1, 10, 400):
+        site, others = torch.randn(n, 50, generator=g), torch.randn(400, 50, generator=g)
+        stat = site.mean(0)
+        aucs.append(roc_score(tracing(stat, site, mu, var), tracing(stat, others, mu, var)).auc)
+    assert aucs[0] > 0.99 and aucs[0] >= aucs[1] > aucs[2]
+    assert abs(aucs[2] - 0.5) < 0.1

@@ -27,10 +27,12 @@ import torch
 
 from fedshift.attacks.scores import RocScore, roc_score
 
-__all__ = ["SizeResult", "llr", "membership_by_size"]
+__all__ = ["SizeResult", "llr", "membership_by_size", "tracing"]
 
 #: the floor of the member hypothesis's variance (relative), for ``n = 1`` where it is zero
 _TINY = 1e-9
+#: the floor of a feature's reference variance, as a share of the mean over features
+VAR_FLOOR = 1e-3
 
 
 def llr(
@@ -40,7 +42,9 @@ def llr(
     (``targets``: ``(m, d)`` features) for the mean ``stat`` (``(d,)``) over ``n`` examples of
     a population with per-feature mean ``mu`` and variance ``var``."""
     stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
-    var = var.clamp_min(1e-12)
+    # a feature the reference sample never varies (a ReLU unit at 0) would weigh any
+    # difference infinitely: its variance is floored at a share of the mean one
+    var = var.clamp_min(VAR_FLOOR * float(var.mean().clamp_min(1e-30)))
     v0 = var / n
     v1 = var * max(n - 1, _TINY) / n**2
     m1 = targets / n + (n - 1) * mu / n
@@ -48,6 +52,20 @@ def llr(
         (stat - mu) ** 2 / v0 + torch.log(v0)
     )
     return out.sum(dim=-1)
+
+
+def tracing(
+    stat: torch.Tensor, targets: torch.Tensor, mu: torch.Tensor, var: torch.Tensor
+) -> torch.Tensor:
+    """The inner-product tracing score (Dwork et al. 2017, Sec. 3): ``sum_j (f_j(x) - mu_j)
+    (s_j - mu_j) / v_j``, the linear part of :func:`llr`. Where the attacker's per-example
+    features only approximate those the record was computed from (a record of a model in
+    training, read with the model after it), the Gaussian model's quadratic terms weigh
+    that mismatch, not membership; this score does not, so the record attacks of trained
+    models use it."""
+    stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
+    var = var.clamp_min(VAR_FLOOR * float(var.mean().clamp_min(1e-30)))
+    return ((targets - mu) * (stat - mu) / var).sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -66,19 +84,31 @@ def membership_by_size(
     reference: float = 0.5,
     seed: int = 0,
     fpr: float = 1e-3,
+    labels: torch.Tensor | None = None,
 ) -> list[SizeResult]:
     """The attack on sites of each size in ``sizes``, drawn from one population's per-example
     ``features`` (``(N, d)``). A ``reference`` share of the examples is the attacker's sample of
     the population (``mu``, ``var``); each trial draws a site of ``n`` others, releases its
-    mean, and scores its ``n`` members and ``n`` other examples. A size larger than half the
-    examples left is refused (members and non-members would not be disjoint)."""
+    mean, and scores its ``n`` members and ``n`` other examples. ``labels`` (``(N,)``): the
+    record is one mean per class (prototypes): a target is tested against its class's mean
+    over the site's examples of that class, with that class's reference moments. A size
+    larger than half the examples left is refused (members and non-members would not be
+    disjoint)."""
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(features), generator=gen)
     k = int(math.floor(reference * len(features)))
-    ref, pool = features[perm[:k]].double(), features[perm[k:]].double()
-    if len(ref) < 2:
-        raise ValueError("membership_by_size: too few examples for a reference sample")
-    mu, var = ref.mean(0), ref.var(0)
+    feats = features.double()
+    groups = torch.zeros(len(feats), dtype=torch.long) if labels is None else labels.long()
+    ref, pool, pool_g = feats[perm[:k]], feats[perm[k:]], groups[perm[k:]]
+    ref_g = groups[perm[:k]]
+    moments = {}
+    for c in groups.unique().tolist():
+        r = ref[ref_g == c]
+        if len(r) < 2:
+            raise ValueError(
+                f"membership_by_size: class {c} has {len(r)} reference example(s); need 2"
+            )
+        moments[c] = (r.mean(0), r.var(0))
     out = []
     for n in sizes:
         if 2 * n > len(pool):
@@ -89,9 +119,14 @@ def membership_by_size(
         ins, outs = [], []
         for _ in range(trials):
             idx = torch.randperm(len(pool), generator=gen)
-            site, others = pool[idx[:n]], pool[idx[n : 2 * n]]
-            stat = site.mean(0)
-            ins.append(llr(stat, site, mu, var, n))
-            outs.append(llr(stat, others, mu, var, n))
+            site, others = idx[:n], idx[n : 2 * n]
+            for c in pool_g[site].unique().tolist():
+                members = site[pool_g[site] == c]
+                stat = pool[members].mean(0)  # the record: this class's (or the site's) mean
+                mu, var = moments[c]
+                ins.append(llr(stat, pool[members], mu, var, len(members)))
+                strangers = others[pool_g[others] == c]
+                if len(strangers):
+                    outs.append(llr(stat, pool[strangers], mu, var, len(members)))
         out.append(SizeResult(n, trials, roc_score(torch.cat(ins), torch.cat(outs), fpr)))
     return out

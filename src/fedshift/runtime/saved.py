@@ -19,6 +19,7 @@ import torch
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
+from fedshift.core.payload import Payload
 from fedshift.runtime.checkpoint_io import SELECTED, check_selected, read_run_state
 from fedshift.runtime.client import check_reply, train_client
 from fedshift.runtime.experiment import Experiment
@@ -113,9 +114,15 @@ class SavedRun:
         state's broadcast (the algorithm's own local training, with the run's augments and
         seeded batches), as a fresh state dict; the working model is left at those weights.
         The saved client state is not changed (the update works on a copy)."""
+        self.local_reply(rnd, client)
+        return {k: v.detach().clone() for k, v in self.exp.model.state_dict().items()}
+
+    def local_reply(self, rnd: int, client: str) -> Payload:
+        """What ``client`` sends after its local update of round ``rnd`` (as
+        :meth:`local_update`): the payload the server would receive, every record in it."""
         exp = self.exp
         state = copy.deepcopy(self.states[client])
         down = self.algo.broadcast(self.server, rnd, client)
         up = train_client(exp, exp.seed, client, exp.train_clients[client], rnd, down, state)
         check_reply(rnd, client, up)
-        return {k: v.detach().clone() for k, v in exp.model.state_dict().items()}
+        return up
