@@ -7,6 +7,7 @@ declared ones (an undeclared record fails; a declared one never sent fails unles
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,15 @@ from support.same_run import TINY, seg_overrides
 from fedshift.algorithms import ALGORITHMS
 from fedshift.augment import AUGMENTS
 from fedshift.core.disclosure import UP, Disclosure, Kind, Over, Site, To, When, fixed
-from fedshift.runtime.disclosure import check_ledger, disclose, render, sites_of
+from fedshift.runtime.disclosure import (
+    TABLE_BEGIN,
+    TABLE_END,
+    check_ledger,
+    disclose,
+    markdown_table,
+    render,
+    sites_of,
+)
 from fedshift.runtime.simulation import Simulation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,6 +45,7 @@ CASES = [
     ("algorithm.name=fedavg", "augment=[fedrdn_v]", "federation.holdout=[client2]"),
 ]  # fmt: skip
 ROUNDS = 3
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(over: tuple[str, ...], tmp_path) -> tuple[Simulation, list[Disclosure]]:
@@ -117,3 +127,34 @@ def test_show_reports_fedrdn_statistics():
     text = render(report)
     assert "fedrdn_stats" in text and "fedrdn_bank" in text
     assert torch.is_tensor(torch.zeros(1))  # nothing trained: the report is plain data
+
+
+def _doc_reports() -> list[tuple[str, dict]]:
+    """Every registered algorithm, then every augment's own records (on FedAvg)."""
+    out = []
+    for a in ALGORITHMS.names():
+        cfg = toy_cfg(*TINY, f"algorithm.name={a}", *seg_overrides(a), *ALGORITHMS.get(a).requires)
+        out.append((a, disclose(cfg)))
+    for a in AUGMENTS.names():
+        report = disclose(toy_cfg(*TINY, "algorithm.name=fedavg", f"augment=[{a}]"))
+        own = [r for r in report["records"] if r["component"] == a]
+        out.append((f"augment {a}", {**report, "records": own}))
+    return out
+
+
+def test_the_privacy_doc_table_is_the_declarations():
+    """docs/PRIVACY.md's table "What each method shares" is generated from the declarations
+    (``python tests/core/test_disclosure.py`` rewrites it)."""
+    doc = (ROOT / "docs" / "PRIVACY.md").read_text(encoding="utf-8")
+    begin, end = doc.index(TABLE_BEGIN) + len(TABLE_BEGIN), doc.index(TABLE_END)
+    want = markdown_table(_doc_reports())
+    assert doc[begin:end].strip() == want, "run: python tests/core/test_disclosure.py"
+
+
+if __name__ == "__main__":  # rewrite docs/PRIVACY.md's table
+    path = ROOT / "docs" / "PRIVACY.md"
+    text = path.read_text(encoding="utf-8")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    table = markdown_table(_doc_reports())
+    path.write_text(f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}", encoding="utf-8")

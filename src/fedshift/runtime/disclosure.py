@@ -143,3 +143,29 @@ def check_ledger(
                  zip(unsent, [d for d in declared if d.key not in seen], strict=True)
                  if not d.maybe]  # fmt: skip
     return problems, unsent
+
+
+#: the markers around the generated table in docs/PRIVACY.md
+TABLE_BEGIN = "<!-- disclosure table: generated from the declarations; do not edit -->"
+TABLE_END = "<!-- end of the disclosure table -->"
+
+
+def markdown_table(reports: list[tuple[str, dict]]) -> str:
+    """docs/PRIVACY.md's table "What each method shares": one row per ``(label, report)``,
+    each record a site sends with its kind, receiver, how often and what one value of a
+    statistic summarises (sizes depend on the data: ``fedshift privacy show``)."""
+    lines = [
+        "| method | record: kind, to whom, how often (a statistic: over what) |",
+        "|---|---|",
+    ]
+    for label, report in reports:
+        ups = [r for r in report["records"] if r["direction"] == UP]
+        parts = [
+            f"`{r['record']}`: {r['kind']}, {r['to']}, {r['when']}"
+            + (f" (over one {r['over']})" if r["over"] else "")
+            + (" (conditional)" if r["maybe"] else "")
+            for r in ups
+        ]
+        none = "nothing of its own" if label.startswith("augment") else "nothing (no traffic)"
+        lines.append(f"| {label} | {'<br>'.join(parts) or none} |")
+    return "\n".join(lines)
