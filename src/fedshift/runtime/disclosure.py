@@ -41,14 +41,22 @@ def disclose(cfg: RunConfig) -> dict:
     exp = build_experiment(cfg, run_federation(cfg, None))
     sites = sites_of(exp)
     declared = exp.algo.disclosures(exp.model)
+    rows = [d.row(list(sites.values())) for d in declared]
+    counted = [r for r in rows if r["direction"] == UP and r["fewest_examples"] is not None]
+    fewest = min(counted, key=lambda r: r["fewest_examples"], default=None)
     return {
         "algorithm": cfg.algorithm.name,
         "augments": [a.name for a in exp.augments],
         "dataset": cfg.dataset.name,
         "sites": {cid: s.examples for cid, s in sites.items()},
         "communicates": exp.algo.communicates,
-        "records": [d.row(list(sites.values())) for d in declared],
-    }
+        "records": rows,
+        #: the smallest number of examples any statistic a site sends summarises
+        "fewest_examples": None if fewest is None else {
+            "examples": fewest["fewest_examples"], "record": fewest["record"],
+            "over": fewest["over"],
+        },
+    }  # fmt: skip
 
 
 def _bytes(row: dict) -> str:
@@ -90,6 +98,12 @@ def render(report: dict) -> str:
                 f"{_bytes(r)} bytes): {r['what']}"
                 + (f"; from {', '.join(r['carries'])}" if r["carries"] else "")
             )
+    fewest = report["fewest_examples"]
+    if fewest is not None:
+        lines.append(
+            f"fewest examples any statistic a site sends summarises: {fewest['examples']:,} "
+            f"({fewest['record']}, one {fewest['over']})"
+        )
     notes = [r for r in report["records"] if r["maybe"]]
     for r in notes:
         lines.append(f"* {r['direction']} {r['record']}: {r['maybe']}")
