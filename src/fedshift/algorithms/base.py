@@ -43,7 +43,17 @@ from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.contract import Reply, State, expect
-from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
+from fedshift.core.disclosure import (
+    DOWN,
+    UP,
+    Disclosure,
+    Kind,
+    Over,
+    To,
+    When,
+    fixed,
+    tensor_bytes,
+)
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
@@ -302,8 +312,10 @@ class Algorithm:
         bn = any(k.endswith(("running_mean", "running_var")) for k in keys)
         also = " (with BatchNorm running means/variances of the site's batches)" if bn else ""
         return [
+            # shared BatchNorm running statistics are statistics of the site's recent batches
             Disclosure("weights", UP, Kind.PARAMETERS, When.ROUND, size,
-                       f"the site's trained shared model tensors{also}", to=To.AGGREGATE),
+                       f"the site's trained shared model tensors{also}", to=To.AGGREGATE,
+                       over=Over.BATCH if bn else None),
             Disclosure("weights", DOWN, Kind.PARAMETERS, When.ROUND, size,
                        "the aggregated shared model tensors", carries=("weights",)),
         ]  # fmt: skip

@@ -222,7 +222,9 @@ class Disclosure:
     what: str
     #: who receives an ``up`` record (None for ``down``)
     to: To | None = None
-    #: for an ``up`` statistic (and per-example data): what one value summarises
+    #: for an ``up`` statistic (and per-example data): what one value summarises; for
+    #: parameters, what statistics inside them summarise (shared BatchNorm running
+    #: statistics: recent mini-batches)
     over: Over | None = None
     #: the examples one value summarises at a site (default: from ``over``; ``GROUP`` must
     #: give it)

@@ -164,6 +164,12 @@ TABLE_BEGIN = "<!-- disclosure table: generated from the declarations; do not ed
 TABLE_END = "<!-- end of the disclosure table -->"
 
 
+def _over(row: dict) -> str:
+    if row["kind"] in ("parameters", "update"):
+        return f" (BatchNorm statistics inside: over one {row['over']})"
+    return f" (over one {row['over']})"
+
+
 def markdown_table(reports: list[tuple[str, dict]]) -> str:
     """docs/PRIVACY.md's table "What each method shares": one row per ``(label, report)``,
     each record a site sends with its kind, receiver, how often and what one value of a
@@ -176,7 +182,7 @@ def markdown_table(reports: list[tuple[str, dict]]) -> str:
         ups = [r for r in report["records"] if r["direction"] == UP]
         parts = [
             f"`{r['record']}`: {r['kind']}, {r['to']}, {r['when']}"
-            + (f" (over one {r['over']})" if r["over"] else "")
+            + (_over(r) if r["over"] else "")
             + (" (conditional)" if r["maybe"] else "")
             for r in ups
         ]
