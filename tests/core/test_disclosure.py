@@ -67,9 +67,24 @@ def test_records_on_the_wire_are_the_declared_ones(tmp_path, over):
     assert not problems, "\n".join(problems)
     if unsent:  # conditional records this tiny run did not send (their ``maybe`` says when)
         warnings.warn(f"{' '.join(over)}: declared, not sent here: {unsent}", stacklevel=1)
-    for d in declared:  # a down record says what it carries: declared up records
-        ups = {r.record for r in declared if r.direction == UP}
-        assert d.direction == UP or set(d.carries) <= ups, (d.record, d.carries, ups)
+    _check_receivers(declared)
+
+
+def _check_receivers(declared: list[Disclosure]) -> None:
+    """What the declarations say about receivers holds together: a down record carries
+    declared up records; an up record other clients receive (as sent or aggregated) is
+    carried down by some record; one the server keeps is carried down, if at all, only
+    inside a model the server trained or updated with it (ADCOL's discriminator)."""
+    ups = {r.record for r in declared if r.direction == UP}
+    for d in declared:
+        if d.direction != UP:
+            assert set(d.carries) <= ups, (d.record, d.carries, ups)
+            continue
+        carriers = [r for r in declared if r.direction != UP and d.record in r.carries]
+        if d.to in (To.CLIENTS, To.AGGREGATE):
+            assert carriers, f"up {d.record!r} reaches other clients ({d.to}) by no down record"
+        else:
+            assert all(r.kind is Kind.PARAMETERS for r in carriers), (d.record, carriers)
 
 
 def test_every_registered_component_is_a_case():
@@ -115,6 +130,19 @@ def test_the_check_finds_an_undeclared_record_and_a_wrong_size():
     assert any("12 bytes, declared 8" in p for p in problems)
     problems, unsent = check_ledger(declared, [], {"a": s}, 2)
     assert unsent == ["up 'w'"] and any("never sent" in p for p in problems)
+
+
+def test_the_receivers_must_hold_together():
+    stats = Disclosure("s", UP, Kind.STATISTIC, When.SETUP, fixed(8), "", to=To.CLIENTS,
+                       over=Over.SITE)  # fmt: skip
+    bank = Disclosure("b", "down", Kind.STATISTIC, When.SETUP, fixed(8), "", carries=("s",))
+    _check_receivers([stats, bank])
+    with pytest.raises(AssertionError, match="by no down record"):
+        _check_receivers([stats])
+    kept = Disclosure("s", UP, Kind.STATISTIC, When.SETUP, fixed(8), "", to=To.SERVER,
+                      over=Over.SITE)  # fmt: skip
+    with pytest.raises(AssertionError):  # forwarded although declared kept by the server
+        _check_receivers([kept, bank])
 
 
 def test_show_reports_fedrdn_statistics():
