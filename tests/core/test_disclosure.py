@@ -15,6 +15,7 @@ from conftest import toy_cfg
 from support.same_run import TINY, seg_overrides
 
 from fedshift.algorithms import ALGORITHMS
+from fedshift.algorithms.fedproto import rarest_class_seen
 from fedshift.augment import AUGMENTS
 from fedshift.core.disclosure import UP, Disclosure, Kind, Over, Site, To, When, fixed
 from fedshift.runtime.disclosure import (
@@ -109,6 +110,8 @@ def test_a_site_counts_what_statistics_summarise():
     assert s.smallest_batch == 2 and s.classes_held == 2 and s.steps_per_epoch == 3
     assert _site(examples=9).smallest_batch == 4  # a trailing batch of one is skipped
     assert s.last_epoch_examples == 8
+    # prototypes of the training batches: a partial epoch may see one example of a class
+    assert rarest_class_seen(_site(steps=3)) == 3 and rarest_class_seen(_site(steps=2)) == 1
 
 
 def test_declarations_refuse_what_says_nothing():

@@ -44,7 +44,7 @@ from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
-from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, Site, To, When, fixed
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
@@ -155,7 +155,8 @@ class FedProto(Algorithm):
             *weights,
             Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
                        f"the site's mean embedding per class ({how}) and its examples per "
-                       "class", to=To.AGGREGATE, over=Over.CLASS),
+                       "class", to=To.AGGREGATE, over=Over.CLASS,
+                       count=rarest_class_seen if self.params.prototypes == "released" else None),
             Disclosure("global_protos", DOWN, Kind.STATISTIC, When.ROUND, fixed(k * (d * 4 + 1)),
                        "the sites' prototypes averaged per class, and which classes have one",
                        carries=("prototypes",), maybe="after the first aggregation"),
@@ -284,3 +285,12 @@ def prototype_shape(model: FedModel) -> tuple[int, int]:
     if not isinstance(head, torch.nn.Linear):
         raise TrainingError("fedproto needs a model whose classifier is a torch.nn.Linear")
     return head.out_features, head.in_features
+
+
+def rarest_class_seen(site: Site) -> int:
+    """Examples behind the prototype of the site's rarest class when prototypes are taken
+    from the training batches (FPL, ``prototypes="released"``): its count when the round
+    covers a whole epoch, else 1 (a partial epoch may draw one example of a class)."""
+    if site.steps >= site.steps_per_epoch:
+        return min((c for c in site.class_counts or () if c), default=site.examples)
+    return 1

@@ -53,6 +53,7 @@ from fedshift.algorithms.fedproto import (
     means_from_sums,
     prototype_regulariser,
     prototype_shape,
+    rarest_class_seen,
 )
 from fedshift.algorithms.local_train import last_epoch_start
 from fedshift.core.bounds import bounded
@@ -202,7 +203,7 @@ class FPL(FedAvg):
             Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
                        "the site's mean embedding per class over its last local epoch, and its "
                        "examples per class; a cluster holding one site's prototype is sent on "
-                       "as it is", to=To.CLIENTS, over=Over.CLASS),
+                       "as it is", to=To.CLIENTS, over=Over.CLASS, count=rarest_class_seen),
             Disclosure("cluster_protos", DOWN, Kind.STATISTIC, When.ROUND,
                        lambda s: s.num_sites * k * (d * 4 + 8),
                        "the per-class clusters (FINCH) of the sites' prototypes, with labels",
