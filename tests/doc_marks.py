@@ -125,6 +125,11 @@ MARKS: dict[str, Mark] = {
     "fedshift predict model.pt2 mysites/hospital_a/disc/0000.png": Run(),
     "fedshift list": Run(),
     "fedshift config show -c configs/demo.yaml": Run(),
+    "fedshift privacy show dataset.name=toyshift algorithm.name=fedrdn": Run(),
+    "python tests/core/test_disclosure.py": ByTest(
+        "tests/core/test_disclosure.py::test_the_privacy_doc_table_is_the_declarations",
+        "the test compares the table the script writes with docs/PRIVACY.md's",
+    ),
     "fedshift run -c configs/demo.yaml": Run(CHEAP),
     "fedshift run -c configs/demo.yaml --jobs 2": ByTest(
         "tests/cli/test_ux.py::test_long_runs_run_jobs_equal_sequential",

@@ -27,7 +27,8 @@ def test_building_the_parser_imports_no_heavy_library():
 
 def test_help_imports_no_heavy_library():
     """``--help`` of the top level and of every command group (argparse exits after it)."""
-    helps = ([], ["protocol"], ["protocol", "tsne"], ["flower"], ["data"], ["run"], ["export"])
+    helps = ([], ["protocol"], ["protocol", "tsne"], ["flower"], ["data"], ["run"], ["export"],
+             ["privacy"], ["privacy", "show"])  # fmt: skip
     for argv in (*helps, ["docs"]):
         code = (
             "import sys, contextlib, io\n"
@@ -44,7 +45,8 @@ def test_python_m_fedshift_cli_help():
     )
     assert out.returncode == 0
     commands = (
-        "{run,bench,list,config,report,protocol,flower,data,cache,claims,export,predict,docs}"
+        "{run,bench,list,config,report,protocol,flower,data,cache,claims,export,predict,docs,"
+        "privacy}"
     )
     assert commands in out.stdout
 

@@ -58,6 +58,7 @@ from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, FedshiftError, TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import generator
@@ -188,6 +189,21 @@ class ADCOL(FedAvg):
             "disc_seed": int(torch.randint(0, 2**62, ())),
             "disc_loss": None,  # mean CE of its last training epoch
         }
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        dim = self.disc.state_dict()[next(iter(self.disc.state_dict()))].shape[1]
+        weights = self.weights_disclosures(model) if self.params.averaging == "fedavg" else []
+        return [
+            *weights,
+            Disclosure("discriminator", DOWN, Kind.PARAMETERS, When.ROUND,
+                       fixed(tensor_bytes(self.disc.state_dict())),
+                       "the discriminator the server trained on the sites' representations",
+                       carries=("features",)),
+            Disclosure("features", UP, Kind.REPRESENTATION, When.ROUND,
+                       lambda s: s.last_epoch_examples * dim * 4,
+                       "the representation of every example of the site's last local epoch",
+                       to=To.SERVER, over=Over.EXAMPLE, exact=False),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         records: dict[str, Tensors] = {"discriminator": server["disc"]}

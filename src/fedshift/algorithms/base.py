@@ -43,6 +43,17 @@ from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.contract import Reply, State, expect
+from fedshift.core.disclosure import (
+    DOWN,
+    UP,
+    Disclosure,
+    Kind,
+    Over,
+    To,
+    When,
+    fixed,
+    tensor_bytes,
+)
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
@@ -279,6 +290,40 @@ class Algorithm:
         return Payload(
             records, num_examples=ctx.num_train, metrics={"train_loss": loss, "steps": steps}
         )
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        """What each record this algorithm sends says about a site
+        (:mod:`fedshift.core.disclosure`), declared with the records: by default the
+        ``weights`` record both ways (the shared tensors of ``model``), nothing for an
+        algorithm that does not communicate or shares no tensor. A subclass that sends other
+        records overrides this next to its ``broadcast`` / ``local_update``."""
+        if not self.communicates or not self.shared_keys:
+            return []
+        return self.weights_disclosures(model)
+
+    def weights_disclosures(
+        self, model: FedModel, keys: list[str] | None = None
+    ) -> list[Disclosure]:
+        """The ``weights`` record up (the trained shared tensors ``keys``, default
+        ``shared_keys``) and down (their aggregate)."""
+        keys = self.shared_keys if keys is None else keys
+        state = model.state_dict()
+        size = fixed(tensor_bytes(state, keys))
+        bn = any(k.endswith(("running_mean", "running_var")) for k in keys)
+        also = " (with BatchNorm running means/variances of the site's batches)" if bn else ""
+        return [
+            # shared BatchNorm running statistics are statistics of the site's recent batches
+            Disclosure("weights", UP, Kind.PARAMETERS, When.ROUND, size,
+                       f"the site's trained shared model tensors{also}", to=To.AGGREGATE,
+                       over=Over.BATCH if bn else None),
+            Disclosure("weights", DOWN, Kind.PARAMETERS, When.ROUND, size,
+                       "the aggregated shared model tensors", carries=("weights",)),
+        ]  # fmt: skip
+
+    def down_weights(self, model: FedModel, carries: tuple[str, ...]) -> Disclosure:
+        """The ``weights`` record down alone, computed from the up records ``carries``
+        (algorithms that send updates instead of weights)."""
+        return dataclasses.replace(self.weights_disclosures(model)[1], carries=carries)
 
     def load_client_model(self, ctx: ClientContext, shared: Tensors, state: State) -> None:
         """Working model <- the received shared tensors + the client's own local tensors."""

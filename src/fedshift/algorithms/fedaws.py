@@ -62,6 +62,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
 from fedshift.data.base import Federation
@@ -201,6 +202,21 @@ class FedAwS(FedAvg):
         self.encoder_keys = [k for k in self.shared_keys if k != self.w_key]
 
     # -- server ----------------------------------------------------------------------------
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        d = model.state_dict()[self.w_key].shape[1]
+        rows = model.state_dict()[self.w_key].element_size() * d
+        return [
+            *self.weights_disclosures(model, self.encoder_keys),
+            Disclosure(RECORD, DOWN, Kind.PARAMETERS, When.ROUND,
+                       lambda s: s.classes_held * (rows + 8),
+                       "the class embeddings of the site's classes, and their indices",
+                       carries=(RECORD,)),
+            Disclosure(RECORD, UP, Kind.PARAMETERS, When.ROUND,
+                       lambda s: s.classes_held * (rows + 16),
+                       "the site's trained class embeddings, its class list and its examples "
+                       "per class", to=To.AGGREGATE),
+        ]  # fmt: skip
+
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         classes = torch.tensor(self.holders[cid], dtype=torch.long)
         w = server["weights"][self.w_key]

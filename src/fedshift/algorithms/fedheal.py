@@ -49,6 +49,7 @@ from fedshift.algorithms.prox_base import FedAvgOrProxClient, ProxBaseParams
 from fedshift.algorithms.tensors import subset, weighted_average
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import UP, Disclosure, Kind, To, When, fixed, tensor_bytes
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -148,6 +149,24 @@ class FedHEAL(FedAvgOrProxClient):
         state = super().init_client(cid, data, model)
         state["heal"] = {"rounds": 0, "history": {}}
         return state
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        state = model.state_dict()
+        masked = sum(state[k].numel() for k in self.masked_keys)
+        return [
+            self.down_weights(model, carries=("update", "mask", "counters")),
+            Disclosure("update", UP, Kind.UPDATE, When.ROUND,
+                       fixed(tensor_bytes(state, self.masked_keys)),
+                       "the site's masked update (global - trained, float tensors)",
+                       to=To.AGGREGATE),
+            Disclosure("mask", UP, Kind.UPDATE, When.ROUND, fixed(masked),
+                       "the site's parameter consistency mask (one bool per float element)",
+                       to=To.AGGREGATE),
+            Disclosure("counters", UP, Kind.PARAMETERS, When.ROUND,
+                       fixed(tensor_bytes(state, self.count_keys)),
+                       "the integer tensors of the trained model (BatchNorm batch counters)",
+                       to=To.AGGREGATE),
+        ]  # fmt: skip
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         up = super().local_update(ctx, down, state)

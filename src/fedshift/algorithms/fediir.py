@@ -57,6 +57,7 @@ from fedshift.algorithms.bn import FrozenBNStats
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
@@ -130,6 +131,20 @@ class FedIIR(FedAvg):
         state = model.state_dict()
         server["grad_mean"] = {k: torch.zeros_like(state[k]).cpu() for k in self.cls_keys}
         return server
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        grads = fixed(tensor_bytes(model.state_dict(), self.cls_keys))
+        return [
+            *self.weights_disclosures(model),
+            Disclosure("grad_mean", DOWN, Kind.UPDATE, When.ROUND, grads,
+                       "the running mean of the sites' classifier gradients", carries=("grad",)),
+            Disclosure("grad", UP, Kind.UPDATE, When.ROUND, grads,
+                       "the sum over the site's batches of the classifier's gradient",
+                       to=To.AGGREGATE),
+            Disclosure(BATCHES, UP, Kind.STATISTIC, When.ROUND, fixed(4),
+                       "the number of the site's batches (its size, to the batch)",
+                       to=To.SERVER, over=Over.SITE),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = super().broadcast(server, rnd, cid)

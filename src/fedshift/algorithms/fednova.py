@@ -21,8 +21,10 @@ from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
+from fedshift.models.base import FedModel
 
 
 @dataclass
@@ -56,6 +58,19 @@ class FedNova(FedProx):
                 "algorithm 'fednova': algorithm.mu > 0 together with train.momentum > 0 is not "
                 "supported (||a_i||_1 is implemented for one of them); set one to 0"
             )
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        state = model.state_dict()
+        return [
+            self.down_weights(model, carries=("normalized_grad", "buffers")),
+            Disclosure("normalized_grad", UP, Kind.UPDATE, When.ROUND,
+                       fixed(tensor_bytes(state, self.shared_param_keys)),
+                       "the site's normalised update (x - y) / (lr a_i)", to=To.AGGREGATE),
+            Disclosure("buffers", UP, Kind.STATISTIC, When.ROUND,
+                       fixed(tensor_bytes(state, self.shared_buffer_keys)),
+                       "the shared buffers: BatchNorm running means/variances of the site's "
+                       "batches (empty without BatchNorm)", to=To.AGGREGATE, over=Over.BATCH),
+        ]  # fmt: skip
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         start = down["weights"]

@@ -44,6 +44,7 @@ from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, Site, To, When, fixed
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
@@ -145,6 +146,21 @@ class FedProto(Algorithm):
     # -- server ----------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
         return {"weights": clone(model.state_dict()), "protos": None, "proto_weight": None}
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        k, d = prototype_shape(model)
+        weights = self.weights_disclosures(model) if self.params.share_weights else []
+        how = "during training" if self.params.prototypes == "released" else "after training"
+        return [
+            *weights,
+            Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
+                       f"the site's mean embedding per class ({how}) and its examples per "
+                       "class", to=To.AGGREGATE, over=Over.CLASS,
+                       count=rarest_class_seen if self.params.prototypes == "released" else None),
+            Disclosure("global_protos", DOWN, Kind.STATISTIC, When.ROUND, fixed(k * (d * 4 + 1)),
+                       "the sites' prototypes averaged per class, and which classes have one",
+                       carries=("prototypes",), maybe="after the first aggregation"),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         records: dict[str, Tensors] = {}
@@ -261,3 +277,20 @@ class FedProto(Algorithm):
     # -- evaluation ------------------------------------------------------------------------
     def global_weights(self, server: State) -> Tensors | None:
         return server["weights"] if self.has_global_model else None
+
+
+def prototype_shape(model: FedModel) -> tuple[int, int]:
+    """(classes, embedding dimension) of a prototype table: the classifier's shape."""
+    head = model.classifier
+    if not isinstance(head, torch.nn.Linear):
+        raise TrainingError("fedproto needs a model whose classifier is a torch.nn.Linear")
+    return head.out_features, head.in_features
+
+
+def rarest_class_seen(site: Site) -> int:
+    """Examples behind the prototype of the site's rarest class when prototypes are taken
+    from the training batches (FPL, ``prototypes="released"``): its count when the round
+    covers a whole epoch, else 1 (a partial epoch may draw one example of a class)."""
+    if site.steps >= site.steps_per_epoch:
+        return min((c for c in site.class_counts or () if c), default=site.examples)
+    return 1

@@ -72,6 +72,7 @@ from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData, Federation
@@ -302,6 +303,19 @@ class FedSR(FedAvg):
         if self.reference == "averaged":
             server["reference"] = self.initial_reference(torch.device("cpu"))
         return server
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        out = self.weights_disclosures(model)
+        if self.reference == "averaged":
+            ref = fixed(tensor_bytes(self.initial_reference(torch.device("meta"))))
+            out += [
+                Disclosure("reference", UP, Kind.PARAMETERS, When.ROUND, ref,
+                           "the site's trained reference distribution (r_mu, r_sigma, C)",
+                           to=To.AGGREGATE),
+                Disclosure("reference", DOWN, Kind.PARAMETERS, When.ROUND, ref,
+                           "the averaged reference distribution", carries=("reference",)),
+            ]  # fmt: skip
+        return out
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = super().broadcast(server, rnd, cid)

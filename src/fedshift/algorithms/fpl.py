@@ -52,10 +52,13 @@ from fedshift.algorithms.fedproto import (
     class_sums,
     means_from_sums,
     prototype_regulariser,
+    prototype_shape,
+    rarest_class_seen,
 )
 from fedshift.algorithms.local_train import last_epoch_start
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed
 from fedshift.core.errors import TrainingError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
@@ -192,6 +195,21 @@ class FPL(FedAvg):
         state = super().init_server(model)
         state["clusters"] = None  # {"protos": (M, d), "labels": (M,)} after the first round
         return state
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        k, d = prototype_shape(model)
+        return [
+            *(self.weights_disclosures(model) if self.shared_keys else []),
+            Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
+                       "the site's mean embedding per class over its last local epoch, and its "
+                       "examples per class; a cluster holding one site's prototype is sent on "
+                       "as it is", to=To.CLIENTS, over=Over.CLASS, count=rarest_class_seen),
+            Disclosure("cluster_protos", DOWN, Kind.STATISTIC, When.ROUND,
+                       lambda s: s.num_sites * k * (d * 4 + 8),
+                       "the per-class clusters (FINCH) of the sites' prototypes, with labels",
+                       carries=("prototypes",), maybe="after the first aggregation",
+                       exact=False),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = super().broadcast(server, rnd, cid)

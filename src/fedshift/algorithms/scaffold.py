@@ -26,6 +26,7 @@ from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -62,6 +63,25 @@ class Scaffold(FedAvg):
         state = super().init_client(cid, data, model)
         state["control"] = self._zeros(model.state_dict())
         return state
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        state = model.state_dict()
+        params = fixed(tensor_bytes(state, self.shared_param_keys))
+        buffers = fixed(tensor_bytes(state, self.shared_buffer_keys))
+        return [
+            self.down_weights(model, carries=("delta", "buffers")),
+            Disclosure("control", DOWN, Kind.UPDATE, When.ROUND, params,
+                       "the server control variate c (the mean of the sites' control variates)",
+                       carries=("control_delta",)),
+            Disclosure("delta", UP, Kind.UPDATE, When.ROUND, params,
+                       "the site's model update y - x", to=To.AGGREGATE),
+            Disclosure("control_delta", UP, Kind.UPDATE, When.ROUND, params,
+                       "the change of the site's control variate (its mean gradient of the round)",
+                       to=To.AGGREGATE),
+            Disclosure("buffers", UP, Kind.STATISTIC, When.ROUND, buffers,
+                       "the shared buffers: BatchNorm running means/variances of the site's "
+                       "batches (empty without BatchNorm)", to=To.AGGREGATE, over=Over.BATCH),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = super().broadcast(server, rnd, cid)

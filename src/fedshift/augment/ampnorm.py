@@ -84,6 +84,7 @@ import torch
 
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
+from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -231,6 +232,17 @@ class AmpNorm(Augment):
         return {"running": None, "batches": 0, "uploaded": False, "global": None, "cid": cid}
 
     # -- exchange ----------------------------------------------------------------------------
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        size = lambda s: s.image_floats * 4  # noqa: E731
+        return [
+            Disclosure(UP, "up", Kind.STATISTIC, When.ONCE, size,
+                       "the site's running mean amplitude spectrum (Eq. 3) over its first "
+                       "round's batches", to=To.AGGREGATE, over=Over.BATCH),
+            Disclosure(DOWN, "down", Kind.STATISTIC, When.ONCE, size,
+                       "the sites' mean amplitude spectrum", carries=(UP,),
+                       maybe="once the server holds it (the round after the first upload)"),
+        ]  # fmt: skip
+
     def broadcast(self, server: State, rnd: int, cid: str) -> Records:
         """The fixed global amplitude, once to each client (it keeps it)."""
         if server["amplitude"] is None or cid in server["sent"]:

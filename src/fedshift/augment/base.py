@@ -29,6 +29,7 @@ import torch
 
 from fedshift.algorithms import ALGORITHMS
 from fedshift.core.contract import State
+from fedshift.core.disclosure import Disclosure
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
@@ -112,6 +113,13 @@ class Augment:
 
     def aggregate(self, server: State, rnd: int, replies: list[tuple[str, Payload]]) -> None:
         """Server side, after the algorithm aggregated."""
+
+    # -- disclosure --------------------------------------------------------------------------
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        """What each record this augment sends says about a site
+        (:mod:`fedshift.core.disclosure`), declared next to the hooks that send them;
+        ``model``: the model as attached. None by default."""
+        return []
 
     # -- data path ---------------------------------------------------------------------------
     def train_batch(

@@ -49,6 +49,7 @@ import torch
 from fedshift.augment.ampnorm import amplitude_phase, from_amplitude_phase
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
+from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator as derived_generator
@@ -132,6 +133,21 @@ class CFSI(Augment):
         return {"own": own, "bank": {}}
 
     # -- setup exchange ----------------------------------------------------------------------
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        def kept(n: int) -> int:
+            return max(1, round(self.params.bank_fraction * n)) if n else 0
+
+        return [
+            Disclosure(UP, "up", Kind.EXAMPLES, When.SETUP,
+                       lambda s: kept(s.examples) * s.image_floats * 4,
+                       "the amplitude spectrum of each of the site's kept training images "
+                       "(bank_fraction)", to=To.CLIENTS, over=Over.EXAMPLE),
+            Disclosure(DOWN, "down", Kind.EXAMPLES, When.SETUP,
+                       lambda s: (sum(kept(n) for n in s.federation) - kept(s.examples))
+                       * s.image_floats * 4,
+                       "every other site's per-image amplitude spectra", carries=(UP,)),
+        ]  # fmt: skip
+
     def setup_reply(self, cid: str, state: State) -> Records:
         return {UP: {"amplitude": state["own"]}}
 

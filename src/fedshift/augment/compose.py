@@ -15,6 +15,7 @@ from fedshift.algorithms.base import Algorithm
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, ContractError, Reply, State, expect
+from fedshift.core.disclosure import Disclosure
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -81,6 +82,14 @@ class Composition:
 
     def register_clients(self, cids: list[str]) -> None:
         self.algo.register_clients(cids)
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        """Every record the run sends, declared by the algorithm and its augments
+        (:mod:`fedshift.core.disclosure`), each with the component that declared it."""
+        out = [d.with_source(self.algo.name) for d in self.algo.disclosures(model)]
+        for a in self.augments:
+            out += [d.with_source(a.name) for d in a.disclosures(model)]
+        return out
 
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:

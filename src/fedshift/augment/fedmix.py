@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
 from fedshift.core.bounds import bounded
+from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator as derived_generator
@@ -217,6 +218,26 @@ class FedMix(Augment):
         g = derived_generator(self.seed, "fedmix", cid)
         xbar, ybar = group_means(data.train.x, data.train.y, self.params.m, self.num_classes, g)
         return {"x": xbar, "y": ybar}
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        def group(n: int) -> int:
+            return n if self.params.m is None else min(self.params.m, n)
+
+        def rows(n: int) -> int:
+            return max(1, n // group(n))
+
+        def size(n: int, s) -> int:
+            return rows(n) * (s.image_floats + s.num_classes) * 4
+
+        return [
+            Disclosure("fedmix_means", "up", Kind.STATISTIC, When.SETUP,
+                       lambda s: size(s.examples, s),
+                       "the site's mean image and mean one-hot label per group of m examples",
+                       to=To.CLIENTS, over=Over.GROUP, count=lambda s: group(s.examples)),
+            Disclosure("fedmix_bank", "down", Kind.STATISTIC, When.SETUP,
+                       lambda s: sum(size(n, s) for n in s.federation),
+                       "every site's averaged images and labels", carries=("fedmix_means",)),
+        ]  # fmt: skip
 
     def setup_reply(self, cid: str, state: State) -> Records:
         return {"fedmix_means": {"x": state["x"], "y": state["y"]}}

@@ -44,6 +44,7 @@ import torch
 
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounds
+from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -216,6 +217,21 @@ class _Federated(_ClientStats):
         require_federation(cls.name, algorithm, "shares statistics between clients", "use 'norm'")
         cls._one_normalizer(others)
 
+    #: who receives a site's statistics (FedRDN: every client, as sent)
+    audience = To.CLIENTS
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        return [
+            Disclosure("fedrdn_stats", "up", Kind.STATISTIC, When.SETUP,
+                       lambda s: 2 * s.input_shape[0] * 4,
+                       "the site's per-channel mean and std (Eq. 5-6: per-image statistics "
+                       "averaged over its training images)", to=self.audience, over=Over.SITE),
+            self.bank_disclosure(),
+        ]  # fmt: skip
+
+    def bank_disclosure(self) -> Disclosure:
+        raise NotImplementedError
+
     def setup_reply(self, cid: str, state: State) -> Records:
         return {"fedrdn_stats": {"mean": state["mean"], "std": state["std"]}}
 
@@ -230,6 +246,13 @@ class FedRDN(_Federated):
 
     name = "fedrdn"
     Params = FedRDNParams
+
+    def bank_disclosure(self) -> Disclosure:
+        return Disclosure(
+            "fedrdn_bank", "down", Kind.STATISTIC, When.SETUP,
+            lambda s: s.num_sites * 2 * s.input_shape[0] * 4,
+            "every site's mean and std", carries=("fedrdn_stats",),
+        )  # fmt: skip
 
     def setup_broadcast(self, server: State, cid: str) -> Records:
         return {"fedrdn_bank": {"mean": server["mean"], "std": server["std"]}}
@@ -257,6 +280,15 @@ class FedRDNV(_Federated):
     """FedRDN-V: the federation's averaged statistics for training and test (Eq. 9)."""
 
     name = "fedrdn_v"
+
+    audience = To.AGGREGATE
+
+    def bank_disclosure(self) -> Disclosure:
+        return Disclosure(
+            "fedrdn_avg", "down", Kind.STATISTIC, When.SETUP,
+            lambda s: 2 * s.input_shape[0] * 4,
+            "the sites' mean and std averaged", carries=("fedrdn_stats",),
+        )  # fmt: skip
 
     def setup_broadcast(self, server: State, cid: str) -> Records:
         return {"fedrdn_avg": {"mean": server["mean"].mean(0), "std": server["std"].mean(0)}}

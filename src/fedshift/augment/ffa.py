@@ -95,6 +95,7 @@ from torch import nn
 
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
+from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, fixed
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
@@ -443,6 +444,23 @@ class FFA(Augment):
         return {"running": _zeros_ones(self.layers, 1.0), "variance": None}
 
     # -- every round -------------------------------------------------------------------------
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        if not self.shares:
+            return []
+        size = fixed(2 * sum(layer.channels for layer in self.layers.values()) * 4)
+        out = [
+            Disclosure(UP, "up", Kind.STATISTIC, When.ROUND, size,
+                       "the site's momentum mean and std of instance feature statistics per "
+                       "FFA layer (Eq. 4) over the round's batches where the layer fired",
+                       to=To.AGGREGATE, over=Over.BATCH, exact=False),
+            Disclosure(DOWN, "down", Kind.STATISTIC, When.ROUND, size,
+                       "the variances over sites of those statistics (Eq. 5)", carries=(UP,)),
+        ]
+        if self.params.ema == "average":
+            out.append(Disclosure(RUNNING, "down", Kind.STATISTIC, When.ROUND, size,
+                                  "the sites' momentum statistics averaged", carries=(UP,)))
+        return out  # fmt: skip
+
     def broadcast(self, server: State, rnd: int, cid: str) -> Records:
         if not self.shares:
             return {}

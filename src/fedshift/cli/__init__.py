@@ -15,6 +15,7 @@ fedshift claims [--check] | claims collect ...           the claims ledger from 
 fedshift export RUN_DIR --out model.pt                   the trained model: state_dict + predictor
 fedshift predict MODEL.pt2 IMAGES... [--site-stats DIR]  an exported predictor's labels and scores
 fedshift docs [GUIDE]                                    the guides shipped with fedshift
+fedshift privacy show [-c CONFIG] [key=value ...]        what each site sends, record by record
 
 One module per command group: :mod:`fedshift.cli.run` (run, bench, list, report),
 :mod:`fedshift.cli.data`, :mod:`fedshift.cli.protocol`, :mod:`fedshift.cli.flower`,
@@ -39,7 +40,7 @@ import sys
 from pathlib import Path
 
 from fedshift import __version__
-from fedshift.cli import cache, claims, data, docs, export, flower, protocol, run
+from fedshift.cli import cache, claims, data, docs, export, flower, privacy, protocol, run
 from fedshift.core.errors import FedshiftError
 
 __all__ = ["build_parser", "describe_os_error", "main", "parse"]
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     claims.add_parser(sub)
     export.add_parser(sub)
     docs.add_parser(sub)
+    privacy.add_parser(sub)
     return p
 
 

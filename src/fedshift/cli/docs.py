@@ -19,6 +19,7 @@ GUIDES = {
     "datasets": ("DATASETS.md", "every dataset, the layouts the loaders expect"),
     "results": ("RESULTS.md", "measured figures and the commands behind them"),
     "claims": ("CLAIMS.md", "the papers' claims, the suites that run them, what was measured"),
+    "privacy": ("PRIVACY.md", "what each method's records say about a site; fedshift privacy"),
 }
 
 

@@ -32,6 +32,7 @@ from fedshift.algorithms.distrans.params import (
 from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, run_steps
 from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
 from fedshift.data.base import ClientData, Federation
@@ -117,6 +118,26 @@ class DisTrans(Algorithm):
         if self.wants_label_dist():
             server["aggregator"] = clone(self._new_aggregator().state_dict())
         return server
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        offset = fixed(tensor_bytes(model.state_dict(), [OFFSET]))
+        when = "while the offsets are aggregated (aggregation avg or nn; auto: decided by DH)"
+        out = [
+            *self.weights_disclosures(model),
+            Disclosure(OFFSET_RECORD, UP, Kind.PARAMETERS, When.ROUND, offset,
+                       "the site's trained input offset (an image-shaped tensor)",
+                       to=To.AGGREGATE, maybe=when),
+            Disclosure(OFFSET_RECORD, DOWN, Kind.PARAMETERS, When.ROUND, offset,
+                       "the aggregated offset for this site", carries=(OFFSET_RECORD,),
+                       maybe=when),
+        ]
+        if self.wants_label_dist():
+            out.append(
+                Disclosure(LABEL_RECORD, UP, Kind.STATISTIC, When.ONCE,
+                           fixed(self.num_classes * 4), "the site's examples per class",
+                           to=To.SERVER, over=Over.SITE)
+            )
+        return out  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = Payload({"weights": subset(server["weights"], self.shared_keys)})

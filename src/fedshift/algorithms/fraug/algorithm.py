@@ -28,6 +28,7 @@ from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, 
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -114,6 +115,16 @@ class FRAug(Objectives, Algorithm):
         server = super().init_server(model)
         server["generator"] = clone(self.generator.state_dict())
         return server
+
+    def disclosures(self, model: FedModel) -> list[Disclosure]:
+        gen = fixed(tensor_bytes(self.generator.state_dict(), self.generator_shared_keys))
+        return [
+            *self.weights_disclosures(model),
+            Disclosure("generator", UP, Kind.PARAMETERS, When.ROUND, gen,
+                       "the site's trained feature generator (shared tensors)", to=To.AGGREGATE),
+            Disclosure("generator", DOWN, Kind.PARAMETERS, When.ROUND, gen,
+                       "the aggregated feature generator", carries=("generator",)),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         return Payload(
