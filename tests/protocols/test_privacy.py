@@ -12,8 +12,10 @@ from conftest import toy_cfg
 from fedshift.augment.ampnorm import batch_amplitude
 from fedshift.augment.fedmix import group_means
 from fedshift.augment.fedrdn import channel_statistics
-from fedshift.core.errors import ConfigError
-from fedshift.protocols.privacy import METHODS, privacy
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.protocols.common import SuiteOptions
+from fedshift.protocols.privacy import SURFACES, privacy
+from fedshift.runtime.simulation import run_experiment
 
 
 def _images(n: int = 12, seed: int = 0) -> torch.Tensor:
@@ -25,7 +27,7 @@ def test_fedrdn_record_is_the_mean_of_the_attacked_features():
     code sends (Eq. 5-6): mean over the site, then std, per channel."""
     x = _images()
     mean, std = channel_statistics(x)
-    feats = METHODS["fedrdn"].features(x).mean(0)
+    feats = SURFACES["fedrdn_stats"].features(x).mean(0)
     assert torch.allclose(feats.float(), torch.cat([mean, std]), atol=1e-6)
 
 
@@ -34,7 +36,7 @@ def test_harmofl_record_of_one_batch_is_the_mean_of_the_attacked_features():
     images' amplitudes; with more batches it is a decayed mean of them (the protocol's
     number is then a lower bound)."""
     x = _images()
-    feats = METHODS["harmofl"].features(x).mean(0).view(3, 8, 8)
+    feats = SURFACES["amplitude"].features(x).mean(0).view(3, 8, 8)
     assert torch.allclose(feats.float(), batch_amplitude(x), rtol=1e-5, atol=1e-5)
 
 
@@ -42,29 +44,65 @@ def test_fedmix_record_is_a_group_mean_of_images():
     x = _images(10)
     y = torch.zeros(10, dtype=torch.long)
     g = torch.Generator().manual_seed(0)
-    xbar, _ = group_means(x, y, METHODS["fedmix"].group, 2, g)
+    xbar, _ = group_means(x, y, SURFACES["fedmix_means"].group, 2, g)
     order = torch.randperm(10, generator=torch.Generator().manual_seed(0))
-    first = METHODS["fedmix"].features(x[order[:5]]).mean(0).view(3, 8, 8)
+    first = SURFACES["fedmix_means"].features(x[order[:5]]).mean(0).view(3, 8, 8)
     assert torch.allclose(first.float(), xbar[0], atol=1e-6)
 
 
-def test_privacy_protocol_writes_its_table_numbers_and_figures(tmp_path):
-    cfg = toy_cfg()
-    res = privacy(cfg, ["fedrdn", "harmofl", "elcfs", "fedmix"], [2, 4], [0, 1], 4, tmp_path)
-    for key in ("md", "json", "png", "reconstructions"):
+TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "train.rounds=2"]
+
+
+def test_privacy_protocol_over_a_grid_attacks_what_each_method_sends(tmp_path):
+    """Three cells (weights only, FedRDN's statistics, FedProto's prototypes) trained and
+    attacked; each method's table holds the attacks its records call for."""
+    (tmp_path / "grid.yaml").write_text(
+        "sweep:\n  cell:\n    - {algorithm.name: fedavg}\n"
+        "    - {algorithm.name: fedavg, augment: [fedrdn]}\n    - {algorithm.name: fedproto}\n"
+    )
+    opts = SuiteOptions(config=tmp_path / "grid.yaml", overrides=tuple(TOY), out=tmp_path / "p",
+                        runs_out=str(tmp_path / "runs"), progress=False)  # fmt: skip
+    res = privacy(opts, sizes=[2, 4], trials=4)
+    for key in ("md", "json", "png"):
         assert res.files[key].is_file()
-    data = json.loads(res.files["json"].read_text())
-    rdn = data["results"]["fedrdn"]
-    assert len(rdn["membership AUC, n=2"]) == 2  # one value per seed
-    assert all(0 <= v <= 1 for v in rdn["membership AUC, n=4"])
-    assert "SSIM, phase retrieval" in data["results"]["elcfs"]
-    assert "membership AUC, n=5" in data["results"]["fedmix"]
-    assert "**harmofl** (amplitude)" in res.text
+    assert "reconstructions" not in res.files  # no record of these three is an image
+    methods = json.loads(res.files["json"].read_text())["methods"]
+    assert set(methods) == {"fedavg", "fedavg +fedrdn", "fedproto"}
+    assert methods["fedavg"]["sends"] == ["weights"]
+    assert "membership AUC, weights (loss threshold)" in methods["fedavg"]["rows"]
+    rdn = methods["fedavg +fedrdn"]["rows"]
+    assert {"membership AUC, fedrdn_stats, n=2", "membership AUC, fedrdn_stats, n=4"} <= set(rdn)
+    assert all(0 <= v <= 1 for v in rdn["membership AUC, fedrdn_stats, n=4"])
+    proto = methods["fedproto"]["rows"]
+    assert "membership AUC, prototypes (per class)" in proto
+    assert "membership AUC, weights (loss threshold)" not in proto  # it sends no weights
+    assert "**fedavg** (sends: weights): weights only, the reference row" in res.text
 
 
-def test_privacy_protocol_refuses_what_it_cannot_attack(tmp_path):
-    cfg = toy_cfg()
-    with pytest.raises(ConfigError, match="no attack for fedavg.*share weights only"):
-        privacy(cfg, ["fedavg"], [2], [0], 2, tmp_path)
-    with pytest.raises(ConfigError, match="give smaller --sizes"):
-        privacy(cfg, ["fedrdn"], [100000], [0], 2, tmp_path)
+def test_privacy_protocol_over_run_directories_names_what_it_does_not_attack(tmp_path):
+
+    run = run_experiment(toy_cfg("algorithm.name=scaffold", rounds=2), run_dir=tmp_path / "r",
+                         progress=False)  # fmt: skip
+    res = privacy(None, [run.run_dir], sizes=[2], trials=2, out=tmp_path / "p")
+    data = json.loads(res.files["json"].read_text())["methods"]["scaffold"]
+    assert data["not_attacked"] and "weights" not in data["not_attacked"]
+    assert "Not attacked: " in res.text
+
+
+def test_privacy_protocol_refuses_what_it_cannot_do(tmp_path):
+    with pytest.raises(FedshiftError, match="give a config"):
+        privacy(None, [], sizes=[2])
+    with pytest.raises(ConfigError, match="sizes must be >= 1"):
+        privacy(None, [tmp_path], sizes=[0])
+    with pytest.raises(FedshiftError, match="does not exist"):
+        privacy(None, [tmp_path / "nothing"], sizes=[2])
+
+
+def test_privacy_protocol_reconstructs_from_harmofl_amplitudes(tmp_path):
+    run = run_experiment(toy_cfg("algorithm.name=harmofl", rounds=1), run_dir=tmp_path / "h",
+                         progress=False)  # fmt: skip
+    res = privacy(None, [run.run_dir], sizes=[2, 4], trials=2, out=tmp_path / "p")
+    rows = json.loads(res.files["json"].read_text())["methods"]["harmofl"]["rows"]
+    assert {"SSIM, phase retrieval, amplitude", "PSNR dB, inversion, amplitude"} <= set(rows)
+    assert "membership AUC, amplitude, n=4" in rows
+    assert res.files["reconstructions"].is_file()

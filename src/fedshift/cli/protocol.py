@@ -141,13 +141,13 @@ def _ints(text: str) -> list[int]:
 
 
 def _cmd_privacy(args: argparse.Namespace) -> int:
-    from fedshift.catalog import resolve
-    from fedshift.core.config import load_config
     from fedshift.protocols.privacy import privacy
 
-    cfg = resolve(load_config(args.config, args.overrides))
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    return _print(privacy(cfg, methods, args.sizes, args.seeds, args.trials, args.out))
+    options = None if args.run else _suite_options(args)
+    if args.run and (args.config or args.overrides):
+        raise SystemExit("fedshift protocol privacy: give -c CONFIG or --run DIR, not both")
+    res = privacy(options, args.run, args.sizes, args.trials, args.out, args.weights)
+    return _print(res)
 
 
 def _weights_arg(p: argparse.ArgumentParser) -> None:
@@ -268,18 +268,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     pv = ps.add_parser(
         "privacy",
-        help="attacks on the statistics each method shares (membership, property, reconstruction)",
+        help="attacks on what each method's site sends: membership, site property, "
+        "reconstruction (issue 51)",
     )
-    pv.add_argument("-c", "--config", help="YAML run config: its dataset and partition")
-    pv.add_argument("overrides", nargs="*", help="key=value overrides, e.g. dataset.name=digits")
+    _suite_args(pv)
     pv.add_argument(
-        "--methods",
-        default="fedrdn,harmofl,elcfs,fedmix",
-        help="comma-separated methods whose records are attacked (default: all four)",
+        "--run", action="append", help="a finished run directory to attack (repeatable)"
     )
-    pv.add_argument("--sizes", type=_ints, default=[10, 50, 200], help="site sizes (10,50,200)")
-    pv.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="seeds (0,1,2)")
-    pv.add_argument("--trials", type=int, default=40, help="sites drawn per size and seed (40)")
+    pv.add_argument(
+        "--sizes",
+        type=_ints,
+        default=[10, 50, 200],
+        help="site sizes for the records computed from images (default 10,50,200)",
+    )
+    pv.add_argument("--trials", type=int, default=40, help="sites drawn per size (40)")
+    _weights_arg(pv)
     common(pv, "privacy")
     pv.set_defaults(fn=_cmd_privacy)
 

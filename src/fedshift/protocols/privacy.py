@@ -1,46 +1,54 @@
-"""``fedshift protocol privacy``: what the statistics a site shares before training give away
-(issue 51).
+"""``fedshift protocol privacy``: what a site gives away, method by method (issue 51).
 
-FedRDN, HarmoFL, FedDG-ELCFS and FedMix send, besides (or before) any weights, a record
-computed from the site's images alone. For each such record this protocol draws sites of
-``n`` images from one real domain (a client of the config's dataset: all its images, every
-split, are that domain's population), computes the record with the method's own function,
-and attacks it (:mod:`fedshift.attacks`):
+The records each method sends are its declarations (:mod:`fedshift.core.disclosure`,
+``fedshift privacy show``); this protocol attacks them. Over a config's grid (its cells run
+through the cached bench machinery and their models loaded) or over finished run directories,
+for each run the attacked site is its first training client, and:
 
-==========  ==========================================  ========================================
-method      record (what one value summarises)           attacks
-==========  ==========================================  ========================================
-fedrdn      per-channel mean over images of each         membership by site size (likelihood
-            image's channel mean and std (Eq. 5-6)      ratio), site property (which domain)
-harmofl     the mean amplitude spectrum (Eq. 3; sent     membership by site size, site property,
-            as a decayed running mean of batch means)    reconstruction (phase retrieval and
-                                                         inversion of the site's mean spectrum)
-elcfs       each image's amplitude spectrum (the bank)   reconstruction of single images (phase
-                                                         retrieval: no support is known)
-fedmix      means of groups of ``m`` images              membership at ``n = m``; the mean image
-                                                         as a reconstruction (positive control)
-==========  ==========================================  ========================================
+* **What the site sends in a round** (:mod:`fedshift.protocols.privacy_runs`): its next local
+  update's payload, as the server receives it: membership from the weights (the
+  loss-threshold test: the reference row, FedAvg's being "weights only"), from prototypes
+  and feature statistics (tracing), and model inversion of shared representations.
+* **What the site computes from its images before training** (FedRDN's ``fedrdn_stats``,
+  HarmoFL's ``amplitude``, ELCFS's ``cfsi_amplitudes``, FedMix's ``fedmix_means``): the same
+  record computed, by the method's rule, on sites of ``n`` images drawn from the attacked
+  site's domain (all its images, every split: one domain's population), for each ``n`` of
+  ``--sizes``, and attacked (:mod:`fedshift.attacks`):
+
+  ====================  ===================================  ==================================
+  record                what one value summarises            attacks
+  ====================  ===================================  ==================================
+  ``fedrdn_stats``      the site's images: the mean of each  membership by site size (the
+                        image's channel mean and std (Eq.    likelihood-ratio test), site
+                        5-6)                                 property (which domain)
+  ``amplitude``         the site's mean amplitude spectrum   membership by site size, site
+                        (Eq. 3; sent as a decayed running    property, reconstruction (phase
+                        mean of batch means)                 retrieval, inversion)
+  ``cfsi_amplitudes``   one image: its amplitude spectrum    reconstruction of single images
+  ``fedmix_means``      a group of ``m`` images: their mean  membership at ``n = m``; the mean
+                                                             image as a reconstruction (the
+                                                             positive control)
+  ====================  ===================================  ==================================
 
 Membership draws, per trial, a site of ``n`` images and ``n`` other images of the domain, the
 attacker's reference sample being half the domain (disjoint from both); ROC over every
-trial's scores (AUC; TPR at FPR 1e-3 with the count of non-members scored). HarmoFL's record is
-a decayed running mean over mini-batches, not the plain mean the test assumes: its numbers
-are then a lower bound of what the record gives away. Site property: for each domain, sites of
-``n`` images; a nearest-class-mean probe, leave-one-site-out, says from the record which domain
-(scanner, digit style) a site is, against chance. Reconstruction is scored by SSIM and PSNR to
-the nearest image of the site (:func:`fedshift.attacks.scores.nearest_image`), beside the
-score of the domain's mean image, which any attacker who knows the domain has without the
-record.
+trial's scores (AUC; TPR at FPR 1e-3 with the count of non-members scored). HarmoFL's record
+is a decayed running mean over mini-batches, not the plain mean the test assumes: its numbers
+are then a lower bound. Site property: for each domain, sites of ``n`` images; a
+nearest-class-mean probe, leave-one-site-out, says from the record which domain (scanner,
+digit style) a site is, against chance. Reconstruction is scored by SSIM and PSNR to the
+nearest image of the site (:func:`fedshift.attacks.scores.nearest_image`), beside the score
+of the domain's mean image, which any attacker who knows the domain has without the record.
 
-Not here yet (issue 51 asks for them): statistics computed by a trained model (FedFA's feature
-statistics, FedProto / FPL prototypes, ADCOL representations) and the weights-only FedAvg
-membership reference, which need finished runs.
+A declared record no attack reads (SCAFFOLD's control variates, DisTrans's offsets, FRAug's
+generator...) is listed under its method as *not attacked*, so the table's coverage is
+explicit; a method that shares weights only says so and gets the weights row.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,14 +59,29 @@ from fedshift.attacks.membership import membership_by_size
 from fedshift.attacks.scores import nearest_image
 from fedshift.attacks.site_property import probe_accuracy
 from fedshift.attacks.spectra import align, amplitude, invert_amplitude, phase_retrieval
-from fedshift.core.config import RunConfig
-from fedshift.core.errors import ConfigError
+from fedshift.core.disclosure import UP
+from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.federation import Federation
 from fedshift.core.files import save_figure
-from fedshift.data import run_federation
-from fedshift.protocols.common import ProtocolResult, output_dir, save_outputs
+from fedshift.protocols.common import (
+    ProtocolResult,
+    SuiteOptions,
+    load_run,
+    output_dir,
+    run_label,
+    run_meta,
+    save_outputs,
+)
+from fedshift.protocols.privacy_runs import attack_run
 
-__all__ = ["METHODS", "Surface", "audit", "domain_images", "fedrdn_features", "privacy"]
+__all__ = [
+    "SURFACES",
+    "Surface",
+    "domain_images",
+    "fedrdn_features",
+    "privacy",
+    "record_attacks",
+]
 
 
 def fedrdn_features(x: torch.Tensor) -> torch.Tensor:
@@ -76,24 +99,27 @@ def amplitude_features(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Surface:
-    """One method's record as the attacks see it: ``features`` (per image) whose mean over a
-    site is the record (None: the record is per image, nothing is averaged); ``group``: the
-    record averages groups of this many images (FedMix), not the whole site; ``spectrum``: the
-    record is an amplitude spectrum (reconstruction by phase retrieval)."""
+    """A record computed from a site's images alone, as the attacks see it: ``features``
+    (per image) whose mean over a site is the record (None: the record is per image,
+    nothing is averaged); ``group``: the record averages groups of this many images
+    (FedMix), not the whole site; ``spectrum``: the record is an amplitude spectrum
+    (reconstruction by phase retrieval)."""
 
-    method: str
     record: str
     features: Callable[[torch.Tensor], torch.Tensor] | None
     spectrum: bool = False
     group: int | None = None
 
 
-METHODS: dict[str, Surface] = {
-    "fedrdn": Surface("fedrdn", "fedrdn_stats", fedrdn_features),
-    "harmofl": Surface("harmofl", "amplitude", amplitude_features, spectrum=True),
-    "elcfs": Surface("elcfs", "amplitude (bank)", None, spectrum=True),
-    "fedmix": Surface("fedmix", "fedmix_means", lambda x: x.flatten(1).double(), group=5),
+#: the records computed from a site's images alone, by record name (as declared)
+SURFACES: dict[str, Surface] = {
+    "fedrdn_stats": Surface("fedrdn_stats", fedrdn_features),
+    "amplitude": Surface("amplitude", amplitude_features, spectrum=True),
+    "cfsi_amplitudes": Surface("cfsi_amplitudes", None, spectrum=True),
+    "fedmix_means": Surface("fedmix_means", lambda x: x.flatten(1).double(), group=5),
 }
+#: records the round attacks of :mod:`fedshift.protocols.privacy_runs` read
+ROUND_ATTACKED = ("weights", "prototypes", "ffa_stats", "features")
 
 
 def domain_images(fed: Federation) -> dict[str, torch.Tensor]:
@@ -102,17 +128,15 @@ def domain_images(fed: Federation) -> dict[str, torch.Tensor]:
     out = {}
     for c in fed.clients:
         parts = [s.x for s in (c.train, c.val, c.test) if s is not None and len(s.x)]
-        out[c.name] = torch.cat([torch.as_tensor(p[:]).float() for p in parts])
-    for name, x in out.items():
+        x = torch.cat([torch.as_tensor(p[:]).float() for p in parts])
         if x.ndim != 4:
-            raise ConfigError(
-                f"protocol privacy: client {name!r} holds no images (shape {x.shape})"
-            )
+            raise ConfigError(f"protocol privacy: client {c.name!r} holds no images")
+        out[c.name] = x
     return out
 
 
 def _membership(surface: Surface, x: torch.Tensor, sizes: list[int], trials: int, seed: int):
-    feats = surface.features(x)  # type: ignore[misc]
+    assert surface.features is not None
     sizes = [surface.group] if surface.group is not None else sizes
     room = (len(x) - len(x) // 2) // 2
     if max(sizes) > room:
@@ -121,17 +145,19 @@ def _membership(surface: Surface, x: torch.Tensor, sizes: list[int], trials: int
             f"one domain (half of them the attacker's reference); the smallest domain has "
             f"{len(x)}: give smaller --sizes"
         )
+    feats = surface.features(x)
     return {r.n: r.roc for r in membership_by_size(feats, sizes, trials, seed=seed)}
 
 
 def _property(surface: Surface, images: dict[str, torch.Tensor], n: int, per: int, seed: int):
     """Probe accuracy at site size ``n``: ``per`` sites of each domain."""
+    assert surface.features is not None
     gen = torch.Generator().manual_seed(seed)
     stats, labels = [], []
     for name, x in images.items():
         for _ in range(per):
             idx = torch.randperm(len(x), generator=gen)[:n]
-            stats.append(surface.features(x[idx]).mean(0))  # type: ignore[misc]
+            stats.append(surface.features(x[idx]).mean(0))
             labels.append(name)
     return probe_accuracy(torch.stack(stats), labels)
 
@@ -142,7 +168,7 @@ def _reconstruct(surface: Surface, x: torch.Tensor, n: int, seed: int) -> dict[s
     site = x[torch.randperm(len(x), generator=gen)[: (1 if surface.features is None else n)]]
     gray = site.mean(1)  # attacks and scores on the luminance: one channel, as SSIM reads it
     baseline = nearest_image(x.mean(0).mean(0), gray)  # the domain's mean image: no record
-    out: dict[str, Any] = {"baseline": baseline, "site": site}
+    out: dict[str, Any] = {"baseline": baseline, "site": gray}
     if surface.spectrum:
         amp = amplitude(gray).mean(0)  # the record: a (mean) amplitude spectrum
         out["phase retrieval"] = pr = phase_retrieval(amp, seed=seed, restarts=2)
@@ -156,91 +182,125 @@ def _reconstruct(surface: Surface, x: torch.Tensor, n: int, seed: int) -> dict[s
     return out
 
 
-def audit(
-    fed: Federation,
-    methods: list[str],
+def record_attacks(
+    images: dict[str, torch.Tensor],
+    target: str,
+    record: str,
     sizes: list[int],
-    seeds: list[int],
+    seed: int,
     trials: int = 40,
     property_sites: int = 6,
-) -> dict[str, Any]:
-    """Every attack of the module docstring on each method's record, per seed; returns
-    ``{method: {attack: [value per seed]}}`` and the reconstructions of the first seed."""
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(
-            f"protocol privacy: no attack for {', '.join(unknown)}; methods whose records are "
-            f"attacked: {', '.join(METHODS)} (FedAvg and FedBN share weights only)"
-        )
-    images = domain_images(fed)
-    target = next(iter(images))  # the attacked site's domain: the federation's first client
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The attacks on one pre-training ``record`` (module docstring) of sites drawn from
+    ``images[target]``'s domain, for one seed: ``({attack: value}, reconstructions)``."""
+    s = SURFACES[record]
+    rows: dict[str, float] = {}
     prop_n = min(sizes)
-    results: dict[str, Any] = {}
+    if s.features is not None:
+        for n, roc in _membership(s, images[target], sizes, trials, seed).items():
+            rows[f"membership AUC, {record}, n={n}"] = roc.auc
+            rows[f"membership TPR at FPR {roc.fpr:g}, {record}, n={n}"] = roc.tpr
+        if s.group is None and len(images) > 1:
+            p = _property(s, images, prop_n, property_sites, seed)
+            key = f"site property accuracy, {record}, n={prop_n} (chance {p.chance:.2f})"
+            rows[key] = p.accuracy
+    rec = _reconstruct(s, images[target], prop_n, seed)
+    rows[f"SSIM of the domain's mean image (no record), {record}"] = rec["baseline"].ssim
+    for key in ("phase retrieval", "inversion", "mean image"):
+        if f"{key} score" in rec:
+            rows[f"SSIM, {key}, {record}"] = rec[f"{key} score"].ssim
+            rows[f"PSNR dB, {key}, {record}"] = rec[f"{key} score"].psnr
+    return rows, rec
+
+
+@dataclass
+class _Method:
+    """One method's rows over seeds, and what it sends that no attack reads."""
+
+    rows: dict[str, list[float]]
+    sent: list[str]
+    unread: list[str]
+
+
+def _sent_records(sim: Any) -> list[str]:
+    """The records the run's site sends (its declarations, ``up``)."""
+    return sorted({d.record for d in sim.algo.disclosures(sim.model) if d.direction == UP})
+
+
+def attack_runs(
+    run_dirs: Iterable[str | Path], sizes: list[int], trials: int, weights: str = "selected"
+) -> tuple[dict[str, _Method], dict[str, Any]]:
+    """Every attack on each finished run; rows grouped by the run's label over seeds."""
+    methods: dict[str, _Method] = {}
     pictures: dict[str, Any] = {}
-    for m in methods:
-        s = METHODS[m]
-        rows: dict[str, list[float]] = {}
-
-        def add(key: str, value: float, rows: dict[str, list[float]] = rows) -> None:
-            rows.setdefault(key, []).append(value)
-
-        for seed in seeds:
-            if s.features is not None:
-                for n, roc in _membership(s, images[target], sizes, trials, seed).items():
-                    add(f"membership AUC, n={n}", roc.auc)
-                    add(f"membership TPR at FPR {roc.fpr:g}, n={n}", roc.tpr)
-                if s.group is None:
-                    p = _property(s, images, prop_n, property_sites, seed)
-                    add(f"site property accuracy, n={prop_n} (chance {p.chance:.2f})", p.accuracy)
-            rec = _reconstruct(s, images[target], prop_n, seed)
-            add("SSIM of the domain's mean image (no record)", rec["baseline"].ssim)
-            for key in ("phase retrieval", "inversion", "mean image"):
-                if f"{key} score" in rec:
-                    add(f"SSIM, {key}", rec[f"{key} score"].ssim)
-                    add(f"PSNR dB, {key}", rec[f"{key} score"].psnr)
-            if seed == seeds[0]:
-                pictures[m] = rec
-        results[m] = rows
-    return {"target": target, "results": results, "pictures": pictures}
+    for run_dir in run_dirs:
+        sim = load_run(run_dir, weights)
+        label = run_label(run_meta(sim))
+        sent = _sent_records(sim)
+        m = methods.setdefault(label, _Method({}, sent, []))
+        m.unread = [r for r in sent if r not in ROUND_ATTACKED and r not in SURFACES]
+        found = attack_run(sim, seed=sim.cfg.seed)
+        rows = dict(found["rows"])
+        images = domain_images(sim.fed)
+        for record in (r for r in sent if r in SURFACES):
+            more, rec = record_attacks(images, found["site"], record, sizes, sim.cfg.seed, trials)
+            rows.update(more)
+            pictures.setdefault(f"{label}: {record}", rec)
+        for key, pic in found["pictures"].items():
+            pictures.setdefault(f"{label}: {key}", pic)
+        for key, value in rows.items():
+            m.rows.setdefault(key, []).append(value)
+    return methods, pictures
 
 
-def table(results: dict[str, dict[str, list[float]]]) -> str:
-    """One Markdown table per method: attack, mean ± std over seeds."""
+def _mean_sd(vals: list[float]) -> str:
+    mu = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return f"{mu:.3f} (one seed)"
+    sd = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1))
+    return f"{mu:.3f} ± {sd:.3f}"
+
+
+def table(methods: dict[str, _Method]) -> str:
+    """One Markdown table per method: attack, mean ± std over seeds; then its coverage."""
     lines = []
-    for m, rows in results.items():
-        lines += [f"**{m}** ({METHODS[m].record})", "", "| attack | mean ± std |", "|---|---|"]
-        for key, vals in rows.items():
-            mu = sum(vals) / len(vals)
-            sd = (
-                math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1))
-                if len(vals) > 1
-                else 0
-            )
-            lines.append(f"| {key} | {mu:.3f} ± {sd:.3f} |")
+    for label, m in methods.items():
+        only = m.sent == ["weights"]
+        head = f"**{label}** (sends: {', '.join(m.sent) or 'nothing'})"
+        lines += [head + (": weights only, the reference row" if only else ""), ""]
+        lines += ["| attack | mean ± std over seeds |", "|---|---|"]
+        lines += [f"| {k} | {_mean_sd(v)} |" for k, v in m.rows.items()]
+        if m.unread:
+            lines.append(f"\nNot attacked: {', '.join(m.unread)} (no attack reads them yet).")
         lines.append("")
     return "\n".join(lines)
 
 
-def pictures_png(pictures: dict[str, Any], path: Path) -> Path:
-    """Each method's reconstructions beside the site's nearest true image."""
+def pictures_png(pictures: dict[str, Any], path: Path) -> Path | None:
+    """Each reconstruction beside the site's nearest true image (None: there is none)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = []
-    for m, rec in pictures.items():
-        gray = rec["site"].mean(1)
+    for label, rec in pictures.items():
+        if isinstance(rec, tuple):  # (reconstruction, nearest image): representation inversion
+            rows.append((label, rec[0], rec[1], float("nan")))
+            continue
+        gray = rec["site"]
         for key in ("phase retrieval", "inversion", "mean image"):
             if key in rec:
                 score = rec[f"{key} score"]
                 true = gray[score.index]
-                shown = align(rec[key], true) if METHODS[m].spectrum else rec[key]
-                rows.append((f"{m}: {key}", shown, true, score.ssim))
-    fig, axes = plt.subplots(len(rows), 2, figsize=(4, 2 * max(len(rows), 1)), squeeze=False)
+                shown = align(rec[key], true) if key != "mean image" else rec[key]
+                rows.append((f"{label}, {key}", shown, true, score.ssim))
+    if not rows:
+        return None
+    fig, axes = plt.subplots(len(rows), 2, figsize=(4.4, 2.1 * len(rows)), squeeze=False)
     for (label, img, true, ssim), (a, b) in zip(rows, axes, strict=True):
         a.imshow(img.clamp(0, 1), cmap="gray", vmin=0, vmax=1)
-        a.set_title(f"{label}\nSSIM {ssim:.2f}", fontsize=7)
+        a.set_title(label + ("" if math.isnan(ssim) else f"\nSSIM {ssim:.2f}"), fontsize=7)
         b.imshow(true, cmap="gray", vmin=0, vmax=1)
         b.set_title("nearest site image", fontsize=7)
         a.axis("off")
@@ -249,65 +309,84 @@ def pictures_png(pictures: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def leakage_png(results: dict[str, dict[str, list[float]]], sizes: list[int], path: Path) -> Path:
-    """Membership AUC against site size, one line per method (mean ± std over seeds)."""
+def leakage_png(methods: dict[str, _Method], sizes: list[int], path: Path) -> Path:
+    """Membership AUC against site size, one line per method and record (mean ± std over
+    seeds), with the weights-only rows as horizontal references."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for m, rows in results.items():
-        pts = [
-            (n, rows[f"membership AUC, n={n}"]) for n in sizes if f"membership AUC, n={n}" in rows
-        ]
-        if len(pts) < 2:
-            continue
-        xs = [n for n, _ in pts]
-        mus = [sum(v) / len(v) for _, v in pts]
-        sds = [torch.tensor(v).std().item() if len(v) > 1 else 0.0 for _, v in pts]
-        ax.errorbar(xs, mus, yerr=sds, marker="o", capsize=3, label=f"{m} ({METHODS[m].record})")
-    ax.axhline(0.5, color="grey", lw=0.8, ls="--", label="chance (no record)")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, m in methods.items():
+        for record in SURFACES:
+            keys = [(n, f"membership AUC, {record}, n={n}") for n in sizes]
+            pts = [(n, m.rows[k]) for n, k in keys if k in m.rows]
+            if len(pts) < 2:
+                continue
+            mus = [sum(v) / len(v) for _, v in pts]
+            sds = [torch.tensor(v).std().item() if len(v) > 1 else 0.0 for _, v in pts]
+            ax.errorbar([n for n, _ in pts], mus, yerr=sds, marker="o", capsize=3,
+                        label=f"{label}: {record}")  # fmt: skip
+        w = m.rows.get("membership AUC, weights (loss threshold)")
+        if w and m.sent == ["weights"]:
+            ax.axhline(sum(w) / len(w), ls=":", lw=1, label=f"{label}: weights (its site)")
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--", label="chance")
     ax.set_xscale("log")
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.minorticks_off()
     ax.set_xlabel("images at the site (n)")
     ax.set_ylabel("membership AUC")
-    ax.set_title("What a shared statistic gives away, by site size")
-    ax.legend(fontsize=7)
+    ax.set_title("What a shared record gives away, by site size")
+    ax.legend(fontsize=6)
     fig.tight_layout()
     return save_figure(fig, path)
 
 
 def privacy(
-    cfg: RunConfig,
-    methods: list[str],
-    sizes: list[int],
-    seeds: list[int],
+    options: SuiteOptions | None = None,
+    run_dirs: list[str | Path] | None = None,
+    sizes: list[int] | None = None,
     trials: int = 40,
     out: str | Path | None = None,
+    weights: str = "selected",
 ) -> ProtocolResult:
-    """``fedshift protocol privacy``: :func:`audit` on the federation of ``cfg`` (its dataset
-    and partition), written to ``out`` as ``privacy.md`` / ``privacy.json``, the leakage figure
-    ``privacy.png`` and the reconstructions ``privacy-reconstructions.png``."""
-    if not methods or not sizes or not seeds:
-        raise ConfigError("protocol privacy: give at least one method, one size and one seed")
+    """``fedshift protocol privacy``: the attacks of the module docstring on every cell of
+    ``options``'s grid (run, cached, models kept) or on the finished ``run_dirs``; written
+    to the output folder as ``privacy.md`` / ``privacy.json``, the leakage figure
+    ``privacy.png`` and ``privacy-reconstructions.png``."""
+    sizes = sorted(sizes or [10, 50, 200])
     if min(sizes) < 1:
         raise ConfigError(f"protocol privacy: site sizes must be >= 1, got {sizes}")
-    fed = run_federation(cfg)
-    res = audit(fed, methods, sorted(sizes), seeds, trials)
-    folder = output_dir(out, "privacy")
+    if (options is None) == (not run_dirs):
+        raise FedshiftError("protocol privacy: give a config (-c) or run directories (--run)")
+    if options is not None:
+        raw = options.load()
+        folder = options.output_dir("privacy")
+        summaries = options.run_cells(raw, folder / "privacy-suite.yaml", reuse=False)
+        run_dirs = [s["run_dir"] for s in summaries]
+    else:
+        folder = output_dir(out, "privacy")
+    methods, pictures = attack_runs(run_dirs or [], sizes, trials, weights)
     caption = (
-        f"Attacks on the records each method shares, on {cfg.dataset.name} (attacked domain: "
-        f"{res['target']}; seeds {', '.join(map(str, seeds))}; {trials} trials a size). "
-        "Membership: likelihood-ratio test on the record of a site of n images; site property: "
-        "which domain, from the record; SSIM / PSNR: reconstruction against the nearest image "
-        "of the site, beside the domain's mean image (what an attacker has without the record)."
+        "What each method's site gives away: attacks on the records it sends (its "
+        "declarations: `fedshift privacy show`), on the first training client of each run. "
+        "Membership: AUC and TPR at FPR 1e-3 (weights: loss threshold on its next upload; "
+        "statistics: likelihood-ratio or tracing tests); site property: which domain, from "
+        "the record; SSIM / PSNR: reconstruction against the nearest image of the site, "
+        "beside the domain's mean image (what an attacker has without the record)."
     )
-    text = caption + "\n\n" + table(res["results"])
-    data = {"dataset": cfg.dataset.name, "target": res["target"], "sizes": sizes, "seeds": seeds,
-            "trials": trials, "results": res["results"]}  # fmt: skip
+    text = caption + "\n\n" + table(methods)
+    data = {
+        "sizes": sizes,
+        "trials": trials,
+        "runs": [str(d) for d in run_dirs or []],
+        "methods": {k: {"sends": m.sent, "not_attacked": m.unread, "rows": m.rows}
+                    for k, m in methods.items()},
+    }  # fmt: skip
     files = save_outputs(folder, "privacy", "What a site gives away", text, data)
-    files["png"] = leakage_png(res["results"], sorted(sizes), folder / "privacy.png")
-    files["reconstructions"] = pictures_png(res["pictures"], folder / "privacy-reconstructions.png")
+    files["png"] = leakage_png(methods, sizes, folder / "privacy.png")
+    drawn = pictures_png(pictures, folder / "privacy-reconstructions.png")
+    if drawn is not None:
+        files["reconstructions"] = drawn
     return ProtocolResult("privacy", text, data, files)

@@ -6,7 +6,8 @@ first training client) runs its local update of the next round
 (:meth:`~fedshift.runtime.saved.SavedRun.local_reply`: the algorithm's own training, seeded),
 and the attacks read the payload it would send, as the server receives it. The attacker's
 model is the server's global model with every tensor the site sent in its ``weights`` record
-put in (for FedBN, whose BN layers stay local, the server's own BN layers stay).
+put in (for FedBN, whose BN layers stay local, the server's own BN layers stay); a site that
+sends no weights (FedProto by default) is attacked with its own model, an upper bound.
 
 * **Weights (every method; the reference row)**: the loss-threshold membership test (Yeom et
   al., CSF 2018): the lower an image's loss under the attacker's model, the likelier it was
@@ -131,17 +132,20 @@ def attack_run(sim: Any, fpr: float = 1e-3, seed: int = 0) -> dict[str, Any]:
     site = next(iter(sim.train_clients))
     with torch.enable_grad():
         up = sim.local_reply(sim.round + 1, site)
-    weights = attacker_weights(sim, up)
-    sim.model.load_state_dict(weights)
+    own = {k: v.detach().clone() for k, v in sim.model.state_dict().items()}
+    # a site that sends no weights (FedProto by default): the attacks that need a model use
+    # the site's own, an upper bound of what its server can do
+    sim.model.load_state_dict(attacker_weights(sim, up) if "weights" in up.records else own)
     sim.model.eval()
     xtr, ytr = _split(sim, site, "train")
     xva, yva = _split(sim, site, "val")
     xte, yte = _split(sim, site, "test")
     rows: dict[str, float] = {}
-    lost_in, lost_out = -_losses(sim, site, xtr, ytr), -_losses(sim, site, xte, yte)
-    roc = roc_score(lost_in, lost_out, fpr)
-    rows["membership AUC, weights (loss threshold)"] = roc.auc
-    rows[f"membership TPR at FPR {fpr:g}, weights"] = roc.tpr
+    if "weights" in up.records:
+        lost_in, lost_out = -_losses(sim, site, xtr, ytr), -_losses(sim, site, xte, yte)
+        roc = roc_score(lost_in, lost_out, fpr)
+        rows["membership AUC, weights (loss threshold)"] = roc.auc
+        rows[f"membership TPR at FPR {fpr:g}, weights"] = roc.tpr
     pictures: dict[str, Any] = {}
     records = sorted(up.records)
     if "prototypes" in up.records:
