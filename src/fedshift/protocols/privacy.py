@@ -229,10 +229,12 @@ def _sent_records(sim: Any) -> list[str]:
 
 def attack_runs(
     run_dirs: Iterable[str | Path], sizes: list[int], trials: int, weights: str = "selected"
-) -> tuple[dict[str, _Method], dict[str, Any]]:
-    """Every attack on each finished run; rows grouped by the run's label over seeds."""
+) -> tuple[dict[str, _Method], dict[str, Any], dict[str, Any]]:
+    """Every attack on each finished run: rows grouped by the run's label over seeds, the
+    reconstructions, and each run's own rows (by run directory: what the claims read)."""
     methods: dict[str, _Method] = {}
     pictures: dict[str, Any] = {}
+    per_run: dict[str, Any] = {}
     for run_dir in run_dirs:
         sim = load_run(run_dir, weights)
         label = run_label(run_meta(sim))
@@ -250,7 +252,9 @@ def attack_runs(
             pictures.setdefault(f"{label}: {key}", pic)
         for key, value in rows.items():
             m.rows.setdefault(key, []).append(value)
-    return methods, pictures
+        per_run[str(run_dir)] = {"label": label, "seed": sim.cfg.seed, "site": found["site"],
+                                 "rows": rows}  # fmt: skip
+    return methods, pictures, per_run
 
 
 def _mean_sd(vals: list[float]) -> str:
@@ -367,7 +371,7 @@ def privacy(
         run_dirs = [s["run_dir"] for s in summaries]
     else:
         folder = output_dir(out, "privacy")
-    methods, pictures = attack_runs(run_dirs or [], sizes, trials, weights)
+    methods, pictures, per_run = attack_runs(run_dirs or [], sizes, trials, weights)
     caption = (
         "What each method's site gives away: attacks on the records it sends (its "
         "declarations: `fedshift privacy show`), on the first training client of each run. "
@@ -380,7 +384,7 @@ def privacy(
     data = {
         "sizes": sizes,
         "trials": trials,
-        "runs": [str(d) for d in run_dirs or []],
+        "runs": per_run,
         "methods": {k: {"sends": m.sent, "not_attacked": m.unread, "rows": m.rows}
                     for k, m in methods.items()},
     }  # fmt: skip
