@@ -131,9 +131,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 def _cmd_app(args: argparse.Namespace) -> int:
     """Write the Flower App; its ServerApp waits for one SuperNode per client of the config
-    and its local simulation federation has that many (``--nodes`` where the config's data
-    is not on this machine to count them)."""
-    from fedshift.flower.deploy import local_federation, write_app
+    (``--nodes`` where the config's data is not on this machine to count them) and writes its
+    runs under ``--out`` (else the config's ``out``), made absolute here."""
+    from fedshift.flower.deploy import simulation_command, write_app
     from fedshift.flower.simulate import client_names
 
     cfg = _config(args)
@@ -154,11 +154,14 @@ def _cmd_app(args: argparse.Namespace) -> int:
     nodes = int(args.nodes or clients)  # type: ignore[arg-type]
     options = _options(args)
     options.nodes = nodes
-    path = write_app(Path(args.dir), cfg, options, out=args.out, local_nodes=nodes)
+    out = Path(args.out or cfg.out).expanduser().resolve()
+    exists = "overwrite" if args.overwrite else "new" if args.new else "error"
+    path = write_app(Path(args.dir), cfg, options, str(out), local_nodes=nodes, exists=exists)
     print(
-        f"Flower App: {path}, for {nodes} SuperNodes (one per client). `flwr run {path}` runs "
-        f"it on a local simulation of {nodes} SuperNodes (its pinned federation "
-        f"{local_federation(nodes)}); `flwr run {path} <connection>` submits it to a SuperLink"
+        f"Flower App: {path}, for {nodes} SuperNodes (one per client); runs go under {out} "
+        f"(see {path / 'README.md'}). On Flower's local simulation: "
+        f"{simulation_command(path.resolve(), nodes)}; on a SuperLink: `flwr run {path} "
+        "<connection>`"
     )
     return 0
 
@@ -440,7 +443,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="SuperNodes the ServerApp waits for: one per client of the config (default: the "
         "config's clients, counted from its dataset; needed where the data is not here)",
     )
-    app.add_argument("--out", help="run folder on the SuperLink machine (default: runs)")
+    app.add_argument(
+        "--out",
+        help="folder for run directories on the ServerApp's machine, written into the app as "
+        "an absolute path (a relative one from this folder; default: the config's out, runs)",
+    )
+    add_exists_options(app)
     app.set_defaults(fn=_cmd_app)
 
     loc = fsub.add_parser(

@@ -292,7 +292,8 @@ class RunDirExists(FedshiftError):
     config differs (:func:`compare_config`), and the three ways on (resume it, overwrite,
     new). ``command`` is the command the advice names: ``fedshift run`` (the default) and
     ``fedshift flower simulate`` take ``--overwrite`` / ``--new``; ``fedshift.run`` (the
-    Python API) ``exists="overwrite"`` / ``exists="new"``."""
+    Python API) ``exists="overwrite"`` / ``exists="new"``; ``flwr run`` (a Flower App's
+    ServerApp) the run config keys ``resume`` and ``exists``."""
 
     def __init__(
         self,
@@ -301,7 +302,7 @@ class RunDirExists(FedshiftError):
         configs: list[dict] | None = None,
     ) -> None:
         self.paths = list(paths)
-        flower = command == "fedshift flower simulate"
+        flower = command in ("fedshift flower simulate", "flwr run")
         notes = (
             [compare_config(p, c, not flower) for p, c in zip(self.paths, configs, strict=True)]
             if configs is not None
@@ -317,6 +318,11 @@ class RunDirExists(FedshiftError):
         resume = f"`{cli} --resume {self.paths[0]}`" if one else f"`{cli} --resume DIR` for each"
         if command.startswith("fedshift."):  # the Python API
             overwrite, new = f"{command}(..., exists='overwrite')", f"{command}(..., exists='new')"
+        elif command == "flwr run":  # a Flower App's ServerApp: its run config says
+            app = "`flwr run APP_DIR --run-config"
+            resume = f"{app} \"resume='{self.paths[0]}'\"`" if one else f"{app} \"resume='DIR'\"`"
+            overwrite = f"{app} \"exists='overwrite'\"`"
+            new = f"{app} \"exists='new'\"`"
         else:
             overwrite, new = "the same command with --overwrite", "with --new"
         super().__init__(
