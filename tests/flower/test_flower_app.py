@@ -203,3 +203,22 @@ def test_writing_the_app_creates_no_flower_config(tmp_path, monkeypatch):
     _app(tmp_path)
     assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*"))
     assert os.environ["HOME"] == str(tmp_path / "home")
+
+
+def test_flower_local_refuses_a_taken_run_directory_before_starting_anything(tmp_path, capsys):
+    from fedshift.core.config import load_config
+    from fedshift.runtime.results import planned_dirs
+
+    cfg = apps.resolve(load_config(None, [*TOY, "train.rounds=1"]))
+    [planned] = planned_dirs([cfg], tmp_path / "out")
+    planned.mkdir(parents=True)
+    (planned / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    t0 = time.monotonic()
+    argv = ["flower", "local", *TOY, "train.rounds=1", "--out", str(tmp_path / "out")]
+    assert cli(argv) == 2
+    assert time.monotonic() - t0 < 10  # no SuperLink was started
+    err = capsys.readouterr().err
+    assert "holds a run started but not checkpointed yet" in err
+    assert "fedshift flower local --resume" in err and "with --new" in err
+    assert cli([*argv, "--resume", str(planned), "--new"]) == 2
+    assert "drop -c, key=value, --out, --new and --overwrite" in capsys.readouterr().err

@@ -230,9 +230,10 @@ def _local_config(args: argparse.Namespace):
         return _config(args)
     from fedshift.runtime.simulation import saved_config
 
-    if args.config or args.overrides or args.out:
+    if args.config or args.overrides or args.out or args.new or args.overwrite:
         raise FedshiftError(
-            "--resume takes the run's saved config and directory; drop -c, key=value and --out"
+            "--resume takes the run's saved config and directory; drop -c, key=value, --out, "
+            "--new and --overwrite"
         )
     if not args.dir:
         raise FedshiftError(
@@ -259,8 +260,16 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
     cfg = _local_config(args)
     names = client_names(cfg)
-    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-")).resolve()
     out = Path(args.out or "runs").resolve()
+    exists = "overwrite" if args.overwrite else "new" if args.new else "error"
+    if not args.resume and exists == "error":  # before any process starts
+        from fedshift.runtime.results import planned_dirs
+        from fedshift.runtime.rundir import RunDirExists, is_empty
+
+        [planned] = planned_dirs([cfg], out)
+        if planned.exists() and not is_empty(planned):
+            raise RunDirExists([planned], "fedshift flower local", [cfg.to_dict()])
+    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-")).resolve()
     print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
     # the user's own config, run on the user's own machine: its plug-ins are theirs
     mine = bool(plugin_names(cfg.to_dict()))
@@ -278,7 +287,9 @@ def _cmd_local(args: argparse.Namespace) -> int:
     try:
         with _signals(_raise_stop):
             dep.start()
-            _, status, _ = dep.submit(cfg, options, out, log=shown, resume=args.resume)
+            _, status, _ = dep.submit(
+                cfg, options, out, log=shown, resume=args.resume, exists=exists
+            )
     except _Stop as stop:
         stopped = stop.signum
         with _signals(signal.SIG_IGN):  # a second Ctrl-C must not cut the saving short
@@ -464,6 +475,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="continue a stopped run from its checkpoint (give the same --dir: the SuperNodes' "
         "client state is there); the command a stopped run prints",
     )
+    add_exists_options(loc)
     loc.set_defaults(fn=_cmd_local)
 
     sm = fsub.add_parser("submit", help="submit a config as a run to a SuperLink")

@@ -419,9 +419,11 @@ class LocalDeployment:
         timeout: float | None = None,
         log=None,
         resume: Path | None = None,
+        exists: str = "error",
     ) -> tuple[str, str, str]:
         """Submit ``cfg`` (or, with ``resume``, continue that run directory) and stream the
-        ServerApp's log until the run ends: (run id, status, log)."""
+        ServerApp's log until the run ends: (run id, status, log). ``exists``: what a run
+        directory of the config that holds a run does (run config ``exists``)."""
         options.nodes = options.nodes or len(self.node_configs)
         app = write_app(
             self.base / f"app-{cfg.algorithm.name}",
@@ -429,6 +431,7 @@ class LocalDeployment:
             options,
             str(out),
             resume=str(Path(resume).resolve()) if resume else None,
+            exists=exists,
         )
         return submit_app(app, self.home, stream=True, timeout=timeout, log=log)
 

@@ -302,7 +302,7 @@ class RunDirExists(FedshiftError):
         configs: list[dict] | None = None,
     ) -> None:
         self.paths = list(paths)
-        flower = command in ("fedshift flower simulate", "flwr run")
+        flower = command.startswith("fedshift flower") or command == "flwr run"
         notes = (
             [compare_config(p, c, not flower) for p, c in zip(self.paths, configs, strict=True)]
             if configs is not None
@@ -314,7 +314,7 @@ class RunDirExists(FedshiftError):
         )
         one = len(self.paths) == 1
         it = "it" if one else "them"
-        cli = "fedshift flower simulate" if flower else "fedshift run"
+        cli = command if command.startswith("fedshift flower") else "fedshift run"
         resume = f"`{cli} --resume {self.paths[0]}`" if one else f"`{cli} --resume DIR` for each"
         if command.startswith("fedshift."):  # the Python API
             overwrite, new = f"{command}(..., exists='overwrite')", f"{command}(..., exists='new')"
