@@ -153,7 +153,7 @@ def test_a_run_directory_that_holds_a_run_is_refused_not_suffixed(tmp_path):
     with pytest.raises(RunDirExists) as e:
         apps.main(InProcessGrid(build_client_app(), 3), _context(rc))
     msg = str(e.value)
-    assert "holds a finished run" in msg
+    assert "holds a finished run" in msg and "extend" not in msg  # resume takes the saved config
     assert "--run-config \"exists='new'\"" in msg and "exists='overwrite'" in msg
     assert not planned.with_name(planned.name + "-2").exists()
     assert sorted(p.name for p in planned.parent.iterdir()) == [planned.name]

@@ -41,9 +41,10 @@ def simulation_mismatch(have: int, want: int) -> str:
         f"the Flower simulation has {have} SuperNode(s) but the run needs {want}, one per "
         f"client of the config's federation (run config 'nodes' = {want}; fedshift runs one "
         f"client per SuperNode); set Flower's num-supernodes to {want}: `flwr run APP_DIR "
-        f'--federation-config "num-supernodes={want}"` (per run), or `flwr federation '
-        f"simulation-config --num-supernodes {want}` (the SuperLink's default). Refused "
-        "before anything ran; nothing was written"
+        f'local --federation-config "num-supernodes={want}"` (this run; the README of an app '
+        "written by `fedshift flower app` gives the command), or the simulation SuperLink's "
+        "default with flwr federation simulation-config. Refused before anything ran; "
+        "nothing was written"
     )
 
 

@@ -325,8 +325,10 @@ class RunDirExists(FedshiftError):
             new = f"{app} \"exists='new'\"`"
         else:
             overwrite, new = "the same command with --overwrite", "with --new"
+        # a Flower App's resume takes the saved config as it is: nothing to extend it with
+        extend = "" if command == "flwr run" else "(or, with train.rounds=N, extend) "
         super().__init__(
-            f"{each}. Choose: {resume} to continue (or, with train.rounds=N, extend) {it}; "
+            f"{each}. Choose: {resume} to continue {extend}{it}; "
             f"{overwrite} to delete {it} and run again; or {new} to run into a new directory "
             f"next to {'it' if one else 'each'} (-2, -3...)"
         )
