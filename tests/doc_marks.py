@@ -368,7 +368,10 @@ MARKS: dict[str, Mark] = {
     "fedshift flower app DIR -c CONFIG --nodes 6": Synopsis(),
     "flwr run DIR fedshift": Synopsis(REMOTE),
     "flwr run ... --run-config \"resume='runs/my/fedfa-prostate-seed0-<digest>'\"": Synopsis(REMOTE),
-    "flwr run DIR": Synopsis("runs the generated app on Flower's local simulation: tests/eval/test_runs_identity.py checks the app's pinned federation"),
+    "flwr run DIR local --federation-config \"num-supernodes=N\" --stream": Synopsis(
+        "runs the generated app on Flower's local simulation (Ray, a background SuperLink): tests/flower/test_flower_app.py checks the app, its README's command and the refusal of another SuperNode count"
+    ),
+    "flwr federation simulation-config": Prose(),
     "fedshift flower simulate --resume RUN_DIR": Synopsis(),
     "python benchmarks/flower_vs_native.py -c CONFIG": Synopsis(),
     # ----------------------------------------------------------------------- EXTENDING.md

@@ -254,8 +254,6 @@ LONG_MODULES = {
     "the one place a key's meaning is defined",
     "data/medical/prostate.py": "the six sites' NIfTI layouts and the per-site label and "
     "orientation fixes of the SAML release, documented next to the code that applies them",
-    "flower/deploy.py": "certificates, keys, the Flower App and a local SuperLink + SuperNodes: "
-    "one deployment recipe, every step of it tested together",
     "data/domains/distrans_folders.py": "CH-MNIST and CUB-200 as DisTrans uses them, with their "
     "split rules documented beside the readers",
     "eval/shift.py": "the four shift axes of `fedshift data check` and their one score "

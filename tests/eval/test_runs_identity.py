@@ -280,24 +280,15 @@ def test_flower_run_on_fewer_supernodes_than_clients_is_refused_before_round_1(t
         four.run(InProcessGrid(build_client_app(), 4))
 
 
-def test_flower_app_pins_its_local_federation_to_the_configs_clients(tmp_path, monkeypatch, capsys):
+def test_flower_app_waits_for_one_supernode_per_client_of_the_config(tmp_path, capsys):
+    """The app's run config asks for the config's 3 clients; another --nodes is refused
+    (tests/flower/test_flower_app.py: the app's simulation command, folders, Flower config)."""
     pytest.importorskip("flwr")
     app = tmp_path / "app"
-    assert main(["flower", "app", str(app), *TOY, "train.rounds=1"]) == 0
+    assert main(["flower", "app", str(app), *TOY, "train.rounds=1", "--out", str(tmp_path)]) == 0
     doc = _toml(app / "pyproject.toml")
-    feds = doc["tool"]["flwr"]["federations"]
-    assert feds["default"] == "fedshift-local-3"
-    assert feds["fedshift-local-3"]["options"]["num-supernodes"] == 3
+    assert "federations" not in doc["tool"]["flwr"]
     assert doc["tool"]["flwr"]["app"]["config"]["nodes"] == 3
-    # what `flwr run APP` does with it: Flower 1.41 takes the pinned federation as the
-    # default SuperLink connection (in FLWR_HOME), with 3 SuperNodes
-    from flwr.cli.config_migration import migrate
-    from flwr.cli.flower_config import read_superlink_connection
-
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
-    migrate(str(app), [], ignore_legacy_usage=True)
-    conn = read_superlink_connection(None)
-    assert conn.options is not None and conn.options.num_supernodes == 3
     assert main(["flower", "app", str(tmp_path / "b"), *TOY, "--nodes", "2"]) == 2
     assert "--nodes 2: the config's federation has 3 clients" in capsys.readouterr().err
 

@@ -160,7 +160,7 @@ def shrink_warning(cid: str, batches: int, decay: float) -> str | None:
         "the model's BatchNorm running statistics reach such inputs only after many steps, "
         "and until then the global model evaluates near chance (digits at 80 clients: to "
         "round 12). The released code's start avoids it: "
-        "augment: [{name: ampnorm, init: first}] (docs/parts/harmofl-methods.md)"
+        "augment: [{name: ampnorm, init: first}] (`fedshift docs parts/harmofl-methods`)"
     )
 
 

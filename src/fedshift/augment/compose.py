@@ -31,7 +31,7 @@ def _merge(into: dict[str, Tensors], extra: Records, who: str) -> None:
         got = "None" if extra is None else f"a {type(extra).__name__}"
         raise ContractError(
             f"augment {who!r} returned {got} for its records; it must return a dict of "
-            "records (name -> dict of tensors), {} for none (see docs/EXTENDING.md)"
+            "records (name -> dict of tensors), {} for none (see `fedshift docs extending`)"
         )
     clash = set(into) & set(extra)
     if clash:

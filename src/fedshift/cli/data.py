@@ -93,7 +93,30 @@ def _show_other(args: argparse.Namespace) -> int:
         out = Path(args.out or "brain_mri_scanners.png")
         scanner_preview(params, out)
         print(f"scanner preview: {out}")
+        return 0
+    out = Path(args.out or f"{args.name}_montage.png")
+    print(f"montage: {dataset_montage(fed, out)}")
     return 0
+
+
+#: images per site in the montage of ``data show``
+MONTAGE_PER_SITE = 8
+
+
+def dataset_montage(fed, out: Path, per_site: int = MONTAGE_PER_SITE) -> Path:
+    """``data show``'s montage of a loaded federation: one row per client, ``per_site``
+    images spread evenly over its training split (its test split where it trains on
+    nothing, e.g. a held-out client)."""
+    from fedshift.eval.shift_figures import site_montage
+
+    rows = []
+    for client in fed.clients:
+        split = next((client.split(s) for s in ("train", "val", "test") if len(client.split(s))),
+                     client.train)  # fmt: skip
+        n = len(split)
+        picks = sorted({round(i * (n - 1) / max(1, per_site - 1)) for i in range(min(n, per_site))})
+        rows.append((client.name, [split.x[i] for i in picks]))
+    return site_montage(rows, f"{fed.name}: images per client", out)
 
 
 #: config sections (and keys) that change what ``data check`` measures; a sweep over one of

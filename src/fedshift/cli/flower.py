@@ -131,9 +131,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 def _cmd_app(args: argparse.Namespace) -> int:
     """Write the Flower App; its ServerApp waits for one SuperNode per client of the config
-    and its local simulation federation has that many (``--nodes`` where the config's data
-    is not on this machine to count them)."""
-    from fedshift.flower.deploy import local_federation, write_app
+    (``--nodes`` where the config's data is not on this machine to count them) and writes its
+    runs under ``--out`` (else the config's ``out``), made absolute here."""
+    from fedshift.flower.deploy import simulation_command, write_app
     from fedshift.flower.simulate import client_names
 
     cfg = _config(args)
@@ -154,11 +154,14 @@ def _cmd_app(args: argparse.Namespace) -> int:
     nodes = int(args.nodes or clients)  # type: ignore[arg-type]
     options = _options(args)
     options.nodes = nodes
-    path = write_app(Path(args.dir), cfg, options, out=args.out, local_nodes=nodes)
+    out = Path(args.out or cfg.out).expanduser().resolve()
+    exists = "overwrite" if args.overwrite else "new" if args.new else "error"
+    path = write_app(Path(args.dir), cfg, options, str(out), local_nodes=nodes, exists=exists)
     print(
-        f"Flower App: {path}, for {nodes} SuperNodes (one per client). `flwr run {path}` runs "
-        f"it on a local simulation of {nodes} SuperNodes (its pinned federation "
-        f"{local_federation(nodes)}); `flwr run {path} <connection>` submits it to a SuperLink"
+        f"Flower App: {path}, for {nodes} SuperNodes (one per client); runs go under {out} "
+        f"(see {path / 'README.md'}). On Flower's local simulation: "
+        f"{simulation_command(path.resolve(), nodes)}; on a SuperLink: `flwr run {path} "
+        "<connection>`"
     )
     return 0
 
@@ -227,9 +230,10 @@ def _local_config(args: argparse.Namespace):
         return _config(args)
     from fedshift.runtime.simulation import saved_config
 
-    if args.config or args.overrides or args.out:
+    if args.config or args.overrides or args.out or args.new or args.overwrite:
         raise FedshiftError(
-            "--resume takes the run's saved config and directory; drop -c, key=value and --out"
+            "--resume takes the run's saved config and directory; drop -c, key=value, --out, "
+            "--new and --overwrite"
         )
     if not args.dir:
         raise FedshiftError(
@@ -256,8 +260,16 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
     cfg = _local_config(args)
     names = client_names(cfg)
-    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-")).resolve()
     out = Path(args.out or "runs").resolve()
+    exists = "overwrite" if args.overwrite else "new" if args.new else "error"
+    if not args.resume and exists == "error":  # before any process starts
+        from fedshift.runtime.results import planned_dirs
+        from fedshift.runtime.rundir import RunDirExists, is_empty
+
+        [planned] = planned_dirs([cfg], out)
+        if planned.exists() and not is_empty(planned):
+            raise RunDirExists([planned], "fedshift flower local", [cfg.to_dict()])
+    base = Path(args.dir or tempfile.mkdtemp(prefix="fedshift-sites-")).resolve()
     print(f"starting a SuperLink and {len(names)} SuperNodes ({', '.join(names)}) under {base}")
     # the user's own config, run on the user's own machine: its plug-ins are theirs
     mine = bool(plugin_names(cfg.to_dict()))
@@ -275,7 +287,9 @@ def _cmd_local(args: argparse.Namespace) -> int:
     try:
         with _signals(_raise_stop):
             dep.start()
-            _, status, _ = dep.submit(cfg, options, out, log=shown, resume=args.resume)
+            _, status, _ = dep.submit(
+                cfg, options, out, log=shown, resume=args.resume, exists=exists
+            )
     except _Stop as stop:
         stopped = stop.signum
         with _signals(signal.SIG_IGN):  # a second Ctrl-C must not cut the saving short
@@ -440,7 +454,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="SuperNodes the ServerApp waits for: one per client of the config (default: the "
         "config's clients, counted from its dataset; needed where the data is not here)",
     )
-    app.add_argument("--out", help="run folder on the SuperLink machine (default: runs)")
+    app.add_argument(
+        "--out",
+        help="folder for run directories on the ServerApp's machine, written into the app as "
+        "an absolute path (a relative one from this folder; default: the config's out, runs)",
+    )
+    add_exists_options(app)
     app.set_defaults(fn=_cmd_app)
 
     loc = fsub.add_parser(
@@ -456,6 +475,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="continue a stopped run from its checkpoint (give the same --dir: the SuperNodes' "
         "client state is there); the command a stopped run prints",
     )
+    add_exists_options(loc)
     loc.set_defaults(fn=_cmd_local)
 
     sm = fsub.add_parser("submit", help="submit a config as a run to a SuperLink")

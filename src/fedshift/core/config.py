@@ -45,7 +45,7 @@ from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.components import Component
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
-from fedshift.core.presets import config_file
+from fedshift.core.presets import config_file, shipped_hint
 from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
 
 #: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
@@ -430,7 +430,7 @@ def load_yaml(path: str | Path) -> dict:
     if p.is_dir():
         raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file (-c FILE)")
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+        raise ConfigError(f"config file {str(p)!r} does not exist{shipped_hint(p)}")
     try:
         data = load_text(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as e:

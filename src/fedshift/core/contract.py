@@ -261,7 +261,7 @@ class AlgorithmSpec(Protocol):
 # not a traceback from deep inside a round.
 
 #: where a plug-in author reads the contract
-GUIDE = "docs/EXTENDING.md"
+GUIDE = "`fedshift docs extending`"
 
 
 class ContractError(FedshiftError):

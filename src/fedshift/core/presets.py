@@ -17,7 +17,7 @@ from fedshift.core.errors import ConfigError
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 SUFFIXES = (".yaml", ".yml")
 
-__all__ = ["CONFIG_ROOT", "config_file", "is_config_name", "packaged_configs"]
+__all__ = ["CONFIG_ROOT", "config_file", "is_config_name", "packaged_configs", "shipped_hint"]
 
 
 def packaged_configs() -> dict[str, Path]:
@@ -50,3 +50,21 @@ def config_file(path: str | Path) -> Path:
         f"config {str(path)!r} is neither a file nor a config shipped with fedshift; give a "
         f"YAML file (-c path/to/config.yaml) or one of the shipped names: {names}"
     )
+
+
+def shipped_hint(path: str | Path) -> str:
+    """What a missing config file's error adds: where a relative path was looked for, and,
+    when a shipped config has its name (``configs/demo.yaml`` typed from the repository's
+    docs by a user whose fedshift is pip-installed, without that folder), ``-c <name>``."""
+    p = Path(path)
+    out = "" if p.is_absolute() else f" (looked for {p.absolute()})"
+    shipped = packaged_configs().get(p.stem)
+    if p.suffix.lower() in SUFFIXES and shipped is not None:
+        use = (
+            f"`fedshift bench {p.stem}`" if shipped.parent.name == "suites" else f"`-c {p.stem}`"
+        )
+        out += (
+            f"; fedshift ships a config of that name: give the name, {use} (an installed "
+            "fedshift has its configs by name, not the repository's configs/ folder)"
+        )
+    return out

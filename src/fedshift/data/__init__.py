@@ -172,7 +172,7 @@ DATASETS.add(
     "folders",
     load_folders,
     FoldersParams,
-    "your images: <root>/<site>/<class>/<image>, one client per site (docs/DATASETS.md)",
+    "your images: <root>/<site>/<class>/<image>, one client per site (`fedshift docs datasets`)",
     task="classification",
 )
 DATASETS.add(

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from fedshift.core.files import atomic_output
 from fedshift.eval.shift import Measurement
 
-__all__ = ["axis_figure", "domain_mix_figure", "montage"]
+__all__ = ["axis_figure", "domain_mix_figure", "montage", "site_montage"]
 
 #: annotate heatmap cells up to this many sites
 ANNOTATE = 10
@@ -37,21 +37,34 @@ def _image(x: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 
 def montage(m: Measurement, path: Path) -> Path:
     """One row per site: the first sampled images of its measured split."""
-    cols = max(1, max(len(s.preview) for s in m.sites))
-    rows = len(m.sites)
-    fig = Figure(figsize=(1.4 + 1.0 * cols, 1.0 * rows + 0.4))
+    rows = [(site.name, list(site.preview)) for site in m.sites]
+    return site_montage(rows, f"{m.dataset}: {m.split} images per site", path)
+
+
+def site_montage(
+    rows: list[tuple[str, list[torch.Tensor]]], title: str, path: Path, stretch: bool = False
+) -> Path:
+    """One row per site (its name, its (C, H, W) images) in one PNG. ``stretch``: each image
+    shown from its own minimum to its maximum (data not in [0, 1]: normalised, CT numbers);
+    otherwise clamped to [0, 1]. Display only: nothing is written back."""
+    cols = max(1, max((len(images) for _, images in rows), default=1))
+    fig = Figure(figsize=(1.4 + 1.0 * cols, 1.0 * max(1, len(rows)) + 0.4))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for r, site in enumerate(m.sites):
+    axes = fig.subplots(max(1, len(rows)), cols, squeeze=False)
+    for r, (name, images) in enumerate(rows):
         for c in range(cols):
             ax = axes[r][c]
             ax.set_xticks([])
             ax.set_yticks([])
-            if c < len(site.preview):
-                img, cmap = _image(site.preview[c])
+            if c < len(images):
+                x = images[c].float()
+                if stretch:
+                    lo, hi = float(x.min()), float(x.max())
+                    x = (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+                img, cmap = _image(x)
                 ax.imshow(img.numpy(), cmap=cmap, vmin=0, vmax=1)
-        axes[r][0].set_ylabel(site.name, rotation=0, ha="right", va="center", fontsize=9)
-    fig.suptitle(f"{m.dataset}: {m.split} images per site", fontsize=10)
+        axes[r][0].set_ylabel(name, rotation=0, ha="right", va="center", fontsize=9)
+    fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.14, right=0.99, top=0.9, bottom=0.02, wspace=0.05, hspace=0.1)
     return _save(fig, path)
 

@@ -36,6 +36,7 @@ from fedshift.core.context import Normalize
 from fedshift.core.files import atomic_output, write_text_atomic
 from fedshift.core.seeding import seed_global
 from fedshift.data import load_dataset
+from fedshift.eval.data_files import files_meta, render_files
 from fedshift.eval.shift import AXES, FeatureProbe, Measurement, measure, spectral_centroid
 from fedshift.models import build_model
 
@@ -213,8 +214,9 @@ def check(
     }
     if fed.info.get("domain_mix"):  # partition.name=domains: each client's domains
         meta["domain_mix"] = fed.info["domain_mix"]
-    data = to_json(m, rec, meta)
-    text = render_markdown(m, rec, meta)
+    files = files_meta(fed)  # sizes on disk before resizing; what the loader skipped
+    data = {**to_json(m, rec, meta), "files": files}
+    text = render_markdown(m, rec, meta, files)
     write(Path(out), m, data, text)
     return m, data, text
 
@@ -305,8 +307,11 @@ def _balance(fractions: list[float], classes: list[str]) -> str:
     )
 
 
-def render_markdown(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -> str:
-    """``report.md``: sites, channel statistics, scores, distances, the recommendation."""
+def render_markdown(
+    m: Measurement, rec: dict[str, Any], meta: dict[str, Any], files: dict | None = None
+) -> str:
+    """``report.md``: sites, their files (``files``: :func:`~fedshift.eval.data_files.
+    files_meta`), channel statistics, scores, distances, the recommendation."""
     c, h, w = m.input_shape
     model = meta["model"]
     lines = [
@@ -335,6 +340,8 @@ def render_markdown(m: Measurement, rec: dict[str, Any], meta: dict[str, Any]) -
             for s in m.sites
         ],
     )
+    if files is not None:
+        lines += render_files(files)
     mix = meta.get("domain_mix")
     if mix:
         part = meta["partition"]

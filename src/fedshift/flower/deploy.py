@@ -35,15 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
-import yaml
 
 from fedshift.core.config import RunConfig
 from fedshift.core.consent import ALLOW_ENV
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import open_append, write_bytes_atomic, write_text_atomic
-from fedshift.flower.apps import RUN_CONFIG_DEFAULTS
+from fedshift.flower.appfolder import simulation_command, write_app
 from fedshift.flower.proctree import command, descendants, stop_all
 from fedshift.flower.server import FlowerOptions
+
+__all__ = ["simulation_command", "write_app"]  # the app folder: fedshift.flower.appfolder
 
 CONNECTION = "fedshift"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -151,91 +152,6 @@ def make_node_keys(folder: Path, names: list[str]) -> dict[str, tuple[Path, Path
         write_bytes_atomic(public, openssh + f" {name}\n".encode())
         out[name] = (private, public)
     return out
-
-
-# ---------------------------------------------------------------------------- the app
-def local_federation(nodes: int) -> str:
-    """The name of the local simulation federation a Flower App pins to ``nodes``."""
-    return f"fedshift-local-{nodes}"
-
-
-def write_app(
-    folder: Path,
-    cfg: RunConfig,
-    options: FlowerOptions,
-    out: str | None = None,
-    local_nodes: int | None = None,
-    resume: str | None = None,
-) -> Path:
-    """A Flower App folder for ``flwr run``: a ``pyproject.toml`` naming fedshift's
-    ServerApp/ClientApp, its run config holding ``cfg`` and ``options``. ``local_nodes``: pin
-    the app's local simulation federation (what a plain ``flwr run DIR`` runs on; Flower's
-    own default has 2 SuperNodes) to that many SuperNodes, one per client of the config
-    (``fedshift flower app``). Flower 1.41 moves such a federation, on the app's first
-    ``flwr run``, into the user's Flower config as the SuperLink connection
-    :func:`local_federation` (made the default) and comments it out in the app. ``resume``:
-    a run directory on the SuperLink machine the run continues (run config ``resume``);
-    ``options.continue_with``: the command a stopped run prints (run config
-    ``continue-with``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    run_config = dict(RUN_CONFIG_DEFAULTS)
-    run_config.update(
-        {
-            "fedshift-config": yaml.safe_dump(cfg.to_dict(), sort_keys=False),
-            "out": str(out or ""),
-            "nodes": int(options.nodes or 1),
-            "node-wait": float(options.node_wait),
-            "round-timeout": float(options.round_timeout),
-            "min-clients": int(options.min_clients or 0),
-            "resume": str(resume or ""),
-            "continue-with": str(options.continue_with or ""),
-        }
-    )
-    name = re.sub(r"[^a-z0-9-]", "-", f"fedshift-{cfg.name}".lower())
-    project = {
-        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
-        "project": {
-            "name": name,
-            "version": "1.0.0",
-            "description": f"fedshift run: {cfg.algorithm.name} on {cfg.dataset.name}",
-            "license": "Apache-2.0",
-            # the code is the fedshift installed on every machine, not shipped in the app
-            "dependencies": [],
-        },
-        "tool": {
-            "hatch": {"build": {"targets": {"wheel": {"packages": ["."]}}}},
-            "flwr": {
-                "app": {
-                    "publisher": "fedshift",
-                    "components": {
-                        "serverapp": "fedshift.flower.apps:server_app",
-                        "clientapp": "fedshift.flower.apps:client_app",
-                    },
-                    "config": run_config,
-                }
-            },
-        },
-    }
-    readme = (
-        f"# {name}\n\nA fedshift experiment as a Flower App, written by `fedshift flower app`."
-        "\nSubmit it with `flwr run . <connection>`; see `fedshift docs deploy`.\n"
-    )
-    if local_nodes is not None:
-        local = local_federation(local_nodes)
-        project["tool"]["flwr"]["federations"] = {  # type: ignore[index]
-            "default": local,
-            local: {"options": {"num-supernodes": int(local_nodes)}},
-        }
-        readme += (
-            f"\n`flwr run .` runs it on a local simulation of {local_nodes} SuperNodes, one per "
-            f"client of the config (the federation `{local}` this pyproject.toml pins; Flower "
-            "moves it into your Flower config as a SuperLink connection of that name, made the "
-            "default, on the first `flwr run`). fedshift refuses a run whose SuperNodes do not "
-            "cover the config's clients, before round 1.\n"
-        )
-    write_text_atomic(folder / "pyproject.toml", tomli_w.dumps(project))
-    write_text_atomic(folder / "README.md", readme)
-    return folder
 
 
 def write_connection(
@@ -503,9 +419,11 @@ class LocalDeployment:
         timeout: float | None = None,
         log=None,
         resume: Path | None = None,
+        exists: str = "error",
     ) -> tuple[str, str, str]:
         """Submit ``cfg`` (or, with ``resume``, continue that run directory) and stream the
-        ServerApp's log until the run ends: (run id, status, log)."""
+        ServerApp's log until the run ends: (run id, status, log). ``exists``: what a run
+        directory of the config that holds a run does (run config ``exists``)."""
         options.nodes = options.nodes or len(self.node_configs)
         app = write_app(
             self.base / f"app-{cfg.algorithm.name}",
@@ -513,6 +431,7 @@ class LocalDeployment:
             options,
             str(out),
             resume=str(Path(resume).resolve()) if resume else None,
+            exists=exists,
         )
         return submit_app(app, self.home, stream=True, timeout=timeout, log=log)
 

@@ -50,6 +50,10 @@ class InProcessGrid(Grid):
             for i, cfg in enumerate(configs)
         }
         self.dead: set[int] = set()
+        #: nodes numbered by partition-id are a simulation's (every node registered here, at
+        #: once: :func:`fedshift.flower.supernodes.wait_for_nodes` waits for no more)
+        self.simulation = node_configs is None
+        self.registered = True
         self._run = Run.create_empty(run_id)
         self._ids = itertools.count(1)
         self._pending: dict[str, Message] = {}

@@ -44,6 +44,7 @@ from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.flower.inprocess import InProcessGrid
 from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
+from fedshift.flower.supernodes import wait_for_nodes
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, tensors_to_record
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
@@ -185,20 +186,8 @@ class GridTransport:
         return out, lost
 
     def wait_for_nodes(self) -> list[int]:
-        want = self.options.nodes or 1
-        t0 = time.monotonic()
-        while True:
-            nodes = sorted(self.grid.get_node_ids())
-            if len(nodes) >= want:
-                return nodes
-            if time.monotonic() - t0 > self.options.node_wait:
-                raise FedshiftError(
-                    f"only {len(nodes)} of {want} SuperNodes connected after "
-                    f"{self.options.node_wait:g} s; start the missing SuperNodes (or lower "
-                    "--nodes / run-config nodes)"
-                )
-            self.stop_check()
-            time.sleep(0.5)
+        """The run's SuperNodes (:func:`fedshift.flower.supernodes.wait_for_nodes`)."""
+        return wait_for_nodes(self.grid, self.options, self.stop_check)
 
     def connect(self, cfg: RunConfig) -> Federation:
         """Ask every node who it is; the clients in federation order (node-reported index,
@@ -354,9 +343,9 @@ def check_federation(infos: list[ClientInfo]) -> None:
         raise FedshiftError(
             f"{len(infos)} SuperNode(s) connected, but the config's federation has {n} clients "
             f"({', '.join(federation)}); fedshift runs one client per SuperNode, and "
-            f"{', '.join(missing)} would have none. Run it with {n} SuperNodes: a Flower App "
-            f"written by `fedshift flower app` pins its local federation to {n} "
-            f"(or: flwr run APP_DIR --federation-config \"num-supernodes={n}\"); in a "
+            f"{', '.join(missing)} would have none. Run it with {n} SuperNodes: in a "
+            f'simulation, flwr run APP_DIR --federation-config "num-supernodes={n}" (the '
+            "README of an app written by `fedshift flower app` gives the command); in a "
             "deployment, start one SuperNode per client (--node-config client=...)"
         )
 

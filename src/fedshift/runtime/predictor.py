@@ -126,7 +126,7 @@ def _module(augment: Any, state: dict) -> nn.Module:
         raise FedshiftError(
             f"export: augment {augment.name!r} transforms inputs at evaluation but gives no "
             "eval_module (its eval_batch as a torch module), so no predictor can carry it; "
-            "none is written (docs/EXTENDING.md, 'An augment')"
+            "none is written (`fedshift docs extending`, 'An augment')"
         )
     return module
 

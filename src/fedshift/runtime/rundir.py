@@ -292,7 +292,8 @@ class RunDirExists(FedshiftError):
     config differs (:func:`compare_config`), and the three ways on (resume it, overwrite,
     new). ``command`` is the command the advice names: ``fedshift run`` (the default) and
     ``fedshift flower simulate`` take ``--overwrite`` / ``--new``; ``fedshift.run`` (the
-    Python API) ``exists="overwrite"`` / ``exists="new"``."""
+    Python API) ``exists="overwrite"`` / ``exists="new"``; ``flwr run`` (a Flower App's
+    ServerApp) the run config keys ``resume`` and ``exists``."""
 
     def __init__(
         self,
@@ -301,7 +302,7 @@ class RunDirExists(FedshiftError):
         configs: list[dict] | None = None,
     ) -> None:
         self.paths = list(paths)
-        flower = command == "fedshift flower simulate"
+        flower = command.startswith("fedshift flower") or command == "flwr run"
         notes = (
             [compare_config(p, c, not flower) for p, c in zip(self.paths, configs, strict=True)]
             if configs is not None
@@ -313,14 +314,21 @@ class RunDirExists(FedshiftError):
         )
         one = len(self.paths) == 1
         it = "it" if one else "them"
-        cli = "fedshift flower simulate" if flower else "fedshift run"
+        cli = command if command.startswith("fedshift flower") else "fedshift run"
         resume = f"`{cli} --resume {self.paths[0]}`" if one else f"`{cli} --resume DIR` for each"
         if command.startswith("fedshift."):  # the Python API
             overwrite, new = f"{command}(..., exists='overwrite')", f"{command}(..., exists='new')"
+        elif command == "flwr run":  # a Flower App's ServerApp: its run config says
+            app = "`flwr run APP_DIR --run-config"
+            resume = f"{app} \"resume='{self.paths[0]}'\"`" if one else f"{app} \"resume='DIR'\"`"
+            overwrite = f"{app} \"exists='overwrite'\"`"
+            new = f"{app} \"exists='new'\"`"
         else:
             overwrite, new = "the same command with --overwrite", "with --new"
+        # a Flower App's resume takes the saved config as it is: nothing to extend it with
+        extend = "" if command == "flwr run" else "(or, with train.rounds=N, extend) "
         super().__init__(
-            f"{each}. Choose: {resume} to continue (or, with train.rounds=N, extend) {it}; "
+            f"{each}. Choose: {resume} to continue {extend}{it}; "
             f"{overwrite} to delete {it} and run again; or {new} to run into a new directory "
             f"next to {'it' if one else 'each'} (-2, -3...)"
         )

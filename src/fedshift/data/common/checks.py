@@ -33,7 +33,9 @@ __all__ = [
 
 
 def require_root(root: str | os.PathLike | None, dataset: str, tree: str) -> Path:
-    """``dataset.root`` as an existing folder, else :class:`MissingSourceError`.
+    """``dataset.root`` as an existing folder, absolute (a relative one is taken from the
+    current folder, and every message about its files names them so), else
+    :class:`MissingSourceError` naming the absolute path it looked at.
 
     ``tree`` is the expected layout (a few indented lines) shown in the message.
     """
@@ -43,12 +45,14 @@ def require_root(root: str | os.PathLike | None, dataset: str, tree: str) -> Pat
             f"dataset {dataset!r} reads data you keep on disk (nothing is downloaded): set "
             f"dataset.root to its folder (e.g. `dataset.root=/data/{dataset}`). {layout}"
         )
-    path = Path(root).expanduser()
+    given = Path(root).expanduser()
+    path = given.absolute()  # a relative root: from the current folder, named so in errors
     if not path.is_dir():
         what = "is a file, not a folder" if path.exists() else "does not exist"
+        where = "" if given.is_absolute() else f" (relative to the current folder {Path.cwd()})"
         raise MissingSourceError(
-            f"dataset.root={str(root)!r} {what}; set dataset.root to the folder holding your "
-            f"{dataset} data. {layout}"
+            f"dataset.root={str(root)!r}: {path} {what}{where}; set dataset.root to the "
+            f"folder holding your {dataset} data. {layout}"
         )
     return path
 

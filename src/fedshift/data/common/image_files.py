@@ -138,13 +138,16 @@ def read_images(
     bar=None,
     unreadable: list[tuple[int, str]] | None = None,
     exact: str | None = None,
+    skip_key: str | None = None,
 ) -> np.ndarray:
     """Read and resize image files: uint8 ``(N, C, size, size)`` (C = 3, or 1 for ``gray``).
 
     A file Pillow cannot read raises its :class:`DataError`; with ``unreadable`` (a list),
     it is left out instead and ``(index, message)`` appended there, so the array holds the
     readable files in order. With ``exact`` (the fix to suggest), an image that is not
-    already ``size x size`` is a :class:`DataError` naming it instead of being resized."""
+    already ``size x size`` is a :class:`DataError` naming it instead of being resized.
+    ``skip_key``: the config key that would skip unreadable files instead (its error names
+    it: ``dataset.skip_unreadable``)."""
     reader, channels = READERS[mode]
     out = np.empty((len(paths), channels, size, size), dtype=np.uint8)
     n = 0
@@ -152,6 +155,11 @@ def read_images(
         try:
             img = torch.from_numpy(reader(path))[None]
         except DataError as exc:
+            if unreadable is None and skip_key is not None:
+                raise DataError(
+                    f"{exc}, or leave unreadable images out with {skip_key}=true (each is "
+                    "counted and named in a warning)"
+                ) from None
             if unreadable is None:
                 raise
             unreadable.append((j, str(exc)))
@@ -274,6 +282,7 @@ def materialize_client(
     skip_unreadable: bool = False,
     exact: str | None = None,
     budget: MemoryBudget | None = None,
+    skip_key: str | None = None,
 ) -> tuple[ClientData, dict]:
     """Read a client's image files (or its cache entry) into a :class:`ClientData`.
 
@@ -284,7 +293,8 @@ def materialize_client(
     is left out of its split instead (after the split was drawn, so no other file moves) and
     listed in the returned info's ``unreadable``. ``exact``: see :func:`read_images`.
     ``budget``: the load's :class:`~fedshift.core.images.MemoryBudget` (pass one for every
-    client of a federation; default: a budget of this client's own).
+    client of a federation; default: a budget of this client's own). ``skip_key``: the
+    config key that skips unreadable files (:func:`read_images`).
     Returns the client and ``{"path", "hit"}`` of its cache entry (plus ``unreadable`` when
     skipping).
     """
@@ -318,7 +328,7 @@ def materialize_client(
         ) as bar:
             for split, src in client.splits.items():
                 bad: list[tuple[int, str]] | None = [] if skip_unreadable else None
-                arrays[split] = read_images(src.paths, size, mode, bar, bad, exact)
+                arrays[split] = read_images(src.paths, size, mode, bar, bad, exact, skip_key)
                 dropped = {j for j, _ in bad or []}
                 kept[split] = np.asarray(
                     [j for j in range(len(src)) if j not in dropped], dtype=np.int64

@@ -43,6 +43,7 @@ __all__ = [
     "check_same_classes",
     "list_domain",
     "list_site",
+    "original_sizes",
     "check_decode_fits",
     "read_client",
     "split_by_class",
@@ -52,29 +53,40 @@ __all__ = [
 @dataclass
 class SiteListing:
     """A site folder's classes: ``files`` (class -> sorted image files) for the classes with
-    images, ``empty`` the class folders without any, ``skipped`` the other files found."""
+    images, ``empty`` the class folders without any, ``skipped`` the other files found in
+    them, ``stray`` the image files directly in the site folder, beside its class folders
+    (in no class: not used, but counted and reported, never silently ignored)."""
 
     folder: Path
     files: dict[str, list[Path]]
     empty: list[str] = field(default_factory=list)
     skipped: list[Path] = field(default_factory=list)
+    stray: list[Path] = field(default_factory=list)
 
     @property
     def count(self) -> int:
         return sum(len(v) for v in self.files.values())
 
 
-def list_site(folder: Path, allow_empty: bool = False, hint: str = "") -> SiteListing:
+def list_site(
+    folder: Path, allow_empty: bool = False, hint: str = "", not_a_site: str = ""
+) -> SiteListing:
     """The class folders of ``folder`` and their image files (module docstring). A class
     folder without an image is a :class:`DataError` (``hint`` ends it), or with
-    ``allow_empty`` listed in ``empty``."""
+    ``allow_empty`` listed in ``empty``; a folder without class folders is one too
+    (``not_a_site`` ends it: how to leave out a folder that is not a site)."""
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise DataError(
             f"{folder} has no class sub-folders; expected {folder}/<class>/<image files>"
+            f"{not_a_site}"
         )
     visited = {folder.resolve(): folder}
     out = SiteListing(folder, {})
+    out.stray = sorted(
+        p for p in folder.iterdir()
+        if not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    )  # fmt: skip
     for name in classes:
         cdir = folder / name
         listing = list_files(cdir, IMAGE_SUFFIXES, visited)
@@ -92,9 +104,33 @@ def list_site(folder: Path, allow_empty: bool = False, hint: str = "") -> SiteLi
 
 
 def list_domain(folder: Path) -> tuple[dict[str, list[Path]], int]:
-    """``{class: sorted image files}`` of a domain folder and the number of skipped files."""
+    """``{class: sorted image files}`` of a domain folder and the number of skipped files
+    (images beside the class folders included)."""
     listing = list_site(folder)
-    return listing.files, len(listing.skipped)
+    return listing.files, len(listing.skipped) + len(listing.stray)
+
+
+def original_sizes(folder: Path) -> dict:
+    """The sizes of the images in site ``folder``'s class folders as they are on disk, before
+    any resizing: ``{"images", "min", "median", "max"}`` (``"WxH"``, ordered by pixel count),
+    ``"sizes"`` (how many distinct ones) and ``"unreadable"``; read from each file's header
+    (Pillow opens it lazily: no pixel is decoded)."""
+    from PIL import Image
+
+    listing = list_site(folder, allow_empty=True)
+    sizes, bad = [], 0
+    for files in listing.files.values():
+        for f in files:
+            try:
+                with Image.open(f) as im:
+                    sizes.append(tuple(int(v) for v in im.size))
+            except (OSError, ValueError, Image.DecompressionBombError):
+                bad += 1
+    sizes.sort(key=lambda wh: (wh[0] * wh[1], wh))
+    out: dict = {"images": len(sizes), "sizes": len(set(sizes)), "unreadable": bad}
+    for key, i in (("min", 0), ("median", (len(sizes) - 1) // 2), ("max", len(sizes) - 1)):
+        out[key] = f"{sizes[i][0]}x{sizes[i][1]}" if sizes else None
+    return out
 
 
 def check_same_classes(
@@ -160,6 +196,8 @@ class ReadOptions:
     fix: str = "restore the file or fix dataset.root"
     progress: bool = True
     skip_unreadable: bool = False
+    #: the config key that skips unreadable images (an unreadable image's error names it)
+    skip_key: str | None = None
     #: one per federation load: what its cache files may hold in memory (core/images.py)
     budget: MemoryBudget = field(default_factory=MemoryBudget)
 
@@ -224,6 +262,7 @@ def read_client(
         options.progress,
         options.skip_unreadable,
         budget=options.budget,
+        skip_key=options.skip_key,
     )
     for split in SPLITS:
         if len(data.split(split)) == 0:

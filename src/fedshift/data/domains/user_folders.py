@@ -22,7 +22,8 @@ for any number of sites and classes:
   classes it lacks (label skew on top of the feature skew).
 * **Files**: images are listed recursively (:mod:`fedshift.data.common.walk`): hidden
   entries ignored; other files (``Thumbs.db``, ``notes.txt``) skipped, counted in
-  ``info["skipped_files"]`` and named in a warning; symbolic links followed, each folder
+  ``info["skipped_files"]`` and named in a warning, as are images lying beside the class
+  folders (``<site>/img.png``: in no class); symbolic links followed, each folder
   entered once (a symlink loop is an error naming the link). A file Pillow cannot read (a
   0-byte or damaged image) is an error naming it, as in every fedshift image loader; with
   ``skip_unreadable=true`` it is dropped from its split instead (after the split is drawn,
@@ -193,6 +194,19 @@ def _nested_classes(site: SiteListing) -> list[str] | None:
     return sorted(subs[0])
 
 
+def _sites_key(folders: dict[str, Path], but: str | None = None) -> str:
+    """``dataset.sites=[...]`` listing the site folders (but ``but``)."""
+    names = [f.name for f in folders.values() if f.name != but]
+    return f"dataset.sites=[{','.join(names)}]"
+
+
+def _not_a_site(name: str, folders: dict[str, Path]) -> str:
+    """How a folder under the root that is not a site is left out (``dataset.sites``)."""
+    if len(folders) < 2:
+        return ""
+    return f". If {name} is not a site, leave it out: {_sites_key(folders, but=name)}"
+
+
 def _check_layout(root: Path, listed: dict[str, SiteListing], sites_given: bool) -> None:
     """Refuse a tree whose layout is probably not the one meant, naming the one that is: a
     root that yields one site (``dataset.root`` one level too high: the sites became its
@@ -226,7 +240,10 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
     folders = site_folders(root, params.sites, NAME, TREE)
     allow = params.allow_missing_classes
     hint = "" if allow else MISSING_HINT
-    listed = {c: list_site(f, allow_empty=allow, hint=hint) for c, f in folders.items()}
+    listed = {
+        c: list_site(f, allow_empty=allow, hint=hint, not_a_site=_not_a_site(f.name, folders))
+        for c, f in folders.items()
+    }
     _check_layout(root, listed, sites_given=params.sites is not None)
     files = {c: site.files for c, site in listed.items()}
     if params.classes is not None:
@@ -248,7 +265,8 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
     elif allow:
         classes = sorted({cls for site in files.values() for cls in site})
     else:
-        classes = check_same_classes(NAME, files, folders, unit="site", hint=hint)
+        also = f"; if one of the folders is not a site, list the sites: {_sites_key(folders)}"
+        classes = check_same_classes(NAME, files, folders, unit="site", hint=hint + also)
     missing = {c: sorted(set(classes) - set(f)) for c, f in files.items()}
     options = ReadOptions(
         params.size,
@@ -258,6 +276,7 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
         cache_root(params.cache, params.cache_dir),
         progress=progress,
         skip_unreadable=params.skip_unreadable,
+        skip_key="dataset.skip_unreadable",
     )
     clients, available, how, unlisted, cache_info = [], {}, {}, {}, {}
     planned, rules = {}, {}
@@ -288,8 +307,10 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
         data, cache_info[client] = read_client(NAME, client, splits, options, empty)
         clients.append(data)
     skipped = {c: [str(p) for p in site.skipped] for c, site in listed.items()}
+    stray = {c: [str(p) for p in site.stray] for c, site in listed.items()}
     unreadable = {c: cache_info[c].get("unreadable", []) for c in folders}
     warn_skipped(NAME, "files that are not images", skipped)
+    warn_skipped(NAME, f"images beside the class folders, in no class ({LAYOUT})", stray)
     warn_skipped(NAME, "unreadable images (dataset.skip_unreadable=true)", unreadable)
     shape = (params.channels, params.size, params.size)
     fed = Federation(NAME, clients, classes, shape, task="classification")
@@ -311,8 +332,10 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
             else "Pillow gray; colour to luma (convert('L'))"
         )
         + "; antialiased bilinear resize, rounded to 8 bits",
-        "skipped_files": {c: len(skipped[c]) + len(unreadable[c]) for c in folders},
-        "skipped": {"not_images": skipped, "unreadable": unreadable},
+        "skipped_files": {
+            c: len(skipped[c]) + len(stray[c]) + len(unreadable[c]) for c in folders
+        },
+        "skipped": {"not_images": skipped, "stray_images": stray, "unreadable": unreadable},
         "cache": None if options.cache_dir is None else _without(cache_info, "unreadable"),
         **federation_info(fed, params.size),
     }
