@@ -43,12 +43,52 @@ def test_greater_reproduces_only_with_significance_over_three_seeds():
     assert rubric.judge([0.10, 0.11], "greater").verdict == rubric.IN_DIRECTION
 
 
-def test_opposite_sign_is_no_whatever_the_p_value():
-    assert rubric.judge([-0.01, -0.02, -0.03], "greater").verdict == rubric.NO
-    assert rubric.judge([-0.020, -0.021, -0.022], "greater").verdict == rubric.NO
-    assert rubric.judge([0.01, 0.02, 0.03], "less").verdict == rubric.NO
+def test_the_opposite_sign_is_contrary_when_significant_else_not_shown():
+    # t = -0.02 / (0.01 / sqrt 3) = -3.46, p = 0.074: the other way, not significantly
+    assert rubric.judge([-0.01, -0.02, -0.03], "greater").verdict == rubric.NOT_SHOWN
+    # t = -36.4, p = 0.00075: significantly the other way
+    assert rubric.judge([-0.020, -0.021, -0.022], "greater").verdict == rubric.CONTRARY
+    assert rubric.judge([0.01, 0.02, 0.03], "less").verdict == rubric.NOT_SHOWN
+    assert rubric.judge([0.020, 0.021, 0.022], "less").verdict == rubric.CONTRARY
     assert rubric.judge([-0.020, -0.021, -0.022], "less").verdict == rubric.REPRODUCES
-    assert rubric.judge([0.0, 0.0, 0.0], "greater").verdict == rubric.NO  # no change
+    assert rubric.judge([0.0, 0.0, 0.0], "greater").verdict == rubric.NOT_SHOWN  # a tie
+    assert rubric.judge([0.01, -0.01, 0.0], "less").verdict == rubric.NOT_SHOWN  # mean 0
+    # two seeds are never significant, either way
+    assert rubric.judge([-0.10, -0.11], "greater").verdict == rubric.NOT_SHOWN
+
+
+def test_a_comparison_of_runs_not_converged_is_neither_a_win_nor_a_loss():
+    r = rubric.judge([0.020, 0.021, 0.022], "greater", unconverged_rounds=30)
+    assert (
+        r.verdict == rubric.NOT_CONVERGED
+        and r.text() == "not converged at 30 rounds (as measured: reproduces)"
+    )
+    assert r.mean == pytest.approx(0.021)  # the numbers are still shown
+    r = rubric.judge([-0.020, -0.021, -0.022], "greater", unconverged_rounds=30)
+    assert r.verdict == rubric.NOT_CONVERGED
+
+
+def test_convergence_by_the_selected_round_the_curves_end_and_early_stopping():
+    flat = {r: 0.80 + 0.01 * (-1) ** r for r in range(2, 31, 2)}  # noise on a plateau
+    rising = {r: 0.50 + 0.01 * r for r in range(2, 31, 2)}
+    # selected round in the last 10 % of 30 rounds: 28 > 27 is not converged, 27 is
+    assert not rubric.convergence(30, 28, flat).converged
+    assert "last 10 %" in rubric.convergence(30, 28, flat).why
+    assert rubric.convergence(30, 27, flat).converged
+    # selected early, but the validation curve still rises over its last 5 evaluations
+    late = rubric.convergence(30, 10, rising)
+    assert not late.converged and "still rising" in late.why
+    # slope test over the last 5 points written out: a perfect line has p = 0
+    xs, ys = [22, 24, 26, 28, 30], [0.72, 0.74, 0.76, 0.78, 0.805]
+    fit = stats.linregress(xs, ys, alternative="greater")
+    assert fit.pvalue < rubric.ALPHA
+    assert not rubric.convergence(30, 10, dict(zip(xs, ys, strict=True))).converged
+    # a rise that is not significant over the last 5 points: converged
+    noisy = {22: 0.70, 24: 0.76, 26: 0.69, 28: 0.75, 30: 0.72}
+    assert rubric.convergence(30, 24, noisy).converged
+    # stopped by early stopping: converged whatever the curve and the selected round
+    assert rubric.convergence(30, 30, rising, stop_reason="patience").converged
+    assert not rubric.convergence(30, 30, rising, stop_reason="rounds").converged
 
 
 def test_equal_is_an_equivalence_test_with_a_margin():
@@ -62,7 +102,10 @@ def test_equal_is_an_equivalence_test_with_a_margin():
     p_upper = stats.t.cdf((mean - 0.01) / se, n - 1)
     assert r.p == pytest.approx(max(p_lower, p_upper), rel=1e-9)
     assert r.verdict == rubric.REPRODUCES
-    assert rubric.judge([0.02, 0.021, 0.019], "equal").verdict == rubric.NO
+    # beyond the margin of 1 point, significantly (one-sided t-test of d > m): contrary
+    assert rubric.judge([0.02, 0.021, 0.019], "equal").verdict == rubric.CONTRARY
+    # beyond it on average, not significantly: not shown
+    assert rubric.judge([0.005, 0.03, 0.0], "equal").verdict == rubric.NOT_SHOWN
     # level on average but too noisy to show equivalence
     assert rubric.judge([0.009, -0.008, 0.004], "equal").verdict == rubric.IN_DIRECTION
 
@@ -77,12 +120,16 @@ def test_constant_differences_and_no_pairs():
 
 
 def test_a_claim_combines_its_comparisons():
-    R, D, N, M = rubric.REPRODUCES, rubric.IN_DIRECTION, rubric.NO, rubric.NOT_MEASURED
+    R, D, M = rubric.REPRODUCES, rubric.IN_DIRECTION, rubric.NOT_MEASURED
+    C, S, U = rubric.CONTRARY, rubric.NOT_SHOWN, rubric.NOT_CONVERGED
     assert rubric.combine([R, R]) == R
     assert rubric.combine([R, D]) == D
-    assert rubric.combine([R, N, D]) == N
+    assert rubric.combine([R, S, D]) == S
+    assert rubric.combine([S, C]) == C  # contrary first
     assert rubric.combine([R, M]) == M
-    assert rubric.combine([N, M]) == N  # a measured "no" is not waiting for the other rows
+    assert rubric.combine([S, M]) == S  # a measured "not shown" is not waiting for the rest
+    assert rubric.combine([U, S]) == S  # nor for runs still converging
+    assert rubric.combine([R, U, M]) == U
     assert rubric.combine([]) == M
 
 
@@ -102,12 +149,15 @@ def _run(root: Path, name: str, seed: int, cfg: dict, score: float, **summary) -
         "clients": ["c0", "c1"],
         "implied": [],
         "defaults": {"augment": {"ffa": {"p": 0.5}, "fedrdn": {"draw": "paper"}}},
+        "best_round": 6,
         **summary,
     }
     (d / "summary.json").write_text(json.dumps(s))
+    # a validation curve that levels off by round 6, the selected round (converged)
+    curve = dict(enumerate([0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.89, 0.9, 0.895, 0.9], start=1))
     rows = [
-        {"round": r, "client": c, "global": {"val_acc": score * r / 10, "test_acc": score}}
-        for r in (2, 4, 6, 8, 10)
+        {"round": r, "client": c, "global": {"val_acc": score * v, "test_acc": score}}
+        for r, v in curve.items()
         for c in ("c0", "c1")
     ]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -117,14 +167,29 @@ def _tree(tmp_path: Path, gains: list[float]) -> Path:
     results = tmp_path / "results"
     for seed, g in enumerate(gains):
         base = 0.70 + 0.01 * seed
-        _run(results / "suite", f"fedavg-s{seed}", seed,
-             {"algorithm": {"name": "fedavg"}, "augment": []}, base)
-        _run(results / "suite", f"rdn-s{seed}", seed,
-             {"algorithm": {"name": "fedavg"}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
-             base + g)
-    (results / "suite" / "source.json").write_text(json.dumps(
-        {"command": "fedshift bench x.yaml", "commit": "abcdef0123",
-         "machine": {"cpu": "Test CPU", "capability": "AVX2", "cores": 2, "torch": "2.x"}}))
+        _run(
+            results / "suite",
+            f"fedavg-s{seed}",
+            seed,
+            {"algorithm": {"name": "fedavg"}, "augment": []},
+            base,
+        )
+        _run(
+            results / "suite",
+            f"rdn-s{seed}",
+            seed,
+            {"algorithm": {"name": "fedavg"}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
+            base + g,
+        )
+    (results / "suite" / "source.json").write_text(
+        json.dumps(
+            {
+                "command": "fedshift bench x.yaml",
+                "commit": "abcdef0123",
+                "machine": {"cpu": "Test CPU", "capability": "AVX2", "cores": 2, "torch": "2.x"},
+            }
+        )
+    )
     return results
 
 
@@ -134,10 +199,15 @@ def _claims(tmp_path: Path, extra: dict | None = None) -> Path:
         "where": "Table 1",
         "statement": "FedRDN helps FedAvg.",
         "paper": "62.5 -> 69.8",
-        "stand_in": {"suite": "x.yaml", "command": "fedshift bench x.yaml", "results": "suite",
-                     "paper_rounds": 100},
-        "compare": [{"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]},
-                     "b": {"augment": []}}],
+        "stand_in": {
+            "suite": "x.yaml",
+            "command": "fedshift bench x.yaml",
+            "results": "suite",
+            "paper_rounds": 100,
+        },
+        "compare": [
+            {"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]}, "b": {"augment": []}}
+        ],
         **(extra or {}),
     }
     d = tmp_path / "claims"
@@ -160,7 +230,29 @@ def test_evaluate_reads_results_and_judges(tmp_path):
     (paper,) = evaluate(_claims(tmp_path), _tree(tmp_path / "b", [0.04, -0.01, 0.01]))
     assert paper.claims[0].verdict == rubric.IN_DIRECTION
     (paper,) = evaluate(_claims(tmp_path), _tree(tmp_path / "c", [-0.04, -0.03, -0.05]))
-    assert paper.claims[0].verdict == rubric.NO
+    assert paper.claims[0].verdict == rubric.CONTRARY
+
+
+def test_a_claim_over_runs_not_converged_says_so_with_their_rounds(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    summary = results / "suite" / "rdn-s1" / "summary.json"
+    s = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**s, "best_round": 10}))  # selected its last round
+    claims = _claims(tmp_path)
+    (paper,) = evaluate(claims, results)
+    (claim,) = paper.claims
+    assert claim.verdict == rubric.NOT_CONVERGED
+    assert claim.verdict_text() == "not converged at 10 rounds (as measured: reproduces)"
+    assert claim.comparisons[0].converged_text() == "5/6"
+    page = render(claims, results)["docs/parts/toy-claims.md"]
+    assert "**Verdict: not converged at 10 rounds (as measured: reproduces).**" in page
+    assert "5 of 6 runs converged" in page and "1 selected a round in the last 10 %" in page
+    # the same run stopped by early stopping at round 10: converged
+    summary.write_text(
+        json.dumps({**s, "best_round": 10, "stopped_at": 10, "stop_reason": "patience"})
+    )
+    (paper,) = evaluate(claims, results)
+    assert paper.claims[0].verdict == rubric.REPRODUCES
 
 
 def test_missing_results_are_not_measured_and_needs_is_not_runnable(tmp_path):
@@ -173,16 +265,20 @@ def test_missing_results_are_not_measured_and_needs_is_not_runnable(tmp_path):
 
 def test_a_selector_that_matches_two_runs_of_a_seed_is_refused(tmp_path):
     results = _tree(tmp_path, [0.04, 0.04, 0.04])
-    claims = _claims(tmp_path, {"compare": [
-        {"label": "x", "a": {"algorithm.name": "fedavg"}, "b": {"augment": []}}]})
+    claims = _claims(
+        tmp_path,
+        {"compare": [{"label": "x", "a": {"algorithm.name": "fedavg"}, "b": {"augment": []}}]},
+    )
     with pytest.raises(ClaimsError, match="matches 2 runs of seed 0"):
         evaluate(claims, results)
 
 
 def test_selectors_match_augments_by_their_defaults_without_implied_ones():
     defaults = {"defaults": {"augment": {"ffa": {"p": 0.5}, "fedrdn": {"draw": "paper"}}}}
-    fedfa = {"algorithm": {"name": "fedfa"}, "augment": [{"name": "ffa", "p": 0.5},
-                                                         {"name": "fedrdn", "draw": "paper"}]}
+    fedfa = {
+        "algorithm": {"name": "fedfa"},
+        "augment": [{"name": "ffa", "p": 0.5}, {"name": "fedrdn", "draw": "paper"}],
+    }
     s = {**defaults, "implied": ["ffa"]}
     assert Selector.of({"augment": ["fedrdn"]}, "t").matches(fedfa, s)
     assert Selector.of({"algorithm.name": "fedfa", "augment": ["fedrdn"]}, "t").matches(fedfa, s)
@@ -217,12 +313,13 @@ def test_rendering_is_deterministic_and_states_the_numbers(tmp_path):
     assert set(pages) == {"docs/CLAIMS.md", "docs/parts/toy-claims.md", "docs/results/suite.md"}
     page = pages["docs/parts/toy-claims.md"]
     assert "| +FedRDN vs FedAvg | 75.10 ± 1.10 | 71.00 ± 1.00 | +4.10 ± 0.10 |" in page
+    assert "| 3 | < 0.001 | 6/6 | reproduces |" in page
     assert "**Verdict: reproduces.**" in page
     assert "10 rounds (the paper 100: 0.10 of its length)" in page
     assert "2-core Test CPU (AVX2), torch 2.x, commit abcdef0" in page
     top = pages["docs/CLAIMS.md"]
     assert rubric.RUBRIC in top
-    assert "| [Toy](parts/toy-claims.md) | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in top
+    assert "| [Toy](parts/toy-claims.md) | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |" in top
     assert str(tmp_path) not in "".join(pages.values())  # no absolute paths
     assert "made by" not in page  # the results were made by the printed command
 
@@ -267,6 +364,7 @@ def test_source_names_the_machines_the_runs_recorded(tmp_path):
         cell = suite / f"cell{i}"
         cell.mkdir(parents=True)
         (cell / "summary.json").write_text(json.dumps({"provenance": {"machine": m}}))
+
     def source() -> dict:
         out = collect_suite(suite, tmp_path / "results", "cmd")
         return json.loads((out / "source.json").read_text())
@@ -370,8 +468,11 @@ def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate
     them with `fedshift claims` after changing claims/ or results/."""
     pages = render(ROOT / "claims", ROOT / "results")
-    stale = [rel for rel, text in pages.items()
-             if not (ROOT / rel).is_file() or (ROOT / rel).read_text() != text]
+    stale = [
+        rel
+        for rel, text in pages.items()
+        if not (ROOT / rel).is_file() or (ROOT / rel).read_text() != text
+    ]
     assert not stale, f"run `fedshift claims` and commit: {stale}"
     generated = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs/results").glob("*.md")}
     assert generated <= set(pages), "docs/results/ holds pages no results folder gives"
@@ -382,8 +483,9 @@ def test_every_file_a_claim_names_exists():
         paper = load_paper(path)
         for c in paper.claims:
             commands = " ".join(c.stand_in.commands) if c.stand_in else ""
-            text = " ".join(filter(None, [c.real_suite, c.stand_in and c.stand_in.suite,
-                                          commands, c.figure]))
+            text = " ".join(
+                filter(None, [c.real_suite, c.stand_in and c.stand_in.suite, commands, c.figure])
+            )
             for ref in re.findall(r"(?:configs/\S+?\.yaml|docs/img/\S+?\.png)", text):
                 assert (ROOT / ref).is_file(), f"{path.name} {c.id}: {ref} does not exist"
             if c.test:

@@ -48,6 +48,7 @@ class ResultRun:
     cfg: dict
     summary: dict
     _rows: list[dict] | None = field(default=None, repr=False)
+    _convergence: rubric.Convergence | None = field(default=None, repr=False)
 
     @property
     def seed(self) -> int:
@@ -58,6 +59,22 @@ class ResultRun:
         if self._rows is None:  # checked: scores finite and in range, rounds whole
             self._rows = read_metric_rows(self.path / "metrics.jsonl")
         return self._rows
+
+    @property
+    def convergence(self) -> rubric.Convergence:
+        """Whether the run had converged (:func:`fedshift.eval.rubric.convergence`: its
+        selected round, its validation curve's end, or early stopping)."""
+        if self._convergence is None:
+            s = self.summary
+            if "best_round" not in s or "rounds" not in s:
+                raise ClaimsError(
+                    f"{self.path / 'summary.json'}: no best_round / rounds, so its convergence "
+                    "cannot be judged; collect the run again with this fedshift"
+                )
+            self._convergence = rubric.convergence(
+                int(s["rounds"]), int(s["best_round"]), _curve(self, "val"), s.get("stop_reason")
+            )
+        return self._convergence
 
 
 #: the results' config.yaml files (written by fedshift's safe_dump, thousands of them):
@@ -245,6 +262,17 @@ METRIC_WORDS = {
 }
 
 
+#: metrics read at a fixed round of a curve, not at the selected round: a claim about that
+#: round, which the convergence rule does not apply to (:data:`fedshift.eval.rubric.RUBRIC`)
+CURVE_METRICS = ("val_at", "val_drops", "test_at", "test_drops")
+
+
+def at_selected_round(metric: str) -> bool:
+    """Whether ``metric`` reads the run's model at its selected round (so the run must have
+    converged for a comparison of it to count)."""
+    return metric.partition(":")[0] not in CURVE_METRICS
+
+
 def metric_value(run: ResultRun, metric: str, protocol: Path | None = None) -> float:
     name, _, arg = metric.partition(":")
     if name not in METRICS:
@@ -265,10 +293,11 @@ def metric_words(metric: str) -> str:
 # -------------------------------------------------------------------------- evaluation
 @dataclass
 class Group:
-    """The runs a selector picks, one value per seed."""
+    """The runs a selector picks, one value per seed (``runs``: the runs of each seed)."""
 
     label: str
     values: dict[int, float]
+    runs: dict[int, list[ResultRun]] = field(default_factory=dict)
 
     def cell(self) -> str:
         if not self.values:
@@ -285,6 +314,15 @@ class CompareResult:
     a: Group
     b: Group
     result: rubric.Comparison
+    #: the paired seeds' runs whose convergence was judged (empty for a curve metric)
+    judged: list[ResultRun] = field(default_factory=list)
+
+    def converged_text(self) -> str:
+        """``4/6``: converged runs of those judged, ``—`` for a curve metric."""
+        if not self.judged:
+            return "—"
+        ok = sum(1 for r in self.judged if r.convergence.converged)
+        return f"{ok}/{len(self.judged)}"
 
 
 @dataclass
@@ -297,6 +335,17 @@ class ClaimResult:
     accounting: list[tuple[str, str]]
     #: whether any run of the stand-in is in results/
     measured: bool = False
+
+    def verdict_text(self) -> str:
+        """The verdict as the pages show it: ``not converged at N rounds`` names the most
+        rounds a not-converged run of its comparisons ran."""
+        if self.verdict != rubric.NOT_CONVERGED:
+            return self.verdict or ""
+        late = [c.result.rounds or 0 for c in self.comparisons]
+        measured = rubric.combine(
+            [c.result.as_measured or c.result.verdict for c in self.comparisons]
+        )
+        return rubric.verdict_text(self.verdict, max(late) or None, measured)
 
 
 def _group(
@@ -324,7 +373,7 @@ def _group(
         values[seed] = statistics.fmean(metric_value(r, metric, protocol) for r in rs)
     if mean_over and len(sizes) > 1:
         raise ClaimsError(f"{where}: {sel.label()} has unequal numbers of runs per seed")
-    return Group(sel.label(), values)
+    return Group(sel.label(), values, dict(by_seed))
 
 
 def _rounds(runs: list[ResultRun]) -> int | None:
@@ -394,7 +443,16 @@ def evaluate_claim(spec: ClaimSpec, results: Results, where: str) -> ClaimResult
         b = _group(runs, c.b, c.metric_b, c.mean_over, protocol, cw)
         seeds = sorted(set(a.values) & set(b.values))
         diffs = [a.values[s] - b.values[s] for s in seeds]
-        comps.append(CompareResult(c, a, b, rubric.judge(diffs, c.expect, c.margin)))
+        judged = [
+            r
+            for s in seeds
+            for g, m in ((a, c.metric), (b, c.metric_b))
+            if at_selected_round(m)
+            for r in g.runs[s]
+        ]
+        late = [r.convergence.rounds for r in judged if not r.convergence.converged]
+        result = rubric.judge(diffs, c.expect, c.margin, max(late) if late else None)
+        comps.append(CompareResult(c, a, b, result, judged))
     verdict: str | None = None
     if spec.kind == "claim":
         if spec.needs:

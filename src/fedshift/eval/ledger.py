@@ -130,10 +130,33 @@ def _claim_section(c: ClaimResult) -> str:
                     m = f"a: {m}; b: {metric_words(r.spec.metric_b)}"
                 label += f" [{m}]"
             rows.append(
-                [label, r.a.cell(), r.b.cell(), diff, want, str(res.n), fmt_p(res.p), res.verdict]
+                [
+                    label,
+                    r.a.cell(),
+                    r.b.cell(),
+                    diff,
+                    want,
+                    str(res.n),
+                    fmt_p(res.p),
+                    r.converged_text(),
+                    res.text(),
+                ]
             )
-        header = ["comparison (a vs b)", "a", "b", "a − b", "expected", "n", "p", "verdict"]
+        header = [
+            "comparison (a vs b)",
+            "a",
+            "b",
+            "a − b",
+            "expected",
+            "n",
+            "p",
+            "converged",
+            "verdict",
+        ]
         out += ["", _table(header, rows)]
+        line = _convergence_line(c)
+        if line:
+            out += ["", line]
     if c.accounting:
         out += [""] + [f"- {label}: {text}" for label, text in c.accounting]
     if s.test:
@@ -141,10 +164,39 @@ def _claim_section(c: ClaimResult) -> str:
     if s.figure:
         out += ["", f"**Figure.** `{s.figure}`."]
     if c.verdict is not None:
-        out += ["", f"**Verdict: {c.verdict}.**"]
+        out += ["", f"**Verdict: {c.verdict_text()}.**"]
     if s.notes:
         out += ["", s.notes]
     return "\n".join(out)
+
+
+def _convergence_line(c: ClaimResult) -> str:
+    """What the rubric's convergence rule found among the runs the comparisons judged: how
+    many converged, the selected rounds, and why the others did not."""
+    runs = {r.path: r for cr in c.comparisons for r in cr.judged}
+    if not runs:
+        return ""
+    conv = [r.convergence for r in runs.values()]
+    late = [v for v in conv if not v.converged]
+    stopped = sum(1 for r in runs.values() if r.summary.get("stop_reason") == "patience")
+    selected = sorted(v.selected for v in conv)
+    rounds = sorted({v.rounds for v in conv})
+    text = (
+        f"**Convergence.** {len(conv) - len(late)} of {len(conv)} runs converged"
+        + (f" ({stopped} stopped early by patience)" if stopped else "")
+        + f"; selected rounds {selected[0]}-{selected[-1]} (median "
+        f"{statistics.median(selected):g}) of {'/'.join(str(r) for r in rounds)} rounds"
+    )
+    if late:
+        by_last = sum(1 for v in late if v.why.startswith("selected round"))
+        rising = len(late) - by_last
+        parts = []
+        if by_last:
+            parts.append(f"{by_last} selected a round in the last {100 * rubric.LAST_SHARE:g} %")
+        if rising:
+            parts.append(f"{rising} with a validation curve still rising")
+        text += "; not converged: " + ", ".join(parts)
+    return text + "."
 
 
 def paper_page(p: PaperResult) -> str:
@@ -156,7 +208,7 @@ def paper_page(p: PaperResult) -> str:
         out += [s.intro, ""]
     out += ["Verdicts by the rubric of [CLAIMS.md](../CLAIMS.md).", ""]
     rows = [
-        [c.spec.id, c.spec.where, _first_sentence(c.spec.statement), c.verdict or ""]
+        [c.spec.id, c.spec.where, _first_sentence(c.spec.statement), c.verdict_text()]
         for c in counted
     ]
     out += [_table(["#", "where", "claim", "verdict"], rows), ""]
@@ -280,9 +332,7 @@ def flow_key(cfg: dict, summary: dict, short: bool = False) -> dict[str, str]:
     defaults = summary.get("defaults") or {}
     implied = set(summary.get("implied", []))
     aug_defaults = defaults.get("augment", {})
-    out = {
-        "algorithm": _component(cfg.get("algorithm", {}), defaults.get("algorithm"), short)
-    }
+    out = {"algorithm": _component(cfg.get("algorithm", {}), defaults.get("algorithm"), short)}
     augs = [
         _component(a, aug_defaults.get(a.get("name")), short)
         for a in cfg.get("augment") or []
