@@ -467,6 +467,10 @@ def test_results_table_has_a_column_per_domain_when_domains_are_dealt_to_several
 def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate
     them with `fedshift claims` after changing claims/ or results/."""
+    from fedshift.eval.commits import commit_checker
+
+    if commit_checker(ROOT) is None:  # the pages flag runs at commits the history lacks
+        pytest.skip("needs the repository's git history (not a shallow clone) to regenerate")
     pages = render(ROOT / "claims", ROOT / "results")
     stale = [
         rel
@@ -570,3 +574,186 @@ def test_metric_rows_out_of_range_are_refused_by_the_ledger(tmp_path):
     run = next(r for r in Results(results).runs("suite") if r.path.name == "rdn-s0")
     with pytest.raises(FedshiftError, match=r"metrics.jsonl, line 4: key 'global.val_acc'"):
         _ = run.rows
+
+
+# ------------------------------------------------ scopes, re-tests, provenance (issue 50)
+def _two_algorithms(tmp_path: Path) -> Path:
+    """fedavg and fedbn, each without and with FedRDN, 3 seeds; FedRDN +4 points on both."""
+    results = tmp_path / "results"
+    for seed in range(3):
+        for alg in ("fedavg", "fedbn"):
+            base = 0.70 + 0.01 * seed + (0.02 if alg == "fedbn" else 0.0)
+            _run(results / "suite", f"{alg}-s{seed}", seed,
+                 {"algorithm": {"name": alg}, "augment": []}, base)  # fmt: skip
+            _run(results / "suite", f"{alg}-rdn-s{seed}", seed,
+                 {"algorithm": {"name": alg}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
+                 base + 0.04 + 0.001 * seed)  # fmt: skip
+    return results
+
+
+def test_a_scope_generates_one_comparison_per_committed_value(tmp_path):
+    results = _two_algorithms(tmp_path)
+    claims = _claims(tmp_path, {
+        "scope": {"each": "algorithm.name", "statement": "every algorithm"},
+        "compare": [{"label": "{value} +FedRDN vs {value}", "a": {"augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+    })  # fmt: skip
+    (paper,) = evaluate(claims, results)
+    (claim,) = paper.claims
+    assert [c.spec.label for c in claim.comparisons] == [
+        "fedavg +FedRDN vs fedavg",
+        "fedbn +FedRDN vs fedbn",
+    ]
+    assert all(c.result.n == 3 for c in claim.comparisons)
+    assert claim.uncompared == [] and claim.verdict == rubric.REPRODUCES
+    page = render(claims, results)["docs/parts/toy-claims.md"]
+    assert "**Scope.** every algorithm: one comparison per value of `algorithm.name`" in page
+    # a template may not name the key its scope generates over
+    bad = _claims(tmp_path / "b", {
+        "scope": {"each": "algorithm.name", "statement": "every algorithm"},
+        "compare": [{"label": "x", "a": {"algorithm.name": "fedavg", "augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+    })  # fmt: skip
+    with pytest.raises(ClaimsError, match="names algorithm.name, the key its scope"):
+        load_papers(bad)
+
+
+def test_a_committed_run_in_a_claims_reach_left_uncompared_is_named(tmp_path):
+    """Comparing FedAvg only (``algorithm.name`` held fixed by hand) leaves the committed
+    FedBN cells out: they are named on the page."""
+    results = _two_algorithms(tmp_path)
+    claims = _claims(tmp_path, {"compare": [
+        {"label": "FedAvg +FedRDN vs FedAvg", "a": {"algorithm.name": "fedavg",
+         "augment": ["fedrdn"]}, "b": {"algorithm.name": "fedavg", "augment": []}}]})  # fmt: skip
+    (paper,) = evaluate(claims, results)
+    fedbn = sorted(f"fedbn-{k}s{s}" for k in ("", "rdn-") for s in range(3))
+    assert paper.claims[0].uncompared == fedbn
+    page = render(claims, results)["docs/parts/toy-claims.md"]
+    assert "**Not compared.** 6 committed run(s) in the reach" in page
+
+
+def test_no_committed_run_in_a_claims_reach_is_left_uncompared():
+    """Every committed cell that matches a claim's selectors but for a key the comparison
+    holds fixed (FedRDN T1 comparing FedAvg only, with FedBN and FedFA cells committed) is
+    compared: the claim states its scope and its comparisons are generated from it."""
+    left = {
+        f"{p.spec.key} {c.spec.id}": c.uncompared[:3]
+        for p in evaluate(ROOT / "claims", ROOT / "results")
+        for c in p.claims
+        if c.uncompared
+    }
+    assert not left, f"committed runs left out of claims (give them a scope): {left}"
+
+
+def test_a_retest_is_listed_under_its_claim_and_not_counted_twice(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    claims = _claims(tmp_path)
+    again = {
+        "id": "T1-again",
+        "retests": "toy/T1",
+        "where": "Table 1, another stand-in",
+        "statement": "The same.",
+        "stand_in": {"suite": "x.yaml", "command": "fedshift bench x.yaml", "results": "suite"},
+        "compare": [{"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+    }  # fmt: skip
+    doc = {"paper": "Other", "page": "docs/parts/other-claims.md", "claims": [again]}
+    (claims / "other.yaml").write_text(yaml.safe_dump(doc))
+    papers = evaluate(claims, results)
+    toy = next(p for p in papers if p.spec.key == "toy")
+    other = next(p for p in papers if p.spec.key == "other")
+    assert sum(other.counts().values()) == 0 and sum(toy.counts().values()) == 1
+    (target,) = toy.claims
+    assert [c.spec.id for _, c in target.retested_by] == ["T1-again"]
+    pages = render(claims, results)
+    assert "- [Other T1-again](other-claims.md), Table 1, another stand-in: reproduces" in (
+        pages["docs/parts/toy-claims.md"]
+    )
+    assert "| **all** | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 |" in pages["docs/CLAIMS.md"]
+    doc["claims"][0]["retests"] = "toy/T9"
+    (claims / "other.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ClaimsError, match="retests toy/T9, which is not a counted claim"):
+        evaluate(claims, results)
+
+
+def test_seed_papers_are_counted_apart_from_other_methods(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    claims = _claims(tmp_path)
+    doc = yaml.safe_load((claims / "toy.yaml").read_text())
+    (claims / "seed.yaml").write_text(yaml.safe_dump(
+        {**doc, "paper": "Seed", "page": "docs/parts/seed-claims.md", "seed_paper": True}))
+    top = render(claims, results)["docs/CLAIMS.md"]
+    assert top.startswith("# Claims ledger: the five seed papers' claims")
+    rows = [line for line in top.splitlines() if line.startswith("| ") and "|---" not in line]
+    labels = [r.split(" | ")[0].removeprefix("| ") for r in rows[1:]]
+    assert labels == ["[Seed](parts/seed-claims.md)", "**the five seed papers**",
+                      "[Toy](parts/toy-claims.md)", "**other methods**", "**all**"]  # fmt: skip
+    assert rows[2].startswith("| **the five seed papers** | 1 | 1 |")
+    assert rows[-1].startswith("| **all** | 2 | 2 |")
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_runs_at_a_commit_the_repository_does_not_hold_are_flagged(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    results = _tree(repo, [0.040, 0.041, 0.042])
+    claims = _claims(repo)
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+         "-m", "x")  # fmt: skip
+    held = _git(repo, "rev-parse", "HEAD")
+    gone = "0123456789abcdef0123456789abcdef01234567"
+    for i, d in enumerate(sorted((results / "suite").iterdir())):
+        if d.is_dir():
+            s = json.loads((d / "summary.json").read_text())
+            commit = gone if i < 2 else held
+            s["provenance"] = {"git": {"commit": commit, "dirty": False}}
+            (d / "summary.json").write_text(json.dumps(s))
+    pages = render(claims, results)
+    flag = "2 of 6 runs were run at a fedshift commit this repository does not hold (0123456)"
+    assert flag in pages["docs/parts/toy-claims.md"]
+    assert "**Provenance.** 2 of 6 cells were run at a fedshift commit" in (
+        pages["docs/results/suite.md"]
+    )
+    # without the repository's history nothing is said of any commit
+    quiet = render(claims, results, commits=False)
+    assert "Provenance" not in quiet["docs/parts/toy-claims.md"]
+
+
+def test_protocol_outputs_record_their_commit_and_collect_keeps_it(tmp_path):
+    """A protocol's JSON records its provenance (the fedshift commit, the command); collect
+    writes that commit into source.json, and an output that records none gets commit null
+    with a note, never a guessed commit."""
+    from fedshift.eval.collect import UNKNOWN_COMMIT, collect_protocol
+    from fedshift.protocols.common import save_outputs
+
+    out = tmp_path / "out"
+    out.mkdir()
+    save_outputs(out, "loco", "Title", "text", {"x": 1})
+    written = json.loads((out / "loco.json").read_text())
+    assert written["x"] == 1 and set(written["provenance"]) == {"git", "command", "machine"}
+    written["provenance"]["git"] = {"commit": "a" * 40, "dirty": False}
+    (out / "loco.json").write_text(json.dumps(written))
+    dest = collect_protocol(out, tmp_path / "results", "fedshift protocol loco -c c.yaml", "p")
+    src = json.loads((dest / "source.json").read_text())
+    assert src["commit"] == "a" * 40 and src["command"] == "fedshift protocol loco -c c.yaml"
+    del written["provenance"]
+    (out / "loco.json").write_text(json.dumps(written))
+    dest = collect_protocol(out, tmp_path / "results", "fedshift protocol loco -c c.yaml", "p")
+    src = json.loads((dest / "source.json").read_text())
+    assert src["commit"] is None and src["commit_unknown"] == UNKNOWN_COMMIT
+
+
+def test_the_committed_protocol_outputs_name_their_commit_or_say_it_is_unknown():
+    for src in sorted((ROOT / "results" / "protocols").glob("*/source.json")):
+        data = json.loads(src.read_text())
+        assert data.get("command"), src
+        assert data.get("commit") or data.get("commit_unknown"), f"{src}: no commit, no note"
