@@ -87,8 +87,9 @@ def test_convergence_by_the_selected_round_the_curves_end_and_early_stopping():
     noisy = {22: 0.70, 24: 0.76, 26: 0.69, 28: 0.75, 30: 0.72}
     assert rubric.convergence(30, 24, noisy).converged
     # stopped by early stopping: converged whatever the curve and the selected round
-    assert rubric.convergence(30, 30, rising, stop_reason="patience").converged
-    assert not rubric.convergence(30, 30, rising, stop_reason="rounds").converged
+    assert rubric.convergence(30, 30, rising, stop_reason="patience", stopped_at=30).converged
+    assert not rubric.convergence(30, 30, rising, stop_reason="rounds", stopped_at=30).converged
+    assert not rubric.convergence(30, 30, rising, stop_reason="patience").converged  # no round
 
 
 def test_equal_is_an_equivalence_test_with_a_margin():

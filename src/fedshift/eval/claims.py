@@ -104,7 +104,11 @@ class ResultRun:
                     "cannot be judged; collect the run again with this fedshift"
                 )
             self._convergence = rubric.convergence(
-                int(s["rounds"]), int(s["best_round"]), curve(self, "val"), s.get("stop_reason")
+                int(s["rounds"]),
+                int(s["best_round"]),
+                curve(self, "val"),
+                s.get("stop_reason"),
+                s.get("stopped_at"),
             )
         return self._convergence
 

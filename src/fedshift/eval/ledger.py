@@ -170,7 +170,11 @@ def _convergence_line(c: ClaimResult) -> str:
         return ""
     conv = [r.convergence for r in runs.values()]
     late = [v for v in conv if not v.converged]
-    stopped = sum(1 for r in runs.values() if r.summary.get("stop_reason") == "patience")
+    stopped = sum(
+        1
+        for r in runs.values()
+        if r.summary.get("stopped_at") is not None and r.summary.get("stop_reason") == "patience"
+    )
     selected = sorted(v.selected for v in conv)
     rounds = sorted({v.rounds for v in conv})
     text = (

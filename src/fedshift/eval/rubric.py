@@ -80,10 +80,11 @@ lies in the last {100 * LAST_SHARE:g} % of its rounds, or when its validation cu
 rises: over its last {SLOPE_POINTS} evaluated rounds, the least-squares slope of the mean
 validation score against the round is positive with a one-sided p < {ALPHA} (t-test of the
 slope, n - 2 degrees of freedom: a trend, not one lucky evaluation; one-sided, since a flat
-or falling end is what a finished run shows). A run that early stopping ended
-(`stop_reason: patience` in its summary.json) is converged. Both tests apply to metrics read
-at the selected round (test score, held-out site, protocols on the selected model); a curve
-read at a fixed round (`test_at`, `val_at`, drops of a curve) is a claim about that round.
+or falling end is what a finished run shows). A run that early stopping ended (`stopped_at`
+and `stop_reason: patience` in its summary.json) is converged. Both tests apply to metrics
+read at the selected round (test score, held-out site, protocols on the selected model); a
+curve read at a fixed round (`test_at`, `val_at`, drops of a curve) is a claim about that
+round.
 
 Each comparison gets one verdict:
 - **not converged at N rounds**: a run of either group (of the paired seeds) is not
@@ -160,12 +161,13 @@ def convergence(
     selected: int,
     val_curve: dict[int, float],
     stop_reason: str | None = None,
+    stopped_at: int | None = None,
 ) -> Convergence:
     """Whether a run of ``rounds`` rounds whose model selection picked round ``selected``
     and whose mean validation score per evaluated round is ``val_curve`` had converged (the
-    module docstring gives the rule and why). ``stop_reason == "patience"``: early stopping
-    ended it, converged."""
-    if stop_reason == "patience":
+    module docstring gives the rule and why). ``stopped_at`` set with ``stop_reason ==
+    "patience"`` (its summary.json): early stopping ended it, converged."""
+    if stopped_at is not None and stop_reason == "patience":
         return Convergence(True, rounds, selected)
     if rounds > 0 and selected > (1 - LAST_SHARE) * rounds:
         return Convergence(
