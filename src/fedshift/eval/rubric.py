@@ -80,11 +80,13 @@ lies in the last {100 * LAST_SHARE:g} % of its rounds, or when its validation cu
 rises: over its last {SLOPE_POINTS} evaluated rounds, the least-squares slope of the mean
 validation score against the round is positive with a one-sided p < {ALPHA} (t-test of the
 slope, n - 2 degrees of freedom: a trend, not one lucky evaluation; one-sided, since a flat
-or falling end is what a finished run shows). A run that early stopping ended (`stopped_at`
-and `stop_reason: patience` in its summary.json) is converged. Both tests apply to metrics
-read at the selected round (test score, held-out site, protocols on the selected model); a
-curve read at a fixed round (`test_at`, `val_at`, drops of a curve) is a claim about that
-round.
+or falling end is what a finished run shows; {SLOPE_POINTS} points, three degrees of
+freedom, are the fewest with any power while staying at the curve's end; it catches a run
+whose best point fell earlier by chance while the trend still climbs). A run that early
+stopping ended (`stopped_at` and `stop_reason: patience` in its summary.json) is
+converged. Both tests apply to metrics read at the selected round (test score, held-out
+site, protocols on the selected model); a curve read at a fixed round (`test_at`, `val_at`,
+drops of a curve) is a claim about that round.
 
 Each comparison gets one verdict:
 - **not converged at N rounds**: a run of either group (of the paired seeds) is not
