@@ -43,12 +43,53 @@ def test_greater_reproduces_only_with_significance_over_three_seeds():
     assert rubric.judge([0.10, 0.11], "greater").verdict == rubric.IN_DIRECTION
 
 
-def test_opposite_sign_is_no_whatever_the_p_value():
-    assert rubric.judge([-0.01, -0.02, -0.03], "greater").verdict == rubric.NO
-    assert rubric.judge([-0.020, -0.021, -0.022], "greater").verdict == rubric.NO
-    assert rubric.judge([0.01, 0.02, 0.03], "less").verdict == rubric.NO
+def test_the_opposite_sign_is_contrary_when_significant_else_not_shown():
+    # t = -0.02 / (0.01 / sqrt 3) = -3.46, p = 0.074: the other way, not significantly
+    assert rubric.judge([-0.01, -0.02, -0.03], "greater").verdict == rubric.NOT_SHOWN
+    # t = -36.4, p = 0.00075: significantly the other way
+    assert rubric.judge([-0.020, -0.021, -0.022], "greater").verdict == rubric.CONTRARY
+    assert rubric.judge([0.01, 0.02, 0.03], "less").verdict == rubric.NOT_SHOWN
+    assert rubric.judge([0.020, 0.021, 0.022], "less").verdict == rubric.CONTRARY
     assert rubric.judge([-0.020, -0.021, -0.022], "less").verdict == rubric.REPRODUCES
-    assert rubric.judge([0.0, 0.0, 0.0], "greater").verdict == rubric.NO  # no change
+    assert rubric.judge([0.0, 0.0, 0.0], "greater").verdict == rubric.NOT_SHOWN  # a tie
+    assert rubric.judge([0.01, -0.01, 0.0], "less").verdict == rubric.NOT_SHOWN  # mean 0
+    # two seeds are never significant, either way
+    assert rubric.judge([-0.10, -0.11], "greater").verdict == rubric.NOT_SHOWN
+
+
+def test_a_comparison_of_runs_not_converged_is_neither_a_win_nor_a_loss():
+    r = rubric.judge([0.020, 0.021, 0.022], "greater", unconverged_rounds=30)
+    assert (
+        r.verdict == rubric.NOT_CONVERGED
+        and r.text() == "not converged at 30 rounds (as measured: reproduces)"
+    )
+    assert r.mean == pytest.approx(0.021)  # the numbers are still shown
+    r = rubric.judge([-0.020, -0.021, -0.022], "greater", unconverged_rounds=30)
+    assert r.verdict == rubric.NOT_CONVERGED
+
+
+def test_convergence_by_the_selected_round_the_curves_end_and_early_stopping():
+    flat = {r: 0.80 + 0.01 * (-1) ** r for r in range(2, 31, 2)}  # noise on a plateau
+    rising = {r: 0.50 + 0.01 * r for r in range(2, 31, 2)}
+    # selected round in the last 10 % of 30 rounds: 28 > 27 is not converged, 27 is
+    assert not rubric.convergence(30, 28, flat).converged
+    assert "last 10 %" in rubric.convergence(30, 28, flat).why
+    assert rubric.convergence(30, 27, flat).converged
+    # selected early, but the validation curve still rises over its last 5 evaluations
+    late = rubric.convergence(30, 10, rising)
+    assert not late.converged and "still rising" in late.why
+    # slope test over the last 5 points written out: a perfect line has p = 0
+    xs, ys = [22, 24, 26, 28, 30], [0.72, 0.74, 0.76, 0.78, 0.805]
+    fit = stats.linregress(xs, ys, alternative="greater")
+    assert fit.pvalue < rubric.ALPHA
+    assert not rubric.convergence(30, 10, dict(zip(xs, ys, strict=True))).converged
+    # a rise that is not significant over the last 5 points: converged
+    noisy = {22: 0.70, 24: 0.76, 26: 0.69, 28: 0.75, 30: 0.72}
+    assert rubric.convergence(30, 24, noisy).converged
+    # stopped by early stopping: converged whatever the curve and the selected round
+    assert rubric.convergence(30, 30, rising, stop_reason="patience", stopped_at=30).converged
+    assert not rubric.convergence(30, 30, rising, stop_reason="rounds", stopped_at=30).converged
+    assert not rubric.convergence(30, 30, rising, stop_reason="patience").converged  # no round
 
 
 def test_equal_is_an_equivalence_test_with_a_margin():
@@ -62,7 +103,10 @@ def test_equal_is_an_equivalence_test_with_a_margin():
     p_upper = stats.t.cdf((mean - 0.01) / se, n - 1)
     assert r.p == pytest.approx(max(p_lower, p_upper), rel=1e-9)
     assert r.verdict == rubric.REPRODUCES
-    assert rubric.judge([0.02, 0.021, 0.019], "equal").verdict == rubric.NO
+    # beyond the margin of 1 point, significantly (one-sided t-test of d > m): contrary
+    assert rubric.judge([0.02, 0.021, 0.019], "equal").verdict == rubric.CONTRARY
+    # beyond it on average, not significantly: not shown
+    assert rubric.judge([0.005, 0.03, 0.0], "equal").verdict == rubric.NOT_SHOWN
     # level on average but too noisy to show equivalence
     assert rubric.judge([0.009, -0.008, 0.004], "equal").verdict == rubric.IN_DIRECTION
 
@@ -77,12 +121,16 @@ def test_constant_differences_and_no_pairs():
 
 
 def test_a_claim_combines_its_comparisons():
-    R, D, N, M = rubric.REPRODUCES, rubric.IN_DIRECTION, rubric.NO, rubric.NOT_MEASURED
+    R, D, M = rubric.REPRODUCES, rubric.IN_DIRECTION, rubric.NOT_MEASURED
+    C, S, U = rubric.CONTRARY, rubric.NOT_SHOWN, rubric.NOT_CONVERGED
     assert rubric.combine([R, R]) == R
     assert rubric.combine([R, D]) == D
-    assert rubric.combine([R, N, D]) == N
+    assert rubric.combine([R, S, D]) == S
+    assert rubric.combine([S, C]) == C  # contrary first
     assert rubric.combine([R, M]) == M
-    assert rubric.combine([N, M]) == N  # a measured "no" is not waiting for the other rows
+    assert rubric.combine([S, M]) == S  # a measured "not shown" is not waiting for the rest
+    assert rubric.combine([U, S]) == S  # nor for runs still converging
+    assert rubric.combine([R, U, M]) == U
     assert rubric.combine([]) == M
 
 
@@ -102,12 +150,15 @@ def _run(root: Path, name: str, seed: int, cfg: dict, score: float, **summary) -
         "clients": ["c0", "c1"],
         "implied": [],
         "defaults": {"augment": {"ffa": {"p": 0.5}, "fedrdn": {"draw": "paper"}}},
+        "best_round": 6,
         **summary,
     }
     (d / "summary.json").write_text(json.dumps(s))
+    # a validation curve that levels off by round 6, the selected round (converged)
+    curve = dict(enumerate([0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.89, 0.9, 0.895, 0.9], start=1))
     rows = [
-        {"round": r, "client": c, "global": {"val_acc": score * r / 10, "test_acc": score}}
-        for r in (2, 4, 6, 8, 10)
+        {"round": r, "client": c, "global": {"val_acc": score * v, "test_acc": score}}
+        for r, v in curve.items()
         for c in ("c0", "c1")
     ]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -117,14 +168,29 @@ def _tree(tmp_path: Path, gains: list[float]) -> Path:
     results = tmp_path / "results"
     for seed, g in enumerate(gains):
         base = 0.70 + 0.01 * seed
-        _run(results / "suite", f"fedavg-s{seed}", seed,
-             {"algorithm": {"name": "fedavg"}, "augment": []}, base)
-        _run(results / "suite", f"rdn-s{seed}", seed,
-             {"algorithm": {"name": "fedavg"}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
-             base + g)
-    (results / "suite" / "source.json").write_text(json.dumps(
-        {"command": "fedshift bench x.yaml", "commit": "abcdef0123",
-         "machine": {"cpu": "Test CPU", "capability": "AVX2", "cores": 2, "torch": "2.x"}}))
+        _run(
+            results / "suite",
+            f"fedavg-s{seed}",
+            seed,
+            {"algorithm": {"name": "fedavg"}, "augment": []},
+            base,
+        )
+        _run(
+            results / "suite",
+            f"rdn-s{seed}",
+            seed,
+            {"algorithm": {"name": "fedavg"}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
+            base + g,
+        )
+    (results / "suite" / "source.json").write_text(
+        json.dumps(
+            {
+                "command": "fedshift bench x.yaml",
+                "commit": "abcdef0123",
+                "machine": {"cpu": "Test CPU", "capability": "AVX2", "cores": 2, "torch": "2.x"},
+            }
+        )
+    )
     return results
 
 
@@ -134,10 +200,15 @@ def _claims(tmp_path: Path, extra: dict | None = None) -> Path:
         "where": "Table 1",
         "statement": "FedRDN helps FedAvg.",
         "paper": "62.5 -> 69.8",
-        "stand_in": {"suite": "x.yaml", "command": "fedshift bench x.yaml", "results": "suite",
-                     "paper_rounds": 100},
-        "compare": [{"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]},
-                     "b": {"augment": []}}],
+        "stand_in": {
+            "suite": "x.yaml",
+            "command": "fedshift bench x.yaml",
+            "results": "suite",
+            "paper_rounds": 100,
+        },
+        "compare": [
+            {"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]}, "b": {"augment": []}}
+        ],
         **(extra or {}),
     }
     d = tmp_path / "claims"
@@ -160,7 +231,29 @@ def test_evaluate_reads_results_and_judges(tmp_path):
     (paper,) = evaluate(_claims(tmp_path), _tree(tmp_path / "b", [0.04, -0.01, 0.01]))
     assert paper.claims[0].verdict == rubric.IN_DIRECTION
     (paper,) = evaluate(_claims(tmp_path), _tree(tmp_path / "c", [-0.04, -0.03, -0.05]))
-    assert paper.claims[0].verdict == rubric.NO
+    assert paper.claims[0].verdict == rubric.CONTRARY
+
+
+def test_a_claim_over_runs_not_converged_says_so_with_their_rounds(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    summary = results / "suite" / "rdn-s1" / "summary.json"
+    s = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**s, "best_round": 10}))  # selected its last round
+    claims = _claims(tmp_path)
+    (paper,) = evaluate(claims, results)
+    (claim,) = paper.claims
+    assert claim.verdict == rubric.NOT_CONVERGED
+    assert claim.verdict_text() == "not converged at 10 rounds (as measured: reproduces)"
+    assert claim.comparisons[0].converged_text() == "5/6"
+    page = render(claims, results)["docs/parts/toy-claims.md"]
+    assert "**Verdict: not converged at 10 rounds (as measured: reproduces).**" in page
+    assert "5 of 6 runs converged" in page and "1 selected a round in the last 10 %" in page
+    # the same run stopped by early stopping at round 10: converged
+    summary.write_text(
+        json.dumps({**s, "best_round": 10, "stopped_at": 10, "stop_reason": "patience"})
+    )
+    (paper,) = evaluate(claims, results)
+    assert paper.claims[0].verdict == rubric.REPRODUCES
 
 
 def test_missing_results_are_not_measured_and_needs_is_not_runnable(tmp_path):
@@ -173,16 +266,20 @@ def test_missing_results_are_not_measured_and_needs_is_not_runnable(tmp_path):
 
 def test_a_selector_that_matches_two_runs_of_a_seed_is_refused(tmp_path):
     results = _tree(tmp_path, [0.04, 0.04, 0.04])
-    claims = _claims(tmp_path, {"compare": [
-        {"label": "x", "a": {"algorithm.name": "fedavg"}, "b": {"augment": []}}]})
+    claims = _claims(
+        tmp_path,
+        {"compare": [{"label": "x", "a": {"algorithm.name": "fedavg"}, "b": {"augment": []}}]},
+    )
     with pytest.raises(ClaimsError, match="matches 2 runs of seed 0"):
         evaluate(claims, results)
 
 
 def test_selectors_match_augments_by_their_defaults_without_implied_ones():
     defaults = {"defaults": {"augment": {"ffa": {"p": 0.5}, "fedrdn": {"draw": "paper"}}}}
-    fedfa = {"algorithm": {"name": "fedfa"}, "augment": [{"name": "ffa", "p": 0.5},
-                                                         {"name": "fedrdn", "draw": "paper"}]}
+    fedfa = {
+        "algorithm": {"name": "fedfa"},
+        "augment": [{"name": "ffa", "p": 0.5}, {"name": "fedrdn", "draw": "paper"}],
+    }
     s = {**defaults, "implied": ["ffa"]}
     assert Selector.of({"augment": ["fedrdn"]}, "t").matches(fedfa, s)
     assert Selector.of({"algorithm.name": "fedfa", "augment": ["fedrdn"]}, "t").matches(fedfa, s)
@@ -217,12 +314,13 @@ def test_rendering_is_deterministic_and_states_the_numbers(tmp_path):
     assert set(pages) == {"docs/CLAIMS.md", "docs/parts/toy-claims.md", "docs/results/suite.md"}
     page = pages["docs/parts/toy-claims.md"]
     assert "| +FedRDN vs FedAvg | 75.10 ± 1.10 | 71.00 ± 1.00 | +4.10 ± 0.10 |" in page
+    assert "| 3 | < 0.001 | 6/6 | reproduces |" in page
     assert "**Verdict: reproduces.**" in page
     assert "10 rounds (the paper 100: 0.10 of its length)" in page
     assert "2-core Test CPU (AVX2), torch 2.x, commit abcdef0" in page
     top = pages["docs/CLAIMS.md"]
     assert rubric.RUBRIC in top
-    assert "| [Toy](parts/toy-claims.md) | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in top
+    assert "| [Toy](parts/toy-claims.md) | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |" in top
     assert str(tmp_path) not in "".join(pages.values())  # no absolute paths
     assert "made by" not in page  # the results were made by the printed command
 
@@ -267,6 +365,7 @@ def test_source_names_the_machines_the_runs_recorded(tmp_path):
         cell = suite / f"cell{i}"
         cell.mkdir(parents=True)
         (cell / "summary.json").write_text(json.dumps({"provenance": {"machine": m}}))
+
     def source() -> dict:
         out = collect_suite(suite, tmp_path / "results", "cmd")
         return json.loads((out / "source.json").read_text())
@@ -369,9 +468,16 @@ def test_results_table_has_a_column_per_domain_when_domains_are_dealt_to_several
 def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate
     them with `fedshift claims` after changing claims/ or results/."""
+    from fedshift.eval.commits import commit_checker
+
+    if commit_checker(ROOT) is None:  # the pages flag runs at commits the history lacks
+        pytest.skip("needs the repository's git history (not a shallow clone) to regenerate")
     pages = render(ROOT / "claims", ROOT / "results")
-    stale = [rel for rel, text in pages.items()
-             if not (ROOT / rel).is_file() or (ROOT / rel).read_text() != text]
+    stale = [
+        rel
+        for rel, text in pages.items()
+        if not (ROOT / rel).is_file() or (ROOT / rel).read_text() != text
+    ]
     assert not stale, f"run `fedshift claims` and commit: {stale}"
     generated = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs/results").glob("*.md")}
     assert generated <= set(pages), "docs/results/ holds pages no results folder gives"
@@ -382,8 +488,9 @@ def test_every_file_a_claim_names_exists():
         paper = load_paper(path)
         for c in paper.claims:
             commands = " ".join(c.stand_in.commands) if c.stand_in else ""
-            text = " ".join(filter(None, [c.real_suite, c.stand_in and c.stand_in.suite,
-                                          commands, c.figure]))
+            text = " ".join(
+                filter(None, [c.real_suite, c.stand_in and c.stand_in.suite, commands, c.figure])
+            )
             for ref in re.findall(r"(?:configs/\S+?\.yaml|docs/img/\S+?\.png)", text):
                 assert (ROOT / ref).is_file(), f"{path.name} {c.id}: {ref} does not exist"
             if c.test:
@@ -468,3 +575,186 @@ def test_metric_rows_out_of_range_are_refused_by_the_ledger(tmp_path):
     run = next(r for r in Results(results).runs("suite") if r.path.name == "rdn-s0")
     with pytest.raises(FedshiftError, match=r"metrics.jsonl, line 4: key 'global.val_acc'"):
         _ = run.rows
+
+
+# ------------------------------------------------ scopes, re-tests, provenance (issue 50)
+def _two_algorithms(tmp_path: Path) -> Path:
+    """fedavg and fedbn, each without and with FedRDN, 3 seeds; FedRDN +4 points on both."""
+    results = tmp_path / "results"
+    for seed in range(3):
+        for alg in ("fedavg", "fedbn"):
+            base = 0.70 + 0.01 * seed + (0.02 if alg == "fedbn" else 0.0)
+            _run(results / "suite", f"{alg}-s{seed}", seed,
+                 {"algorithm": {"name": alg}, "augment": []}, base)  # fmt: skip
+            _run(results / "suite", f"{alg}-rdn-s{seed}", seed,
+                 {"algorithm": {"name": alg}, "augment": [{"name": "fedrdn", "draw": "paper"}]},
+                 base + 0.04 + 0.001 * seed)  # fmt: skip
+    return results
+
+
+def test_a_scope_generates_one_comparison_per_committed_value(tmp_path):
+    results = _two_algorithms(tmp_path)
+    claims = _claims(tmp_path, {
+        "scope": {"each": "algorithm.name", "statement": "every algorithm"},
+        "compare": [{"label": "{value} +FedRDN vs {value}", "a": {"augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+    })  # fmt: skip
+    (paper,) = evaluate(claims, results)
+    (claim,) = paper.claims
+    assert [c.spec.label for c in claim.comparisons] == [
+        "fedavg +FedRDN vs fedavg",
+        "fedbn +FedRDN vs fedbn",
+    ]
+    assert all(c.result.n == 3 for c in claim.comparisons)
+    assert claim.uncompared == [] and claim.verdict == rubric.REPRODUCES
+    page = render(claims, results)["docs/parts/toy-claims.md"]
+    assert "**Scope.** every algorithm: one comparison per value of `algorithm.name`" in page
+    # a template may not name the key its scope generates over
+    bad = _claims(tmp_path / "b", {
+        "scope": {"each": "algorithm.name", "statement": "every algorithm"},
+        "compare": [{"label": "x", "a": {"algorithm.name": "fedavg", "augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+    })  # fmt: skip
+    with pytest.raises(ClaimsError, match="names algorithm.name, the key its scope"):
+        load_papers(bad)
+
+
+def test_a_committed_run_in_a_claims_reach_left_uncompared_is_named(tmp_path):
+    """Comparing FedAvg only (``algorithm.name`` held fixed by hand) leaves the committed
+    FedBN cells out: they are named on the page."""
+    results = _two_algorithms(tmp_path)
+    claims = _claims(tmp_path, {"compare": [
+        {"label": "FedAvg +FedRDN vs FedAvg", "a": {"algorithm.name": "fedavg",
+         "augment": ["fedrdn"]}, "b": {"algorithm.name": "fedavg", "augment": []}}]})  # fmt: skip
+    (paper,) = evaluate(claims, results)
+    fedbn = sorted(f"fedbn-{k}s{s}" for k in ("", "rdn-") for s in range(3))
+    assert paper.claims[0].uncompared == fedbn
+    page = render(claims, results)["docs/parts/toy-claims.md"]
+    assert "**Not compared.** 6 committed run(s) in the reach" in page
+
+
+def test_no_committed_run_in_a_claims_reach_is_left_uncompared():
+    """Every committed cell that matches a claim's selectors but for a key the comparison
+    holds fixed (FedRDN T1 comparing FedAvg only, with FedBN and FedFA cells committed) is
+    compared: the claim states its scope and its comparisons are generated from it."""
+    left = {
+        f"{p.spec.key} {c.spec.id}": c.uncompared[:3]
+        for p in evaluate(ROOT / "claims", ROOT / "results")
+        for c in p.claims
+        if c.uncompared
+    }
+    assert not left, f"committed runs left out of claims (give them a scope): {left}"
+
+
+def test_a_retest_is_listed_under_its_claim_and_not_counted_twice(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    claims = _claims(tmp_path)
+    again = {
+        "id": "T1-again",
+        "retests": "toy/T1",
+        "where": "Table 1, another stand-in",
+        "statement": "The same.",
+        "stand_in": {"suite": "x.yaml", "command": "fedshift bench x.yaml", "results": "suite"},
+        "compare": [{"label": "+FedRDN vs FedAvg", "a": {"augment": ["fedrdn"]},
+                     "b": {"augment": []}}],
+    }  # fmt: skip
+    doc = {"paper": "Other", "page": "docs/parts/other-claims.md", "claims": [again]}
+    (claims / "other.yaml").write_text(yaml.safe_dump(doc))
+    papers = evaluate(claims, results)
+    toy = next(p for p in papers if p.spec.key == "toy")
+    other = next(p for p in papers if p.spec.key == "other")
+    assert sum(other.counts().values()) == 0 and sum(toy.counts().values()) == 1
+    (target,) = toy.claims
+    assert [c.spec.id for _, c in target.retested_by] == ["T1-again"]
+    pages = render(claims, results)
+    assert "- [Other T1-again](other-claims.md), Table 1, another stand-in: reproduces" in (
+        pages["docs/parts/toy-claims.md"]
+    )
+    assert "| **all** | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 |" in pages["docs/CLAIMS.md"]
+    doc["claims"][0]["retests"] = "toy/T9"
+    (claims / "other.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ClaimsError, match="retests toy/T9, which is not a counted claim"):
+        evaluate(claims, results)
+
+
+def test_seed_papers_are_counted_apart_from_other_methods(tmp_path):
+    results = _tree(tmp_path, [0.040, 0.041, 0.042])
+    claims = _claims(tmp_path)
+    doc = yaml.safe_load((claims / "toy.yaml").read_text())
+    (claims / "seed.yaml").write_text(yaml.safe_dump(
+        {**doc, "paper": "Seed", "page": "docs/parts/seed-claims.md", "seed_paper": True}))
+    top = render(claims, results)["docs/CLAIMS.md"]
+    assert top.startswith("# Claims ledger: the five seed papers' claims")
+    rows = [line for line in top.splitlines() if line.startswith("| ") and "|---" not in line]
+    labels = [r.split(" | ")[0].removeprefix("| ") for r in rows[1:]]
+    assert labels == ["[Seed](parts/seed-claims.md)", "**the five seed papers**",
+                      "[Toy](parts/toy-claims.md)", "**other methods**", "**all**"]  # fmt: skip
+    assert rows[2].startswith("| **the five seed papers** | 1 | 1 |")
+    assert rows[-1].startswith("| **all** | 2 | 2 |")
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_runs_at_a_commit_the_repository_does_not_hold_are_flagged(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    results = _tree(repo, [0.040, 0.041, 0.042])
+    claims = _claims(repo)
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+         "-m", "x")  # fmt: skip
+    held = _git(repo, "rev-parse", "HEAD")
+    gone = "0123456789abcdef0123456789abcdef01234567"
+    for i, d in enumerate(sorted((results / "suite").iterdir())):
+        if d.is_dir():
+            s = json.loads((d / "summary.json").read_text())
+            commit = gone if i < 2 else held
+            s["provenance"] = {"git": {"commit": commit, "dirty": False}}
+            (d / "summary.json").write_text(json.dumps(s))
+    pages = render(claims, results)
+    flag = "2 of 6 runs were run at a fedshift commit this repository does not hold (0123456)"
+    assert flag in pages["docs/parts/toy-claims.md"]
+    assert "**Provenance.** 2 of 6 cells were run at a fedshift commit" in (
+        pages["docs/results/suite.md"]
+    )
+    # without the repository's history nothing is said of any commit
+    quiet = render(claims, results, commits=False)
+    assert "Provenance" not in quiet["docs/parts/toy-claims.md"]
+
+
+def test_protocol_outputs_record_their_commit_and_collect_keeps_it(tmp_path):
+    """A protocol's JSON records its provenance (the fedshift commit, the command); collect
+    writes that commit into source.json, and an output that records none gets commit null
+    with a note, never a guessed commit."""
+    from fedshift.eval.collect import UNKNOWN_COMMIT, collect_protocol
+    from fedshift.protocols.common import save_outputs
+
+    out = tmp_path / "out"
+    out.mkdir()
+    save_outputs(out, "loco", "Title", "text", {"x": 1})
+    written = json.loads((out / "loco.json").read_text())
+    assert written["x"] == 1 and set(written["provenance"]) == {"git", "command", "machine"}
+    written["provenance"]["git"] = {"commit": "a" * 40, "dirty": False}
+    (out / "loco.json").write_text(json.dumps(written))
+    dest = collect_protocol(out, tmp_path / "results", "fedshift protocol loco -c c.yaml", "p")
+    src = json.loads((dest / "source.json").read_text())
+    assert src["commit"] == "a" * 40 and src["command"] == "fedshift protocol loco -c c.yaml"
+    del written["provenance"]
+    (out / "loco.json").write_text(json.dumps(written))
+    dest = collect_protocol(out, tmp_path / "results", "fedshift protocol loco -c c.yaml", "p")
+    src = json.loads((dest / "source.json").read_text())
+    assert src["commit"] is None and src["commit_unknown"] == UNKNOWN_COMMIT
+
+
+def test_the_committed_protocol_outputs_name_their_commit_or_say_it_is_unknown():
+    for src in sorted((ROOT / "results" / "protocols").glob("*/source.json")):
+        data = json.loads(src.read_text())
+        assert data.get("command"), src
+        assert data.get("commit") or data.get("commit_unknown"), f"{src}: no commit, no note"

@@ -311,3 +311,17 @@ def test_keys_added_later_leave_the_digest_of_configs_that_do_not_use_them():
     assert kept["train"]["agc"] == 0.5 and kept["model"]["conv"] == "ws"
     assert "ws_gamma" in kept["model"] and kept["model"]["norm"] == "none"
     assert set(LATER_DEFAULTS) >= {"train.agc", "model.norm", "model.conv"}
+
+
+def test_partition_rounding_keeps_the_digest_of_the_rule_before_it_existed():
+    """Before ``partition.rounding`` existed, domains were dealt by the rule now called
+    ``first`` (issue 50: fpl_digits / fedheal_digits): that value is left out of the digest,
+    the new default ``largest`` is not (the two deal other counts where shares are not
+    whole, so a committed cell must not be taken for the other rule's)."""
+    from fedshift.core.identity import number_digest
+
+    before = {"seed": 0, "partition": {"name": "domains", "clients": 10, "lam": 0.0}}
+    first = {**before, "partition": {**before["partition"], "rounding": "first"}}
+    largest = {**before, "partition": {**before["partition"], "rounding": "largest"}}
+    assert number_digest(first) == number_digest(before)
+    assert number_digest(largest) != number_digest(before)

@@ -30,10 +30,13 @@ _CLAIM_KEYS = {
     "test",
     "figure",
     "accounting",
+    "scope",
+    "retests",
 }
 _STAND_IN_KEYS = {"suite", "command", "results", "minutes", "paper_rounds", "protocol"}
 _COMPARE_KEYS = {"label", "a", "b", "expect", "margin", "metric", "metric_b", "mean_over"}
-_PAPER_KEYS = {"paper", "venue", "page", "intro", "claims", "notes"}
+_PAPER_KEYS = {"paper", "venue", "page", "intro", "claims", "notes", "seed_paper"}
+_SCOPE_KEYS = {"each", "statement"}
 
 
 class ClaimsError(FedshiftError):
@@ -122,6 +125,17 @@ def _same(have: Any, want: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class Scope:
+    """What a claim is about, stated (``statement``: "every algorithm of the table") and
+    made exact: its comparisons are templates, each generated once per value of the config
+    key ``each`` that the committed runs have (:func:`fedshift.eval.claims.expand_scope`),
+    so no value can be left out by hand."""
+
+    each: str
+    statement: str
+
+
+@dataclass(frozen=True)
 class CompareSpec:
     label: str
     a: Selector
@@ -161,6 +175,11 @@ class ClaimSpec:
     test: str | None
     figure: str | None
     accounting: tuple[dict, ...]
+    #: the claim's stated scope (its comparisons generated over ``scope.each``), or None
+    scope: Scope | None = None
+    #: ``<paper key>/<claim id>`` of a claim counted elsewhere that this row re-measures:
+    #: listed under that claim, never counted itself
+    retests: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +191,9 @@ class PaperSpec:
     intro: str
     notes: str
     claims: tuple[ClaimSpec, ...]
+    #: one of the five papers the project set out to reproduce (FedRDN, DisTrans, FedFA,
+    #: HarmoFL, FRAug): the ledger counts them apart from the other methods
+    seed_paper: bool = False
 
 
 def _page(page: str, where: str) -> str:
@@ -253,6 +275,30 @@ def _claim(raw: Any, where: str) -> ClaimSpec:
                 mean_over=c.get("mean_over"),
             )
         )
+    scope = None
+    if raw.get("scope") is not None:
+        sc = raw["scope"]
+        if not isinstance(sc, dict):
+            raise ClaimsError(f"{where}: scope is a mapping with 'each' and 'statement'")
+        _only(sc, _SCOPE_KEYS, f"{where} scope")
+        scope = Scope(
+            each=str(_need(sc, "each", f"{where} scope")),
+            statement=str(_need(sc, "statement", f"{where} scope")).strip(),
+        )
+        for i, c in enumerate(comps):
+            named = [k for sel in (c.a, c.b) for k, _ in sel.values if k == scope.each]
+            if named:
+                raise ClaimsError(
+                    f"{where} compare[{i}]: names {scope.each}, the key its scope generates "
+                    f"the comparisons over; leave it out (each value of {scope.each} the "
+                    "results hold gets its own comparison)"
+                )
+    retests = raw.get("retests")
+    if retests is not None and (not isinstance(retests, str) or retests.count("/") != 1):
+        raise ClaimsError(
+            f"{where}: retests names the claim it re-measures as '<claims file>/<id>' "
+            "(e.g. fedfa/T4)"
+        )
     needs = raw.get("needs")
     if kind == "claim" and not needs and (stand is None or not comps):
         raise ClaimsError(f"{where}: a counted claim needs a stand_in and comparisons, or 'needs'")
@@ -273,6 +319,8 @@ def _claim(raw: Any, where: str) -> ClaimSpec:
         test=raw.get("test"),
         figure=raw.get("figure"),
         accounting=tuple(raw.get("accounting") or ()),
+        scope=scope,
+        retests=retests,
     )
 
 
@@ -299,4 +347,5 @@ def load_paper(path: Path) -> PaperSpec:
         intro=str(raw.get("intro", "")).strip(),
         notes=str(raw.get("notes", "")).strip(),
         claims=claims,
+        seed_paper=bool(raw.get("seed_paper", False)),
     )

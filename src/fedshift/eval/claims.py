@@ -20,13 +20,23 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from fedshift.eval import rubric
+from fedshift.eval.claim_metrics import (
+    CURVE_METRICS,
+    METRIC_WORDS,
+    METRICS,
+    at_selected_round,
+    curve,
+    metric_value,
+    metric_words,
+)
+from fedshift.eval.claim_scope import expand_scope, uncompared
 from fedshift.eval.claim_spec import (
     ClaimsError,
     ClaimSpec,
@@ -35,8 +45,30 @@ from fedshift.eval.claim_spec import (
     Selector,
     load_paper,
 )
-from fedshift.eval.domains import domain_scores
+from fedshift.eval.commits import run_commit
 from fedshift.eval.summary import check_scores, read_metric_rows
+
+__all__ = [
+    "CURVE_METRICS",
+    "METRICS",
+    "METRIC_WORDS",
+    "ClaimResult",
+    "CompareResult",
+    "PaperResult",
+    "ResultRun",
+    "Results",
+    "at_selected_round",
+    "comm_numbers",
+    "evaluate",
+    "evaluate_claim",
+    "expand_scope",
+    "fmt_p",
+    "load_papers",
+    "metric_value",
+    "metric_words",
+    "uncompared",
+    "unknown_commits",
+]
 
 
 # --------------------------------------------------------------------------- the results
@@ -48,6 +80,7 @@ class ResultRun:
     cfg: dict
     summary: dict
     _rows: list[dict] | None = field(default=None, repr=False)
+    _convergence: rubric.Convergence | None = field(default=None, repr=False)
 
     @property
     def seed(self) -> int:
@@ -58,6 +91,26 @@ class ResultRun:
         if self._rows is None:  # checked: scores finite and in range, rounds whole
             self._rows = read_metric_rows(self.path / "metrics.jsonl")
         return self._rows
+
+    @property
+    def convergence(self) -> rubric.Convergence:
+        """Whether the run had converged (:func:`fedshift.eval.rubric.convergence`: its
+        selected round, its validation curve's end, or early stopping)."""
+        if self._convergence is None:
+            s = self.summary
+            if "best_round" not in s or "rounds" not in s:
+                raise ClaimsError(
+                    f"{self.path / 'summary.json'}: no best_round / rounds, so its convergence "
+                    "cannot be judged; collect the run again with this fedshift"
+                )
+            self._convergence = rubric.convergence(
+                int(s["rounds"]),
+                int(s["best_round"]),
+                curve(self, "val"),
+                s.get("stop_reason"),
+                s.get("stopped_at"),
+            )
+        return self._convergence
 
 
 #: the results' config.yaml files (written by fedshift's safe_dump, thousands of them):
@@ -100,175 +153,14 @@ class Results:
             return None
 
 
-# ----------------------------------------------------------------------------- metrics
-def _curve(run: ResultRun, split: str = "val") -> dict[int, float]:
-    """The mean ``split`` (val / test) primary metric over training clients, per evaluated
-    round, of the model the run evaluates."""
-    kind = run.summary.get("evaluated_model", "global")
-    metric = run.summary.get("metric", "acc")
-    by: dict[int, list[float]] = defaultdict(list)
-    for r in run.rows:
-        if kind in r and not r.get("holdout"):
-            by[int(r["round"])].append(float(r[kind][f"{split}_{metric}"]))
-    return {k: statistics.fmean(v) for k, v in sorted(by.items())}
-
-
-def _at(split: str) -> Callable[[ResultRun, str, Path | None], float]:
-    def at(run: ResultRun, arg: str, protocol: Path | None) -> float:
-        curve = _curve(run, split)
-        rnd = int(arg)
-        if rnd not in curve:
-            raise ClaimsError(f"{run.path}: round {rnd} was not evaluated (rounds {list(curve)})")
-        return curve[rnd]
-
-    return at
-
-
-def _drops(split: str) -> Callable[[ResultRun, str, Path | None], float]:
-    def drops(run: ResultRun, arg: str, protocol: Path | None) -> float:
-        vals = list(_curve(run, split).values())
-        return sum(max(0.0, a - b) for a, b in zip(vals, vals[1:], strict=False))
-
-    return drops
-
-
-def _test(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    s = run.summary
-    if not arg:
-        return float(s["test_mean"])
-    if arg in s.get("test_per_client", {}):
-        return float(s["test_per_client"][arg])
-    if arg in s.get("metrics", {}):
-        return float(s["metrics"][arg]["test_mean"])
-    raise ClaimsError(f"{run.path}: no client or metric {arg!r} in its summary")
-
-
-def _target(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    v = run.summary.get("target_test_mean")
-    if v is None:
-        raise ClaimsError(f"{run.path}: no held-out client (target_test_mean)")
-    return float(v)
-
-
-def _per_domain(run: ResultRun) -> list[float]:
-    """Per domain, the mean test score of the clients that hold mostly that domain
-    (:func:`domain_scores`), held-out clients left out."""
-    scores = domain_scores(run.summary)
-    if scores is None:
-        raise ClaimsError(f"{run.path}: no domain_mix in its summary (partition.name=domains)")
-    return list(scores.values())
-
-
-def _domain_mean(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    return statistics.fmean(_per_domain(run))
-
-
-def _domain_std(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    return statistics.pstdev(_per_domain(run))
-
-
-def _protocol_dir(run: ResultRun, protocol: Path | None) -> Path:
-    if protocol is None:
-        raise ClaimsError(f"this metric needs the claim's stand_in.protocol folder ({run.path})")
-    return protocol
-
-
-def _cross_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    p = _protocol_dir(run, protocol) / run.path.name / "cross-site.json"
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ClaimsError(f"{p}: {e}") from None
-    metric = data.get("metric", "acc")
-    return float(data["stats"][metric][arg or "off_diagonal_mean"])
-
-
-def _run_entry(run: ResultRun, protocol: Path | None, name: str) -> tuple[Path, dict]:
-    """The protocol file ``name``'s ``runs`` entry of ``run`` (matched by folder name)."""
-    p = _protocol_dir(run, protocol) / name
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ClaimsError(f"{p}: {e}") from None
-    for key, entry in data["runs"].items():
-        if Path(key).name == run.path.name:
-            return p, entry
-    raise ClaimsError(f"{p}: no entry for run {run.path.name}")
-
-
-def _head_finetune(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    _, per_client = _run_entry(run, protocol, "head-finetune.json")
-    return statistics.fmean(v[arg] for v in per_client.values())
-
-
-def _new_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
-    """The held-out site's score after the new-site variant ``arg`` (``global``, ``adabn``,
-    ``finetune-10``, ...; :mod:`fedshift.protocols.new_site`), from the protocol's
-    ``new-site.json``."""
-    p, entry = _run_entry(run, protocol, "new-site.json")
-    if arg not in entry["scores"]:
-        raise ClaimsError(f"{p}: no variant {arg!r}; it has {sorted(entry['scores'])}")
-    value = entry["scores"][arg]
-    if value is None:
-        why = entry.get("reasons", {}).get(arg, "not applicable")
-        raise ClaimsError(f"{p}: {arg!r} does not apply to {run.path.name}: {why}")
-    return float(value)
-
-
-#: metric name (before ``:``) -> value of one run; the part after ``:`` is the argument
-METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
-    "test": _test,
-    "target": _target,
-    "val_at": _at("val"),
-    "val_drops": _drops("val"),
-    "test_at": _at("test"),
-    "test_drops": _drops("test"),
-    "cross_site": _cross_site,
-    "head_finetune": _head_finetune,
-    "domain_mean": _domain_mean,
-    "domain_std": _domain_std,
-    "new_site": _new_site,
-}
-
-METRIC_WORDS = {
-    "test": "test score at the selected round (mean over clients)",
-    "target": "held-out client's test score at the selected round",
-    "val_at": "mean validation score at round {arg}",
-    "val_drops": "summed round-to-round drops of the mean validation curve",
-    "test_at": "mean test score at round {arg}",
-    "test_drops": "summed round-to-round drops of the mean test curve",
-    "cross_site": "local models on the other clients' test data (off-diagonal mean)",
-    "head_finetune": "test score {arg} retraining the head (mean over clients)",
-    "domain_mean": "mean over domains of the per-domain test score (clients by main domain)",
-    "domain_std": "std over domains of the per-domain test score (FedHEAL's fairness)",
-    "new_site": "held-out site's test score after the new-site variant {arg}",
-}
-
-
-def metric_value(run: ResultRun, metric: str, protocol: Path | None = None) -> float:
-    name, _, arg = metric.partition(":")
-    if name not in METRICS:
-        raise ClaimsError(f"unknown metric {metric!r}; valid: {sorted(METRICS)}")
-    return METRICS[name](run, arg, protocol)
-
-
-def metric_words(metric: str) -> str:
-    name, _, arg = metric.partition(":")
-    text = METRIC_WORDS.get(name, metric)
-    if name == "test" and arg:
-        return f"test score of {arg} at the selected round"
-    if name == "head_finetune":
-        return text.format(arg={"before": "before", "after": "after"}.get(arg, arg))
-    return text.format(arg=arg)
-
-
 # -------------------------------------------------------------------------- evaluation
 @dataclass
 class Group:
-    """The runs a selector picks, one value per seed."""
+    """The runs a selector picks, one value per seed (``runs``: the runs of each seed)."""
 
     label: str
     values: dict[int, float]
+    runs: dict[int, list[ResultRun]] = field(default_factory=dict)
 
     def cell(self) -> str:
         if not self.values:
@@ -285,6 +177,15 @@ class CompareResult:
     a: Group
     b: Group
     result: rubric.Comparison
+    #: the paired seeds' runs whose convergence was judged (empty for a curve metric)
+    judged: list[ResultRun] = field(default_factory=list)
+
+    def converged_text(self) -> str:
+        """``4/6``: converged runs of those judged, ``—`` for a curve metric."""
+        if not self.judged:
+            return "—"
+        ok = sum(1 for r in self.judged if r.convergence.converged)
+        return f"{ok}/{len(self.judged)}"
 
 
 @dataclass
@@ -297,6 +198,30 @@ class ClaimResult:
     accounting: list[tuple[str, str]]
     #: whether any run of the stand-in is in results/
     measured: bool = False
+    #: runs in the claim's reach that no comparison uses (:func:`uncompared`)
+    uncompared: list[str] = field(default_factory=list)
+    #: rows of other claims files that re-measure this claim (listed under it, not counted)
+    retested_by: list[tuple[PaperSpec, ClaimResult]] = field(default_factory=list)
+    #: the commit each run recorded (None: not recorded)
+    commits: list[str | None] = field(default_factory=list)
+    #: (runs, of all runs, the commits) run at a commit the repository does not hold
+    unknown_commits: tuple[int, int, list[str]] | None = None
+
+    @property
+    def counted(self) -> bool:
+        """A counted claim's row: a verdict, and not a re-test of a claim counted elsewhere."""
+        return self.verdict is not None and self.spec.retests is None
+
+    def verdict_text(self) -> str:
+        """The verdict as the pages show it: ``not converged at N rounds`` names the most
+        rounds a not-converged run of its comparisons ran."""
+        if self.verdict != rubric.NOT_CONVERGED:
+            return self.verdict or ""
+        late = [c.result.rounds or 0 for c in self.comparisons]
+        measured = rubric.combine(
+            [c.result.as_measured or c.result.verdict for c in self.comparisons]
+        )
+        return rubric.verdict_text(self.verdict, max(late) or None, measured)
 
 
 def _group(
@@ -324,7 +249,7 @@ def _group(
         values[seed] = statistics.fmean(metric_value(r, metric, protocol) for r in rs)
     if mean_over and len(sizes) > 1:
         raise ClaimsError(f"{where}: {sel.label()} has unequal numbers of runs per seed")
-    return Group(sel.label(), values)
+    return Group(sel.label(), values, dict(by_seed))
 
 
 def _rounds(runs: list[ResultRun]) -> int | None:
@@ -388,13 +313,23 @@ def evaluate_claim(spec: ClaimSpec, results: Results, where: str) -> ClaimResult
     protocol = results.root / stand.protocol if stand and stand.protocol else None
     source = results.source(stand.results[0]) if stand and stand.results else None
     comps = []
-    for c in spec.compare:
+    specs = expand_scope(spec, runs)
+    for c in specs:
         cw = f"{where} '{c.label}'"
         a = _group(runs, c.a, c.metric, c.mean_over, protocol, cw)
         b = _group(runs, c.b, c.metric_b, c.mean_over, protocol, cw)
         seeds = sorted(set(a.values) & set(b.values))
         diffs = [a.values[s] - b.values[s] for s in seeds]
-        comps.append(CompareResult(c, a, b, rubric.judge(diffs, c.expect, c.margin)))
+        judged = [
+            r
+            for s in seeds
+            for g, m in ((a, c.metric), (b, c.metric_b))
+            if at_selected_round(m)
+            for r in g.runs[s]
+        ]
+        late = [r.convergence.rounds for r in judged if not r.convergence.converged]
+        result = rubric.judge(diffs, c.expect, c.margin, max(late) if late else None)
+        comps.append(CompareResult(c, a, b, result, judged))
     verdict: str | None = None
     if spec.kind == "claim":
         if spec.needs:
@@ -402,7 +337,10 @@ def evaluate_claim(spec: ClaimSpec, results: Results, where: str) -> ClaimResult
         else:
             verdict = rubric.combine([c.result.verdict for c in comps])
     acct = _accounting(runs, spec.accounting, where) if spec.accounting else []
-    return ClaimResult(spec, verdict, comps, _rounds(runs), source, acct, bool(runs))
+    left = uncompared(runs, specs) if specs else []
+    res = ClaimResult(spec, verdict, comps, _rounds(runs), source, acct, bool(runs), left)
+    res.commits = [run_commit(r.summary) for r in runs]
+    return res
 
 
 @dataclass
@@ -411,29 +349,65 @@ class PaperResult:
     claims: list[ClaimResult]
 
     def counts(self) -> dict[str, int]:
+        """Counted claims per verdict (re-tests of claims counted elsewhere left out)."""
         out = {v: 0 for v in rubric.VERDICTS}
         for c in self.claims:
-            if c.verdict is not None:
-                out[c.verdict] += 1
+            if c.counted:
+                out[str(c.verdict)] += 1
         return out
 
 
 def load_papers(claims_dir: Path) -> list[PaperSpec]:
-    # the five papers first, then the baselines' own claims
-    files = sorted(Path(claims_dir).glob("*.yaml"), key=lambda f: (f.stem == "baselines", f.stem))
+    """Every claims file: the seed papers first (``seed_paper: true``), then the others,
+    the baselines' own claims last."""
+    files = sorted(Path(claims_dir).glob("*.yaml"))
     if not files:
         raise ClaimsError(f"no claims files (*.yaml) in {claims_dir}")
-    return [load_paper(f) for f in files]
+    papers = [load_paper(f) for f in files]
+    return sorted(papers, key=lambda p: (not p.seed_paper, p.key == "baselines", p.key))
 
 
-def evaluate(claims_dir: Path, results_root: Path) -> list[PaperResult]:
+def unknown_commits(
+    commits: list[str | None], missing: set[str]
+) -> tuple[int, int, list[str]] | None:
+    """(how many of ``commits`` are in ``missing``, how many there are, which), or None when
+    none is."""
+    gone = [c for c in commits if c in missing]
+    return (len(gone), len(commits), sorted(set(gone))) if gone else None
+
+
+def evaluate(
+    claims_dir: Path,
+    results_root: Path,
+    missing_commits: Callable[[Iterable[str]], set[str]] | None = None,
+) -> list[PaperResult]:
     """Every paper's claims with their numbers and verdicts (:class:`ClaimsError` on a claims
-    file that does not fit the results)."""
+    file that does not fit the results); ``missing_commits`` (:func:`fedshift.eval.commits.
+    commit_checker`): which of the runs' commits the repository does not hold, flagged on
+    the claims that hold such runs (None: nothing is said of commits)."""
     results = Results(results_root)
     out = []
     for spec in load_papers(claims_dir):
         where = f"{claims_dir}/{spec.key}.yaml"
         out.append(PaperResult(spec, [evaluate_claim(c, results, where) for c in spec.claims]))
+    by_id = {f"{p.spec.key}/{c.spec.id}": c for p in out for c in p.claims}
+    for p in out:
+        for c in p.claims:
+            if c.spec.retests is None:
+                continue
+            target = by_id.get(c.spec.retests)
+            if target is None or not target.counted:
+                raise ClaimsError(
+                    f"{claims_dir}/{p.spec.key}.yaml claim {c.spec.id}: retests "
+                    f"{c.spec.retests}, which is not a counted claim of claims/"
+                )
+            target.retested_by.append((p.spec, c))
+    if missing_commits is not None:
+        every = {x for p in out for c in p.claims for x in c.commits if x}
+        missing = missing_commits(every)
+        for p in out:
+            for c in p.claims:
+                c.unknown_commits = unknown_commits(c.commits, missing)
     return out
 
 

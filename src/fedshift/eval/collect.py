@@ -3,8 +3,12 @@ computed from): per cell ``config.yaml``, ``summary.json``, ``metrics.jsonl`` an
 ``cell.json``, never checkpoints or models; per protocol folder its ``*.json``, ``*.md`` and
 ``*.yaml``. Each results folder gets a ``source.json``: the command that made it, the machine
 its runs recorded in their provenance (``machines``, every one, when a suite resumed on
-another machine; a protocol folder or runs without one: the machine collecting,
-:func:`fedshift.core.machine.machine`) and the fedshift commit(s) its runs recorded."""
+another machine; runs without one: the machine collecting,
+:func:`fedshift.core.machine.machine`) and the fedshift commit(s) its runs recorded. A
+protocol folder's ``source.json`` takes the same from the ``provenance`` its output files
+record (:func:`fedshift.protocols.common.output_provenance`); an output that records none
+(written before issue 50) gets ``commit: null`` and a ``commit_unknown`` note, never a
+guessed commit."""
 
 from __future__ import annotations
 
@@ -62,8 +66,17 @@ def _machines(provenances: list[dict]) -> list[dict]:
     return found
 
 
-def _source(command: str, summaries: list[Path]) -> str:
+#: ``source.json``'s note when a protocol's output recorded no commit
+UNKNOWN_COMMIT = (
+    "the protocol's output records no fedshift commit (written before protocol outputs "
+    "recorded their provenance); not guessed"
+)
+
+
+def _source(command: str, summaries: list[Path], protocol_files: list[Path] | None = None) -> str:
     provenances = _provenances(summaries)
+    if protocol_files is not None:  # a protocol's output: the provenance its JSON records
+        provenances = _provenances([f for f in protocol_files if f.suffix == ".json"])
     commits = _commits(provenances)
     machines = _machines(provenances) or [machine()]
     data: dict = {
@@ -71,6 +84,9 @@ def _source(command: str, summaries: list[Path]) -> str:
         "machine": machines[0],
         "commit": commits[0] if len(commits) == 1 else commits,
     }
+    if protocol_files is not None and not commits:
+        data["commit"] = None
+        data["commit_unknown"] = UNKNOWN_COMMIT
     if len(machines) > 1:  # a suite resumed on another machine: its cells say which
         data["machines"] = machines
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -159,5 +175,5 @@ def collect_protocol(src: Path, results: Path, command: str, name: str) -> Path:
         out = dest / f.relative_to(src)
         ensure_dir(out.parent)
         copy_regular(f, out)
-    write_text_atomic(dest / SOURCE, _source(command, []))
+    write_text_atomic(dest / SOURCE, _source(command, [], files))
     return dest

@@ -91,10 +91,32 @@ def output_dir(out: str | Path | None, name: str) -> Path:
     return path
 
 
+def output_provenance() -> dict[str, Any]:
+    """What made a protocol's output, as a run's ``summary.json`` records it: the git state
+    of the fedshift source (commit, dirty; None outside a git checkout), the command line
+    and the machine (no host or time: the same command on the same checkout writes the same
+    bytes). ``fedshift claims collect --protocol`` reads it into the results folder's
+    ``source.json``."""
+    import sys
+
+    import fedshift
+    from fedshift.core.machine import machine
+    from fedshift.runtime.track import git_state
+
+    return {
+        "git": git_state(Path(fedshift.__file__).parent),
+        "command": list(sys.argv),
+        "machine": machine(),
+    }
+
+
 def save_outputs(out: Path, name: str, title: str, text: str, data: dict) -> dict[str, Path]:
+    """``<name>.md`` (the title and ``text``) and ``<name>.json`` (``data`` with the
+    output's ``provenance``: :func:`output_provenance`) in ``out``."""
     md, js = out / f"{name}.md", out / f"{name}.json"
     write_text_atomic(md, f"# {title}\n\n{text}\n")
-    write_text_atomic(js, json.dumps(_jsonable(data), indent=2) + "\n")
+    payload = {**_jsonable(data), "provenance": output_provenance()}
+    write_text_atomic(js, json.dumps(payload, indent=2) + "\n")
     return {"md": md, "json": js}
 
 

@@ -79,15 +79,29 @@ def held_out_cells(
     after: Callable[[str], Any] | None = None,
 ) -> HeldOutCells:
     """The config's grid times ``federation.holdout`` = each client (or each of ``sites``,
-    checked to be clients of the dataset, in the dataset's order), written to
-    ``<out>/<name>-suite.yaml`` and run through bench (cells cached by config digest, so
-    ``loco`` and ``new-site`` with the same ``--runs`` train each cell once). ``reuse``: take
-    cells committed in ``results/`` (False when the cells' models are loaded, or which to
-    take: :meth:`SuiteOptions.run_cells`); ``after(run_dir)``: bench's hook on each cell
-    it trains; ``new_site``:
-    also accept algorithms whose held-out site takes the sources' local tensors
-    (:meth:`~fedshift.algorithms.base.Algorithm.has_new_site_answer`: FedBN, FRAug,
-    DisTrans), which the run itself does not score."""
+    checked to be clients of the dataset, in the dataset's order; :func:`held_out_grid`),
+    written to ``<out>/<name>-suite.yaml`` and run through bench (cells cached by config
+    digest, so ``loco`` and ``new-site`` with the same ``--runs`` train each cell once).
+    ``reuse``: take cells committed in ``results/`` (False when the cells' models are loaded,
+    or which to take: :meth:`SuiteOptions.run_cells`); ``after(run_dir)``: bench's hook on
+    each cell it trains; ``new_site``: also accept algorithms whose held-out site takes the
+    sources' local tensors (:meth:`~fedshift.algorithms.base.Algorithm.has_new_site_answer`:
+    FedBN, FRAug, DisTrans), which the run itself does not score."""
+    raw, clients, grid_raw = held_out_grid(options, name, new_site, sites)
+    outp = options.output_dir(name)
+    suite = outp / f"{name}-suite.yaml"
+    summaries = options.run_cells(grid_raw, suite, reuse=reuse, after=after)
+    with_settings(summaries, setting_keys(raw), raw)
+    return HeldOutCells(raw, clients, summaries, outp, suite)
+
+
+def held_out_grid(
+    options: SuiteOptions, name: str, new_site: bool = False, sites: list[str] | None = None
+) -> tuple[dict, list[str], dict]:
+    """The raw config of ``options``, the clients held out in turn and the suite that holds
+    each out (the config's own grid times ``federation.holdout``; with clients dealt from
+    domains, ``partition.keep`` too): what :func:`held_out_cells` runs, planned without
+    running (the committed results' digests are checked against it)."""
     source = options.source
     raw = options.load()
     fed_section = raw.get("federation")
@@ -124,11 +138,7 @@ def held_out_cells(
         ]
     else:
         grid["federation.holdout"] = [[c] for c in clients]
-    outp = options.output_dir(name)
-    suite = outp / f"{name}-suite.yaml"
-    summaries = options.run_cells(grid_raw, suite, reuse=reuse, after=after)
-    with_settings(summaries, setting_keys(raw), raw)
-    return HeldOutCells(raw, clients, summaries, outp, suite)
+    return raw, clients, grid_raw
 
 
 def _dealt_from_domains(cfgs: list) -> bool:

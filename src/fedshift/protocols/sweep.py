@@ -68,6 +68,30 @@ def sweep(options: SuiteOptions, key: str, values: str | list[Any]) -> ProtocolR
     ``train.local_epochs`` = 1, 2, 5, 10. Table: one row per (algorithm, flow[, setting]),
     one column per value, mean ± std over seeds of the test score at the selected round;
     ``sweep.png``: the mean against the value with std error bars per row."""
+    raw, vals, grid_raw = sweep_grid(options, key, values)
+    outp = options.output_dir("sweep")
+    summaries = options.run_cells(grid_raw, outp / "sweep-suite.yaml")
+    with_settings(summaries, setting_keys(raw, exclude=[key]), raw)
+    labels = [str(v) for v in vals]
+    for s in summaries:
+        got = lookup_or_missing(s["_cfg"], key)
+        idx = [i for i, v in enumerate(vals) if v == got]
+        if not idx:
+            raise FedshiftError(f"{s['run_dir']}: {key}={got!r} is not one of {vals}")
+        s["_value"] = labels[idx[0]]
+    text, data = sweep_table(summaries, key, labels)
+    data["values"] = vals
+    data["suite"] = str(outp / "sweep-suite.yaml")
+    files = save_outputs(outp, "sweep", f"Sweep over {key}", text, data)
+    files["png"] = _sweep_png(data, vals, outp / "sweep.png")
+    files["suite"] = outp / "sweep-suite.yaml"
+    return ProtocolResult("sweep", text, data, files)
+
+
+def sweep_grid(options: SuiteOptions, key: str, values: str | list[Any]) -> tuple[dict, list, dict]:
+    """The raw config of ``options``, the swept values and the suite :func:`sweep` runs (the
+    config's grid times ``key`` = each value), planned without running (the committed
+    results' digests are checked against it)."""
     source = options.source
     vals = parse_values(values) if isinstance(values, str) else list(values)
     if not vals:
@@ -92,23 +116,7 @@ def sweep(options: SuiteOptions, key: str, values: str | list[Any]) -> ProtocolR
             )
     grid_raw = copy.deepcopy(raw)
     grid_raw.setdefault("sweep", {})[key] = vals
-    outp = options.output_dir("sweep")
-    summaries = options.run_cells(grid_raw, outp / "sweep-suite.yaml")
-    with_settings(summaries, setting_keys(raw, exclude=[key]), raw)
-    labels = [str(v) for v in vals]
-    for s in summaries:
-        got = lookup_or_missing(s["_cfg"], key)
-        idx = [i for i, v in enumerate(vals) if v == got]
-        if not idx:
-            raise FedshiftError(f"{s['run_dir']}: {key}={got!r} is not one of {vals}")
-        s["_value"] = labels[idx[0]]
-    text, data = sweep_table(summaries, key, labels)
-    data["values"] = vals
-    data["suite"] = str(outp / "sweep-suite.yaml")
-    files = save_outputs(outp, "sweep", f"Sweep over {key}", text, data)
-    files["png"] = _sweep_png(data, vals, outp / "sweep.png")
-    files["suite"] = outp / "sweep-suite.yaml"
-    return ProtocolResult("sweep", text, data, files)
+    return raw, vals, grid_raw
 
 
 def sweep_table(summaries: list[dict], key: str, labels: list[str]) -> tuple[str, dict]:
