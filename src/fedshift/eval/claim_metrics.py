@@ -133,6 +133,17 @@ def _new_site(run: ResultRun, arg: str, protocol: Path | None) -> float:
     return float(value)
 
 
+def _privacy(run: ResultRun, arg: str, protocol: Path | None) -> float:
+    """One attack's number on ``run`` (a row of ``fedshift protocol privacy``'s table, e.g.
+    ``membership AUC, weights (loss threshold)``), from the protocol's ``privacy.json``."""
+    p, entry = _run_entry(run, protocol, "privacy.json")
+    if arg not in entry["rows"]:
+        raise ClaimsError(
+            f"{p}: no attack {arg!r} for {run.path.name}; it has {sorted(entry['rows'])}"
+        )
+    return float(entry["rows"][arg])
+
+
 #: metric name (before ``:``) -> value of one run; the part after ``:`` is the argument
 METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
     "test": _test,
@@ -146,6 +157,7 @@ METRICS: dict[str, Callable[[ResultRun, str, Path | None], float]] = {
     "domain_mean": _domain_mean,
     "domain_std": _domain_std,
     "new_site": _new_site,
+    "privacy": _privacy,
 }
 
 METRIC_WORDS = {
@@ -160,18 +172,23 @@ METRIC_WORDS = {
     "domain_mean": "mean over domains of the per-domain test score (clients by main domain)",
     "domain_std": "std over domains of the per-domain test score (FedHEAL's fairness)",
     "new_site": "held-out site's test score after the new-site variant {arg}",
+    "privacy": "attack on what the site sends: {arg}",
 }
 
 
 #: metrics read at a fixed round of a curve, not at the selected round: a claim about that
 #: round, which the convergence rule does not apply to (:data:`fedshift.eval.rubric.RUBRIC`)
 CURVE_METRICS = ("val_at", "val_drops", "test_at", "test_drops")
+#: metrics that are not a model's score: attacks on what a site sends (``privacy``), whose
+#: records computed from images do not depend on training and whose weights attack measures
+#: the model as trained; the convergence rule does not apply to them either
+NOT_SCORES = ("privacy",)
 
 
 def at_selected_round(metric: str) -> bool:
-    """Whether ``metric`` reads the run's model at its selected round (so the run must have
-    converged for a comparison of it to count)."""
-    return metric.partition(":")[0] not in CURVE_METRICS
+    """Whether ``metric`` reads the run's model score at its selected round (so the run must
+    have converged for a comparison of it to count)."""
+    return metric.partition(":")[0] not in (*CURVE_METRICS, *NOT_SCORES)
 
 
 def metric_value(run: ResultRun, metric: str, protocol: Path | None = None) -> float:

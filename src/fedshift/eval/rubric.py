@@ -86,7 +86,9 @@ whose best point fell earlier by chance while the trend still climbs). A run tha
 stopping ended (`stopped_at` and `stop_reason: patience` in its summary.json) is
 converged. Both tests apply to metrics read at the selected round (test score, held-out
 site, protocols on the selected model); a curve read at a fixed round (`test_at`, `val_at`,
-drops of a curve) is a claim about that round.
+drops of a curve) is a claim about that round, and an attack on what a site sends
+(`privacy`) is not a model's score: records computed from images before training do not
+depend on it, and the weights attack measures the model as trained.
 
 Each comparison gets one verdict:
 - **not converged at N rounds**: a run of either group (of the paired seeds) is not
