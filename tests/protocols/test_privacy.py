@@ -106,3 +106,18 @@ def test_privacy_protocol_reconstructs_from_harmofl_amplitudes(tmp_path):
     assert {"SSIM, phase retrieval, amplitude", "PSNR dB, inversion, amplitude"} <= set(rows)
     assert "membership AUC, amplitude, n=4" in rows
     assert res.files["reconstructions"].is_file()
+
+
+def test_privacy_protocol_refuses_a_run_of_another_checkpoint_format(tmp_path):
+    import struct
+
+    run = run_experiment(toy_cfg("algorithm.name=fedavg", rounds=1), run_dir=tmp_path / "r",
+                         progress=False)  # fmt: skip
+    for name in ("checkpoint.pt", "selected.pt"):
+        path = run.run_dir / name
+        if path.is_file():
+            data = bytearray(path.read_bytes())
+            data[8:12] = struct.pack("<I", 99)
+            path.write_bytes(bytes(data))
+    with pytest.raises(FedshiftError, match="format 99"):
+        privacy(None, [run.run_dir], sizes=[2], trials=2, out=tmp_path / "p")
