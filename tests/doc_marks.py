@@ -127,6 +127,8 @@ MARKS: dict[str, Mark] = {
     "fedshift config show -c configs/demo.yaml": Run(),
     "fedshift privacy show dataset.name=toyshift algorithm.name=fedrdn": Run(),
     "fedshift protocol privacy dataset.name=toyshift 'augment=[fedrdn]' train.rounds=2 --sizes 2,4 --trials 10": Run(),
+    "fedshift privacy show -c CONFIG": Synopsis("CONFIG: any run config"),
+    "fedshift protocol privacy -c CONFIG": Synopsis("CONFIG: a config or suite whose cells are trained and attacked"),
     "python tests/core/test_disclosure.py": ByTest(
         "tests/core/test_disclosure.py::test_the_privacy_doc_table_is_the_declarations",
         "the test compares the table the script writes with docs/PRIVACY.md's",
