@@ -56,7 +56,7 @@ def planned_names(command: str, tmp: Path) -> set[str]:
         from fedshift.protocols.sweep import sweep_grid
 
         _, _, grid = sweep_grid(options, args.key, args.values)
-    elif args.protocol == "head-finetune":
+    elif args.protocol in ("head-finetune", "privacy"):  # the config's own grid
         grid = options.load()
     else:
         raise AssertionError(f"{command}: no planner for protocol {args.protocol}")

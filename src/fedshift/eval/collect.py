@@ -1,9 +1,9 @@
 """Copy finished suite cells and protocol outputs into ``results/`` (what the claims ledger is
 computed from): per cell ``config.yaml``, ``summary.json``, ``metrics.jsonl`` and
 ``cell.json``, never checkpoints or models; per protocol folder its ``*.json``, ``*.md`` and
-``*.yaml``. Each results folder gets a ``source.json``: the command that made it, the machine
-its runs recorded in their provenance (``machines``, every one, when a suite resumed on
-another machine; runs without one: the machine collecting,
+``*.yaml`` (and its figures, ``*.png``). Each results folder gets a ``source.json``: the
+command that made it, the machine its runs recorded in their provenance (``machines``,
+every one, when a suite resumed on another machine; runs without one: the machine collecting,
 :func:`fedshift.core.machine.machine`) and the fedshift commit(s) its runs recorded. A
 protocol folder's ``source.json`` takes the same from the ``provenance`` its output files
 record (:func:`fedshift.protocols.common.output_provenance`); an output that records none
@@ -30,7 +30,7 @@ from fedshift.eval.cells import check_cell
 
 #: what a committed cell keeps (checkpoints and models stay in the run directory)
 CELL_FILES = ("cell.json", "config.yaml", "summary.json", "metrics.jsonl")
-PROTOCOL_SUFFIXES = (".json", ".md", ".yaml")
+PROTOCOL_SUFFIXES = (".json", ".md", ".yaml", ".png")
 SOURCE = "source.json"
 
 
