@@ -129,10 +129,9 @@ class RoundLoop:
         self.transport = transport if self.secure is None else self.secure.wrap(transport)
         exp, self.server = start_experiment(cfg, self.transport, self.identity)
         self.exp, self.fed = exp, exp.fed  # the federation as placed on the run's device
-        self.device = exp.device
         self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
-        self.pipeline, self.kinds = exp.pipeline, exp.kinds
+        self.pipeline, self.kinds, self.device = exp.pipeline, exp.kinds, exp.device
         self.ledger, self.records, self.last_round, self.wall_before = Ledger(), [], 0, 0.0
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
@@ -188,8 +187,8 @@ class RoundLoop:
             if cid in replies:
                 self._receive(rnd, cid, replies[cid])
                 ups.append((cid, replies[cid]))
-        ups = ups if self.secure is None else self.secure.combine(rnd, sampled, ups)  # the sum
-        self.algo.aggregate(self.server, rnd, ups)
+        sums = ups if self.secure is None else self.secure.combine(rnd, sampled, ups)
+        self.algo.aggregate(self.server, rnd, sums)  # secure: the masked replies' sum only
         return {cid: up.metrics for cid, up in ups}
 
     def need(self, rnd: int, what: str, asked: list[str], got: int, lost: list[str]) -> None:
