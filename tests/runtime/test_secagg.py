@@ -131,7 +131,7 @@ def test_a_secure_fedavg_round_is_the_plain_one_within_the_quantisation(tmp_path
     shared = secure.algo.algorithm.shared_keys
     assert up["weights"] == n * 8 * sum(a[k].numel() for k in shared)
     assert up["weights"] > plain.ledger.by_record()["up"]["weights"]  # float32 in the plain
-    assert up[META] == n * 2 * 8
+    assert up[META] == n * 3 * 8  # weight, count, examples
     # each site's training metrics still reach the server (the round's metric rows)
     rows = [r for r in secure.records if "train_loss" in r]
     assert len(rows) == n and all(r["train_loss"] > 0 for r in rows)
@@ -159,6 +159,7 @@ def test_a_lost_client_stops_a_secure_round(tmp_path):
         ("fedfa", "ffa_stats", "reads each site's value"),
         ("scaffold", "delta", "reads each site's value"),
         ("fedproto", "prototypes", "reads each site's value"),
+        ("fpl", "prototypes", "other clients receive it as sent"),
     ],
 )
 def test_records_the_server_reads_per_site_are_refused(tmp_path, monkeypatch, algorithm,
@@ -169,6 +170,35 @@ def test_records_the_server_reads_per_site_are_refused(tmp_path, monkeypatch, al
     with pytest.raises(ConfigError, match=rf"secure_aggregation.*'{record}'.*{why}"):
         Simulation(cfg, tmp_path / "r", progress=False)
     assert not built  # refused before any client state was built
+
+
+def test_a_uniform_mean_is_divided_by_the_count_not_the_weights():
+    fp = FixedPoint()
+    replies = _replies()
+    masked = {c: mask_reply(fp, 7, 3, c, COHORT, p, w, frozenset({"extra"}))
+              for c, (p, w) in replies.items()}  # fmt: skip
+    got = unmask_sum(fp, 3, COHORT, masked, uniform=frozenset({"extra"}))
+    plain = torch.stack([p.records["extra"]["x"].double() for p, _ in replies.values()]).mean(0)
+    assert float((got.records["extra"]["x"].double() - plain).abs().max()) <= fp.mean_error(4)
+    weighted = _plain_mean(replies, "weights", "w")
+    assert float((got.records["weights"]["w"].double() - weighted).abs().max()) <= fp.mean_error(4)
+
+
+def test_harmofl_amplitude_is_summed_securely(tmp_path):
+    """HarmoFL's amplitude (its server takes the plain mean over sites) is hidden too."""
+    plain = Simulation(toy_cfg("algorithm.name=harmofl", rounds=1), tmp_path / "p",
+                       progress=False)  # fmt: skip
+    plain.run()
+    cfg = toy_cfg("algorithm.name=harmofl", SECURE, rounds=1)
+    secure = Simulation(cfg, tmp_path / "s", progress=False)
+    secure.run()
+    key = next(k for k in plain.server if k.startswith("aug/"))
+    a, b = plain.server[key]["amplitude"], secure.server[key]["amplitude"]
+    err = float((a.double() - b.double()).abs().max())
+    assert 0 < err <= FixedPoint().mean_error(len(secure.train_clients))
+    once = toy_cfg("algorithm.name=harmofl", SECURE, "federation.sample_fraction=0.5")
+    with pytest.raises(ConfigError, match="'amplitude' are sent once.*sample_fraction"):
+        Simulation(once, tmp_path / "o", progress=False)
 
 
 def test_methods_whose_server_only_averages_run_securely(tmp_path):

@@ -322,24 +322,29 @@ class Disclosure:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def sums_only(*records: str) -> Callable[[_F], _F]:
+Weighting = Literal["reply", "uniform"]
+
+
+def sums_only(*records: str, weight: Weighting = "reply") -> Callable[[_F], _F]:
     """Declare, on a component's ``aggregate``, that the server reads the named ``up``
-    records only through their mean over the round's replies weighted by the algorithm's
-    ``reply_weight`` (``Algorithm.average_record``), and reads nothing else of any single
-    reply. Such an ``aggregate`` gives the same result when handed one reply holding that
-    mean (what secure aggregation hands it: :mod:`fedshift.runtime.secagg`), so secure
+    records only through their mean over the round's replies, and reads nothing else of any
+    single reply; ``weight``: ``reply``, weighted by the algorithm's ``reply_weight``
+    (``Algorithm.average_record``), or ``uniform``, the plain mean over the replies that hold
+    the record. Such an ``aggregate`` gives the same result when handed one reply holding
+    that mean (what secure aggregation hands it: :mod:`fedshift.runtime.secagg`), so secure
     aggregation can hide each site's value of these records from the server.
 
     The mark sits on the function: a subclass that overrides ``aggregate`` is not marked
     unless it declares it again."""
 
     def mark(fn: _F) -> _F:
-        fn.sums_only = frozenset(records)  # type: ignore[attr-defined]
+        fn.sums_only = {r: weight for r in records}  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
-def summed_records(aggregate: Callable[..., Any]) -> frozenset[str]:
-    """The records an ``aggregate`` function is declared :func:`sums_only` for."""
-    return frozenset(getattr(aggregate, "sums_only", ()))
+def summed_records(aggregate: Callable[..., Any]) -> dict[str, Weighting]:
+    """The records an ``aggregate`` function is declared :func:`sums_only` for, with the
+    weighting of each one's mean."""
+    return dict(getattr(aggregate, "sums_only", {}))

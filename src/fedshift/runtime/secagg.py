@@ -9,8 +9,9 @@ Client ``u`` of a round's cohort ``U`` (the sampled clients), for every ``up`` r
 method declares summed (:func:`fedshift.core.disclosure.sums_only`):
 
 1. multiplies each tensor ``x_u`` by its aggregation weight ``w_u`` (the algorithm's
-   ``reply_weight``: ``n_u`` under ``federation.weighting=samples``, 1 under ``uniform``);
-2. quantises ``w_u x_u`` and ``w_u`` to fixed point, ``q = round(v * 2**f)`` with
+   ``reply_weight``: ``n_u`` under ``federation.weighting=samples``, 1 under ``uniform``;
+   1 for a record whose mean is declared uniform, HarmoFL's amplitude);
+2. quantises ``w_u x_u``, ``w_u`` and a count of 1 to fixed point, ``q = round(v * 2**f)`` with
    ``f = federation.secagg_frac_bits``, as integers modulo ``M = 2**secagg_modulus_bits``
    (its example count ``n_u`` too, unscaled); a value whose sum over the cohort could
    wrap around ``M`` (``|q| >= M / (2 |U|)``) is refused, naming the tensor;
@@ -22,7 +23,8 @@ method declares summed (:func:`fedshift.core.disclosure.sums_only`):
 
 The server adds the masked vectors modulo ``M``: every pair's masks cancel, leaving
 ``sum_u q_u``, decoded as a signed integer and scaled back. It hands the algorithm's
-``aggregate`` one reply holding ``sum_u w_u x_u / sum_u w_u`` (and ``sum_u n_u`` examples):
+``aggregate`` one reply holding ``sum_u w_u x_u / sum_u w_u`` (a uniform record: over the
+count ``|U|``; and ``sum_u n_u`` examples):
 what ``Algorithm.average_record`` computes from the plain replies, so the aggregate is the
 plain one within the rounding of the quantisation: each of the ``|U|`` summands is off by at
 most ``2**-(f+1)`` and the weight sum is at least 1 (a reply weight is >= 1), so every
@@ -51,7 +53,7 @@ import torch
 
 from fedshift.core.config import RunConfig
 from fedshift.core.contract import Reply
-from fedshift.core.disclosure import UP
+from fedshift.core.disclosure import UP, When, summed_records
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed, generator
@@ -114,20 +116,22 @@ def _layout(up: Payload) -> list[tuple[str, str]]:
 
 
 def mask_reply(
-    fp: FixedPoint, seed: int, rnd: int, cid: str, cohort: list[str], up: Payload, weight: float
-) -> Payload:
+    fp: FixedPoint, seed: int, rnd: int, cid: str, cohort: list[str], up: Payload,
+    weight: float, uniform: frozenset[str] = frozenset(),
+) -> Payload:  # fmt: skip
     """Client ``cid``'s masked reply (module docstring, steps 1-3): each tensor as int64
-    residues modulo ``fp.modulus``, its weight and example count in record ``secagg``; the
-    metrics pass as they are. ``cohort``: the round's clients (``cid`` among them)."""
+    residues modulo ``fp.modulus``, its weight, count and example count in record
+    ``secagg``; the metrics pass as they are. ``cohort``: the round's clients (``cid`` among
+    them); ``uniform``: records weighted 1 (their plain mean)."""
     if weight < 1:
         raise FedshiftError(
             f"round {rnd}: secure aggregation needs aggregation weights >= 1 (the error bound "
             f"divides by their sum); client {cid!r} has {weight}"
         )
     names = _layout(up)
-    parts = [up.records[r][k].detach().to("cpu", torch.float64).flatten() * weight
-             for r, k in names]  # fmt: skip
-    values = torch.cat([*parts, torch.tensor([weight], dtype=torch.float64)])
+    parts = [up.records[r][k].detach().to("cpu", torch.float64).flatten()
+             * (1.0 if r in uniform else weight) for r, k in names]  # fmt: skip
+    values = torch.cat([*parts, torch.tensor([weight, 1.0], dtype=torch.float64)])
     q = torch.round(values * fp.scale)
     limit = fp.limit(len(cohort))
     over = q.abs() >= limit
@@ -161,17 +165,19 @@ def mask_reply(
         records[r][k] = q[start : start + t.numel()].reshape(t.shape)
         config[f"{META}/dtype/{r}/{k}"] = str(t.dtype).removeprefix("torch.")
         start += t.numel()
-    records[META] = {"weight": q[start : start + 1], "examples": q[start + 1 : start + 2]}
+    records[META] = {"weight": q[start : start + 1], "count": q[start + 1 : start + 2],
+                     "examples": q[start + 2 : start + 3]}  # fmt: skip
     return Payload(records, num_examples=0, metrics=dict(up.metrics), config=config)
 
 
 def unmask_sum(
     fp: FixedPoint, rnd: int, cohort: list[str], masked: dict[str, Payload],
-    device: torch.device | str = "cpu",
+    device: torch.device | str = "cpu", uniform: frozenset[str] = frozenset(),
 ) -> Payload:  # fmt: skip
     """The server's side: the masked replies of every client of ``cohort`` added modulo
-    ``fp.modulus`` (the masks cancel), decoded, and divided by the summed weight: one
-    payload holding each record's weighted mean and the summed example count."""
+    ``fp.modulus`` (the masks cancel), decoded, and divided by the summed weight (a record
+    of ``uniform``: by the count of clients): one payload holding each record's mean and
+    the summed example count."""
     lost = [c for c in cohort if c not in masked]
     if lost:
         raise FedshiftError(
@@ -200,27 +206,25 @@ def unmask_sum(
     half = fp.modulus // 2
     signed = torch.where(total >= half, total - fp.modulus, total)
     out: dict[str, Tensors] = {}
-    weight = examples = 0
+    meta: dict[str, int] = {}
     for r, k in names:
         n = first.records[r][k].numel()
         part, signed = signed[:n], signed[n:]
         if r == META:
-            if k == "weight":
-                weight = int(part[0]) / fp.scale
-            else:
-                examples = int(part[0])
+            meta[k] = int(part[0])
             continue
         out.setdefault(r, {})[k] = part.reshape(first.records[r][k].shape)
     records: dict[str, Tensors] = {}
     for r, rec in out.items():
         records[r] = {}
+        over = (meta["count"] if r in uniform else meta["weight"]) / fp.scale
         for k, s in rec.items():
             dtype = getattr(torch, str(first.config[f"{META}/dtype/{r}/{k}"]))
-            mean = s.to(torch.float64) / fp.scale / weight
+            mean = s.to(torch.float64) / fp.scale / over
             if not dtype.is_floating_point:
                 mean = mean.round()  # integer tensors (BN counters), as weighted_average does
             records[r][k] = mean.to(device=device, dtype=dtype)
-    return Payload(records, num_examples=examples)
+    return Payload(records, num_examples=meta["examples"])
 
 
 class SecureAggregation:
@@ -232,8 +236,11 @@ class SecureAggregation:
         fed = cfg.federation
         self.fp = FixedPoint(fed.secagg_frac_bits, fed.secagg_modulus_bits)
         self.seed = cfg.seed
+        self.sample_fraction = fed.sample_fraction
         self.device: torch.device | str = "cpu"
         self.weight: Callable[[Payload], float] = lambda p: 1.0
+        #: records whose declared mean is uniform (not weighted by ``reply_weight``)
+        self.uniform: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, cfg: RunConfig) -> SecureAggregation | None:
@@ -262,17 +269,30 @@ class SecureAggregation:
                 "federation.secure_aggregation=false, or choose a method whose server only "
                 "averages what sites send (`fedshift privacy show` says which records can be)"
             )
-        self.weight = exp.algo.algorithm.reply_weight  # type: ignore[attr-defined]
+        once = [d.record for d in ups if d.when is not When.ROUND]
+        if once and self.sample_fraction < 1:
+            raise ConfigError(
+                "config key 'federation.secure_aggregation': record(s) "
+                f"{', '.join(map(repr, once))} are sent once, in the first round a site takes "
+                "part in; with federation.sample_fraction < 1 a later round mixes sites that "
+                "send them with sites that do not, whose masks cannot be summed together. Set "
+                "federation.sample_fraction=1 or federation.secure_aggregation=false"
+            )
+        algo = exp.algo
+        marks = [summed_records(type(c).aggregate) for c in (algo.algo, *algo.augments)]
+        self.uniform = frozenset(r for m in marks for r, w in m.items() if w == "uniform")
+        self.weight = algo.algorithm.reply_weight  # type: ignore[attr-defined]
         self.device = exp.device
 
     def mask(self, rnd: int, cid: str, cohort: list[str], up: Payload) -> Payload:
         """Client ``cid``'s reply of round ``rnd``, masked (:func:`mask_reply`)."""
-        return mask_reply(self.fp, self.seed, rnd, cid, cohort, up, float(self.weight(up)))
+        weight = float(self.weight(up))
+        return mask_reply(self.fp, self.seed, rnd, cid, cohort, up, weight, self.uniform)
 
     def combine(self, rnd: int, cohort: list[str], replies: list[Reply]) -> list[Reply]:
         """The one reply the algorithm's ``aggregate`` receives: the securely summed mean
         of the masked ``replies`` of every client of ``cohort``."""
-        summed = unmask_sum(self.fp, rnd, cohort, dict(replies), self.device)
+        summed = unmask_sum(self.fp, rnd, cohort, dict(replies), self.device, self.uniform)
         return [(SUM_CLIENT, summed)]
 
 
