@@ -281,6 +281,12 @@ class Disclosure:
     def with_source(self, source: str, summed: bool = False) -> Disclosure:
         return Disclosure(**{**self.__dict__, "source": source, "summed": summed})
 
+    @property
+    def hideable(self) -> bool:
+        """An ``up`` record secure aggregation can hide from the server: summed by the
+        server, and not forwarded to other clients as sent."""
+        return self.direction == UP and self.summed and self.to is not To.CLIENTS
+
     def secure_aggregation(self) -> str:
         """Whether secure aggregation (``federation.secure_aggregation``) can hide this
         ``up`` record from the server, and why not where it cannot ("" for ``down``)."""
@@ -288,7 +294,7 @@ class Disclosure:
             return ""
         if self.to is To.CLIENTS:
             return "no: other clients receive it as sent; secure aggregation cannot hide it"
-        if self.summed:
+        if self.hideable:
             return "yes: the server reads only its sum over the round's sites"
         return (
             "no: the server's aggregate reads each site's value (it is not declared sums_only "

@@ -260,7 +260,7 @@ class SecureAggregation:
         """Refuse a method that sends any record the server does not only sum, naming each
         record and why (:meth:`fedshift.core.disclosure.Disclosure.secure_aggregation`)."""
         ups = [d for d in exp.algo.disclosures(exp.model) if d.direction == UP]
-        bad = [d for d in ups if not d.summed]
+        bad = [d for d in ups if not d.hideable]
         if bad:
             why = "; ".join(f"{d.record!r} ({d.source}): {d.secure_aggregation()}" for d in bad)
             raise ConfigError(
