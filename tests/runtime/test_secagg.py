@@ -224,6 +224,10 @@ def test_flower_is_refused():
     assert secure is not None and SecureAggregation.of(toy_cfg()) is None
     with pytest.raises(ConfigError, match="not available on Flower"):
         secure.wrap(Grid())  # type: ignore[arg-type]
+    from fedshift.flower.server import FlowerServer
+
+    with pytest.raises(ConfigError, match="secure_aggregation': not available on Flower"):
+        FlowerServer(toy_cfg(SECURE), "unused")  # refused before any node starts
 
 
 def test_the_keys_leave_the_digest_of_a_plain_run_alone():
