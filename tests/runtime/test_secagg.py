@@ -201,6 +201,23 @@ def test_harmofl_amplitude_is_summed_securely(tmp_path):
         Simulation(once, tmp_path / "o", progress=False)
 
 
+def test_a_summed_record_sent_on_a_condition_is_refused():
+    """Sites of one round must send the same tensors: a conditional record cannot be summed
+    even when its aggregate only averages it."""
+    from types import SimpleNamespace
+
+    from fedshift.core.disclosure import UP, Disclosure, Kind, To, When, fixed
+
+    record = Disclosure("offset", UP, Kind.PARAMETERS, When.ROUND, fixed(4), "a tensor",
+                        to=To.AGGREGATE, maybe="when it moved").with_source("x", True)  # fmt: skip
+    assert record.hideable
+    algo = SimpleNamespace(disclosures=lambda model: [record])
+    exp = SimpleNamespace(algo=algo, model=None)
+    secure = SecureAggregation.of(toy_cfg(SECURE))
+    with pytest.raises(ConfigError, match="'offset' are sent on a condition"):
+        secure.check(exp)  # type: ignore[arg-type]
+
+
 def test_methods_whose_server_only_averages_run_securely(tmp_path):
     for algorithm in ("fedbn", "fedprox"):
         cfg = toy_cfg(f"algorithm.name={algorithm}", SECURE, rounds=1)

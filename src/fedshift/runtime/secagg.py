@@ -269,6 +269,15 @@ class SecureAggregation:
                 "federation.secure_aggregation=false, or choose a method whose server only "
                 "averages what sites send (`fedshift privacy show` says which records can be)"
             )
+        varies = [d.record for d in ups if d.maybe or not d.exact]
+        if varies:
+            raise ConfigError(
+                "config key 'federation.secure_aggregation': record(s) "
+                f"{', '.join(map(repr, varies))} are sent on a condition or with tensors that "
+                "depend on what the round saw, so sites of one round may send different "
+                "tensors, whose masks cannot be summed together; set "
+                "federation.secure_aggregation=false"
+            )
         once = [d.record for d in ups if d.when is not When.ROUND]
         if once and self.sample_fraction < 1:
             raise ConfigError(
