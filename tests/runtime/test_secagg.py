@@ -8,7 +8,7 @@ import torch
 from conftest import toy_cfg
 from support.same_run import assert_runs_equal
 
-from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.errors import ConfigError, FedshiftError, TrainingError
 from fedshift.core.identity import number_config
 from fedshift.core.payload import Payload
 from fedshift.runtime.disclosure import disclose, render
@@ -149,6 +149,19 @@ def test_a_lost_client_stops_a_secure_round(tmp_path):
     sim = Simulation(toy_cfg(SECURE, rounds=1), tmp_path / "r", progress=False,
                      options=LoopOptions(min_clients=1), transport=Losing())  # fmt: skip
     with pytest.raises(FedshiftError, match="secure aggregation lost client"):
+        sim.run()
+
+
+def test_a_non_finite_reply_is_refused_before_it_is_masked(tmp_path):
+    class Diverging(InProcessTransport):
+        def train(self, rnd, cids, down):
+            replies, lost = super().train(rnd, cids, down)
+            next(iter(replies[cids[0]].records["weights"].values())).fill_(float("nan"))
+            return replies, lost
+
+    sim = Simulation(toy_cfg(SECURE, rounds=1), tmp_path / "r", progress=False,
+                     transport=Diverging())  # fmt: skip
+    with pytest.raises(TrainingError, match="non-finite update.*weights/"):
         sim.run()
 
 

@@ -37,8 +37,9 @@ the other clients, SCAFFOLD's per-round count of replies, FedFA's variance over 
 refused before any client state is built (:meth:`SecureAggregation.check`).
 
 Where masking runs: :class:`SecureTransport` wraps the run's transport and masks each reply
-as it arrives from the client code (in-process, vectorised or pool worker processes), before
-the round loop, its ledger or the algorithm see it; the ledger counts the masked integers.
+as it arrives from the client code (in-process, vectorised or pool worker processes), after
+the client's own check for non-finite values and before the round loop, its ledger or the
+algorithm see it; the ledger counts the masked integers.
 Training metrics (loss, steps) still reach the server per client. Flower runs are refused
 (its SecAgg+ mods are not wired to fedshift's records yet).
 """
@@ -57,6 +58,7 @@ from fedshift.core.disclosure import UP, When, summed_records
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed, generator
+from fedshift.runtime.client import check_reply
 
 if TYPE_CHECKING:
     from fedshift.data.base import Federation
@@ -334,6 +336,8 @@ class SecureTransport:
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
         replies, lost = self.inner.train(rnd, cids, down)
+        for cid, up in replies.items():  # the loop cannot see a NaN once it is masked
+            check_reply(rnd, cid, up)
         masked = {cid: self.secure.mask(rnd, cid, cids, up) for cid, up in replies.items()}
         return masked, lost
 
