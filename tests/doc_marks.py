@@ -126,6 +126,9 @@ MARKS: dict[str, Mark] = {
     "fedshift list": Run(),
     "fedshift config show -c configs/demo.yaml": Run(),
     "fedshift privacy show dataset.name=toyshift algorithm.name=fedrdn": Run(),
+    "fedshift run dataset.name=toyshift algorithm.name=fedavg federation.secure_aggregation=true": Run(
+        ("train.rounds=1",)
+    ),
     "fedshift protocol privacy dataset.name=toyshift 'augment=[fedrdn]' train.rounds=2 --sizes 2,4 --trials 10": Run(),
     "fedshift privacy show -c CONFIG": Synopsis("CONFIG: any run config"),
     "fedshift protocol privacy -c CONFIG": Synopsis("CONFIG: a config or suite whose cells are trained and attacked"),

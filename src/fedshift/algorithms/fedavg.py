@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm, Reply, State
 from fedshift.core.context import ClientContext
+from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Payload
 
 
@@ -28,5 +29,6 @@ class FedAvg(Algorithm):
         self.keep_local(ctx, state)
         return self.reply(ctx, state, steps, loss)
 
+    @sums_only("weights")  # the weighted mean only: secure aggregation can hide each site
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         server["weights"].update(self.average_record(replies, "weights"))

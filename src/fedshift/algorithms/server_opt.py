@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from fedshift.algorithms.base import Reply, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Tensors
 
 
 class ServerOptAlgorithm(FedAvg):
     """FedAvg clients; subclasses implement ``server_step`` on the pseudo-gradient."""
 
+    @sums_only("weights")  # the server step reads the weighted mean only
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         avg = self.average_record(replies, "weights")
         weights = server["weights"]

@@ -84,7 +84,7 @@ import torch
 
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
-from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
+from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, sums_only
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -274,6 +274,7 @@ class AmpNorm(Augment):
                 log.warning(msg)
         return {UP: {"amplitude": state["running"]}}
 
+    @sums_only(UP, weight="uniform")  # their plain mean only: secure aggregation can hide each
     def aggregate(self, server: State, rnd: int, replies: list[tuple[str, Payload]]) -> None:
         """The global amplitude: the uniform mean of the first amplitudes received; then fixed."""
         if server["amplitude"] is not None:

@@ -15,7 +15,7 @@ from fedshift.algorithms.base import Algorithm
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, ContractError, Reply, State, expect
-from fedshift.core.disclosure import Disclosure
+from fedshift.core.disclosure import UP, Disclosure, summed_records
 from fedshift.core.payload import Payload, Tensors
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -85,10 +85,16 @@ class Composition:
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         """Every record the run sends, declared by the algorithm and its augments
-        (:mod:`fedshift.core.disclosure`), each with the component that declared it."""
-        out = [d.with_source(self.algo.name) for d in self.algo.disclosures(model)]
-        for a in self.augments:
-            out += [d.with_source(a.name) for d in a.disclosures(model)]
+        (:mod:`fedshift.core.disclosure`), each with the component that declared it and, for
+        an ``up`` record, whether that component's ``aggregate`` only sums it
+        (:func:`~fedshift.core.disclosure.sums_only`)."""
+        out: list[Disclosure] = []
+        for component in (self.algo, *self.augments):
+            summed = summed_records(type(component).aggregate)
+            out += [
+                d.with_source(component.name, d.direction == UP and d.record in summed)
+                for d in component.disclosures(model)
+            ]
         return out
 
     # -- state -------------------------------------------------------------------------------

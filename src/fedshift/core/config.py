@@ -110,6 +110,16 @@ class FederationConfig:
     # share of each client's training split that is used (seeded, stratified where labels are
     # classes; FedFA's Fig. 2 / Table 16 sweep); validation and test are untouched
     data_fraction: float = bounded(1.0, gt=0, le=1)
+    # secure aggregation (fedshift.runtime.secagg, docs/PRIVACY.md): the server sees each
+    # client's records only pairwise-masked, and their sum; refused for a method whose server
+    # reads any site's record individually (`fedshift privacy show` says which)
+    secure_aggregation: bool = False
+    # fractional bits of the fixed point the masked values are quantised to: the aggregate
+    # equals the plain one within n_clients * 2**-secagg_frac_bits per element
+    secagg_frac_bits: int = bounded(16, ge=1, le=40)
+    # the masks' field is the integers modulo 2**secagg_modulus_bits (int64 arithmetic: at
+    # most 62); a sum that could wrap around it stops the run
+    secagg_modulus_bits: int = bounded(62, ge=16, le=62)
 
 
 @dataclass

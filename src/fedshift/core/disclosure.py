@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fedshift.core.federation import ClientData
 
@@ -42,6 +42,8 @@ __all__ = [
     "When",
     "fixed",
     "site_of",
+    "summed_records",
+    "sums_only",
     "tensor_bytes",
 ]
 
@@ -62,8 +64,9 @@ class Kind(StrEnum):
 
 
 class To(StrEnum):
-    """Who receives a record a site sends (the server always sees it as sent: fedshift has
-    no secure aggregation)."""
+    """Who receives a record a site sends (the server sees it as sent, unless
+    ``federation.secure_aggregation`` hides a record the server only sums:
+    :attr:`Disclosure.summed`, :mod:`fedshift.runtime.secagg`)."""
 
     #: the server only (what it sends back is a model trained or updated with it)
     SERVER = "server only"
@@ -238,6 +241,10 @@ class Disclosure:
     exact: bool = True
     #: the component that declared it (set by the composition)
     source: str = field(default="", compare=False)
+    #: an ``up`` record the server reads only through its weighted sum over the round's sites
+    #: (the component's ``aggregate`` is declared :func:`sums_only` for it; set by the
+    #: composition): secure aggregation can hide each site's value from the server
+    summed: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.direction == UP and self.to is None:
@@ -271,8 +278,28 @@ class Disclosure:
             Over.EXAMPLE: "one example",
         }[self.over]
 
-    def with_source(self, source: str) -> Disclosure:
-        return Disclosure(**{**self.__dict__, "source": source})
+    def with_source(self, source: str, summed: bool = False) -> Disclosure:
+        return Disclosure(**{**self.__dict__, "source": source, "summed": summed})
+
+    @property
+    def hideable(self) -> bool:
+        """An ``up`` record secure aggregation can hide from the server: summed by the
+        server, and not forwarded to other clients as sent."""
+        return self.direction == UP and self.summed and self.to is not To.CLIENTS
+
+    def secure_aggregation(self) -> str:
+        """Whether secure aggregation (``federation.secure_aggregation``) can hide this
+        ``up`` record from the server, and why not where it cannot ("" for ``down``)."""
+        if self.direction != UP:
+            return ""
+        if self.to is To.CLIENTS:
+            return "no: other clients receive it as sent; secure aggregation cannot hide it"
+        if self.hideable:
+            return "yes: the server reads only its sum over the round's sites"
+        return (
+            "no: the server's aggregate reads each site's value (it is not declared sums_only "
+            f"by {self.source or 'its component'}'s aggregate)"
+        )
 
     def row(self, sites: list[Site]) -> dict:
         """The record at ``sites``: plain data for a table or JSON."""
@@ -294,4 +321,36 @@ class Disclosure:
             "rule": self.rule(),
             "fewest_examples": min(counts) if counts else None,
             "carries": list(self.carries),
+            "secure_aggregation": self.secure_aggregation(),
         }
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+Weighting = Literal["reply", "uniform"]
+
+
+def sums_only(*records: str, weight: Weighting = "reply") -> Callable[[_F], _F]:
+    """Declare, on a component's ``aggregate``, that the server reads the named ``up``
+    records only through their mean over the round's replies, and reads nothing else of any
+    single reply; ``weight``: ``reply``, weighted by the algorithm's ``reply_weight``
+    (``Algorithm.average_record``), or ``uniform``, the plain mean over the replies that hold
+    the record. Such an ``aggregate`` gives the same result when handed one reply holding
+    that mean (what secure aggregation hands it: :mod:`fedshift.runtime.secagg`), so secure
+    aggregation can hide each site's value of these records from the server.
+
+    The mark sits on the function: a subclass that overrides ``aggregate`` is not marked
+    unless it declares it again."""
+
+    def mark(fn: _F) -> _F:
+        fn.sums_only = {r: weight for r in records}  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def summed_records(aggregate: Callable[..., Any]) -> dict[str, Weighting]:
+    """The records an ``aggregate`` function is declared :func:`sums_only` for, with the
+    weighting of each one's mean."""
+    return dict(getattr(aggregate, "sums_only", {}))

@@ -43,10 +43,16 @@ LATER_DEFAULTS: dict[str, Any] = {
     # splitter.py's); its default since is "largest", so a suite run before it (fpl_digits,
     # fedheal_digits) sets rounding: first to keep its cells (issue 50)
     "partition.rounding": "first",
+    "federation.secure_aggregation": False,  # secure aggregation off (issue 53)
 }
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)
-ONLY_WITH = {"model.ws_gamma": "model.conv", "train.min_rounds": "train.patience"}
+ONLY_WITH = {
+    "model.ws_gamma": "model.conv",
+    "train.min_rounds": "train.patience",
+    "federation.secagg_frac_bits": "federation.secure_aggregation",
+    "federation.secagg_modulus_bits": "federation.secure_aggregation",
+}
 
 
 def _drop_later_defaults(out: dict) -> None:

@@ -41,6 +41,12 @@ class FlowerServer:
                 f"config key 'algorithm.name': {cfg.algorithm.name!r} exchanges nothing "
                 "between clients and server; run it with `fedshift run`, not on Flower"
             )
+        if cfg.federation.secure_aggregation:  # before any node starts
+            raise ConfigError(
+                "config key 'federation.secure_aggregation': not available on Flower yet (its "
+                "SecAgg+ workflow drives a Strategy's FitIns/FitRes rounds, not fedshift's "
+                "round loop and records); run it with `fedshift run` or set it to false"
+            )
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.options = options or FlowerOptions()

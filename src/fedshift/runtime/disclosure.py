@@ -17,7 +17,7 @@ import dataclasses
 from collections import defaultdict
 
 from fedshift.core.config import RunConfig
-from fedshift.core.disclosure import UP, Disclosure, Site, When, site_of
+from fedshift.core.disclosure import UP, Disclosure, Site, To, When, site_of
 from fedshift.data import run_federation
 from fedshift.runtime.experiment import Experiment, build_experiment
 
@@ -110,6 +110,9 @@ def render(report: dict) -> str:
     lines.append("records:")
     for r in up:
         lines.append(f"  {r['record']}: {r['what']}")
+    lines.append("can secure aggregation (federation.secure_aggregation=true) hide it?")
+    for r in up:
+        lines.append(f"  {r['record']}: {r['secure_aggregation']}")
     return "\n".join(lines)
 
 
@@ -173,10 +176,13 @@ def _over(row: dict) -> str:
 def markdown_table(reports: list[tuple[str, dict]]) -> str:
     """docs/PRIVACY.md's table "What each method shares": one row per ``(label, report)``,
     each record a site sends with its kind, receiver, how often and what one value of a
-    statistic summarises (sizes depend on the data: ``fedshift privacy show``)."""
+    statistic summarises (sizes depend on the data: ``fedshift privacy show``), and what
+    secure aggregation (``federation.secure_aggregation``) does with them: hides them all
+    from the server, or refuses the method, naming the records it cannot hide."""
     lines = [
-        "| method | record: kind, to whom, how often (a statistic: over what) |",
-        "|---|---|",
+        "| method | record: kind, to whom, how often (a statistic: over what) "
+        "| secure aggregation |",
+        "|---|---|---|",
     ]
     for label, report in reports:
         ups = [r for r in report["records"] if r["direction"] == UP]
@@ -187,5 +193,18 @@ def markdown_table(reports: list[tuple[str, dict]]) -> str:
             for r in ups
         ]
         none = "nothing of its own" if label.startswith("augment") else "nothing (no traffic)"
-        lines.append(f"| {label} | {'<br>'.join(parts) or none} |")
+        lines.append(f"| {label} | {'<br>'.join(parts) or none} | {_secure(ups)} |")
     return "\n".join(lines)
+
+
+def _secure(ups: list[dict]) -> str:
+    """One table cell: what secure aggregation does with the records ``ups``."""
+    if not ups:
+        return ""
+    bad = [r for r in ups if not r["secure_aggregation"].startswith("yes")]
+    if not bad:
+        return "hides " + ", ".join(f"`{r['record']}`" for r in ups)
+    why = {str(To.CLIENTS): "sent to clients"}
+    return "refused: " + ", ".join(
+        f"`{r['record']}` ({why.get(r['to'] or '', 'read per site')})" for r in bad
+    )

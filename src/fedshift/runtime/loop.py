@@ -24,9 +24,10 @@ is rolled back to its start and the state of the last whole round is written, th
 
 Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`, called at run start,
 resume, evaluation, round end, checkpoint, run end): ``metrics.jsonl``, model selection
-(``selected.pt``), the trackers, the round line and progress bar, checkpoint timing, and
-``summary.json`` (from the :class:`~fedshift.eval.summary.RunRecord` the loop fills). Log
-records go to ``run.log`` (:mod:`fedshift.core.logs`).
+(``selected.pt``), the trackers, the round line and progress bar, checkpoint timing,
+``summary.json`` (from the loop's :class:`~fedshift.eval.summary.RunRecord`); logs: ``run.log``.
+With ``federation.secure_aggregation`` the algorithm aggregates replies' secure sum only
+(:mod:`fedshift.runtime.secagg`: the transport masks them).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from fedshift.runtime.hooks import (
 )
 from fedshift.runtime.results import MetricsFile, ResultFiles, RunResult
 from fedshift.runtime.rundir import hold_run
+from fedshift.runtime.secagg import SecureAggregation
 from fedshift.runtime.stopping import Caught, RunInterrupted, RunSignal, SignalGate
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
 
@@ -120,25 +122,21 @@ class RoundLoop:
         tracking.check_trackers(cfg.track)  # a missing package fails before anything loads
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.transport = transport
         self.progress = progress
         self.options = options or LoopOptions()
         self.identity = RunIdentity(key=uuid.uuid4().hex)
-        exp, self.server = start_experiment(cfg, transport, self.identity)
+        self.secure = SecureAggregation.of(cfg)  # federation.secure_aggregation: masked replies
+        self.transport = transport if self.secure is None else self.secure.wrap(transport)
+        exp, self.server = start_experiment(cfg, self.transport, self.identity)
         self.exp, self.fed = exp, exp.fed  # the federation as placed on the run's device
-        self.device = exp.device
         self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
-        self.pipeline, self.kinds = exp.pipeline, exp.kinds
-        self.ledger = Ledger()
-        self.records: list[dict] = []
-        self.last_round = 0
-        self.wall_before = 0.0
+        self.pipeline, self.kinds, self.device = exp.pipeline, exp.kinds, exp.device
+        self.ledger, self.records, self.last_round, self.wall_before = Ledger(), [], 0, 0.0
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
-        # SIGINT / SIGTERM: a clean stop (runtime/stopping.py)
-        self.gate = self.options.gate or SignalGate()
+        self.gate = self.options.gate or SignalGate()  # SIGINT / SIGTERM: a clean stop
         self._t0 = time.perf_counter()  # since when the run's wall_s has not been counted
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
         self.extra_hooks = list(hooks)
@@ -189,7 +187,8 @@ class RoundLoop:
             if cid in replies:
                 self._receive(rnd, cid, replies[cid])
                 ups.append((cid, replies[cid]))
-        self.algo.aggregate(self.server, rnd, ups)
+        sums = ups if self.secure is None else self.secure.combine(rnd, sampled, ups)
+        self.algo.aggregate(self.server, rnd, sums)  # secure: the masked replies' sum only
         return {cid: up.metrics for cid, up in ups}
 
     def need(self, rnd: int, what: str, asked: list[str], got: int, lost: list[str]) -> None:

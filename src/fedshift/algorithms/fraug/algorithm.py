@@ -28,7 +28,17 @@ from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, 
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
-from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
+from fedshift.core.disclosure import (
+    DOWN,
+    UP,
+    Disclosure,
+    Kind,
+    To,
+    When,
+    fixed,
+    sums_only,
+    tensor_bytes,
+)
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
 from fedshift.data.base import ClientData
@@ -134,6 +144,7 @@ class FRAug(Objectives, Algorithm):
             }
         )
 
+    @sums_only("weights", "generator")  # both weighted means only
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         server["weights"].update(self.average_record(replies, "weights"))
         server["generator"].update(self.average_record(replies, "generator"))
