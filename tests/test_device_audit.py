@@ -72,6 +72,18 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the labels are moved to the host first; a CPU generator picks the same shots on "
         "every device",
     # -- host-side values by design (moved with .to() where they meet device tensors)
+    ("protocols/privacy.py", "domain_images", "as_tensor"):
+        "the attacks on records computed from images run on the host (per-image features, "
+        "phase retrieval, torchmetrics scores): a domain's images are copied there once",
+    ("protocols/privacy.py", "_property", "randperm"):
+        "host-side sites drawn from host images with a CPU generator (same sites on any device)",
+    ("protocols/privacy.py", "_reconstruct", "randperm"):
+        "host-side sites drawn from host images with a CPU generator (same sites on any device)",
+    ("protocols/privacy.py", "leakage_png", "tensor"):
+        "a standard deviation for a plot's error bars, from Python floats",
+    ("protocols/privacy_runs.py", "_split", "as_tensor"):
+        "a site's images on the host; each batch moves to the run's device where the model "
+        "reads it (_losses, _features)",
     ("algorithms/adcol.py", "ADCOL.init_server", "randint"):
         "the discriminator's seed drawn from the global CPU RNG, turned into a Python int",
     ("algorithms/distrans/algorithm.py", "DisTrans.wrap_model", "randint"):
