@@ -133,6 +133,7 @@ MARKS: dict[str, Mark] = {
     "fedshift privacy show -c CONFIG": Synopsis("CONFIG: any run config"),
     "fedshift protocol privacy -c CONFIG": Synopsis("CONFIG: a config or suite whose cells are trained and attacked"),
     "fedshift protocol privacy -c configs/suites/privacy_digits.yaml --sizes 10,50,200,350 --workers 1 --threads 1": Long("about 21 min", "measured 2026-11-29: 27 LeNet-5 runs of 10 rounds (~14 min) + the attacks (~7 min), one worker beside another suite; results/protocols/privacy_digits"),
+    "fedshift protocol privacy -c configs/suites/privacy_brain_mri.yaml --sizes 2,4,8,12 --workers 1 --threads 1": Long("about 50 min", "measured 2026-11-29: 18 U-Net-16 runs of 10 rounds (~37 min beside a test suite) + the attacks (~13 min); results/protocols/privacy_brain_mri"),
     "python tests/core/test_disclosure.py": ByTest(
         "tests/core/test_disclosure.py::test_the_privacy_doc_table_is_the_declarations",
         "the test compares the table the script writes with docs/PRIVACY.md's",
