@@ -15,11 +15,9 @@ from collections.abc import Callable
 
 import torch
 
+from fedshift.attacks.spectra import total_variation
+
 __all__ = ["invert_features"]
-
-
-def _tv(x: torch.Tensor) -> torch.Tensor:
-    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., 1:] - x[..., :-1]).abs().mean()
 
 
 def invert_features(
@@ -42,7 +40,7 @@ def invert_features(
     for _ in range(steps):
         x = torch.sigmoid(z)
         fit = ((features(x) - goal).pow(2).sum(1) / scale).mean()
-        loss = fit + tv * _tv(x)
+        loss = fit + tv * total_variation(x)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["align", "amplitude", "invert_amplitude", "phase_retrieval"]
+__all__ = ["align", "amplitude", "invert_amplitude", "phase_retrieval", "total_variation"]
 
 
 def amplitude(x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,9 @@ def phase_retrieval(
     return best.float()
 
 
-def _tv(x: torch.Tensor) -> torch.Tensor:
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference of neighbouring pixels (anisotropic TV): the image prior of
+    the fitting attacks."""
     return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., 1:] - x[..., :-1]).abs().mean()
 
 
@@ -97,7 +99,7 @@ def invert_amplitude(
         for _ in range(steps):
             x = torch.sigmoid(z) * mask
             fit = (torch.log1p(amplitude(x)) - target).pow(2).mean()
-            loss = fit + tv * _tv(x)
+            loss = fit + tv * total_variation(x)
             opt.zero_grad()
             loss.backward()
             opt.step()
