@@ -40,6 +40,7 @@ from fedshift.algorithms.bn import BN_STATS, BNPolicy, bn_keys, require_bn_tenso
 from fedshift.algorithms.local_train import build_optimizer, restore_optimizer, sam_second_pass
 from fedshift.algorithms.local_train import sgd_steps as _sgd_steps
 from fedshift.algorithms.tensors import clone, subset, weighted_average
+from fedshift.algorithms.trainable import Frozen
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.contract import Reply, State, expect
@@ -149,10 +150,35 @@ class Algorithm:
                 "step, which has no adaptive gradient clipping (only the default step does, "
                 "fedshift.algorithms.agc); remove train.agc or choose another algorithm"
             )
-        self.local_keys: list[str] = self.compute_local_keys(model)
+        #: the tensors ``train.trainable`` freezes (:mod:`fedshift.algorithms.trainable`):
+        #: neither local nor shared; ``model`` is frozen in place
+        self.frozen = Frozen(model, train.trainable, self.always_trained)
+        if self.frozen and self.partial_training_refusal is not None:
+            raise ConfigError(
+                f"config key 'train.trainable={train.trainable}': algorithm {self.name!r} "
+                f"{self.partial_training_refusal}; use train.trainable=all"
+            )
+        frozen = set(self.frozen.keys)
+        own = self.compute_local_keys(model)
+        self.local_keys: list[str] = [k for k in own if k not in frozen]
+        if own and not self.local_keys:
+            raise ConfigError(
+                f"config key 'train.trainable={train.trainable}': algorithm {self.name!r} keeps "
+                f"{len(own)} tensor(s) on each client ({', '.join(own[:2])}, ...), and "
+                "train.trainable freezes them all, so it would run as FedAvg on the trained "
+                "part; choose a train.trainable that trains them (bn or bn+head for BN "
+                "tensors) or another algorithm"
+            )
         self.bn_tensor_keys: list[str] = bn_keys(model, "local")
         local = set(self.local_keys)
-        self.shared_keys: list[str] = [k for k in state if k not in local]
+        self.shared_keys: list[str] = [k for k in state if k not in local and k not in frozen]
+        if frozen and not self.shared_keys and len(own) < len(state):
+            raise ConfigError(
+                f"config key 'train.trainable={train.trainable}': algorithm {self.name!r} "
+                "keeps every tensor train.trainable trains on the client, so nothing is left "
+                "to share and each site trains alone; choose train.trainable=bn+head or all, "
+                "or algorithm local"
+            )
         params_named = {n for n, _ in model.named_parameters()}
         #: shared keys that are trainable parameters (server optimisers act on these only)
         self.shared_param_keys: list[str] = [k for k in self.shared_keys if k in params_named]
@@ -195,6 +221,14 @@ class Algorithm:
 
     def compute_local_keys(self, model: FedModel) -> list[str]:
         return bn_keys(model, getattr(self.params, "bn_policy", "global"))
+
+    #: why this algorithm cannot train a part of the model (``train.trainable`` other than
+    #: ``all``), or None when it can (checked for every algorithm by
+    #: tests/algorithms/test_trainable.py: frozen tensors unchanged, fewer bytes sent)
+    partial_training_refusal: ClassVar[str | None] = None
+    #: state-dict keys of the method's own tensors that train whatever ``train.trainable``
+    #: freezes (DisTrans's offset)
+    always_trained: ClassVar[tuple[str, ...]] = ()
 
     # -- which models exist to be evaluated ---------------------------------------------
     @property
@@ -327,7 +361,7 @@ class Algorithm:
 
     def load_client_model(self, ctx: ClientContext, shared: Tensors, state: State) -> None:
         """Working model <- the received shared tensors + the client's own local tensors."""
-        ctx.model.load_state_dict({**shared, **state["local"]}, strict=True)
+        ctx.model.load_state_dict(self.frozen.complete({**shared, **state["local"]}), strict=True)
 
     def keep_local(self, ctx: ClientContext, state: State) -> None:
         if self.local_keys:
@@ -382,7 +416,8 @@ class Algorithm:
     def personal_weights(self, server: State, state: State) -> Tensors | None:
         if not self.has_personal_model:
             return None
-        return {**subset(server["weights"], self.shared_keys), **state["local"]}
+        shared = subset(server["weights"], self.shared_keys)
+        return self.frozen.complete({**shared, **state["local"]})
 
     def server_view(self, server: State, cid: str) -> State:
         """The part of the server state that ``personal_weights`` reads for client ``cid``.

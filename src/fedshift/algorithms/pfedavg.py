@@ -64,7 +64,7 @@ class FedAvgFT(FedAvg):
         return state
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        received = {**down["weights"], **clone(state["local"])}
+        received = self.frozen.complete({**down["weights"], **clone(state["local"])})
         up = super().local_update(ctx, down, state)  # FedAvg's update and upload
         trained = clone(ctx.model.state_dict())
         ctx.model.load_state_dict(received, strict=True)

@@ -82,6 +82,10 @@ class TrainConfig:
     )
     # "reset": a fresh optimizer every round (FedBN's code); "persist": kept in client state.
     optimizer_state: Literal["reset", "persist"] = "reset"
+    # which tensors train (fedshift.algorithms.trainable): "all", the classifier only
+    # ("head"), the batch-norm layers ("bn") or both ("bn+head"); the rest stays frozen
+    # and never crosses the wire
+    trainable: Literal["all", "head", "bn", "bn+head"] = "all"
     # the local loss: "auto" = cross-entropy for classification, (CE + soft Dice) / 2 for
     # segmentation (HarmoFL/FedFA); "ce", "dice" or "ce+dice" set it explicitly
     loss: Literal["auto", "ce", "dice", "ce+dice"] = "auto"

@@ -44,6 +44,7 @@ LATER_DEFAULTS: dict[str, Any] = {
     # fedheal_digits) sets rounding: first to keep its cells (issue 50)
     "partition.rounding": "first",
     "federation.secure_aggregation": False,  # secure aggregation off (issue 53)
+    "train.trainable": "all",  # every tensor trains (issue 54)
 }
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)

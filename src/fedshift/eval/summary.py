@@ -170,6 +170,9 @@ class RunRecord:
     stopped_at: int | None = None
     #: where ``train.patience`` stopped the run (:class:`~fedshift.eval.early_stop.Stop`)
     stop: Any = None
+    #: ``train.trainable`` other than ``all``: what trained and stayed frozen
+    #: (:meth:`fedshift.algorithms.trainable.Frozen.report`)
+    trainable: dict | None = None
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -209,6 +212,8 @@ class RunRecord:
         }
         if cfg.model.extras.get("weights"):  # pretrained weights: the file, SHA-256, skipped keys
             meta["model_weights"] = cfg.model.extras
+        if self.trainable is not None:  # a part of the model trained, the rest frozen
+            meta["trainable"] = self.trainable
         if self.domain_mix is not None:  # clients drawn from domains: each one's mix
             meta["domain_mix"] = self.domain_mix
         ledger = self.ledger

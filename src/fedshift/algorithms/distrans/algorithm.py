@@ -54,6 +54,8 @@ def _frozen(param: nn.Parameter) -> Iterator[None]:
 class DisTrans(Algorithm):
     """Per-client offsets + a double-input-channel model averaged FedAvg-style."""
 
+    #: the offset trains whatever train.trainable freezes (it is the method)
+    always_trained = (OFFSET,)
     name = "distrans"
     tasks = ("classification",)  # its objective needs one label per image
     Params = DisTransParams

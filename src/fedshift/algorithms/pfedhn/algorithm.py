@@ -32,6 +32,10 @@ class PFedHN(Algorithm):
     #: Algorithm 1 samples one client per step uniformly, so each client's step counts
     #: equally; with several clients per round phi's gradient is their 1/|S| mean
     paper_weighting = "uniform"
+    partial_training_refusal = (
+        "generates every tensor of each client's model from its hypernetwork (Eq. 1), so "
+        "no part of the model stays frozen"
+    )
 
     @classmethod
     def check(cls, params: Any, train: TrainConfig) -> None:

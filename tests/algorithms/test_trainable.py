@@ -1,0 +1,133 @@
+"""``train.trainable`` (:mod:`fedshift.algorithms.trainable`): every registered algorithm
+either trains the named part of the model with the rest frozen (the frozen tensors are the
+initial model's after two rounds, fewer bytes cross the wire, the frozen batch-norm layers
+normalise as in evaluation) or refuses with a one-line reason naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import toy_cfg
+from support.same_run import TINY, seg_overrides
+
+from fedshift.algorithms import ALGORITHMS
+from fedshift.algorithms.trainable import Frozen, frozen_keys
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.data import run_federation
+from fedshift.runtime.experiment import build_experiment
+from fedshift.runtime.simulation import Simulation
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROUNDS = 2
+#: (algorithm, mode) -> a phrase of the refusal; every other pair must train
+REFUSED = {
+    ("pfedhn", "head"): "hypernetwork",
+    ("pfedhn", "bn+head"): "hypernetwork",
+    ("pfedhn", "bn"): "hypernetwork",
+    ("fedbn", "head"): "freezes them all",
+    ("fraug", "head"): "freezes them all",
+    ("fedbn", "bn"): "nothing is left to share",
+    ("fedwon", "bn"): "no batch-norm layer",
+    ("fedwon", "bn+head"): "no batch-norm layer",
+}
+CASES = [(a, "head") for a in ALGORITHMS.names()] + [
+    (a, "bn+head") for a in ("fedavg", "fedbn", "fedfa", "harmofl", "distrans", "fraug")
+] + [("fedavg", "bn"), ("fedbn", "bn"), ("fedwon", "bn"), ("pfedhn", "bn")]
+
+
+def _cfg(algorithm: str, mode: str):
+    over = (f"algorithm.name={algorithm}", *seg_overrides(algorithm),
+            *ALGORITHMS.get(algorithm).requires)  # fmt: skip
+    return toy_cfg(*TINY, *over, f"train.trainable={mode}", rounds=ROUNDS)
+
+
+def _up_bytes(sim: Simulation) -> int:
+    return sum(b for (_, _, direction, _, b) in sim.ledger.rows if direction == "up")
+
+
+def _train(cfg, tmp_path) -> Simulation:
+    sim = Simulation(cfg, tmp_path, progress=False)
+    if sim.algo.needs_setup:
+        sim.setup_exchange()
+    for rnd in range(1, ROUNDS + 1):
+        sim.run_round(rnd)
+    return sim
+
+
+@pytest.mark.parametrize(("algorithm", "mode"), CASES, ids=[f"{a}-{m}" for a, m in CASES])
+def test_a_part_trains_and_the_rest_stays_as_built(tmp_path, algorithm, mode):
+    cfg = _cfg(algorithm, mode)
+    refusal = REFUSED.get((algorithm, mode))
+    if refusal is not None:
+        with pytest.raises(ConfigError, match=f"train.trainable={mode}.*{refusal}"):
+            Simulation(cfg, tmp_path, progress=False)
+        return
+    # the initial model built apart, with every tensor trainable: what the frozen part is
+    initial = build_experiment(_cfg(algorithm, "all"), run_federation(cfg, None)).model
+    want = initial.state_dict()
+    sim = _train(cfg, tmp_path / "part")
+    frozen = sim.algo.algorithm.frozen
+    assert frozen.keys and set(frozen.keys) < set(want)
+    report = frozen.at_end(sim.server, sim.model)  # raises where a frozen tensor moved
+    assert report is not None and report["frozen_tensors"] == len(frozen.keys)
+    state = sim.model.state_dict()
+    for k in frozen.keys:
+        assert torch.equal(state[k], want[k]), k
+        if isinstance(sim.server.get("weights"), dict) and k in sim.server["weights"]:
+            assert torch.equal(sim.server["weights"][k], want[k]), k
+    assert not set(frozen.keys) & set(sim.algo.algorithm.shared_keys)
+    assert not set(frozen.keys) & set(sim.algo.algorithm.local_keys)
+    if sim.algo.algorithm.communicates and sim.algo.algorithm.shared_keys:
+        whole = _train(_cfg(algorithm, "all"), tmp_path / "all")
+        assert _up_bytes(sim) < _up_bytes(whole)
+
+
+def test_the_frozen_trunk_normalises_as_in_evaluation(tmp_path):
+    """Head only: the trunk's features are the same in training and evaluation mode (its
+    BN layers use their running statistics and never update them)."""
+    sim = Simulation(_cfg("fedavg", "head"), tmp_path, progress=False)
+    model = sim.model
+    x = torch.rand(6, *sim.fed.input_shape)
+    model.eval()
+    with torch.no_grad():
+        want = model.features(x)
+    model.train()
+    with torch.no_grad():
+        got = model.features(x)
+    assert torch.equal(got, want)
+    # with every tensor trainable the same model's BN layers use the batch's statistics
+    whole = Simulation(_cfg("fedavg", "all"), tmp_path / "all", progress=False).model
+    whole.train()
+    with torch.no_grad():
+        assert not torch.equal(whole.features(x), want)
+
+
+def test_a_moved_frozen_tensor_is_found(tmp_path):
+    sim = Simulation(_cfg("fedavg", "head"), tmp_path, progress=False)
+    frozen = sim.algo.algorithm.frozen
+    key = next(k for k in frozen.keys if k.endswith("weight"))
+    with torch.no_grad():
+        sim.model.state_dict()[key].add_(1e-3)
+    with pytest.raises(FedshiftError, match="changed 1 frozen tensor"):
+        frozen.at_end(sim.server, sim.model)
+
+
+def test_every_tensor_trains_by_default(tmp_path):
+    sim = Simulation(_cfg("fedavg", "all"), tmp_path, progress=False)
+    assert not sim.algo.algorithm.frozen
+    assert sim.algo.algorithm.frozen.at_end(sim.server, sim.model) is None
+    assert all(p.requires_grad for p in sim.model.parameters())
+
+
+def test_the_modes_name_their_keys(tmp_path):
+    model = Simulation(_cfg("fedavg", "all"), tmp_path, progress=False).model
+    keys = list(model.state_dict())
+    head = frozen_keys(model, "head")
+    assert [k for k in keys if k not in head] == ["classifier.weight", "classifier.bias"]
+    bn = set(keys) - set(frozen_keys(model, "bn"))
+    assert bn and all(".bn." in k for k in bn)
+    both = set(keys) - set(frozen_keys(model, "bn+head"))
+    assert both == bn | {"classifier.weight", "classifier.bias"}
+    with pytest.raises(ConfigError, match="'train.trainable'"):
+        Frozen(model, "everything")
