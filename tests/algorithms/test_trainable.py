@@ -30,10 +30,22 @@ REFUSED = {
     ("fedbn", "bn"): "nothing is left to share",
     ("fedwon", "bn"): "no batch-norm layer",
     ("fedwon", "bn+head"): "no batch-norm layer",
+    ("pfedhn", "adapters"): "hypernetwork",
+    ("pfedhn", "lora"): "hypernetwork",
+    ("fedbn", "adapters"): "freezes them all",
+    ("fedbn", "lora"): "freezes them all",
+    ("fedwon", "adapters"): "not weight-standardised",
+    ("fedwon", "lora"): "not weight-standardised",
+    ("elcfs", "adapters"): "not stage after stage",
 }
+#: the methods that wrap, replace or constrain the model, and the seed methods
+ADDED = ("fedavg", "fedbn", "fedfa", "harmofl", "distrans", "fedsr", "fedwon", "elcfs",
+         "pfedhn", "moon", "scaffold", "fedrdn")  # fmt: skip
 CASES = [(a, "head") for a in ALGORITHMS.names()] + [
     (a, "bn+head") for a in ("fedavg", "fedbn", "fedfa", "harmofl", "distrans", "fraug")
-] + [("fedavg", "bn"), ("fedbn", "bn"), ("fedwon", "bn"), ("pfedhn", "bn")]
+] + [("fedavg", "bn"), ("fedbn", "bn"), ("fedwon", "bn"), ("pfedhn", "bn")] + [
+    (a, m) for m in ("adapters", "lora") for a in ADDED
+]
 
 
 def _cfg(algorithm: str, mode: str):
@@ -60,7 +72,7 @@ def test_a_part_trains_and_the_rest_stays_as_built(tmp_path, algorithm, mode):
     cfg = _cfg(algorithm, mode)
     refusal = REFUSED.get((algorithm, mode))
     if refusal is not None:
-        with pytest.raises(ConfigError, match=f"train.trainable={mode}.*{refusal}"):
+        with pytest.raises(ConfigError, match=refusal):
             Simulation(cfg, tmp_path, progress=False)
         return
     # the initial model built apart, with every tensor trainable: what the frozen part is
@@ -131,3 +143,34 @@ def test_the_modes_name_their_keys(tmp_path):
     assert both == bn | {"classifier.weight", "classifier.bias"}
     with pytest.raises(ConfigError, match="'train.trainable'"):
         Frozen(model, "everything")
+
+
+@pytest.mark.parametrize("mode", ["adapters", "lora"])
+def test_added_layers_start_as_the_identity(tmp_path, mode):
+    """Adapters and LoRA start as the model they are added to: the same outputs as the
+    model built without them (same seed, so the same backbone), before any training."""
+    sim = Simulation(_cfg("fedavg", "all"), tmp_path / "all", progress=False)
+    base = sim.model
+    added = Simulation(_cfg("fedavg", mode), tmp_path / mode, progress=False).model
+    assert set(base.state_dict()) < set(added.state_dict())
+    for k, v in base.state_dict().items():
+        assert torch.equal(added.state_dict()[k], v), k
+    x = torch.rand(5, *sim.fed.input_shape)
+    base.eval()
+    added.eval()
+    with torch.no_grad():
+        assert torch.equal(added(x), base(x))
+    trained = set(added.state_dict()) - set(Frozen(added, mode).keys)
+    assert any(k.startswith(f"{mode}.") for k in trained)
+    assert {"classifier.weight", "classifier.bias"} <= trained
+
+
+def test_adapters_name_their_stages(tmp_path):
+    def cfg(stages: str):
+        return toy_cfg(*TINY, "train.trainable=adapters", f"train.adapter_stages=[{stages}]",
+                       rounds=ROUNDS)  # fmt: skip
+
+    sim = Simulation(cfg("conv2"), tmp_path, progress=False)
+    assert list(sim.model.adapters) == ["conv2"]
+    with pytest.raises(ConfigError, match="'train.adapter_stages'.*nope"):
+        Simulation(cfg("nope"), tmp_path / "bad", progress=False)

@@ -53,6 +53,10 @@ SEGMENTATION = ("dataset.name=toyseg", "model.name=unet", "model.width=2")
 def _cases() -> list:
     out = [pytest.param(name, (), id=name) for name in ALGORITHMS.names()]
     out.append(pytest.param("fedsr", ("algorithm.prediction=mean",), id="fedsr-mean"))
+    out += [  # a part of the model trained; adapters and LoRA add layers the export rebuilds
+        pytest.param("fedavg", (f"train.trainable={m}",), id=f"trainable-{m}")
+        for m in ("head", "adapters", "lora")
+    ]
     out += [
         pytest.param("fedavg", (f"augment=[{a}]",), id=f"augment-{a}") for a in AUGMENTS.names()
     ]

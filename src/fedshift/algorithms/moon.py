@@ -112,6 +112,8 @@ class ProjectedModel(FedModel):
             )
         dim = int(backbone.classifier.in_features)
         self.stages = backbone.stages
+        if "adapters" in backbone._modules:  # train.trainable=adapters: after the stages
+            self.adapters = backbone.adapters
         proj = nn.Sequential(
             OrderedDict(
                 fc1=nn.Linear(dim, dim),

@@ -8,7 +8,10 @@ statistics), or both. ``train.trainable`` names that fraction:
 * ``all`` (default): every tensor trains, as before;
 * ``head``: the classifier (``FedModel.classifier``) only; the trunk is frozen;
 * ``bn``: every batch-norm layer's tensors only;
-* ``bn+head``: both.
+* ``bn+head``: both;
+* ``adapters``: residual adapters after the model's stages, and the classifier;
+* ``lora``: low-rank updates of its convolution and linear weights, and the classifier
+  (both added when the experiment is built: :mod:`fedshift.models.peft`).
 
 A frozen tensor is frozen everywhere: its parameter has ``requires_grad=False`` (no
 optimiser, weight decay or gradient correction reaches it), the modules outside the trained
@@ -36,8 +39,11 @@ from fedshift.core.errors import ConfigError, FedshiftError
 
 __all__ = ["TRAINABLE", "Frozen", "Trainable", "frozen_keys", "trained_modules"]
 
-Trainable = Literal["all", "head", "bn", "bn+head"]
-TRAINABLE: tuple[str, ...] = ("all", "head", "bn", "bn+head")
+Trainable = Literal["all", "head", "bn", "bn+head", "adapters", "lora"]
+TRAINABLE: tuple[str, ...] = ("all", "head", "bn", "bn+head", "adapters", "lora")
+#: the modes that add layers to the model (:func:`fedshift.models.peft.add_peft`), trained
+#: with the classifier: the model's module holding them
+ADDED = {"adapters": "adapters", "lora": "lora"}
 
 #: modules whose forward pass depends on ``training``: run in evaluation mode when frozen
 _MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -54,7 +60,17 @@ def trained_modules(model: nn.Module, trainable: str) -> list[str]:
     if trainable == "all":
         return []
     names: list[str] = []
-    if "head" in trainable.split("+"):
+    if trainable in ADDED:  # the model's (or, wrapped, its backbone's) added layers
+        leaf = ADDED[trainable]
+        added = [n for n, _ in model.named_modules() if n == leaf or n.endswith("." + leaf)]
+        if not added:
+            raise ConfigError(
+                f"config key 'train.trainable={trainable}': model {type(model).__name__} has "
+                f"no `{leaf}` module (fedshift.models.peft adds it when the experiment is "
+                "built)"
+            )
+        names.extend(added)
+    if "head" in trainable.split("+") or trainable in ADDED:
         if not isinstance(getattr(model, "classifier", None), nn.Module):
             raise ConfigError(
                 f"config key 'train.trainable={trainable}': model {type(model).__name__} has "

@@ -85,7 +85,14 @@ class TrainConfig:
     # which tensors train (fedshift.algorithms.trainable): "all", the classifier only
     # ("head"), the batch-norm layers ("bn") or both ("bn+head"); the rest stays frozen
     # and never crosses the wire
-    trainable: Literal["all", "head", "bn", "bn+head"] = "all"
+    # "adapters": residual adapters after the stages, "lora": low-rank updates of the
+    # convolution and linear weights (fedshift.models.peft), each with the classifier
+    trainable: Literal["all", "head", "bn", "bn+head", "adapters", "lora"] = "all"
+    # the adapters' stages (empty: every stage) and bottleneck reduction C -> C / r
+    adapter_stages: list[str] = field(default_factory=list)
+    adapter_reduction: int = bounded(4, ge=1)
+    # LoRA's rank r (alpha = r)
+    lora_rank: int = bounded(4, ge=1)
     # the local loss: "auto" = cross-entropy for classification, (CE + soft Dice) / 2 for
     # segmentation (HarmoFL/FedFA); "ce", "dice" or "ce+dice" set it explicitly
     loss: Literal["auto", "ce", "dice", "ce+dice"] = "auto"

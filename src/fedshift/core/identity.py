@@ -53,6 +53,9 @@ ONLY_WITH = {
     "train.min_rounds": "train.patience",
     "federation.secagg_frac_bits": "federation.secure_aggregation",
     "federation.secagg_modulus_bits": "federation.secure_aggregation",
+    "train.adapter_stages": "train.trainable",
+    "train.adapter_reduction": "train.trainable",
+    "train.lora_rank": "train.trainable",
 }
 
 

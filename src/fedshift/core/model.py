@@ -42,9 +42,14 @@ class FedModel(nn.Module):
         return list(self.stages.keys())
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Input images -> embedding ``z`` (the input of the classification head)."""
+        """Input images -> embedding ``z`` (the input of the classification head): each
+        stage, then its adapter (``train.trainable=adapters``: :mod:`fedshift.models.peft`),
+        then its hook."""
+        adapters = self._modules.get("adapters")
         for name, stage in self.stages.items():
             x = stage(x)
+            if adapters is not None and name in adapters:
+                x = adapters[name](x)
             hook = self.stage_hooks.get(name)
             if hook is not None:
                 x = hook(x)

@@ -35,6 +35,7 @@ from fedshift.data.base import ClientData, Federation
 from fedshift.data.common.sites import name_hint
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
+from fedshift.models.peft import add_adapters, add_lora, added_layers_rng
 from fedshift.runtime.device import place_data, resolve_device, set_precision
 
 if TYPE_CHECKING:
@@ -107,7 +108,15 @@ def build_experiment(
     algo_cls, algo_params = cfg.algorithm.factory, cfg.algorithm.params
     model = build_model(cfg.model, fed.num_classes, fed.input_shape, fed.task)
     # algorithms that change the architecture (DisTrans's double-input-channel model)
+    train = cfg.train
+    if train.trainable == "adapters":  # after the backbone's stages, before a method wraps it
+        with added_layers_rng(cfg.seed, "adapters"):
+            add_adapters(model, tuple(fed.input_shape), train.adapter_reduction,
+                         train.adapter_stages)  # fmt: skip
     model = algo_cls.wrap_model(algo_params, model, fed)
+    if train.trainable == "lora":  # on the layers of the model as the method trains it
+        with added_layers_rng(cfg.seed, "lora"):
+            add_lora(model, train.lora_rank)
     model.to(device)
     if MODELS.is_plugin(cfg.model.name) or ALGORITHMS.is_plugin(cfg.algorithm.name):
         check_model_output(model, fed, device, cfg.model.name)  # a plug-in's model

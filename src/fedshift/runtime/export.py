@@ -48,6 +48,7 @@ import torch
 import fedshift
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import atomic_output, read_json, write_text_atomic
+from fedshift.models.peft import add_adapters, add_lora
 
 __all__ = ["EXPORT_FORMAT", "ExportedModel", "build_exported", "export_model", "load_exported"]
 
@@ -374,7 +375,12 @@ def build_exported(desc: dict) -> torch.nn.Module:
     if desc.get("plain"):
         return model
     algo = ALGORITHMS.component(desc["algorithm"], "algorithm")
+    train = desc["config"].get("train", {})  # the layers train.trainable added, as the run did
+    if train.get("trainable") == "adapters":
+        add_adapters(model, shape, int(train["adapter_reduction"]), list(train["adapter_stages"]))
     model = algo.factory.wrap_model(algo.params, model, _stub_federation(desc))
+    if train.get("trainable") == "lora":
+        add_lora(model, int(train["lora_rank"]))
     for a in build_augments(desc["augment"], int(desc["source"]["seed"]), int(desc["num_classes"])):
         a.attach(model)
     return model
