@@ -14,6 +14,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.fedavgm import FedAvgM
 from fedshift.algorithms.fedaws import FedAwS
 from fedshift.algorithms.fedbn import FedBN
+from fedshift.algorithms.fedclip import FedCLIP
 from fedshift.algorithms.feddg_ga import FedDGGA
 from fedshift.algorithms.fedfa import FedFA
 from fedshift.algorithms.fedheal import FedHEAL
@@ -76,6 +77,7 @@ for _cls in (
     ADCOL,
     ELCFS,
     FedWon,
+    FedCLIP,
 ):
     ALGORITHMS.add(_cls.name, _cls, _cls.Params)
 

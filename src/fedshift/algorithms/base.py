@@ -226,8 +226,8 @@ class Algorithm:
     #: ``all``), or None when it can (checked for every algorithm by
     #: tests/algorithms/test_trainable.py: frozen tensors unchanged, fewer bytes sent)
     partial_training_refusal: ClassVar[str | None] = None
-    #: state-dict keys of the method's own tensors that train whatever ``train.trainable``
-    #: freezes (DisTrans's offset)
+    #: the method's own tensors that train whatever ``train.trainable`` freezes: state-dict
+    #: keys or module prefixes (DisTrans's offset, FedCLIP's adapter)
     always_trained: ClassVar[tuple[str, ...]] = ()
 
     # -- which models exist to be evaluated ---------------------------------------------

@@ -101,14 +101,14 @@ def _inside(name: str, modules: list[str]) -> bool:
 
 def frozen_keys(model: nn.Module, trainable: str, keep: tuple[str, ...] = ()) -> list[str]:
     """State-dict keys of ``model`` that ``trainable`` freezes, in state-dict order (empty
-    for ``all``); ``keep``: keys of the method's own tensors that train in every mode
-    (DisTrans's offset)."""
+    for ``all``); ``keep``: the method's own tensors that train in every mode, as
+    state-dict keys or module prefixes (DisTrans's offset, FedCLIP's adapter)."""
     trained = trained_modules(model, trainable)
     if not trained:
         return []
     return [
         k for k in model.state_dict()
-        if k not in keep and not _inside(k.rpartition(".")[0], trained)
+        if not _inside(k, list(keep)) and not _inside(k.rpartition(".")[0], trained)
     ]  # fmt: skip
 
 
@@ -130,7 +130,7 @@ class Frozen:
         self.tensors: dict[str, torch.Tensor] = {k: state[k].detach().clone() for k in self.keys}
         if not self.keys:
             return
-        trained = trained_modules(model, trainable)
+        trained = trained_modules(model, trainable) + list(keep)
         frozen = set(self.keys)
         for name, p in model.named_parameters():
             if name in frozen:
