@@ -218,6 +218,7 @@ class AdvProp(FedAvg):
     """FedAvg whose local steps minimise CE(clean; main BNs) + CE(PGD adversarial; aux BNs)."""
 
     name = "advprop"
+    trunk_cache_refusal = "trains on adversarial images computed through the trunk"
     tasks = ("classification",)  # its objective needs one label per image
     Params = AdvPropParams
 

@@ -229,6 +229,9 @@ class Algorithm:
     #: the method's own tensors that train whatever ``train.trainable`` freezes: state-dict
     #: keys or module prefixes (DisTrans's offset, FedCLIP's adapter)
     always_trained: ClassVar[tuple[str, ...]] = ()
+    #: why this algorithm's local update cannot train on cached embeddings of a frozen
+    #: trunk (:mod:`fedshift.runtime.trunk_cache`), or None when it can
+    trunk_cache_refusal: ClassVar[str | None] = None
 
     # -- which models exist to be evaluated ---------------------------------------------
     @property

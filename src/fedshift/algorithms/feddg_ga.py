@@ -113,6 +113,7 @@ class FedDGGA(FedAvgOrProxClient):
     """FedAvg (or FedProx) whose aggregation weights follow the generalisation adjustment."""
 
     name = "feddg_ga"
+    trunk_cache_refusal = "scores the model on the client's validation images in its local update"
     Params = FedDGGAParams
     paper_weighting = "uniform"  # train_pacs_GA.py: every site starts at weight 1/K
     depends_on_rounds = True  # the step size decays over train.rounds (step 5)

@@ -103,6 +103,7 @@ class FedRobust(FedAvg):
     """FedAvg whose clients train against their own learned affine input shift (local SGDA)."""
 
     name = "fedrobust"
+    trunk_cache_refusal = "perturbs the images (affine distribution shifts) before the trunk"
     Params = FedRobustParams
     paper_weighting = "uniform"
 

@@ -93,6 +93,9 @@ class TrainConfig:
     adapter_reduction: int = bounded(4, ge=1)
     # LoRA's rank r (alpha = r)
     lora_rank: int = bounded(4, ge=1)
+    # with trainable=head: compute each client's embeddings once and train the head on them
+    # where nothing varies them per round (fedshift.runtime.trunk_cache); false: recompute
+    trunk_cache: bool = True
     # the local loss: "auto" = cross-entropy for classification, (CE + soft Dice) / 2 for
     # segmentation (HarmoFL/FedFA); "ce", "dice" or "ce+dice" set it explicitly
     loss: Literal["auto", "ce", "dice", "ce+dice"] = "auto"

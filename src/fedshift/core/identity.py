@@ -56,6 +56,7 @@ ONLY_WITH = {
     "train.adapter_stages": "train.trainable",
     "train.adapter_reduction": "train.trainable",
     "train.lora_rank": "train.trainable",
+    "train.trunk_cache": "train.trainable",
 }
 
 

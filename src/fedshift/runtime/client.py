@@ -25,7 +25,10 @@ def train_client(
     """Round ``rnd`` of client ``cid``: the algorithm's ``local_update`` on ``down`` in a fresh
     :class:`ClientContext`, with every random stream derived from (seed, round, client)."""
     ctx = client_context(exp, seed, cid, data, rnd, state)
-    return exp.algo.local_update(ctx, down, state)
+    if exp.trunk_cache is None:
+        return exp.algo.local_update(ctx, down, state)
+    with exp.trunk_cache.active(ctx) as cached:  # train.trainable=head: embeddings once
+        return exp.algo.local_update(cached, down, state)
 
 
 def client_context(

@@ -37,6 +37,7 @@ from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.models.peft import add_adapters, add_lora, added_layers_rng
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+from fedshift.runtime.trunk_cache import TrunkCache, trainable_summary
 
 if TYPE_CHECKING:
     from fedshift.runtime.transport import RunIdentity, Transport
@@ -71,6 +72,14 @@ class Experiment:
     #: (``data_storage``, :meth:`Federation.storage`, for uint8 images) and the
     #: deterministic-kernel settings
     placement: dict = dataclasses.field(default_factory=dict)
+    #: each client's embeddings when its rounds train the head on a frozen trunk
+    #: (``train.trunk_cache``), else None
+    trunk_cache: TrunkCache | None = None
+
+    def trainable_summary(self, server: dict) -> dict | None:
+        """``summary.json``'s ``trainable``
+        (:func:`fedshift.runtime.trunk_cache.trainable_summary`)."""
+        return trainable_summary(self, server)
 
 
 def build_experiment(
@@ -154,7 +163,7 @@ def build_experiment(
         )
         if ok
     ]
-    return Experiment(
+    exp = Experiment(
         fed=fed,
         task=task,
         holdout=holdout,
@@ -171,6 +180,8 @@ def build_experiment(
         eval_batch_size=cfg.eval.batch_size,
         placement=placement,
     )
+    exp.trunk_cache = TrunkCache.of(exp)
+    return exp
 
 
 def check_model_output(model: object, fed: Federation, device: torch.device, name: str) -> None:

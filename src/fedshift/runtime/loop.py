@@ -421,7 +421,7 @@ class RoundLoop:
             domain_mix=self.fed.info.get("domain_mix"),
             stopped_at=self.last_round,
             stop=self.stop,
-            trainable=self.algo.algorithm.frozen.at_end(self.server, self.model),
+            trainable=self.exp.trainable_summary(self.server),
         )
 
     def _extend(self, rounds: int, resumed: bool) -> None:
