@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from fedshift.core.bounds import bounded
@@ -18,6 +19,8 @@ from fedshift.models.normfree import NORM_FREE_KEYS, NormFreeParams, make_norm_f
 from fedshift.models.resnet import ResNet18, ResNetParams
 from fedshift.models.unet import UNet, UNetParams
 from fedshift.models.weights import WEIGHT_KEYS, load_weights
+
+log = logging.getLogger("fedshift")
 
 
 @dataclass
@@ -129,7 +132,7 @@ def build_model(
     weights = component.extras
     if weights.get("weights"):
         # pretrained weights replace the seeded initial ones before anything wraps the model
-        load_weights(model, weights, name)
+        log.info("%s", load_weights(model, weights, name))
     return model
 
 
