@@ -113,8 +113,8 @@ def _lite0_efficientnet_pytorch() -> KeyMap:
     rules = [
         (r"_conv_stem\.(.+)", r"stages.stem.conv.\1"),
         (r"_bn0\.(.+)", r"stages.stem.bn.\1"),
-        (r"_conv_head\.(.+)", r"stages.head.conv.\1"),
-        (r"_bn1\.(.+)", r"stages.head.bn.\1"),
+        (r"_conv_head\.(.+)", r"stages.top.conv.\1"),
+        (r"_bn1\.(.+)", r"stages.top.bn.\1"),
     ]
     for n, s, j in _lite0_blocks():
         rules.append(
@@ -130,8 +130,8 @@ def _lite0_timm() -> KeyMap:
     rules = [
         (r"conv_stem\.(.+)", r"stages.stem.conv.\1"),
         (r"bn1\.(.+)", r"stages.stem.bn.\1"),
-        (r"conv_head\.(.+)", r"stages.head.conv.\1"),
-        (r"bn2\.(.+)", r"stages.head.bn.\1"),
+        (r"conv_head\.(.+)", r"stages.top.conv.\1"),
+        (r"bn2\.(.+)", r"stages.top.bn.\1"),
         # the first stage: timm's DepthwiseSeparableConv (conv_dw, bn1, conv_pw, bn2)
         (r"blocks\.0\.0\.conv_dw\.(.+)", r"stages.stage1.0.depthwise_conv.\1"),
         (r"blocks\.0\.0\.bn1\.(.+)", r"stages.stage1.0.bn1.\1"),

@@ -325,7 +325,7 @@ def read_state(path: Path, expected_sha256: str | None, key: str = "model.weight
 
 
 def apply_state(model: nn.Module, state: dict, name: str, fmt: str, skip: list[str],
-                path: Path) -> str:  # fmt: skip
+                path: Path, key: str = "model.weights") -> str:  # fmt: skip
     """Load ``state`` (format ``fmt``, ``auto`` allowed) into ``model``; the report line
     (format read, tensors loaded, the checkpoint's classifier dropped)."""
     own = model.state_dict()
@@ -337,7 +337,7 @@ def apply_state(model: nn.Module, state: dict, name: str, fmt: str, skip: list[s
         )
     fit = choose_fit(state, own, fmt, name, skip, path)
     model.load_state_dict(fit.tensors, strict=False)
-    line = f"model.weights: {path} read in the {fit.fmt} layout: {len(fit.tensors)} tensors"
+    line = f"{key}: {path} read in the {fit.fmt} layout: {len(fit.tensors)} tensors"
     if fit.head:
         line += (
             f"; its classifier ({', '.join(fit.head)}) dropped: model {name!r}'s classifier "
