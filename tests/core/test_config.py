@@ -65,7 +65,7 @@ def test_unknown_algorithm_lists_choices():
 def test_unknown_dataset_and_model():
     with pytest.raises(ConfigError, match=r"'dataset.name'.*unknown dataset 'mnist'.*digits"):
         resolve(load_config(None, ["dataset.name=mnist"]))
-    valid = "alexnet, cnn, densenet121, digitmodel, lenet5, resnet18, unet"
+    valid = "alexnet, cnn, densenet121, digitmodel, efficientnet_lite0, lenet5, resnet18, unet"
     with pytest.raises(ConfigError, match=rf"unknown model 'resnet'.*{valid}"):
         cfg("model.name=resnet")
 

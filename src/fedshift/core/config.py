@@ -505,6 +505,7 @@ def check_ranges(cfg: RunConfig) -> None:
         )
     if len(cfg.input.mean) != len(cfg.input.std):
         raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths")
+    _check_model_normalises(cfg)
     if t.min_rounds and t.patience is None:
         raise ConfigError(
             f"config key 'train.min_rounds' ({t.min_rounds}) acts with early stopping only; "
@@ -514,6 +515,25 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(
             f"config key 'train.min_rounds' ({t.min_rounds}) exceeds train.rounds "
             f"({t.rounds}): lower it, or raise train.rounds"
+        )
+
+
+def _check_model_normalises(cfg: RunConfig) -> None:
+    """A model that normalises its raw [0, 1] input itself (``FedModel.input_norm``, e.g.
+    ``efficientnet_lite0``: its ImageNet checkpoint's normalisation) needs the run's
+    ``input.mean/std`` step to be the identity, else its input is normalised twice."""
+    model = cfg.model if isinstance(cfg.model, Component) else None
+    norm = getattr(model.obj, "input_norm", None) if model is not None else None
+    if norm is None:
+        return
+    if any(float(m) != 0.0 for m in cfg.input.mean) or any(float(s) != 1.0 for s in cfg.input.std):
+        mean = ", ".join(f"{v:.4g}" for v in norm[0])
+        std = ", ".join(f"{v:.4g}" for v in norm[1])
+        raise ConfigError(
+            f"config keys 'input.mean'/'input.std': model {model.name!r} normalises its input "
+            f"itself (mean [{mean}], std [{std}] on [0, 1] images, as its pretrained weights "
+            f"expect), so the run must pass raw images: set input.mean=[0] input.std=[1] (got "
+            f"{short_repr(list(cfg.input.mean))} / {short_repr(list(cfg.input.std))})"
         )
 
 

@@ -45,6 +45,10 @@ LATER_DEFAULTS: dict[str, Any] = {
     "partition.rounding": "first",
     "federation.secure_aggregation": False,  # secure aggregation off (issue 53)
     "train.trainable": "all",  # every tensor trains (issue 54)
+    # model.weights read in the layout its key names fit (issue 54); resolve_weights leaves
+    # auto out of a resolved config, so this only keeps a config that writes it unchanged
+    "model.weights_format": "auto",
+    "model.pretrained": False,  # efficientnet_lite0 from scratch (issue 54)
 }
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)

@@ -24,6 +24,12 @@ class FedModel(nn.Module):
     stages: nn.ModuleDict
     embed: nn.Module
     classifier: nn.Module
+    #: ``(mean, std)`` per channel on [0, 1] images when the model normalises its input
+    #: itself (its pretrained weights' normalisation): the run's ``input.mean/std`` must then
+    #: be the identity (``fedshift.core.config.check_ranges``); None: the run normalises
+    input_norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    #: the image size the model's pretrained weights were trained at (None: no such size)
+    input_size: int | None = None
 
     def __init__(self) -> None:
         super().__init__()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from fedshift.core.bounds import bounded
@@ -14,10 +15,13 @@ from fedshift.models.alexnet import AlexNetBN, AlexNetParams
 from fedshift.models.base import FedModel
 from fedshift.models.densenet import DenseNet, DenseNetParams
 from fedshift.models.digits import DigitModel, LeNet5, SmallCNN
+from fedshift.models.efficientnet import EfficientNetLite0, EfficientNetParams, load_pretrained
 from fedshift.models.normfree import NORM_FREE_KEYS, NormFreeParams, make_norm_free
 from fedshift.models.resnet import ResNet18, ResNetParams
 from fedshift.models.unet import UNet, UNetParams
 from fedshift.models.weights import WEIGHT_KEYS, load_weights
+
+log = logging.getLogger("fedshift")
 
 
 @dataclass
@@ -58,13 +62,23 @@ MODELS.add(
     DenseNetParams,
     "DenseNet-121 (BC, growth 32) for 96x96 histology patches (HarmoFL's Camelyon17 model)",
 )
+MODELS.add(
+    "efficientnet_lite0",
+    EfficientNetLite0,
+    EfficientNetParams,
+    "EfficientNet-Lite0 (ReLU6, no SE, BN) for 224x224 RGB; model.pretrained=true: ImageNet "
+    "weights from the fedshift[pretrained] extra",
+)
 
 #: input shapes each model is built for
 MODEL_INPUTS = {"cnn": (3, 28, 28), "digitmodel": (3, 28, 28), "lenet5": (3, 28, 28)}
 
 
 #: what a model that takes any image size is, for the error of a fixed-size one
-ANY_SIZE_MODELS = "resnet18, alexnet (at least 63x63), densenet121 (at least 32x32)"
+ANY_SIZE_MODELS = (
+    "resnet18, alexnet (at least 63x63), densenet121 (at least 32x32), efficientnet_lite0 "
+    "(at least 32x32)"
+)
 
 
 def check_model_input(
@@ -123,14 +137,33 @@ def build_model(
             f"model {name!r}{f' ({keys})' if keys else ''}, {human_bytes(size)} of weights,",
             "lower its size keys (model.width...) or choose a smaller model (fedshift list)",
         )
+    weights = component.extras
+    if params.get("pretrained") and (weights.get("weights") or norm_free_changes(norm_free)):
+        raise ConfigError(
+            f"config key 'model.pretrained': model {name!r} starts from its ImageNet "
+            "checkpoint, which model.weights, model.norm or model.conv would replace or "
+            "change; drop those keys, or set model.pretrained=false"
+        )
+    if cls is EfficientNetLite0 and norm_free.get("conv", "plain") != "plain":
+        raise ConfigError(
+            "config key 'model.conv': efficientnet_lite0's convolutions pad as TensorFlow's "
+            "SAME (per input size), which fedshift's weight-standardised convolution does not; "
+            "keep model.conv=plain (model.norm=none alone is supported)"
+        )
     model = cls(**kwargs)
     if norm_free:
         make_norm_free(model, **norm_free)
-    weights = component.extras
+    if getattr(model, "pretrained", False):
+        log.info("%s", load_pretrained(model, name))
     if weights.get("weights"):
         # pretrained weights replace the seeded initial ones before anything wraps the model
-        load_weights(model, weights, name)
+        log.info("%s", load_weights(model, weights, name))
     return model
+
+
+def norm_free_changes(norm_free: dict) -> bool:
+    """Whether FedWon's model option (``model.norm`` / ``model.conv``) changes the model."""
+    return norm_free.get("norm", "keep") != "keep" or norm_free.get("conv", "plain") != "plain"
 
 
 def _model_bytes(cls: type, kwargs: dict) -> int | None:

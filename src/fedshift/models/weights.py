@@ -15,10 +15,19 @@ The model section's keys (besides the model's own):
   continues, or is reproduced, with a file that changed since it started;
 * ``weights_skip``: key prefixes of tensors left at their (seeded) initialisation, with the
   file's tensors under them ignored: a new classifier head for another number of classes
-  (``model.weights_skip=[classifier]``).
+  (``model.weights_skip=[classifier]``);
+* ``weights_format``: whose key names the file has: ``fedshift`` (what
+  ``model.state_dict()`` of fedshift's model writes), ``torchvision``, ``timm`` or
+  ``efficientnet_pytorch``, through the key map the model declares for it
+  (:mod:`fedshift.models.keymaps`); ``auto`` (the default, left out of the resolved config)
+  reads the file in the one layout it fits and refuses a file that fits several with
+  different tensors. In a foreign layout the checkpoint's classifier is dropped and
+  fedshift's ``classifier`` stays at its initialisation (a new head for the task's
+  classes); the run's log says which layout was read and what was dropped.
 
 Every other tensor must match: a key the model has and the file lacks, a key the file has and
-the model lacks, or a shape that differs is a :class:`ConfigError` naming the file and keys.
+the model lacks, or a shape that differs is a :class:`ConfigError` naming the file and keys
+(the first few and their count) and the fix.
 The keys are absent from a config without ``model.weights``, so such configs (and the run
 directories and bench digests made before this existed) are unchanged.
 """
@@ -28,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +45,10 @@ import torch
 from torch import nn
 
 from fedshift.core.errors import ConfigError
+from fedshift.models.keymaps import FORMATS, KEY_MAPS, formats_of, no_format_reason
 
 #: the keys every model section takes besides the model's own parameters
-WEIGHT_KEYS = ("weights", "weights_sha256", "weights_skip")
+WEIGHT_KEYS = ("weights", "weights_sha256", "weights_skip", "weights_format")
 
 #: how many keys an error lists of each kind
 SHOWN = 6
@@ -99,11 +110,17 @@ def resolve_weights(section: dict) -> dict:
             "Restore the original file, or start a new run without model.weights_sha256 to "
             "use this one"
         )
-    return {
-        "weights": str(p),
-        "weights_sha256": digest,
-        "weights_skip": [s.strip(".") for s in skip],
-    }
+    fmt = given.get("weights_format", "auto")
+    if fmt not in ("auto", *FORMATS):
+        raise ConfigError(
+            f"config key 'model.weights_format' must be one of auto, {', '.join(FORMATS)} "
+            f"(the library whose key names the file has), got {fmt!r}"
+        )
+    out = {"weights": str(p), "weights_sha256": digest}
+    out["weights_skip"] = [s.strip(".") for s in skip]
+    if fmt != "auto":  # auto (the default) is left out: configs from before the key unchanged
+        out["weights_format"] = fmt
+    return out
 
 
 def _skipped(key: str, skip: list[str]) -> bool:
@@ -138,23 +155,162 @@ def _state_dict_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     return dict(obj)
 
 
-def load_weights(model: nn.Module, section: dict, name: str) -> None:
-    """Load the ``model.weights`` file of a resolved model section into ``model`` (model
-    ``name``), checking its SHA-256 against ``weights_sha256`` and every key and shape."""
-    path = Path(section["weights"])
+@dataclass
+class Fit:
+    """How a file's state dict fits a model when read in one format."""
+
+    fmt: str
+    #: fedshift key -> tensor, what would be loaded
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: fedshift key -> the file's key it came from
+    source: dict[str, str] = field(default_factory=dict)
+    #: the checkpoint's classifier keys, dropped (foreign formats)
+    head: list[str] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.unmatched or self.missing or self.shapes)
+
+
+#: buffers an older checkpoint may lack (PyTorch < 0.4.1 saved BN layers without them): left
+#: at the model's own value (0: only BN with momentum=None reads it)
+OPTIONAL_SUFFIXES = (".num_batches_tracked",)
+
+
+def fit_state(
+    state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], fmt: str, name: str,
+    skip: list[str],
+) -> Fit:  # fmt: skip
+    """Read ``state`` as format ``fmt`` of model ``name`` (own state dict ``own``):
+    what would be loaded, and what does not fit. Foreign formats drop the checkpoint's
+    classifier and keep fedshift's ``classifier`` at its initialisation."""
+    fit = Fit(fmt)
+    if fmt == "fedshift":
+        for k, t in state.items():
+            if _skipped(k, skip):
+                continue
+            if k in own:
+                fit.tensors[k], fit.source[k] = t, k
+            else:
+                fit.unmatched.append(k)
+        keep = skip
+    else:
+        keymap = KEY_MAPS[name][fmt]
+        keep = [*skip, "classifier"]
+        for k, t in state.items():
+            if keymap.is_head(k):
+                fit.head.append(k)
+                continue
+            new = keymap.rename(k)
+            if new is not None and _skipped(new, keep):
+                continue
+            if new is None or new not in own:
+                fit.unmatched.append(k if new is None else f"{k} (-> {new})")
+            else:
+                fit.tensors[new], fit.source[new] = t, k
+    for k in own:
+        if _skipped(k, keep) or k in fit.tensors:
+            continue
+        if fmt != "fedshift" and k.endswith(OPTIONAL_SUFFIXES):
+            continue
+        fit.missing.append(k)
+    fit.shapes = [
+        f"{fit.source[k]} {tuple(t.shape)} in the file vs {k} {tuple(own[k].shape)}"
+        for k, t in fit.tensors.items()
+        if t.shape != own[k].shape
+    ]
+    return fit
+
+
+def _misfit(fit: Fit, path: Path, name: str, state: dict, fix: str) -> ConfigError:
+    parts = []
+    if fit.missing:
+        parts.append(f"missing from the file: {_listed(fit.missing)}")
+    if fit.unmatched:
+        parts.append(f"not in the model: {_listed(fit.unmatched)}")
+    if fit.shapes:
+        parts.append(f"other shapes: {_listed(fit.shapes)}")
+    hint = ""
+    if fit.missing and all(f"module.{k}" in state for k in fit.missing):
+        hint = " (the file's keys start with 'module.': strip it before saving)"
+    layout = "" if fit.fmt == "fedshift" else f" read in the {fit.fmt} layout"
+    return ConfigError(
+        f"config key 'model.weights': {path}{layout} does not fit model {name!r} as "
+        f"configured: {'; '.join(parts)}{hint}. {fix}"
+    )
+
+
+def _fix(name: str, fmt: str) -> str:
+    formats = formats_of(name)
+    if fmt == "fedshift":
+        other = (
+            f"; or, for another library's file, set model.weights_format (model {name!r} reads "
+            f"{', '.join(formats)})"
+            if len(formats) > 1
+            else ""
+        )
+        return (
+            "Save the weights of this architecture, or keep the tensors that differ (a "
+            "classifier for other classes) at their initialisation with "
+            f"model.weights_skip=[PREFIX, ...]{other}"
+        )
+    return (
+        f"Give {fmt}'s weights of this architecture ({name}, its default sizes), or set "
+        f"model.weights_format to the file's layout ({', '.join(formats)})"
+    )
+
+
+def choose_fit(
+    state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], fmt: str, name: str,
+    skip: list[str], path: Path,
+) -> Fit:  # fmt: skip
+    """The fit of ``state`` in format ``fmt`` (``auto``: the one format that fits; several
+    that fit with different tensors are ambiguous), or a ConfigError naming the keys."""
+    formats = formats_of(name)
+    if fmt != "auto" and fmt not in formats:
+        raise ConfigError(
+            f"config key 'model.weights_format': model {name!r} cannot read the {fmt} layout: "
+            f"{no_format_reason(name, fmt)}"
+        )
+    if fmt != "auto":
+        fit = fit_state(state, own, fmt, name, skip)
+        if not fit.ok:
+            raise _misfit(fit, path, name, state, _fix(name, fmt))
+        return fit
+    fits = [fit_state(state, own, f, name, skip) for f in formats]
+    good = [f for f in fits if f.ok]
+    distinct = {tuple(sorted(f.source.items())) for f in good}
+    if len(distinct) > 1:
+        raise ConfigError(
+            f"config key 'model.weights': {path} fits model {name!r} in several layouts that "
+            f"load different tensors ({', '.join(f.fmt for f in good)}); say which with "
+            "model.weights_format=..."
+        )
+    if good:
+        return good[0]
+    # none fits: name what does not, in the layout the file is closest to (ties: fedshift)
+    best = max(fits, key=lambda f: (len(f.tensors), f.fmt == "fedshift"))
+    raise _misfit(best, path, name, state, _fix(name, best.fmt))
+
+
+def read_state(path: Path, expected_sha256: str | None, key: str = "model.weights") -> dict:
+    """The state dict in ``path`` (SHA-256 checked against ``expected_sha256`` if given), read
+    with ``torch.load(weights_only=True)``: tensors only, no code in the file runs."""
     data = _read(path)
     digest = sha256_bytes(data)
-    pinned = section.get("weights_sha256")
-    if pinned is not None and digest != pinned:
+    if expected_sha256 is not None and digest != expected_sha256:
         raise ConfigError(
-            f"config key 'model.weights': {path} changed while the run was being set up "
-            f"(SHA-256 {digest}, resolved as {pinned}); restore it and start again"
+            f"config key '{key}': {path} changed while the run was being set up "
+            f"(SHA-256 {digest}, resolved as {expected_sha256}); restore it and start again"
         )
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # not a torch file, or it holds more than tensors and containers
         raise ConfigError(
-            f"config key 'model.weights': cannot read {path} as a torch state dict "
+            f"config key '{key}': cannot read {path} as a torch state dict "
             f"(torch.load with weights_only=True): {type(e).__name__}: "
             f"{(str(e).splitlines() or ['(no message)'])[0]}"
         ) from None
@@ -162,10 +318,16 @@ def load_weights(model: nn.Module, section: dict, name: str) -> None:
     bad = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:  # such weights make every client's update NaN: not a learning-rate problem
         raise ConfigError(
-            f"config key 'model.weights': {path} holds NaN or inf in {_listed(bad)}; these "
+            f"config key '{key}': {path} holds NaN or inf in {_listed(bad)}; these "
             "weights cannot be trained from: give a file of finite weights"
         )
-    skip = list(section.get("weights_skip", []))
+    return state
+
+
+def apply_state(model: nn.Module, state: dict, name: str, fmt: str, skip: list[str],
+                path: Path, key: str = "model.weights") -> str:  # fmt: skip
+    """Load ``state`` (format ``fmt``, ``auto`` allowed) into ``model``; the report line
+    (format read, tensors loaded, the checkpoint's classifier dropped)."""
     own = model.state_dict()
     unused = [s for s in skip if not any(_skipped(k, [s]) for k in own)]
     if unused:
@@ -173,30 +335,22 @@ def load_weights(model: nn.Module, section: dict, name: str) -> None:
             f"config key 'model.weights_skip': {unused} match no tensor of model {name!r} "
             f"(its top-level modules: {sorted({k.split('.')[0] for k in own})})"
         )
-    wanted = [k for k in own if not _skipped(k, skip)]
-    given = [k for k in state if not _skipped(k, skip)]
-    missing = [k for k in wanted if k not in state]
-    unexpected = [k for k in given if k not in own]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} in the file vs {tuple(own[k].shape)}"
-        for k in wanted
-        if k in state and state[k].shape != own[k].shape
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing from the file: {_listed(missing)}")
-        if unexpected:
-            parts.append(f"not in the model: {_listed(unexpected)}")
-        if shapes:
-            parts.append(f"other shapes: {_listed(shapes)}")
-        hint = ""
-        if missing and all(f"module.{k}" in state for k in missing):
-            hint = " (the file's keys start with 'module.': strip it before saving)"
-        raise ConfigError(
-            f"config key 'model.weights': {path} does not fit model {name!r} as configured: "
-            f"{'; '.join(parts)}{hint}. Save the weights of this architecture, or keep the "
-            "tensors that differ (a classifier for other classes) at their initialisation "
-            "with model.weights_skip=[PREFIX, ...]"
+    fit = choose_fit(state, own, fmt, name, skip, path)
+    model.load_state_dict(fit.tensors, strict=False)
+    line = f"{key}: {path} read in the {fit.fmt} layout: {len(fit.tensors)} tensors"
+    if fit.head:
+        line += (
+            f"; its classifier ({', '.join(fit.head)}) dropped: model {name!r}'s classifier "
+            "is new, for this task's classes"
         )
-    model.load_state_dict({k: state[k] for k in wanted}, strict=False)
+    return line
+
+
+def load_weights(model: nn.Module, section: dict, name: str) -> str:
+    """Load the ``model.weights`` file of a resolved model section into ``model`` (model
+    ``name``), checking its SHA-256 against ``weights_sha256`` and every key and shape, in the
+    layout ``weights_format`` says (``auto`` when absent). Returns the report line."""
+    path = Path(section["weights"])
+    state = read_state(path, section.get("weights_sha256"))
+    fmt = section.get("weights_format", "auto")
+    return apply_state(model, state, name, fmt, list(section.get("weights_skip", [])), path)
