@@ -98,9 +98,12 @@ def add_study_parser(
     option of the study (``--allow-plugins``). Its handler is :func:`run_study`."""
     cls = study.options
     hints = typing.get_type_hints(cls)
-    helps = field_help(cls)
+    fields = dataclasses.fields(cls)
+    # a field's help is its option(help=...); the comments and docstring `fedshift list` reads
+    # are parsed only for a field without (reading a class's source takes a while)
+    helps = field_help(cls) if any(not f.metadata.get("help") for f in fields) else {}
     p = sub.add_parser(study.name, help=study.description, description=study.description)
-    for f in dataclasses.fields(cls):
+    for f in fields:
         names, kw = _argument(f, hints[f.name], study.name, helps)
         p.add_argument(*names, **kw)
     if extra is not None:
