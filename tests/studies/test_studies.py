@@ -153,3 +153,20 @@ def test_the_architecture_example_is_a_working_study(tmp_path, capsys):
         del sys.modules[module.__name__]
         if "finished" in STUDIES:
             STUDIES.remove("finished")
+
+
+def test_the_generated_choices_are_the_protocols():
+    """The parser's choices come from the Options' Literal types, written where the CLI can
+    read them without torch: they must equal the protocols' own lists."""
+    from fedshift.protocols import common
+    from fedshift.protocols.new_site import SHOTS
+
+    def action(study, dest):
+        p = _subcommand(build_parser(), "protocol", study)
+        return next(a for a in p._actions if a.dest == dest)
+
+    assert tuple(action("cross-site", "pipeline").choices) == common.PIPELINES
+    assert tuple(action("cross-site", "split").choices) == common.SPLITS
+    assert tuple(action("tsne", "split").choices) == common.SPLITS
+    assert tuple(action("cross-site", "kind").choices) == common.CROSS_SITE_KINDS
+    assert action("new-site", "shots").default == SHOTS

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from fedshift.studies.base import (
     StudyResult,
@@ -15,12 +15,15 @@ from fedshift.studies.base import (
     weights_option,
 )
 
+Pipeline = Literal["data", "model"]
+Split = Literal["train", "val", "test"]
+Kind = Literal["personal", "global", "local"]
 #: ``--pipeline`` (:data:`fedshift.protocols.common.PIPELINES`)
-PIPELINES = ("data", "model")
+PIPELINES: tuple[str, ...] = get_args(Pipeline)
 #: ``--split`` (:data:`fedshift.protocols.common.SPLITS`)
-SPLITS = ("train", "val", "test")
+SPLITS: tuple[str, ...] = get_args(Split)
 #: ``--kind`` (:data:`fedshift.protocols.common.CROSS_SITE_KINDS`)
-CROSS_SITE_KINDS = ("personal", "global", "local")
+CROSS_SITE_KINDS: tuple[str, ...] = get_args(Kind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,11 +34,11 @@ class Options:
     loads_runs: ClassVar[bool] = True
 
     run_dir: str = option(help="a finished run directory", positional=True)
-    pipeline: Literal["data", "model"] = option(
+    pipeline: Pipeline = option(
         "data", "whose input pipeline state the data goes through (default: data)"
     )
-    split: Literal["train", "val", "test"] = option("test", "the clients' split (default: test)")
-    kind: Literal["personal", "global", "local"] | None = option(
+    split: Split = option("test", "the clients' split (default: test)")
+    kind: Kind | None = option(
         None,
         "model kind (default: the evaluated one); local = each client's local model after "
         "one more round of its own training (FedRDN Table 3)",

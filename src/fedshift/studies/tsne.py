@@ -4,7 +4,7 @@ client, one panel per run (FedRDN's Fig. 3; :mod:`fedshift.protocols.tsne`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from fedshift.studies.base import (
     StudyResult,
@@ -14,6 +14,7 @@ from fedshift.studies.base import (
     quiet_option,
     weights_option,
 )
+from fedshift.studies.cross_site import Split
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +30,7 @@ class Options:
     per_client: int = option(150, "images per client (150)")
     perplexity: float = option(30.0, "t-SNE perplexity (30)")
     seed: int = option(0, "subsampling and t-SNE seed (0)")
-    split: Literal["train", "val", "test"] = option("test", "the clients' split (default: test)")
+    split: Split = option("test", "the clients' split (default: test)")
     labels: str | None = option(None, "comma-separated panel titles (default: run labels)")
     weights: Weights = weights_option()
     out: str | None = out_option()
