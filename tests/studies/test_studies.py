@@ -15,7 +15,7 @@ from doc_commands import find_commands
 
 from fedshift.cli import build_parser, main, parse
 from fedshift.core.errors import ConfigError
-from fedshift.studies import STUDIES, StudyResult, option
+from fedshift.studies import STUDIES, StudyResult, option, run_study
 from fedshift.studies.base import out_option
 
 
@@ -94,6 +94,13 @@ def test_the_generated_handler_builds_the_options_and_runs(toy, tmp_path, capsys
     assert (out / "toy.md").read_text() == f"{want}\n"
     main(["protocol", "toy", "A", "--name", "n", "--out", str(out)])
     assert (out / "toy.md").read_text() == f"{ToyOptions(runs=('A',), name='n', out=str(out))}\n"
+
+
+def test_run_study_from_python(toy, tmp_path):
+    res = run_study("toy", runs=("A",), name="n", out=str(tmp_path / "o"))
+    assert res.out == tmp_path / "o" and res.files["md"].is_file() and res.text == "toy n"
+    with pytest.raises(TypeError, match="nme"):
+        run_study("toy", runs=("A",), nme="n")
 
 
 def test_registration_is_checked(toy):

@@ -25,7 +25,15 @@ from fedshift.studies import (
 from fedshift.studies.base import Study, StudyRegistry, StudyResult, option
 from fedshift.studies.suite import SuiteStudyOptions
 
-__all__ = ["STUDIES", "Study", "StudyRegistry", "StudyResult", "SuiteStudyOptions", "option"]
+__all__ = [
+    "STUDIES",
+    "Study",
+    "StudyRegistry",
+    "StudyResult",
+    "SuiteStudyOptions",
+    "option",
+    "run_study",
+]
 
 STUDIES = StudyRegistry()
 STUDIES.add("cross-site", cross_site.run, cross_site.Options)
@@ -36,3 +44,12 @@ STUDIES.add("rounds", rounds.run, rounds.Options)
 STUDIES.add("head-finetune", head_finetune.run, head_finetune.Options)
 STUDIES.add("privacy", privacy.run, privacy.Options)
 STUDIES.add("tsne", tsne.run, tsne.Options)
+
+
+def run_study(name: str, /, **options: object) -> StudyResult:
+    """Run the registered study ``name`` from Python with its ``Options`` built from the
+    keywords (``run_study("loco", config="configs/demo.yaml", workers=1)``); an unknown
+    study is a :class:`~fedshift.core.errors.ConfigError`, an unknown keyword a
+    ``TypeError`` naming it."""
+    study = STUDIES.entry(name)
+    return study.run(study.options(**options))
