@@ -334,6 +334,12 @@ MARKS: dict[str, Mark] = {
     "fedshift bench SUITE.yaml": Synopsis(),
     "fedshift report RUN_DIR... [--reference ALGO[/FLOW]] [--screenshot]": Synopsis(),
     "fedshift protocol ...": Synopsis(),
+    "fedshift protocol <name>": Synopsis(),
+    "fedshift protocol <study>": Synopsis(),
+    "example: new-study": ByTest(
+        "tests/studies/test_studies.py::test_the_architecture_example_is_a_working_study",
+        "the snippet executed as written, registered in-process, then its generated command run",
+    ),
     # ------------------------------------------------------------------------- DATASETS.md
     # the generic loaders: each snippet makes a tiny tree in the scratch folder, the
     # commands after it run on it (two rounds of a small model: seconds)

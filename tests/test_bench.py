@@ -434,3 +434,24 @@ def test_a_full_disk_at_the_last_result_file_leaves_no_cached_cell(tmp_path, mon
     assert cell_status(cell) == "done"
     names = {p.name for p in cell.run_dir.iterdir()}
     assert {"summary.json", "ledger.json", "convergence.png", "metrics.jsonl"} <= names
+
+
+def _grid_task(name: str) -> str:
+    if name == "bad":
+        raise FedshiftError(f"cell {name} cannot run")
+    return "ran"
+
+
+def test_one_grid_runner_reports_each_cell_and_the_failed(capsys):
+    """`fedshift bench`, the studies' grids and `fedshift run --jobs` run their cells through
+    bench.run_grid: every cell of args runs (a failed one stops none), on_done sees each
+    outcome, the failures come back by key, and a row without args is shown, not run."""
+    from fedshift.bench import run_grid
+
+    seen = []
+    rows = [("a", "A", 3), ("bad", "B", 3), ("c", "C", 3), ("kept", "K", 3)]
+    args = {"a": ("a",), "bad": ("bad",), "c": ("c",)}
+    failed = run_grid("grid", rows, _grid_task, args, 1, progress=False,
+                      on_done=lambda key, res: seen.append((key, res["status"])))  # fmt: skip
+    assert failed == {"bad": "cell bad cannot run"}
+    assert seen == [("a", "ran"), ("bad", "failed"), ("c", "ran")]

@@ -33,6 +33,7 @@ LAYERS = {
     "flower": 7,
     "bench": 8,
     "protocols": 9,
+    "studies": 9,
     "api": 9,
     "testing": 9,
     "cli": 10,

@@ -203,12 +203,6 @@ def _checked_summary(path: Path) -> tuple[dict | None, str | None]:
         return None, str(e).split("; it was not written")[0]
 
 
-def _summary(path: Path) -> dict | None:
-    """A cell's ``summary.json`` if readable and as fedshift writes it
-    (:func:`~fedshift.eval.summary.check_summary`), else None (the cell runs again)."""
-    return _checked_summary(path)[0]
-
-
 def cell_problem(folder: Path, digest: str) -> str | None:
     """What makes the finished cell ``folder`` (``cell.json``, ``config.yaml``,
     ``summary.json``) not the cell of ``digest``, or None: the files must be of that config
@@ -333,6 +327,40 @@ def _run_cell(
     return "resumed" if status == "partial" else "ran"
 
 
+# ---------------------------------------------------------------------- the grid runner
+def run_grid(
+    title: str,
+    rows: list[tuple[str, str, int]],
+    task: Callable[..., str],
+    args: dict[str, tuple],
+    workers: int,
+    progress: bool = True,
+    every_s: float = EVERY_S,
+    on_done: Callable[[str, dict], None] | None = None,
+) -> dict[str, str]:
+    """The grid runner of ``fedshift bench`` (and so of the studies) and ``fedshift run
+    --jobs``: ``task(*args[key])`` per key (a cell's run directory) in ``workers`` processes
+    (:func:`~fedshift.runtime.parallel.run_cells`), the live progress of every ``(key, label,
+    rounds)`` row (one not in ``args``: shown done), ``on_done(key, outcome)`` as each ends.
+    Returns ``{key: reason}`` of the failed cells; a signal raises ``Stopped``."""
+    finished = {key for key, _, _ in rows} - set(args)
+    display = CellProgress(title, rows, finished, enabled=progress, every_s=every_s)
+    failed: dict[str, str] = {}
+
+    def done(key: str, res: dict) -> None:
+        if on_done is not None:
+            on_done(key, res)
+        if res["status"] == "failed":
+            failed[key] = res["reason"]
+        display.finish(key, res["status"])
+
+    try:
+        run_cells(list(args), task, args, workers, done, display.handle)
+    finally:
+        display.close()
+    return failed
+
+
 # ---------------------------------------------------------------------- the suite
 class SuiteStopped(RunSignal):  # noqa: N818 - a signal, like RunSignal
     """SIGINT / SIGTERM stopped a suite; every running cell saved its last whole round."""
@@ -444,40 +472,17 @@ def run_suite(
             todo = [c for c in todo if c not in committed]
         n_workers, cell_workers = share_cores(todo, workers, oversubscribe)
         manifest = _Manifest(root, cells, todo, committed)
-        display = CellProgress(
-            f"suite {cells[0].cfg.name}",
-            [(str(c.run_dir), f"{c.label} s{c.cfg.seed}", c.cfg.train.rounds) for c in cells],
-            done={str(c.run_dir) for c in cells} - {str(c.run_dir) for c in todo},
-            enabled=progress,
-            every_s=progress_every_s,
-        )
-        args = {
-            str(c.run_dir): (
-                c.cfg.to_dict(),
-                str(c.run_dir),
-                c.digest,
-                c.label,
-                cell_workers[str(c.run_dir)],
-                after,
-            )
-            for c in todo
-        }
+        rows = [(str(c.run_dir), f"{c.label} s{c.cfg.seed}", c.cfg.train.rounds) for c in cells]
         by_key = {str(c.run_dir): c for c in todo}
-        errors: list[str] = []
-
-        def done(key: str, res: dict) -> None:
-            c = by_key[key]
-            manifest.set(c, res)
-            if res["status"] == "failed":
-                errors.append(f"{c.label} ({c.run_dir}): {res['reason']}")
-            display.finish(key, res["status"])
-
+        args = {k: (c.cfg.to_dict(), k, c.digest, c.label, cell_workers[k], after)
+                for k, c in by_key.items()}  # fmt: skip
+        title = f"suite {cells[0].cfg.name}"
         try:
-            run_cells(list(by_key), _run_cell, args, n_workers, done, display.handle)
+            failed = run_grid(title, rows, _run_cell, args, n_workers, progress, progress_every_s,
+                              lambda key, res: manifest.set(by_key[key], res))  # fmt: skip
         except Stopped as stop:
             raise SuiteStopped(stop.signum, root, suite) from None
-        finally:
-            display.close()
+    errors = [f"{by_key[k].label} ({by_key[k].run_dir}): {why}" for k, why in failed.items()]
     if errors:
         raise FedshiftError(
             f"{len(errors)} of {len(cells)} cells failed (the other cells are kept; "
@@ -486,7 +491,7 @@ def run_suite(
         )
     summaries = []
     for c in cells:
-        s = _summary(c.run_dir / "summary.json")
+        s = _checked_summary(c.run_dir / "summary.json")[0]
         if s is None:
             raise FedshiftError(f"{c.run_dir / 'summary.json'} is unreadable; run the suite again")
         s["label"] = c.label

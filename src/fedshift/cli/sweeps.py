@@ -122,34 +122,24 @@ def _jobs(jobs: int | str, todo: list[_Job]) -> int:
 
 
 def _parallel(todo: list[_Job], overwrite: bool, jobs: int | str, progress: bool) -> list[dict]:
+    """The runs in worker processes, through the grid runner ``fedshift bench`` uses
+    (:func:`fedshift.bench.run_grid`)."""
+    from fedshift.bench import run_grid
     from fedshift.runtime.cores import share_cores
-    from fedshift.runtime.parallel import Stopped, run_cells, run_job
-    from fedshift.runtime.progress import CellProgress
+    from fedshift.runtime.parallel import Stopped, run_job
 
     n_jobs, cell_workers = share_cores(todo, _jobs(jobs, todo))
     keys = [str(j.run_dir) for j in todo]
-    display = CellProgress(
-        f"sweep {todo[0].cfg.name}",
-        [(str(j.run_dir), f"{j.label} s{j.cfg.seed}", j.cfg.train.rounds) for j in todo],
-        enabled=progress,
-    )
+    rows = [(str(j.run_dir), f"{j.label} s{j.cfg.seed}", j.cfg.train.rounds) for j in todo]
     args = {
         k: (j.cfg.to_dict(), k, cell_workers[k], overwrite) for k, j in zip(keys, todo, strict=True)
     }
-    errors: list[str] = []
-
-    def done(key: str, res: dict) -> None:
-        if res["status"] == "failed":
-            errors.append(f"{key}: {res['reason']}")
-        display.finish(key, res["status"])
-
     try:
-        run_cells(keys, run_job, args, n_jobs, done, display.handle)
+        failed = run_grid(f"sweep {todo[0].cfg.name}", rows, run_job, args, n_jobs, progress)
     except Stopped as stop:
         stopped = [j.run_dir for j in todo if _unfinished(j.run_dir)]
         raise SweepStopped(stop.signum, stopped) from None
-    finally:
-        display.close()
+    errors = [f"{key}: {why}" for key, why in failed.items()]
     if errors:
         raise FedshiftError(
             f"{len(errors)} of {len(todo)} runs failed (the others are kept):\n  "

@@ -1,5 +1,6 @@
-"""The papers' evaluation protocols, each one function and one ``fedshift protocol`` command
-(the command-line side lives in :mod:`fedshift.cli.protocol`).
+"""The papers' evaluation protocols, each one function here and one registered study
+(:mod:`fedshift.studies`: its ``Options`` and ``run``, from which ``fedshift protocol
+<study>`` is generated).
 
 * :func:`cross_site` (``cross_site.py``; ``fedshift protocol cross-site RUN_DIR``): the
   cross-site matrix of FedRDN's Table 3, client *i*'s model on client *j*'s data.
