@@ -36,8 +36,8 @@ def classifier_input_reason(
         return f"{model} takes (C, H, W) images; got shape {shape}"
     if input_shape[1] < min_size or input_shape[2] < min_size:
         return (
-            f"{model} needs H and W >= {min_size} ({why}); got {shape}: set dataset.size to "
-            f"at least {min_size}"
+            f"{model} needs H and W >= {min_size} ({why}); got {shape}: where the dataset "
+            f"has a size key (folders, pacs, officehome) set dataset.size to at least {min_size}"
         )
     return None
 
