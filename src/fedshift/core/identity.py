@@ -44,7 +44,11 @@ LATER_DEFAULTS: dict[str, Any] = {
     # fedheal_digits) sets rounding: first to keep its cells (issue 50)
     "partition.rounding": "first",
     "federation.secure_aggregation": False,  # secure aggregation off (issue 53)
+    "privacy.epsilon": None,  # differential privacy off (issue 53)
 }
+#: sections added later whose every key is in LATER_DEFAULTS or ONLY_WITH: left out when
+#: they are empty once those keys are dropped
+LATER_SECTIONS = ("privacy",)
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)
 ONLY_WITH = {
@@ -52,6 +56,8 @@ ONLY_WITH = {
     "train.min_rounds": "train.patience",
     "federation.secagg_frac_bits": "federation.secure_aggregation",
     "federation.secagg_modulus_bits": "federation.secure_aggregation",
+    "privacy.delta": "privacy.epsilon",
+    "privacy.clip": "privacy.epsilon",
 }
 
 
@@ -72,6 +78,9 @@ def _drop_later_defaults(out: dict) -> None:
         parent, leaf = node(dotted)
         if parent is not None:
             parent.pop(leaf, None)
+    for section in LATER_SECTIONS:
+        if out.get(section) == {}:
+            del out[section]
 
 
 def without_later_defaults(d: dict) -> dict:

@@ -170,6 +170,9 @@ class RunRecord:
     stopped_at: int | None = None
     #: where ``train.patience`` stopped the run (:class:`~fedshift.eval.early_stop.Stop`)
     stop: Any = None
+    #: the privacy budget and what the run spent (``privacy.epsilon``:
+    #: :meth:`fedshift.runtime.privacy.Plan.summary`), or None
+    privacy: dict | None = None
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -229,6 +232,8 @@ class RunRecord:
             out["runtime"] = self.runtime
         if self.provenance is not None:
             out["provenance"] = self.provenance
+        if self.privacy is not None:
+            out["privacy"] = self.privacy
         return out
 
 

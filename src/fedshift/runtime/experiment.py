@@ -36,6 +36,7 @@ from fedshift.data.common.sites import name_hint
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+from fedshift.runtime.privacy import Plan, plan_privacy
 
 if TYPE_CHECKING:
     from fedshift.runtime.transport import RunIdentity, Transport
@@ -70,6 +71,12 @@ class Experiment:
     #: (``data_storage``, :meth:`Federation.storage`, for uint8 images) and the
     #: deterministic-kernel settings
     placement: dict = dataclasses.field(default_factory=dict)
+    #: the privacy budget (``privacy.epsilon``; :mod:`fedshift.runtime.privacy`), or None
+    privacy: Plan | None = None
+
+    def privacy_spent(self, rounds: int) -> dict | None:
+        """``summary.json``'s ``privacy`` after ``rounds`` rounds (None: not protected)."""
+        return None if self.privacy is None else self.privacy.summary(rounds)
 
 
 def build_experiment(
@@ -136,6 +143,11 @@ def build_experiment(
             "`fedshift protocol new-site` scores them (the sources' mean local tensors, AdaBN)",
             cfg.algorithm.name, holdout,
         )  # fmt: skip
+    privacy = None
+    if cfg.privacy.epsilon is not None:  # the budget, before any client state: runtime/privacy
+        privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape)
+        assert privacy is not None
+        composed.protect(model, privacy.mechanisms)
     normalize = Normalize(cfg.input, fed.input_shape[0], device)
     kinds = [
         k
@@ -161,6 +173,7 @@ def build_experiment(
         train=cfg.train,
         eval_batch_size=cfg.eval.batch_size,
         placement=placement,
+        privacy=privacy,
     )
 
 

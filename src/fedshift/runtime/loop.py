@@ -421,6 +421,7 @@ class RoundLoop:
             domain_mix=self.fed.info.get("domain_mix"),
             stopped_at=self.last_round,
             stop=self.stop,
+            privacy=self.exp.privacy_spent(self.last_round),
         )
 
     def _extend(self, rounds: int, resumed: bool) -> None:

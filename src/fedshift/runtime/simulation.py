@@ -96,6 +96,8 @@ class Simulation(RoundLoop):
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
     ) -> RunResult:
+        if rounds is not None and self.exp.privacy is not None:  # privacy.epsilon's plan
+            self.exp.privacy.check_rounds(rounds)  # covers the extension, or stops before it
         with torch_threads(self.cfg.run.threads):
             return super().run(resume, stop_after, rounds)
 
