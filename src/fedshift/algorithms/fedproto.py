@@ -156,7 +156,9 @@ class FedProto(Algorithm):
             Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
                        f"the site's mean embedding per class ({how}) and its examples per "
                        "class", to=To.AGGREGATE, over=Over.CLASS,
-                       count=rarest_class_seen if self.params.prototypes == "released" else None),
+                       count=rarest_class_seen if self.params.prototypes == "released" else None,
+                       unprotectable="per-class mean embeddings: their per-example bound is "
+                       "not implemented"),
             Disclosure("global_protos", DOWN, Kind.STATISTIC, When.ROUND, fixed(k * (d * 4 + 1)),
                        "the sites' prototypes averaged per class, and which classes have one",
                        carries=("prototypes",), maybe="after the first aggregation"),

@@ -203,7 +203,9 @@ class FPL(FedAvg):
             Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
                        "the site's mean embedding per class over its last local epoch, and its "
                        "examples per class; a cluster holding one site's prototype is sent on "
-                       "as it is", to=To.CLIENTS, over=Over.CLASS, count=rarest_class_seen),
+                       "as it is", to=To.CLIENTS, over=Over.CLASS, count=rarest_class_seen,
+                       unprotectable="per-class mean embeddings: their per-example bound is "
+                       "not implemented"),
             Disclosure("cluster_protos", DOWN, Kind.STATISTIC, When.ROUND,
                        lambda s: s.num_sites * k * (d * 4 + 8),
                        "the per-class clusters (FINCH) of the sites' prototypes, with labels",

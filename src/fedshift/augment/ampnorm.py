@@ -237,7 +237,9 @@ class AmpNorm(Augment):
         return [
             Disclosure(UP, "up", Kind.STATISTIC, When.ONCE, size,
                        "the site's running mean amplitude spectrum (Eq. 3) over its first "
-                       "round's batches", to=To.AGGREGATE, over=Over.BATCH),
+                       "round's batches", to=To.AGGREGATE, over=Over.BATCH,
+                       unprotectable="a decayed running mean over batches whose per-image "
+                       "weights depend on the draws; its per-example bound is not implemented"),
             Disclosure(DOWN, "down", Kind.STATISTIC, When.ONCE, size,
                        "the sites' mean amplitude spectrum", carries=(UP,),
                        maybe="once the server holds it (the round after the first upload)"),

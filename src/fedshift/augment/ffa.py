@@ -452,7 +452,9 @@ class FFA(Augment):
             Disclosure(UP, "up", Kind.STATISTIC, When.ROUND, size,
                        "the site's momentum mean and std of instance feature statistics per "
                        "FFA layer (Eq. 4) over the round's batches where the layer fired",
-                       to=To.AGGREGATE, over=Over.BATCH, exact=False),
+                       to=To.AGGREGATE, over=Over.BATCH, exact=False,
+                       unprotectable="momentum feature statistics over the batches where the "
+                       "layer fired; their per-example bound is not implemented"),
             Disclosure(DOWN, "down", Kind.STATISTIC, When.ROUND, size,
                        "the variances over sites of those statistics (Eq. 5)", carries=(UP,)),
         ]

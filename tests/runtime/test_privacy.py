@@ -1,0 +1,151 @@
+"""A run under ``privacy.epsilon`` (:mod:`fedshift.runtime.privacy`, issue 53 item 1): what the
+sites release, what the run spends, refusals, resume and extension."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import toy_cfg
+from support.same_run import assert_runs_equal
+
+from fedshift.core.disclosure import When
+from fedshift.core.errors import ConfigError
+
+pytest.importorskip("opacus")  # the accountant: pip install 'fedshift[privacy]'
+from scipy.stats import chi2  # noqa: E402
+
+from fedshift.augment.fedrdn import channel_statistics  # noqa: E402
+from fedshift.core.privacy import epsilon_spent  # noqa: E402
+from fedshift.runtime.disclosure import disclose, render  # noqa: E402
+from fedshift.runtime.privacy import Plan, RecordPlan  # noqa: E402
+from fedshift.runtime.simulation import (  # noqa: E402
+    RunInterrupted,
+    Simulation,
+    resume_experiment,
+    run_experiment,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
+FEDRDN = "augment=[fedrdn]"
+
+
+def _summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_the_released_statistics_differ_from_the_plain_ones_by_noise_of_the_stated_scale(
+    tmp_path,
+):
+    """FedRDN's bank at the server minus each site's own (unclipped: the default bound is no
+    image's) statistics, standardised by the stated std sigma * 2 C / n, is 18 N(0, 1)
+    draws: their sum of squares lies within chi-square(18)'s central 1 - 1e-6."""
+    cfg = toy_cfg(FEDRDN, "privacy.epsilon=50", rounds=1)
+    sim = Simulation(cfg, tmp_path / "run", progress=False)
+    sim.run()
+    server = sim.server["aug/fedrdn"]
+    plan = sim.exp.privacy
+    assert plan is not None and plan.sigma > 0
+    mech = plan.mechanisms["fedrdn_stats"]
+    z = []
+    for i, cid in enumerate(server["clients"]):
+        data = sim.exp.train_clients[cid].train.x
+        mean, std = channel_statistics(data)
+        scale = mech.std(1.0 / data.shape[0])
+        z.append((server["mean"][i].double() - mean.double()) / scale)
+        z.append((server["std"][i].double() - std.double()) / scale)
+    stat = float(torch.cat(z).pow(2).sum())
+    k = 18  # 3 sites x (3 means + 3 stds)
+    assert torch.cat(z).numel() == k
+    assert chi2.ppf(5e-7, k) < stat < chi2.ppf(1 - 5e-7, k), stat
+    summary = _summary(tmp_path / "run")["privacy"]
+    assert summary["records"]["fedrdn_stats"]["releases"] == 1
+    assert summary["epsilon_spent"] <= 50
+    assert summary["epsilon_spent"] == pytest.approx(epsilon_spent(plan.sigma, 1, 1e-5))
+
+
+def test_without_a_budget_the_statistics_are_sent_as_computed(tmp_path):
+    sim = Simulation(toy_cfg(FEDRDN, rounds=1), tmp_path / "run", progress=False)
+    sim.run()
+    cid = sim.server["aug/fedrdn"]["clients"][0]
+    mean, _ = channel_statistics(sim.exp.train_clients[cid].train.x)
+    assert torch.equal(sim.server["aug/fedrdn"]["mean"][0], mean)
+    assert "privacy" not in _summary(tmp_path / "run")
+
+
+def test_a_resumed_protected_run_spends_and_repeats_the_uninterrupted_one(tmp_path):
+    cfg = toy_cfg(FEDRDN, "privacy.epsilon=2", "checkpoint.every=1", rounds=3)
+    full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "cut", progress=False, stop_after=1)
+    resume_experiment(tmp_path / "cut", progress=False)
+    assert_runs_equal(tmp_path / "cut", full.run_dir)
+    assert _summary(tmp_path / "cut")["privacy"] == _summary(full.run_dir)["privacy"]
+
+
+def test_an_extension_of_a_setup_only_release_spends_nothing_more(tmp_path):
+    cfg = toy_cfg(FEDRDN, "privacy.epsilon=2", rounds=2)
+    run_experiment(cfg, run_dir=tmp_path / "run", progress=False)
+    before = _summary(tmp_path / "run")["privacy"]
+    resume_experiment(tmp_path / "run", progress=False, rounds=3)
+    after = _summary(tmp_path / "run")["privacy"]
+    assert after["epsilon_spent"] == before["epsilon_spent"]
+    assert after["noise_multiplier"] == before["noise_multiplier"]
+
+
+def test_an_extension_past_the_planned_releases_stops_before_its_first_round():
+    per_round = RecordPlan("stats", "x", When.ROUND, 1.0, True, releases=4)
+    plan = Plan(1.0, 1e-5, 5.0, rounds=4, records=(per_round,), seed=0)
+    plan.check_rounds(4)  # what it was planned for
+    with pytest.raises(ConfigError, match=r"stops before round 5") as e:
+        plan.check_rounds(5)
+    assert "privacy.epsilon=1" in str(e.value) and "\n" not in str(e.value)
+    # spent after r rounds: r releases of a per-round record, 1 of a setup record
+    setup = RecordPlan("s", "x", When.SETUP, 1.0, True, releases=1)
+    both = Plan(1.0, 1e-5, 5.0, rounds=4, records=(per_round, setup), seed=0)
+    assert both.summary(3)["releases"] == 4
+    assert both.summary(3)["epsilon_spent"] == pytest.approx(epsilon_spent(5.0, 4, 1e-5))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "record"),
+    [
+        (["algorithm.name=fedproto"], "'prototypes'"),
+        (["augment=[ampnorm]"], "'amplitude'"),
+        (["augment=[ffa]"], "'ffa_stats'"),
+    ],
+)
+def test_a_record_the_method_cannot_bound_is_refused_naming_it(tmp_path, overrides, record):
+    cfg = toy_cfg(*overrides, "privacy.epsilon=1", rounds=1)
+    with pytest.raises(ConfigError) as e:
+        run_experiment(cfg, run_dir=tmp_path / "run", progress=False)
+    msg = str(e.value)
+    assert "'privacy.epsilon'" in msg and record in msg and "\n" not in msg
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_budget_on_a_method_sharing_only_weights_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"'privacy.epsilon'.*protect nothing"):
+        run_experiment(toy_cfg("privacy.epsilon=1", rounds=1), run_dir=tmp_path / "r",
+                       progress=False)  # fmt: skip
+
+
+def test_a_clip_for_a_record_the_run_does_not_protect_is_refused(tmp_path):
+    cfg = toy_cfg(FEDRDN, "privacy.epsilon=1", "privacy.clip.prototypes=1", rounds=1)
+    with pytest.raises(ConfigError, match=r"'privacy.clip.prototypes'.*fedrdn_stats"):
+        run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
+
+
+def test_privacy_show_says_what_is_protected_and_its_noise():
+    report = disclose(toy_cfg(FEDRDN, "privacy.epsilon=2", "privacy.clip.fedrdn_stats=0.5"))
+    text = render(report)
+    assert "fedrdn_stats: yes: clipped per example, Gaussian noise" in text
+    assert "weights: not covered" in text
+    plan = report["privacy"]
+    few = next(r for r in report["records"] if r["record"] == "fedrdn_stats")["fewest_examples"]
+    want = plan["noise_multiplier"] * 2 * 0.5 / few
+    assert f"noise std per value {want:.4g}" in text
+    off = render(disclose(toy_cfg("algorithm.name=fedproto")))
+    assert "prototypes: no, refused: per-class mean embeddings" in off
