@@ -130,3 +130,72 @@ def test_privacy_off_keeps_every_digest():
     )  # delta alone acts on nothing
     on = number_config(toy_cfg("augment=[fedrdn]", "privacy.epsilon=1").to_dict())
     assert on["privacy"]["epsilon"] == 1.0
+
+
+def _epochs_schedule(n: int, bs: int, steps: int, seed: int) -> list[torch.Tensor]:
+    """The batches' example indices, drawn as ClientContext.batches draws them (a fresh
+    permutation an epoch, a trailing batch of one skipped)."""
+    g = torch.Generator().manual_seed(seed)
+    out: list[torch.Tensor] = []
+    while len(out) < steps:
+        perm = torch.randperm(n, generator=g)
+        for s in range(0, n, bs):
+            idx = perm[s : s + bs]
+            if idx.numel() < 2 and n > 1 and bs > 1:
+                continue
+            out.append(idx)
+            if len(out) == steps:
+                break
+    return out
+
+
+@pytest.mark.parametrize(("n", "bs", "steps", "init"), [(40, 16, 3, "zero"), (41, 8, 12, "zero"),
+                                                        (30, 7, 9, "first"), (9, 4, 5, "zero")])  # fmt: skip
+def test_the_amplitude_bound_on_an_images_weight_holds_for_every_image(n, bs, steps, init):
+    """Eq. 3's running mean gives image i the weight sum over its batches of c_k / |b_k|;
+    the bound the release is calibrated with is at least the largest, and equals it within
+    one epoch."""
+    from fedshift.augment.ampnorm import max_example_weight, running_weights
+
+    sched = _epochs_schedule(n, bs, steps, seed=n + steps)
+    c = running_weights(0.1, init, len(sched))
+    assert sum(c) <= 1 + 1e-12
+    exact = torch.zeros(n, dtype=torch.float64)
+    for ck, idx in zip(c, sched, strict=True):
+        exact[idx] += ck / idx.numel()
+    bound = max_example_weight([int(i.numel()) for i in sched], c, n)
+    assert bound >= float(exact.max()) - 1e-15
+    if sum(int(i.numel()) for i in sched) <= n:  # one epoch: the bound is attained
+        assert bound == pytest.approx(float(exact.max()))
+
+
+def test_the_released_amplitude_differs_from_the_plain_one_by_noise_of_the_stated_scale():
+    """HarmoFL's running amplitude released under a mechanism minus the same client's plain
+    one (same batches; the default bound clips no image), standardised by sigma * 2 C w_max,
+    is N(0, 1) per value: chi-square test at a false-failure probability below 1e-6 on the
+    values far from 0 (the release is clamped at 0)."""
+    from types import SimpleNamespace
+
+    from scipy.stats import chi2
+
+    from fedshift.augment.ampnorm import AmpNorm, AmpNormParams, amplitude_bound
+
+    n, shape = 40, (3, 8, 8)
+    x = torch.rand(n, *shape, generator=torch.Generator().manual_seed(5))
+    data = SimpleNamespace(train=SimpleNamespace(x=x))
+    mech = Mechanism("amplitude", clip=amplitude_bound(shape), sigma=0.005, seed=2)
+    plain, protected = (AmpNorm(AmpNormParams(), 0, 2) for _ in range(2))
+    protected.privacy = {"amplitude": mech}
+    states = [a.init_client("c", data, None) for a in (plain, protected)]
+    y, g = torch.zeros(16, dtype=torch.long), torch.Generator()
+    for s in range(0, n, 16):
+        for a, st in zip((plain, protected), states, strict=True):
+            a.train_batch(x[s : s + 16], y[: len(x[s : s + 16])], st, g)
+    want = plain.reply(None, states[0], 1)["amplitude"]["amplitude"].double()
+    got = protected.reply(None, states[1], 1)["amplitude"]["amplitude"].double()
+    std = mech.std(0.1 / 8)  # batches 16, 16, 8: the last batch's images weigh v / 8
+    far = want > 8 * std
+    z = ((got - want) / std)[far]
+    assert z.numel() > 150
+    stat = float(z.pow(2).sum())
+    assert chi2.ppf(5e-7, z.numel()) < stat < chi2.ppf(1 - 5e-7, z.numel())

@@ -113,7 +113,7 @@ def test_an_extension_past_the_planned_releases_stops_before_its_first_round():
     ("overrides", "record"),
     [
         (["algorithm.name=fedproto"], "'prototypes'"),
-        (["augment=[ampnorm]"], "'amplitude'"),
+        (["augment=[cfsi]"], "'cfsi_amplitudes'"),
         (["augment=[ffa]"], "'ffa_stats'"),
     ],
 )
@@ -146,6 +146,20 @@ def test_privacy_show_says_what_is_protected_and_its_noise():
     plan = report["privacy"]
     few = next(r for r in report["records"] if r["record"] == "fedrdn_stats")["fewest_examples"]
     want = plan["noise_multiplier"] * 2 * 0.5 / few
-    assert f"noise std per value {want:.4g}" in text
+    assert f"noise std per value at most {want:.4g}" in text
     off = render(disclose(toy_cfg("algorithm.name=fedproto")))
     assert "prototypes: no, refused: per-class mean embeddings" in off
+
+
+def test_a_protected_amplitude_needs_the_sites_own_images(tmp_path):
+    cfg = toy_cfg("augment=[mixup, ampnorm]", "privacy.epsilon=1", rounds=1)
+    with pytest.raises(ConfigError, match=r"'privacy.epsilon'.*list 'ampnorm' first"):
+        run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
+
+
+def test_a_protected_harmofl_run_releases_its_amplitude_once(tmp_path):
+    cfg = toy_cfg("algorithm.name=harmofl", "privacy.epsilon=4", rounds=2)
+    run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
+    rec = _summary(tmp_path / "r")["privacy"]["records"]["amplitude"]
+    assert rec["releases"] == 1 and rec["component"] == "ampnorm"
+    assert rec["epsilon_spent"] <= 4

@@ -74,6 +74,11 @@ class Augment:
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         """Raise ConfigError when combining with ``algorithm`` / other augments makes no sense."""
 
+    def protected(self, augments: list[Augment]) -> None:
+        """Called once ``privacy.epsilon`` gave this augment mechanisms (``privacy``), with
+        the run's augments in pipeline order: raise :class:`ConfigError` when its
+        per-example bound does not hold in that composition. Nothing by default."""
+
     # -- model -------------------------------------------------------------------------------
     def attach(self, model: FedModel) -> None:
         """Modify the model once, before the initial weights are taken."""

@@ -107,6 +107,9 @@ class Composition:
             given = {r: m for r, m in mechanisms.items() if r in mine}
             if given:
                 component.privacy = given  # type: ignore[union-attr]
+        for a in self.augments:
+            if a.privacy:
+                a.protected(self.augments)
 
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:

@@ -139,7 +139,7 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
         few = row["fewest_examples"] or 1
         lines.append(
             f"  {name}: clip {rec['clip']:.4g}{' (default)' if rec['clip_default'] else ''}, "
-            f"noise std per value {sigma * 2 * rec['clip'] / few:.4g} where it summarises "
+            f"noise std per value at most {sigma * 2 * rec['clip'] / few:.4g} where it summarises "
             f"{few:,} example(s), {rec['releases']} release(s), epsilon {rec['epsilon_spent']:.4g}"
         )
     return lines
