@@ -149,8 +149,10 @@ def _epochs_schedule(n: int, bs: int, steps: int, seed: int) -> list[torch.Tenso
     return out
 
 
-@pytest.mark.parametrize(("n", "bs", "steps", "init"), [(40, 16, 3, "zero"), (41, 8, 12, "zero"),
-                                                        (30, 7, 9, "first"), (9, 4, 5, "zero")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("n", "bs", "steps", "init"),
+    [(40, 16, 3, "zero"), (41, 8, 12, "zero"), (30, 7, 9, "first"), (9, 4, 5, "zero")],
+)
 def test_the_amplitude_bound_on_an_images_weight_holds_for_every_image(n, bs, steps, init):
     """Eq. 3's running mean gives image i the weight sum over its batches of c_k / |b_k|;
     the bound the release is calibrated with is at least the largest, and equals it within
