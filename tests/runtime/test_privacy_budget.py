@@ -148,7 +148,7 @@ def test_privacy_show_says_what_is_protected_and_its_noise():
     want = plan["noise_multiplier"] * 2 * 0.5 / few
     assert f"noise std per value at most {want:.4g}" in text
     off = render(disclose(toy_cfg("algorithm.name=fedproto")))
-    assert "prototypes: no, refused: per-class mean embeddings" in off
+    assert "prototypes: no, refused: computed with the model the site trained" in off
 
 
 def test_a_protected_amplitude_needs_the_sites_own_images(tmp_path):

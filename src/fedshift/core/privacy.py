@@ -22,8 +22,10 @@ spend at most ``(privacy.epsilon, privacy.delta)`` (:func:`noise_multiplier`, Op
 here composes by hand.
 
 The guarantee covers the records the method's components protect (their declarations,
-:attr:`fedshift.core.disclosure.Disclosure.clip`) given the model they are computed with;
-model weights and updates are not protected by ``privacy.epsilon`` (docs/PRIVACY.md).
+:attr:`fedshift.core.disclosure.Disclosure.clip`): each is a function of the site's images
+alone, so per-example clipping bounds its sensitivity (a statistic of features under a model
+trained on the same data is not: replacing one example changes the model). Model weights and
+updates are not protected by ``privacy.epsilon`` (docs/PRIVACY.md).
 Imports only torch, the standard library and ``core`` (Opacus when a budget is planned).
 """
 
