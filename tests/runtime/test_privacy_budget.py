@@ -163,3 +163,16 @@ def test_a_protected_harmofl_run_releases_its_amplitude_once(tmp_path):
     rec = _summary(tmp_path / "r")["privacy"]["records"]["amplitude"]
     assert rec["releases"] == 1 and rec["component"] == "ampnorm"
     assert rec["epsilon_spent"] <= 4
+
+
+def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
+    """Every worker plans the same budget from the config and draws the same noise."""
+    from fedshift.runtime.results import config_changes
+
+    cfg = toy_cfg("augment=[{name: fedmix, m: 5}]", "privacy.epsilon=4", rounds=2)
+    named = [k for k, _ in config_changes(cfg) if k.startswith("privacy")]
+    assert named == ["privacy.epsilon"]  # the run's folder name: delta, clip at defaults unnamed
+    one = run_experiment(cfg, run_dir=tmp_path / "one", progress=False)
+    two = run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
+    assert_runs_equal(tmp_path / "two", one.run_dir)
+    assert _summary(tmp_path / "two")["privacy"] == _summary(one.run_dir)["privacy"]
