@@ -173,6 +173,6 @@ def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
     named = [k for k, _ in config_changes(cfg) if k.startswith("privacy")]
     assert named == ["privacy.epsilon"]  # the run's folder name: delta, clip at defaults unnamed
     one = run_experiment(cfg, run_dir=tmp_path / "one", progress=False)
-    two = run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
+    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
     assert_runs_equal(tmp_path / "two", one.run_dir)
     assert _summary(tmp_path / "two")["privacy"] == _summary(one.run_dir)["privacy"]
