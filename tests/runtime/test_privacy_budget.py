@@ -176,3 +176,19 @@ def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
     run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
     assert_runs_equal(tmp_path / "two", one.run_dir)
     assert _summary(tmp_path / "two")["privacy"] == _summary(one.run_dir)["privacy"]
+
+
+def test_a_run_started_before_the_privacy_section_existed_resumes(tmp_path):
+    """A checkpoint whose config has no ``privacy`` section (fedshift before it) resumes:
+    the section at its off value is what such a run did."""
+    from fedshift.runtime.checkpoint_io import CHECKPOINT, read_run_state, write_checkpoint
+
+    cfg = toy_cfg(FEDRDN, "checkpoint.every=1", rounds=2)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "cut", progress=False, stop_after=1)
+    path = tmp_path / "cut" / CHECKPOINT
+    state = read_run_state(tmp_path / "cut", map_location="cpu")
+    del state["config"]["privacy"]
+    write_checkpoint(state, path)
+    resume_experiment(tmp_path / "cut", progress=False)
+    assert "privacy" not in _summary(tmp_path / "cut")
