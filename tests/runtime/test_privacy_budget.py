@@ -192,3 +192,11 @@ def test_a_run_started_before_the_privacy_section_existed_resumes(tmp_path):
     write_checkpoint(state, path)
     resume_experiment(tmp_path / "cut", progress=False)
     assert "privacy" not in _summary(tmp_path / "cut")
+
+
+def test_a_budget_too_small_for_one_release_fails_before_any_client_state(tmp_path):
+    cfg = toy_cfg(FEDRDN, "privacy.epsilon=1e-4", "privacy.delta=1e-12", rounds=1)
+    with pytest.raises(ConfigError, match=r"'privacy.epsilon'.*cannot cover 1 release") as e:
+        run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "r" / "checkpoint.pt").exists()
