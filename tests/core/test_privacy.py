@@ -4,21 +4,17 @@ calibration, and the config's bad inputs."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
 import torch
 from conftest import toy_cfg
 
+from fedshift.augment.fedrdn import channel_statistics, clipped_statistics
 from fedshift.core.errors import ConfigError
 from fedshift.core.identity import number_config
-
-pytest.importorskip("opacus")  # the accountant: pip install 'fedshift[privacy]'
-
-from opacus.accountants import RDPAccountant  # noqa: E402
-
-from fedshift.augment.fedrdn import channel_statistics, clipped_statistics  # noqa: E402
-from fedshift.core.privacy import (  # noqa: E402
+from fedshift.core.privacy import (
     ALPHAS,
     Mechanism,
     clip_rows,
@@ -26,13 +22,21 @@ from fedshift.core.privacy import (  # noqa: E402
     noise_multiplier,
 )
 
+#: the accountant's tests need Opacus (pip install 'fedshift[privacy]'); the mechanism's do not
+needs_opacus = pytest.mark.skipif(
+    importlib.util.find_spec("opacus") is None, reason="Opacus is not installed"
+)
+
 # a chi-square bound: |z| > 6 has two-sided probability 2e-9 per test; the statistics below
 # are sums of many standardised draws, tested at a false-failure probability below 1e-6
 
 
+@needs_opacus
 @pytest.mark.parametrize(("epsilon", "delta", "releases"), [(1.0, 1e-5, 1), (0.5, 1e-6, 20),
                                                             (8.0, 1e-5, 100)])  # fmt: skip
 def test_the_noise_multiplier_is_the_accountants_for_the_budget(epsilon, delta, releases):
+    from opacus.accountants import RDPAccountant
+
     sigma = noise_multiplier(epsilon, delta, releases)
     acc = RDPAccountant()  # composed independently here, with Opacus's own class
     acc.history = [(sigma, 1.0, releases)]
@@ -46,6 +50,7 @@ def test_the_noise_multiplier_is_the_accountants_for_the_budget(epsilon, delta, 
     assert epsilon_spent(sigma, releases + 1, delta) > spent
 
 
+@needs_opacus
 def test_a_gaussian_mechanisms_epsilon_matches_the_closed_form_rdp():
     """One release at sigma: RDP(a) = a / (2 sigma^2) (Mironov 2017, Prop. 7), converted with
     the accountant's rule; checked at sigma where the best order is inside the grid."""
@@ -59,6 +64,7 @@ def test_a_gaussian_mechanisms_epsilon_matches_the_closed_form_rdp():
     assert epsilon_spent(sigma, 1, delta) == pytest.approx(eps, rel=1e-9)
 
 
+@needs_opacus
 def test_a_budget_no_noise_can_meet_is_an_error_naming_the_key():
     with pytest.raises(ConfigError, match=r"privacy\.epsilon"):
         noise_multiplier(1e-4, 1e-12, 1000)

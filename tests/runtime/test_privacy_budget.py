@@ -3,24 +3,22 @@ sites release, what the run spends, refusals, resume and extension."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 import torch
 from conftest import toy_cfg
+from scipy.stats import chi2
 from support.same_run import assert_runs_equal
 
+from fedshift.augment.fedrdn import channel_statistics
 from fedshift.core.disclosure import When
 from fedshift.core.errors import ConfigError
-
-pytest.importorskip("opacus")  # the accountant: pip install 'fedshift[privacy]'
-from scipy.stats import chi2  # noqa: E402
-
-from fedshift.augment.fedrdn import channel_statistics  # noqa: E402
-from fedshift.core.privacy import epsilon_spent  # noqa: E402
-from fedshift.runtime.disclosure import disclose, render  # noqa: E402
-from fedshift.runtime.privacy import Plan, RecordPlan  # noqa: E402
-from fedshift.runtime.simulation import (  # noqa: E402
+from fedshift.core.privacy import epsilon_spent
+from fedshift.runtime.disclosure import disclose, render
+from fedshift.runtime.privacy import Plan, RecordPlan
+from fedshift.runtime.simulation import (
     RunInterrupted,
     Simulation,
     resume_experiment,
@@ -28,6 +26,11 @@ from fedshift.runtime.simulation import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+#: a planned budget needs Opacus's accountant (pip install 'fedshift[privacy]'); a refusal
+#: comes before it
+needs_opacus = pytest.mark.skipif(
+    importlib.util.find_spec("opacus") is None, reason="Opacus is not installed"
+)
 
 FEDRDN = "augment=[fedrdn]"
 
@@ -36,6 +39,7 @@ def _summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@needs_opacus
 def test_the_released_statistics_differ_from_the_plain_ones_by_noise_of_the_stated_scale(
     tmp_path,
 ):
@@ -75,6 +79,7 @@ def test_without_a_budget_the_statistics_are_sent_as_computed(tmp_path):
     assert "privacy" not in _summary(tmp_path / "run")
 
 
+@needs_opacus
 def test_a_resumed_protected_run_spends_and_repeats_the_uninterrupted_one(tmp_path):
     cfg = toy_cfg(FEDRDN, "privacy.epsilon=2", "checkpoint.every=1", rounds=3)
     full = run_experiment(cfg, run_dir=tmp_path / "full", progress=False)
@@ -85,6 +90,7 @@ def test_a_resumed_protected_run_spends_and_repeats_the_uninterrupted_one(tmp_pa
     assert _summary(tmp_path / "cut")["privacy"] == _summary(full.run_dir)["privacy"]
 
 
+@needs_opacus
 def test_an_extension_of_a_setup_only_release_spends_nothing_more(tmp_path):
     cfg = toy_cfg(FEDRDN, "privacy.epsilon=2", rounds=2)
     run_experiment(cfg, run_dir=tmp_path / "run", progress=False)
@@ -95,6 +101,7 @@ def test_an_extension_of_a_setup_only_release_spends_nothing_more(tmp_path):
     assert after["noise_multiplier"] == before["noise_multiplier"]
 
 
+@needs_opacus
 def test_an_extension_past_the_planned_releases_stops_before_its_first_round():
     per_round = RecordPlan("stats", "x", When.ROUND, 1.0, True, releases=4)
     plan = Plan(1.0, 1e-5, 5.0, rounds=4, records=(per_round,), seed=0)
@@ -132,12 +139,14 @@ def test_a_budget_on_a_method_sharing_only_weights_is_refused(tmp_path):
                        progress=False)  # fmt: skip
 
 
+@needs_opacus
 def test_a_clip_for_a_record_the_run_does_not_protect_is_refused(tmp_path):
     cfg = toy_cfg(FEDRDN, "privacy.epsilon=1", "privacy.clip.prototypes=1", rounds=1)
     with pytest.raises(ConfigError, match=r"'privacy.clip.prototypes'.*fedrdn_stats"):
         run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
 
 
+@needs_opacus
 def test_privacy_show_says_what_is_protected_and_its_noise():
     report = disclose(toy_cfg(FEDRDN, "privacy.epsilon=2", "privacy.clip.fedrdn_stats=0.5"))
     text = render(report)
@@ -151,12 +160,14 @@ def test_privacy_show_says_what_is_protected_and_its_noise():
     assert "prototypes: no, refused: computed with the model the site trained" in off
 
 
+@needs_opacus
 def test_a_protected_amplitude_needs_the_sites_own_images(tmp_path):
     cfg = toy_cfg("augment=[mixup, ampnorm]", "privacy.epsilon=1", rounds=1)
     with pytest.raises(ConfigError, match=r"'privacy.epsilon'.*list 'ampnorm' first"):
         run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
 
 
+@needs_opacus
 def test_a_protected_harmofl_run_releases_its_amplitude_once(tmp_path):
     cfg = toy_cfg("algorithm.name=harmofl", "privacy.epsilon=4", rounds=2)
     run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
@@ -165,6 +176,7 @@ def test_a_protected_harmofl_run_releases_its_amplitude_once(tmp_path):
     assert rec["epsilon_spent"] <= 4
 
 
+@needs_opacus
 def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
     """Every worker plans the same budget from the config and draws the same noise."""
     from fedshift.runtime.results import config_changes
@@ -194,6 +206,7 @@ def test_a_run_started_before_the_privacy_section_existed_resumes(tmp_path):
     assert "privacy" not in _summary(tmp_path / "cut")
 
 
+@needs_opacus
 def test_a_budget_too_small_for_one_release_fails_before_any_client_state(tmp_path):
     cfg = toy_cfg(FEDRDN, "privacy.epsilon=1e-4", "privacy.delta=1e-12", rounds=1)
     with pytest.raises(ConfigError, match=r"'privacy.epsilon'.*cannot cover 1 release") as e:
