@@ -108,7 +108,7 @@ class Composition:
             if given:
                 component.privacy = given  # type: ignore[union-attr]
         for a in self.augments:
-            if a.privacy:
+            if getattr(a, "privacy", None):  # a plug-in may not call Augment.__init__
                 a.protected(self.augments)
 
     # -- state -------------------------------------------------------------------------------
