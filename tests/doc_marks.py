@@ -130,6 +130,14 @@ MARKS: dict[str, Mark] = {
         ("train.rounds=1",)
     ),
     "fedshift protocol privacy dataset.name=toyshift 'augment=[fedrdn]' train.rounds=2 --sizes 2,4 --trials 10": Run(),
+    "fedshift run dataset.name=toyshift 'augment=[fedrdn]' privacy.epsilon=1": ByTest(
+        "tests/runtime/test_privacy_budget.py::test_the_released_statistics_differ_from_the_plain_ones_by_noise_of_the_stated_scale",
+        "the same run (toyshift, FedRDN, privacy.epsilon) through the Python API; needs Opacus (the privacy extra)",
+    ),
+    "fedshift privacy show dataset.name=toyshift 'augment=[fedrdn]' privacy.epsilon=1": ByTest(
+        "tests/runtime/test_privacy_budget.py::test_privacy_show_says_what_is_protected_and_its_noise",
+        "the report and its text for the same config; needs Opacus (the privacy extra)",
+    ),
     "fedshift privacy show -c CONFIG": Synopsis("CONFIG: any run config"),
     "fedshift protocol privacy -c CONFIG": Synopsis("CONFIG: a config or suite whose cells are trained and attacked"),
     "fedshift protocol privacy -c configs/suites/privacy_digits.yaml --sizes 10,50,200,350 --workers 1 --threads 1": Long("about 21 min", "measured 2026-11-29: 27 LeNet-5 runs of 10 rounds (~14 min) + the attacks (~7 min), one worker beside another suite; results/protocols/privacy_digits"),
@@ -299,6 +307,7 @@ MARKS: dict[str, Mark] = {
     "fedshift cache clean --dry-run": Run(),
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
+    "pip install 'fedshift[privacy]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(
         "downloads Debian's opencv-doc with apt-get; tests/data/test_digits.py runs the fetch with a "
         "stand-in apt-get"

@@ -202,7 +202,9 @@ class ADCOL(FedAvg):
             Disclosure("features", UP, Kind.REPRESENTATION, When.ROUND,
                        lambda s: s.last_epoch_examples * dim * 4,
                        "the representation of every example of the site's last local epoch",
-                       to=To.SERVER, over=Over.EXAMPLE, exact=False),
+                       to=To.SERVER, over=Over.EXAMPLE, exact=False,
+                       unprotectable="one example's representation per value: noise large "
+                       "enough to hide an example leaves nothing of it"),
         ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:

@@ -156,7 +156,11 @@ class FedProto(Algorithm):
             Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
                        f"the site's mean embedding per class ({how}) and its examples per "
                        "class", to=To.AGGREGATE, over=Over.CLASS,
-                       count=rarest_class_seen if self.params.prototypes == "released" else None),
+                       count=rarest_class_seen if self.params.prototypes == "released" else None,
+                       unprotectable="computed with the model the site trained on its own "
+                       "data, which privacy.epsilon does not protect: clipping each example's "
+                       "features cannot bound the record's sensitivity (issue 53 item 2, DP "
+                       "training, is not built)"),
             Disclosure("global_protos", DOWN, Kind.STATISTIC, When.ROUND, fixed(k * (d * 4 + 1)),
                        "the sites' prototypes averaged per class, and which classes have one",
                        carries=("prototypes",), maybe="after the first aggregation"),

@@ -203,7 +203,11 @@ class FPL(FedAvg):
             Disclosure("prototypes", UP, Kind.STATISTIC, When.ROUND, fixed(k * (d + 1) * 4),
                        "the site's mean embedding per class over its last local epoch, and its "
                        "examples per class; a cluster holding one site's prototype is sent on "
-                       "as it is", to=To.CLIENTS, over=Over.CLASS, count=rarest_class_seen),
+                       "as it is", to=To.CLIENTS, over=Over.CLASS, count=rarest_class_seen,
+                       unprotectable="computed with the model the site trained on its own "
+                       "data, which privacy.epsilon does not protect: clipping each example's "
+                       "features cannot bound the record's sensitivity (issue 53 item 2, DP "
+                       "training, is not built)"),
             Disclosure("cluster_protos", DOWN, Kind.STATISTIC, When.ROUND,
                        lambda s: s.num_sites * k * (d * 4 + 8),
                        "the per-class clusters (FINCH) of the sites' prototypes, with labels",

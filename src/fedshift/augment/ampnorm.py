@@ -87,6 +87,7 @@ from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, sums_only
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
+from fedshift.core.privacy import clip_rows
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel, tracking_bn
 
@@ -124,6 +125,44 @@ def from_amplitude_phase(
 def batch_amplitude(x: torch.Tensor) -> torch.Tensor:
     """Mean amplitude spectrum of a batch (N, C, H, W) -> (C, H, W) float32."""
     return amplitude_phase(x)[0].mean(0).float()
+
+
+def clipped_batch_amplitude(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """:func:`batch_amplitude` with each image's amplitude spectrum (C x H x W values)
+    clipped to L2 norm ``bound`` before the mean (``privacy.epsilon``)."""
+    amp = amplitude_phase(x)[0]
+    return clip_rows(amp.flatten(1), bound).view_as(amp).mean(0).float()
+
+
+def amplitude_bound(shape: tuple[int, int, int]) -> float:
+    """The largest L2 norm of one image's amplitude spectrum for images in [0, 1]:
+    sqrt(H W) ||x|| <= H W sqrt(C) (Parseval, unnormalised FFT): the default clip of
+    ``amplitude``, which clips no valid image."""
+    c, h, w = shape
+    return float(h * w * c**0.5)
+
+
+def running_weights(decay: float, init: str, batches: int) -> list[float]:
+    """The weight of batch k = 1..K's mean amplitude in Eq. 3's running mean after K
+    batches: v (1 - v)^(K - k), the first batch's (1 - v)^(K - 1) with ``init="first"``."""
+    out = [decay * (1.0 - decay) ** (batches - k) for k in range(1, batches + 1)]
+    if init == "first" and batches:
+        out[0] = (1.0 - decay) ** (batches - 1)
+    return out
+
+
+def max_example_weight(sizes: list[int], weights: list[float], n: int) -> float:
+    """The largest total weight one of ``n`` examples can have in ``sum_k weights[k]
+    mean(batch k)``, batches of ``sizes`` drawn epoch by epoch (each example at most once an
+    epoch; an epoch's batches cover n, or n - 1 when a trailing batch of one is skipped:
+    :meth:`fedshift.core.context.ClientContext.batches`): the sum over epochs of the
+    epoch's largest ``weight / size``."""
+    total, best, seen = 0.0, 0.0, 0
+    for size, w in zip(sizes, weights, strict=True):
+        if seen + size > n:  # the next epoch starts
+            total, best, seen = total + best, 0.0, 0
+        best, seen = max(best, w / size), seen + size
+    return total + best
 
 
 def update_running(
@@ -229,7 +268,21 @@ class AmpNorm(Augment):
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         # running: the client's own A_k (Eq. 3); global: the server's A once received.
-        return {"running": None, "batches": 0, "uploaded": False, "global": None, "cid": cid}
+        state = {"running": None, "batches": 0, "uploaded": False, "global": None, "cid": cid}
+        if UP in self.privacy:  # privacy.epsilon: the batch sizes bound an image's weight
+            state["sizes"], state["n"] = [], int(data.train.x.shape[0])
+        return state
+
+    def protected(self, augments: list[Augment]) -> None:
+        """Under ``privacy.epsilon`` the per-example bound needs the site's own images: an
+        augment before this one could mix them (one image in two batch rows)."""
+        before = augments[: augments.index(self)]
+        if before:
+            raise ConfigError(
+                f"config key 'privacy.epsilon': augment 'ampnorm' protects its amplitude per "
+                f"image, but {[a.name for a in before]} change(s) the images before it; list "
+                "'ampnorm' first in 'augment'"
+            )
 
     # -- exchange ----------------------------------------------------------------------------
     def disclosures(self, model: FedModel) -> list[Disclosure]:
@@ -237,7 +290,8 @@ class AmpNorm(Augment):
         return [
             Disclosure(UP, "up", Kind.STATISTIC, When.ONCE, size,
                        "the site's running mean amplitude spectrum (Eq. 3) over its first "
-                       "round's batches", to=To.AGGREGATE, over=Over.BATCH),
+                       "round's batches", to=To.AGGREGATE, over=Over.BATCH,
+                       clip=amplitude_bound),
             Disclosure(DOWN, "down", Kind.STATISTIC, When.ONCE, size,
                        "the sites' mean amplitude spectrum", carries=(UP,),
                        maybe="once the server holds it (the round after the first upload)"),
@@ -267,6 +321,14 @@ class AmpNorm(Augment):
         if state["running"] is None or state["uploaded"]:
             return {}
         state["uploaded"] = True
+        mech = self.privacy.get(UP)
+        if mech is not None:  # privacy.epsilon: Eq. 3 over clipped spectra, plus noise
+            w = max_example_weight(
+                state["sizes"], running_weights(self._decay, self._init, state["batches"]),
+                state["n"],
+            )  # fmt: skip
+            out = mech.release({"amplitude": state["running"]}, w, rnd, state["cid"])
+            return {UP: {"amplitude": out["amplitude"].clamp_min(0.0)}}  # post-processing
         if self._init == "zero" and not self._warned:
             msg = shrink_warning(state.get("cid", "?"), state["batches"], self._decay)
             if msg and model is not None and tracks_bn_statistics(model):
@@ -289,9 +351,11 @@ class AmpNorm(Augment):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if state["global"] is None:
             # first round: accumulate A_k (Eq. 3), then rebuild with it
-            state["running"] = update_running(
-                state["running"], batch_amplitude(x), self._decay, self._init
-            )
+            mech = self.privacy.get(UP)
+            amp = batch_amplitude(x) if mech is None else clipped_batch_amplitude(x, mech.clip)
+            if mech is not None:
+                state["sizes"].append(int(x.shape[0]))
+            state["running"] = update_running(state["running"], amp, self._decay, self._init)
             state["batches"] += 1
             return rebuild(x, state["running"], self._dc_only), y
         return rebuild(x, state["global"], self._dc_only), y

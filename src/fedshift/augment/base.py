@@ -32,6 +32,7 @@ from fedshift.core.contract import State
 from fedshift.core.disclosure import Disclosure
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload, Tensors
+from fedshift.core.privacy import Mechanism
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
@@ -64,11 +65,19 @@ class Augment:
         self.params = params
         self.seed = seed
         self.num_classes = num_classes
+        #: the Gaussian mechanism of each record this augment protects, set by the run when
+        #: ``privacy.epsilon`` is on (:meth:`Composition.protect`); empty: sent as computed
+        self.privacy: dict[str, Mechanism] = {}
 
     # -- config-time -------------------------------------------------------------------------
     @classmethod
     def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
         """Raise ConfigError when combining with ``algorithm`` / other augments makes no sense."""
+
+    def protected(self, augments: list[Augment]) -> None:
+        """Called once ``privacy.epsilon`` gave this augment mechanisms (``privacy``), with
+        the run's augments in pipeline order: raise :class:`ConfigError` when its
+        per-example bound does not hold in that composition. Nothing by default."""
 
     # -- model -------------------------------------------------------------------------------
     def attach(self, model: FedModel) -> None:

@@ -141,7 +141,9 @@ class CFSI(Augment):
             Disclosure(UP, "up", Kind.EXAMPLES, When.SETUP,
                        lambda s: kept(s.examples) * s.image_floats * 4,
                        "the amplitude spectrum of each of the site's kept training images "
-                       "(bank_fraction)", to=To.CLIENTS, over=Over.EXAMPLE),
+                       "(bank_fraction)", to=To.CLIENTS, over=Over.EXAMPLE,
+                       unprotectable="each value is one image's spectrum (one example): noise "
+                       "large enough to hide an image leaves nothing of its spectrum"),
             Disclosure(DOWN, "down", Kind.EXAMPLES, When.SETUP,
                        lambda s: (sum(kept(n) for n in s.federation) - kept(s.examples))
                        * s.image_floats * 4,

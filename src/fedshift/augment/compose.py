@@ -17,6 +17,7 @@ from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, ContractError, Reply, State, expect
 from fedshift.core.disclosure import UP, Disclosure, summed_records
 from fedshift.core.payload import Payload, Tensors
+from fedshift.core.privacy import Mechanism
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
@@ -96,6 +97,19 @@ class Composition:
                 for d in component.disclosures(model)
             ]
         return out
+
+    def protect(self, model: FedModel, mechanisms: dict[str, Mechanism]) -> None:
+        """Hand each component the Gaussian mechanisms of the records it declares
+        (``privacy.epsilon``: :mod:`fedshift.runtime.privacy`); a component clips and
+        releases those records itself. Before any client state is built."""
+        for component in (self.algo, *self.augments):
+            mine = {d.record for d in component.disclosures(model) if d.direction == UP}
+            given = {r: m for r, m in mechanisms.items() if r in mine}
+            if given:
+                component.privacy = given  # type: ignore[union-attr]
+        for a in self.augments:
+            if getattr(a, "privacy", None):  # a plug-in may not call Augment.__init__
+                a.protected(self.augments)
 
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:

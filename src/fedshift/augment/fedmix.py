@@ -66,6 +66,7 @@ from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError, TrainingError
 from fedshift.core.payload import Payload
+from fedshift.core.privacy import clip_rows
 from fedshift.core.seeding import generator as derived_generator
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
@@ -93,6 +94,29 @@ def group_means(
     idx = order[: groups * size].view(groups, size)
     onehot = F.one_hot(y.long(), num_classes).to(x.dtype)
     return x[idx].mean(1), onehot[idx].mean(1)
+
+
+def clipped_group_means(
+    x: torch.Tensor, y: torch.Tensor, m: int | None, num_classes: int, g: torch.Generator,
+    bound: float,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """:func:`group_means` with each example's (image, one-hot label) vector clipped to L2
+    norm ``bound`` first (``privacy.epsilon``), and the group size: the same groups (the
+    same draw of ``g``), float64."""
+    n = x.shape[0]
+    size = n if m is None else min(m, n)
+    order = torch.randperm(n, generator=g).to(x.device)
+    groups = max(1, n // size)
+    idx = order[: groups * size].view(groups, size)
+    onehot = F.one_hot(y.long(), num_classes).double()
+    z = clip_rows(torch.cat([x.flatten(1).double(), onehot], dim=1), bound)
+    means = z[idx].mean(1)
+    return means[:, : x[0].numel()].view(groups, *x.shape[1:]), means[:, x[0].numel() :], size
+
+
+def example_bound(shape: tuple[int, int, int]) -> float:
+    """The largest L2 norm of one example's (image in [0, 1], one-hot label) vector."""
+    return (shape[0] * shape[1] * shape[2] + 1) ** 0.5
 
 
 class _AddToObjective(torch.autograd.Function):
@@ -216,6 +240,12 @@ class FedMix(Augment):
     # -- MAFL: averaged data shared once ---------------------------------------------------
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         g = derived_generator(self.seed, "fedmix", cid)
+        mech = self.privacy.get("fedmix_means")
+        if mech is not None:  # privacy.epsilon: the clipped means, released in setup_reply
+            x, y, size = clipped_group_means(
+                data.train.x, data.train.y, self.params.m, self.num_classes, g, mech.clip
+            )
+            return {"x": x, "y": y, "group": size}
         xbar, ybar = group_means(data.train.x, data.train.y, self.params.m, self.num_classes, g)
         return {"x": xbar, "y": ybar}
 
@@ -233,14 +263,26 @@ class FedMix(Augment):
             Disclosure("fedmix_means", "up", Kind.STATISTIC, When.SETUP,
                        lambda s: size(s.examples, s),
                        "the site's mean image and mean one-hot label per group of m examples",
-                       to=To.CLIENTS, over=Over.GROUP, count=lambda s: group(s.examples)),
+                       to=To.CLIENTS, over=Over.GROUP, count=lambda s: group(s.examples),
+                       clip=example_bound),
             Disclosure("fedmix_bank", "down", Kind.STATISTIC, When.SETUP,
                        lambda s: sum(size(n, s) for n in s.federation),
                        "every site's averaged images and labels", carries=("fedmix_means",)),
         ]  # fmt: skip
 
     def setup_reply(self, cid: str, state: State) -> Records:
-        return {"fedmix_means": {"x": state["x"], "y": state["y"]}}
+        """The averaged data; under ``privacy.epsilon`` the clipped group means plus the
+        Gaussian mechanism's noise (groups are disjoint: one example moves one group's mean,
+        weight 1/m), then clamped to [0, 1] and the labels renormalised (post-processing)."""
+        mech = self.privacy.get("fedmix_means")
+        if mech is None:
+            return {"fedmix_means": {"x": state["x"], "y": state["y"]}}
+        out = mech.release({"x": state["x"], "y": state["y"]}, 1.0 / state["group"], 0, cid)
+        y = out["y"].clamp_min(0.0)
+        y = torch.where(y.sum(1, keepdim=True) > 0, y, torch.ones_like(y))
+        return {"fedmix_means": {
+            "x": out["x"].clamp(0.0, 1.0).float(), "y": (y / y.sum(1, keepdim=True)).float(),
+        }}  # fmt: skip
 
     def setup_aggregate(self, server: State, replies: list[tuple[str, Records]]) -> None:
         server["x"] = torch.cat([r["fedmix_means"]["x"] for _, r in replies])

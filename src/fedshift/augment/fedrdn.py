@@ -47,6 +47,7 @@ from fedshift.core.bounds import bounds
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
+from fedshift.core.privacy import clip_rows
 from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
@@ -64,6 +65,34 @@ def channel_statistics(x: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor
         std += flat.std(2, unbiased=False).sum(0)
     n = x.shape[0]
     return (mean / n).float(), (std / n).float()
+
+
+def clipped_statistics(
+    x: torch.Tensor, bound: float, batch: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5-6 with each image's (channel means, channel stds) vector, 2C values, clipped
+    to L2 norm ``bound`` before the mean over images (``privacy.epsilon``:
+    :func:`fedshift.core.privacy.clip_rows`); float64, on the images' device."""
+    c = x.shape[1]
+    total = torch.zeros(2 * c, dtype=torch.float64, device=x.device)
+    for s in range(0, x.shape[0], batch):
+        flat = x[s : s + batch].flatten(2).double()
+        z = torch.cat([flat.mean(2), flat.std(2, unbiased=False)], dim=1)
+        total += clip_rows(z, bound).sum(0)
+    total /= x.shape[0]
+    return total[:c], total[c:]
+
+
+def stats_bound(shape: tuple[int, int, int]) -> float:
+    """The largest L2 norm of one image's (means, stds) vector for images in [0, 1]:
+    sqrt(C * 1 + C * 0.25) (a channel mean is at most 1, a population std at most 1/2): the
+    default clip of ``fedrdn_stats``."""
+    return (1.25 * shape[0]) ** 0.5
+
+
+#: the smallest std a noisy release of ``fedrdn_stats`` is clamped to (post-processing:
+#: Eq. 7 divides by it; images in [0, 1])
+NOISY_STD_FLOOR = 0.01
 
 
 def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -220,12 +249,23 @@ class _Federated(_ClientStats):
     #: who receives a site's statistics (FedRDN: every client, as sent)
     audience = To.CLIENTS
 
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        """The client's Eq. 5-6 statistics and, under ``privacy.epsilon``, their
+        per-image clipped form (what it releases, with noise, in :meth:`setup_reply`)."""
+        state = super().init_client(cid, data, model)
+        mech = self.privacy.get("fedrdn_stats")
+        if mech is not None:
+            mean, std = clipped_statistics(data.train.x, mech.clip)
+            state["dp"] = {"mean": mean, "std": std, "n": int(data.train.x.shape[0])}
+        return state
+
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         return [
             Disclosure("fedrdn_stats", "up", Kind.STATISTIC, When.SETUP,
                        lambda s: 2 * s.input_shape[0] * 4,
                        "the site's per-channel mean and std (Eq. 5-6: per-image statistics "
-                       "averaged over its training images)", to=self.audience, over=Over.SITE),
+                       "averaged over its training images)", to=self.audience, over=Over.SITE,
+                       clip=stats_bound),
             self.bank_disclosure(),
         ]  # fmt: skip
 
@@ -233,7 +273,17 @@ class _Federated(_ClientStats):
         raise NotImplementedError
 
     def setup_reply(self, cid: str, state: State) -> Records:
-        return {"fedrdn_stats": {"mean": state["mean"], "std": state["std"]}}
+        """The client's statistics; under ``privacy.epsilon`` the clipped mean over its n
+        images plus the Gaussian mechanism's noise (weights 1/n), the std clamped to
+        :data:`NOISY_STD_FLOOR` (post-processing)."""
+        mech = self.privacy.get("fedrdn_stats")
+        if mech is None:
+            return {"fedrdn_stats": {"mean": state["mean"], "std": state["std"]}}
+        dp = state["dp"]
+        out = mech.release({"mean": dp["mean"], "std": dp["std"]}, 1.0 / dp["n"], 0, cid)
+        return {"fedrdn_stats": {
+            "mean": out["mean"].float(), "std": out["std"].clamp_min(NOISY_STD_FLOOR).float(),
+        }}  # fmt: skip
 
     def setup_aggregate(self, server: State, replies: list[tuple[str, Records]]) -> None:
         server["clients"] = [cid for cid, _ in replies]

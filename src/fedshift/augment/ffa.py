@@ -452,7 +452,11 @@ class FFA(Augment):
             Disclosure(UP, "up", Kind.STATISTIC, When.ROUND, size,
                        "the site's momentum mean and std of instance feature statistics per "
                        "FFA layer (Eq. 4) over the round's batches where the layer fired",
-                       to=To.AGGREGATE, over=Over.BATCH, exact=False),
+                       to=To.AGGREGATE, over=Over.BATCH, exact=False,
+                       unprotectable="computed with the model the site trained on its own "
+                       "data, which privacy.epsilon does not protect: clipping each example's "
+                       "features cannot bound the record's sensitivity (issue 53 item 2, DP "
+                       "training, is not built)"),
             Disclosure(DOWN, "down", Kind.STATISTIC, When.ROUND, size,
                        "the variances over sites of those statistics (Eq. 5)", carries=(UP,)),
         ]

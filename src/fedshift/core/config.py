@@ -137,6 +137,24 @@ class FederationConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    """Differential privacy for the statistics a site shares (:mod:`fedshift.core.privacy`,
+    docs/PRIVACY.md): off unless ``epsilon`` is set. Each protected record is clipped per
+    example to its bound and released through the Gaussian mechanism, with one noise
+    multiplier calibrated (Opacus's RDP accountant) so that all of a site's releases over
+    ``train.rounds`` spend at most (``epsilon``, ``delta``). A method that sends a statistic
+    it cannot bound is refused, naming the record."""
+
+    # the budget of one site's training examples over the whole run; null: no protection
+    epsilon: float | None = bounded(None, gt=0)
+    delta: float = bounded(1e-5, gt=0, lt=1)
+    # record name -> the L2 bound each example's contribution is clipped to; a record not
+    # named keeps its component's default (the largest contribution an image in [0, 1] can
+    # give, so no valid example is clipped: `fedshift privacy show` prints it)
+    clip: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class InputConfig:
     """Input pipeline applied to every batch: (x - mean) / std per channel, x in [0, 1].
     FedBN's digits code uses 0.5 / 0.5."""
@@ -225,6 +243,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: ExecutionConfig = field(default_factory=ExecutionConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     # Trackers besides metrics.csv and run.log (always written); changes no number.
     # "tensorboard": scalars per round in <run_dir>/tensorboard (pip install tensorboard);
     # "wandb": the same in a W&B offline run in <run_dir>/wandb (pip install 'fedshift[wandb]');
@@ -506,6 +525,13 @@ def check_ranges(cfg: RunConfig) -> None:
     if len(cfg.input.mean) != len(cfg.input.std):
         raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths")
     _check_model_normalises(cfg)
+    for record, bound in cfg.privacy.clip.items():
+        number = isinstance(bound, int | float) and not isinstance(bound, bool)
+        if not (number and math.isfinite(bound) and bound > 0):
+            raise ConfigError(
+                f"config key 'privacy.clip.{record}' must be a number > 0 (the L2 bound of one "
+                f"example's contribution), got {short_repr(bound)}"
+            )
     if t.min_rounds and t.patience is None:
         raise ConfigError(
             f"config key 'train.min_rounds' ({t.min_rounds}) acts with early stopping only; "

@@ -239,6 +239,12 @@ class Disclosure:
     maybe: str = ""
     #: False when ``size`` is an upper bound (the record depends on what the round saw)
     exact: bool = True
+    #: the default L2 bound of one example's contribution when ``privacy.epsilon`` protects
+    #: this ``up`` record (:mod:`fedshift.core.privacy`), from the input shape (C, H, W): the
+    #: component clips and releases it; None: the component cannot protect it
+    clip: Callable[[tuple[int, int, int]], float] | None = None
+    #: why the component cannot protect this record (with ``clip`` None): one line
+    unprotectable: str = ""
     #: the component that declared it (set by the composition)
     source: str = field(default="", compare=False)
     #: an ``up`` record the server reads only through its weighted sum over the round's sites
@@ -301,6 +307,26 @@ class Disclosure:
             f"by {self.source or 'its component'}'s aggregate)"
         )
 
+    @property
+    def needs_protection(self) -> bool:
+        """An ``up`` record of data (a statistic, examples, representations): what
+        ``privacy.epsilon`` must protect or refuse (weights and updates are not covered)."""
+        return self.direction == UP and self.kind in (
+            Kind.STATISTIC, Kind.EXAMPLES, Kind.REPRESENTATION
+        )
+
+    def privacy(self) -> str:
+        """Whether ``privacy.epsilon`` protects this ``up`` record, and why not where it
+        cannot ("" for ``down``)."""
+        if self.direction != UP:
+            return ""
+        if not self.needs_protection:
+            return "not covered: privacy.epsilon protects shared statistics, not model weights"
+        if self.clip is not None:
+            return "yes: clipped per example, Gaussian noise"
+        why = self.unprotectable or f"{self.source or 'its component'} gives no per-example bound"
+        return f"no, refused: {why}"
+
     def row(self, sites: list[Site]) -> dict:
         """The record at ``sites``: plain data for a table or JSON."""
         sizes = [self.bytes_at(s) for s in sites]
@@ -322,6 +348,10 @@ class Disclosure:
             "fewest_examples": min(counts) if counts else None,
             "carries": list(self.carries),
             "secure_aggregation": self.secure_aggregation(),
+            "privacy": self.privacy(),
+            "clip": None if self.clip is None or not sites else float(
+                self.clip(sites[0].input_shape)
+            ),
         }
 
 

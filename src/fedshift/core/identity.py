@@ -49,7 +49,11 @@ LATER_DEFAULTS: dict[str, Any] = {
     # auto out of a resolved config, so this only keeps a config that writes it unchanged
     "model.weights_format": "auto",
     "model.pretrained": False,  # efficientnet_lite0 from scratch (issue 54)
+    "privacy.epsilon": None,  # differential privacy off (issue 53)
 }
+#: sections added later whose every key is in LATER_DEFAULTS or ONLY_WITH: left out when
+#: they are empty once those keys are dropped
+LATER_SECTIONS = ("privacy",)
 #: keys that only act with another key's non-default value: dropped when that one is at its
 #: LATER_DEFAULTS value (``model.ws_gamma`` scales weight-standardised convs only)
 ONLY_WITH = {
@@ -61,6 +65,8 @@ ONLY_WITH = {
     "train.adapter_reduction": "train.trainable",
     "train.lora_rank": "train.trainable",
     "train.trunk_cache": "train.trainable",
+    "privacy.delta": "privacy.epsilon",
+    "privacy.clip": "privacy.epsilon",
 }
 
 
@@ -81,6 +87,9 @@ def _drop_later_defaults(out: dict) -> None:
         parent, leaf = node(dotted)
         if parent is not None:
             parent.pop(leaf, None)
+    for section in LATER_SECTIONS:
+        if out.get(section) == {}:
+            del out[section]
 
 
 def without_later_defaults(d: dict) -> dict:

@@ -173,6 +173,9 @@ class RunRecord:
     #: ``train.trainable`` other than ``all``: what trained and stayed frozen
     #: (:meth:`fedshift.algorithms.trainable.Frozen.report`)
     trainable: dict | None = None
+    #: the privacy budget and what the run spent (``privacy.epsilon``:
+    #: :meth:`fedshift.runtime.privacy.Plan.summary`), or None
+    privacy: dict | None = None
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -234,6 +237,8 @@ class RunRecord:
             out["runtime"] = self.runtime
         if self.provenance is not None:
             out["provenance"] = self.provenance
+        if self.privacy is not None:
+            out["privacy"] = self.privacy
         return out
 
 

@@ -47,6 +47,11 @@ class FlowerServer:
                 "SecAgg+ workflow drives a Strategy's FitIns/FitRes rounds, not fedshift's "
                 "round loop and records); run it with `fedshift run` or set it to false"
             )
+        if cfg.privacy.epsilon is not None:
+            raise ConfigError(
+                "config key 'privacy.epsilon': not available on Flower yet (untested there); "
+                "run it with `fedshift run`, or remove it"
+            )
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.options = options or FlowerOptions()

@@ -51,6 +51,8 @@ def disclose(cfg: RunConfig) -> dict:
         "sites": {cid: s.examples for cid, s in sites.items()},
         "communicates": exp.algo.communicates,
         "records": rows,
+        #: privacy.epsilon's plan and its spend over train.rounds (None: off)
+        "privacy": exp.privacy_spent(cfg.train.rounds),
         #: the smallest number of examples any statistic a site sends summarises
         "fewest_examples": None if fewest is None else {
             "examples": fewest["fewest_examples"], "record": fewest["record"],
@@ -113,7 +115,34 @@ def render(report: dict) -> str:
     lines.append("can secure aggregation (federation.secure_aggregation=true) hide it?")
     for r in up:
         lines.append(f"  {r['record']}: {r['secure_aggregation']}")
+    lines += _privacy_lines(up, report.get("privacy"))
     return "\n".join(lines)
+
+
+def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
+    """Per ``up`` record: does ``privacy.epsilon`` protect it; with a plan, its clip bound,
+    the noise std of one value at the site where it summarises the fewest examples, and the
+    epsilon it spends."""
+    lines = ["does differential privacy (privacy.epsilon) protect it?"]
+    for r in up:
+        lines.append(f"  {r['record']}: {r['privacy']}")
+    if plan is None:
+        return lines
+    sigma = plan["noise_multiplier"]
+    lines.append(
+        f"privacy.epsilon={plan['epsilon']:g}, delta {plan['delta']:g}, over "
+        f"{plan['planned_rounds']} round(s): noise multiplier {sigma:.4g} ({plan['accountant']}); "
+        f"epsilon spent in all {plan['epsilon_spent']:.4g} over {plan['releases']} release(s)"
+    )
+    for name, rec in plan["records"].items():
+        row = next(r for r in up if r["record"] == name)
+        few = row["fewest_examples"] or 1
+        lines.append(
+            f"  {name}: clip {rec['clip']:.4g}{' (default)' if rec['clip_default'] else ''}, "
+            f"noise std per value at most {sigma * 2 * rec['clip'] / few:.4g} where it summarises "
+            f"{few:,} example(s), {rec['releases']} release(s), epsilon {rec['epsilon_spent']:.4g}"
+        )
+    return lines
 
 
 def check_ledger(

@@ -37,6 +37,7 @@ from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.models.peft import add_adapters, add_lora, added_layers_rng
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+from fedshift.runtime.privacy import Plan, plan_privacy
 from fedshift.runtime.trunk_cache import TrunkCache, trainable_summary
 
 if TYPE_CHECKING:
@@ -76,10 +77,16 @@ class Experiment:
     #: (``train.trunk_cache``), else None
     trunk_cache: TrunkCache | None = None
 
-    def trainable_summary(self, server: dict) -> dict | None:
-        """``summary.json``'s ``trainable``
-        (:func:`fedshift.runtime.trunk_cache.trainable_summary`)."""
-        return trainable_summary(self, server)
+    def record_extras(self, server: dict, rounds: int) -> dict[str, dict | None]:
+        """The run record's ``trainable`` (``trunk_cache.trainable_summary``) and
+        ``privacy`` after ``rounds`` rounds (:meth:`privacy_spent`)."""
+        return {"trainable": trainable_summary(self, server), "privacy": self.privacy_spent(rounds)}
+    #: the privacy budget (``privacy.epsilon``; :mod:`fedshift.runtime.privacy`), or None
+    privacy: Plan | None = None
+
+    def privacy_spent(self, rounds: int) -> dict | None:
+        """``summary.json``'s ``privacy`` after ``rounds`` rounds (None: not protected)."""
+        return None if self.privacy is None else self.privacy.summary(rounds)
 
 
 def build_experiment(
@@ -154,6 +161,11 @@ def build_experiment(
             "`fedshift protocol new-site` scores them (the sources' mean local tensors, AdaBN)",
             cfg.algorithm.name, holdout,
         )  # fmt: skip
+    privacy = None
+    if cfg.privacy.epsilon is not None:  # the budget, before any client state: runtime/privacy
+        privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape)
+        assert privacy is not None
+        composed.protect(model, privacy.mechanisms)
     normalize = Normalize(cfg.input, fed.input_shape[0], device)
     kinds = [
         k
@@ -179,6 +191,7 @@ def build_experiment(
         train=cfg.train,
         eval_batch_size=cfg.eval.batch_size,
         placement=placement,
+        privacy=privacy,
     )
     exp.trunk_cache = TrunkCache.of(exp)
     return exp

@@ -421,7 +421,7 @@ class RoundLoop:
             domain_mix=self.fed.info.get("domain_mix"),
             stopped_at=self.last_round,
             stop=self.stop,
-            trainable=self.exp.trainable_summary(self.server),
+            **self.exp.record_extras(self.server, self.last_round),
         )
 
     def _extend(self, rounds: int, resumed: bool) -> None:

@@ -132,9 +132,12 @@ def config_changes(cfg: RunConfig) -> list[tuple[str, object]]:
             if k != "name" and not k.endswith("_sha256") and (k not in own or own[k] != v):
                 out.append((f"{section}.{k}", v))
     flat, flat_base = flatten(d), flatten(base)
+    plain = flatten(RunConfig().to_dict())
     for k, v in flat.items():
         if k in ("seed", "train.rounds"):
             continue
+        if k.startswith("privacy.") and k != "privacy.epsilon" and plain.get(k) == v:
+            continue  # privacy.delta / privacy.clip at their defaults: the name says epsilon
         if k not in flat_base or flat_base[k] != v:
             # number_config's execution keys (threads...) are run.* keys in a config
             out.append((f"run.{k}" if k in EXECUTION_KEYS else k, v))

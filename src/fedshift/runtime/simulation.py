@@ -29,7 +29,7 @@ from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import check_folder
-from fedshift.core.identity import NOT_SET, config_diff
+from fedshift.core.identity import NOT_SET, config_diff, without_later_defaults
 from fedshift.core.seeding import set_rng_state
 from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
@@ -96,6 +96,8 @@ class Simulation(RoundLoop):
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
     ) -> RunResult:
+        if rounds is not None and self.exp.privacy is not None:  # privacy.epsilon's plan
+            self.exp.privacy.check_rounds(rounds)  # covers the extension, or stops before it
         with torch_threads(self.cfg.run.threads):
             return super().run(resume, stop_after, rounds)
 
@@ -229,7 +231,9 @@ def resume_config(
     where = f"{run_dir / 'config.yaml'}"
     changed = [
         f"{k}: {was} -> {now}"
-        for k, was, now in config_diff(started, cfg.to_dict())
+        # a key added later at its "off" value is what a run started before it did
+        for k, was, now in config_diff(without_later_defaults(started),
+                                       without_later_defaults(cfg.to_dict()))  # fmt: skip
         if k not in (*RESUME_FREE, "train.rounds")
         # a run started before the ``run`` section existed: its threads were never recorded
         and not (k.startswith("run.") and was == NOT_SET)
