@@ -181,6 +181,9 @@ GROUPS = {
     # worker makes it once instead of each worker making it
     "tests/eval/test_report.py": "report",
     "tests/eval/test_runs_identity.py": "runs-identity",
+    # every algorithm and augment trained, exported and scored in one module fixture (the
+    # suite's costliest fixture: split over the workers, each worker built all of it)
+    "tests/runtime/test_predictor.py": "predictor",
 }
 
 
