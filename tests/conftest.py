@@ -181,6 +181,9 @@ GROUPS = {
     # worker makes it once instead of each worker making it
     "tests/eval/test_report.py": "report",
     "tests/eval/test_runs_identity.py": "runs-identity",
+    # every algorithm and augment trained, exported and scored in one module fixture (the
+    # suite's costliest fixture: split over the workers, each worker built all of it)
+    "tests/runtime/test_predictor.py": "predictor",
 }
 
 
@@ -230,9 +233,9 @@ PROCESS = (
     "tests/data/test_dataset_plugins.py::test_installed_dataset_runs_by_name_from_the_cli",
     "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
     "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
-    # a run stopped at a checkpoint and resumed, for every algorithm and augment (`make
-    # check` keeps tests/runtime/test_loop.py's killed-and-resumed runs: FedBN, SCAFFOLD, FedAdam)
-    "tests/runtime/test_same_run.py::test_same_run[resume-",
+    # the Flower ways of the same-run matrix (its ``resume`` way, every algorithm and augment
+    # killed and resumed in-process, is the fast tier's: `make check` runs it)
+    "tests/runtime/test_same_run.py::test_same_run[flower-",
 )
 
 #: a test that compares floats by tolerance: it holds on every CPU only if its tolerance

@@ -60,3 +60,19 @@ def test_a_disk_with_room_or_a_folder_gone_says_nothing(monkeypatch, tmp_path):
     assert low_disk({"temporary folder": str(tmp_path)}) == []
     monkeypatch.undo()
     assert low_disk({"temporary folder": str(tmp_path / "gone")}) == []
+
+
+def test_groups_are_files_and_no_module_asks_for_an_ignored_xdist_group():
+    """A module whose tests share an expensive module fixture is kept on one worker only by
+    conftest.GROUPS: an ``xdist_group`` mark is dropped by pytest >= 9.2 (conftest's
+    scheduler), so a module marked so was split over the workers and each of them built its
+    fixture (test_predictor.py: every algorithm trained and exported, once per worker)."""
+    root = Path(conftest.ROOT)
+    for prefix in conftest.GROUPS:
+        assert (root / prefix).is_file(), f"conftest.GROUPS names {prefix}, not a file"
+    marked = [
+        str(f.relative_to(root))
+        for f in sorted((root / "tests").rglob("test_*.py"))
+        if f.name != Path(__file__).name and "mark.xdist_group" in f.read_text(encoding="utf-8")
+    ]
+    assert not marked, f"{marked}: list these in conftest.GROUPS (xdist_group is ignored)"

@@ -13,7 +13,11 @@ is covered in-process by tests/flower/test_flower.py and tests/runtime/test_same
 whose Flower cases send every kind of record through the same serialisation), one
 deployment for the three tests (conftest.py GROUPS), and each killed-SuperNode test waits
 out one 45 s round timeout (two rounds, the node killed after the first;
-tests/flower/test_flower.py follows a lost node over more rounds in-process)."""
+tests/flower/test_flower.py follows a lost node over more rounds in-process). Neither wait can
+be shortened: the round timeout bounds the hello exchange too (each node's first ClientApp
+process starts and imports torch within it; at 15 s, on a loaded machine, the run stopped at
+the hello), and Flower 1.41's SuperNodes send a heartbeat every 30 s, a fixed constant, the
+SuperLink calling a node offline after two missed ones: later than the round timeout."""
 
 from __future__ import annotations
 

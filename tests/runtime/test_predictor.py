@@ -43,7 +43,6 @@ from fedshift.testing import tiny_cfg
 pytestmark = [
     pytest.mark.process,
     pytest.mark.slow,
-    pytest.mark.xdist_group("predictor"),
     pytest.mark.usefixtures("one_thread"),
 ]
 

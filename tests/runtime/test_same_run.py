@@ -3,20 +3,24 @@ after a round and resumed, with its clients in worker processes, and on Flower (
 simulation, uninterrupted and resumed), bit for bit (:mod:`support.same_run`).
 
 One test, parametrised over the registries (a new algorithm or augment is tested without
-being listed here) and over two groups of ways, each compared with the uninterrupted native
+being listed here) and over three groups of ways, each compared with the uninterrupted native
 run of the case:
 
-* ``resume``: killed after round 1 of 2 and resumed, every checkpoint read back with
-  ``torch.load(weights_only=True)`` only; for the :data:`FLOWER` cases also on Flower
-  in-process, uninterrupted and stopped and resumed (the clients restored from the nodes'
-  snapshots): each kind of record and state that crosses Flower's wire;
+* ``resume``: every case, killed after round 1 of 2 and resumed, every checkpoint read back
+  with ``torch.load(weights_only=True)`` only: one way per algorithm and augment, in-process
+  and cheap, so ``make check`` (the fast tier) runs these;
+* ``flower``: the :data:`FLOWER` cases on Flower in-process, uninterrupted and stopped and
+  resumed (the clients restored from the nodes' snapshots): each kind of record and state
+  that crosses Flower's wire;
 * ``pool``: two worker processes (``run.workers``) for the :data:`POOL` cases: the
   :data:`FLOWER` cases (every kind of record and client state that leaves the process) and the
   stacked and optioned cases. The other cases get no pool run of their own: client state a
   worker process would lose (kept outside the client's ``state()``) the ``resume`` way
   loses too, since it rebuilds every client from its checkpoint. What only a pool shows, a
   component keeping state in its module between rounds, is tested for these cases only.
-  Process-level: ``make check`` leaves these out.
+
+``flower`` and ``pool`` are process-level (conftest.PROCESS): ``make test`` runs them,
+``make check`` leaves them out.
 """
 
 from __future__ import annotations
@@ -85,14 +89,16 @@ POOL = [*FLOWER, *[c for c in COMBINED if c not in FLOWER]]
 
 PARAMS = [
     *[pytest.param("resume", c, id=f"resume-{' '.join(c)}") for c in CASES],
+    *[pytest.param("flower", c, id=f"flower-{' '.join(c)}") for c in FLOWER],
     *[pytest.param("pool", c, id=f"pool-{' '.join(c)}") for c in POOL],
 ]
 
-
-def _ways(group: str, over: tuple[str, ...]) -> tuple[str, ...]:
-    if group == "pool":
-        return ("native", "pool")
-    return ("native", "resume", *(("flower", "flower-resume") if over in FLOWER else ()))
+#: the ways each group runs, the first the reference
+WAYS_OF = {
+    "resume": ("native", "resume"),
+    "flower": ("native", "flower", "flower-resume"),
+    "pool": ("native", "pool"),
+}
 
 
 @pytest.mark.parametrize(("group", "over"), PARAMS)
@@ -102,7 +108,7 @@ def test_same_run(tmp_path, monkeypatch, request, group, over):
     (server, clients, RNG) must equal the uninterrupted native run's."""
     cfg = toy_cfg(*TINY, *over, "checkpoint.every=1", rounds=2)
     pool = request.getfixturevalue("worker_pool") if group == "pool" else None
-    if group == "resume":  # nothing a run reads back may run code
+    if group != "pool":  # nothing a run reads back may run code
         real = torch.load
 
         def strict(*args, **kwargs):
@@ -110,7 +116,7 @@ def test_same_run(tmp_path, monkeypatch, request, group, over):
             return real(*args, **{**kwargs, "weights_only": True})
 
         monkeypatch.setattr(torch, "load", strict)
-    runs = assert_same_run(cfg, tmp_path, _ways(group, over), stop_after=1, pool=pool)
+    runs = assert_same_run(cfg, tmp_path, WAYS_OF[group], stop_after=1, pool=pool)
     if group == "pool":
         assert runs["native"].summary["runtime"] == {
             "engine": "native", "executor": "sequential", "workers": 1, "threads": 1,
@@ -119,10 +125,11 @@ def test_same_run(tmp_path, monkeypatch, request, group, over):
             "engine": "native", "executor": "pool", "workers": 2, "threads": 1,
             "device": "cpu"}  # fmt: skip
         return
-    assert runs.saved_round["resume"] == 1
-    for weights in ("last", "selected"):  # the finished run rebuilds from its state
-        assert load_finished(runs.dir("resume"), weights=weights).round >= 1
-    if over in FLOWER:
+    if group == "resume":
+        assert runs.saved_round["resume"] == 1
+        for weights in ("last", "selected"):  # the finished run rebuilds from its state
+            assert load_finished(runs.dir("resume"), weights=weights).round >= 1
+    else:
         assert runs.saved_round["flower-resume"] == 1
         assert runs["flower"].summary["runtime"]["mode"] == "simulation (in-process)"
         assert runs["flower"].summary["runtime"]["lost"] == {}
