@@ -142,7 +142,7 @@ def train_discriminator(
     return float(last)
 
 
-class ADCOL(FedAvg):
+class ADCOL(FedAvg[ADCOLParams]):
     """Personalised parties trained against a server discriminator of their representations."""
 
     name = "adcol"

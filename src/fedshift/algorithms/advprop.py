@@ -214,7 +214,7 @@ def pgd_attack(
 
 
 # ----------------------------------------------------------------------------- algorithm
-class AdvProp(FedAvg):
+class AdvProp(FedAvg[AdvPropParams]):
     """FedAvg whose local steps minimise CE(clean; main BNs) + CE(PGD adversarial; aux BNs)."""
 
     name = "advprop"

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 
 
-class FedFA(FedAvg):
+class FedFA(FedAvg[FLParams]):
     """FedAvg + federated feature augmentation (FFA layers with shared variances)."""
 
     name = "fedfa"

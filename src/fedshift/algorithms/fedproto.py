@@ -118,7 +118,7 @@ def prototype_regulariser(
     return reg / z.shape[1] if form == "mse" else reg
 
 
-class FedProto(Algorithm):
+class FedProto(Algorithm[FedProtoParams]):
     """Federated prototype learning: personal models, shared class prototypes."""
 
     name = "fedproto"

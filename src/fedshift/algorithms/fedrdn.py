@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 
 
-class FedRDNAlgorithm(FedAvg):
+class FedRDNAlgorithm(FedAvg[FLParams]):
     """FedAvg + random normalisation with federation statistics."""
 
     name = "fedrdn"

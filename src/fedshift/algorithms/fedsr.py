@@ -162,6 +162,8 @@ class FedSRModel(FedModel):
     works); its classifier is replaced by the identity. ``stages`` and ``stage_hooks`` are the
     backbone's, so stage-level augments attach as before."""
 
+    classifier: nn.Linear  # the linear classifier on z
+
     def __init__(
         self,
         backbone: FedModel,
@@ -214,8 +216,9 @@ class FedSRModel(FedModel):
 
 def embedding_width(model: FedModel, input_shape: tuple[int, ...]) -> int:
     """The width of ``model.features``: its linear classifier's input, else one probe."""
-    if isinstance(getattr(model, "classifier", None), nn.Linear):
-        return int(model.classifier.in_features)
+    head = getattr(model, "classifier", None)
+    if isinstance(head, nn.Linear):
+        return int(head.in_features)
     was = model.training
     device = next(iter(model.state_dict().values())).device
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -231,7 +234,7 @@ def embedding_width(model: FedModel, input_shape: tuple[int, ...]) -> int:
 
 
 # ----------------------------------------------------------------------------- the algorithm
-class FedSR(FedAvg):
+class FedSR(FedAvg[FedSRParams]):
     """FedAvg with FedSR's probabilistic representation and L2R + CMI regularisers."""
 
     name = "fedsr"

@@ -50,7 +50,7 @@ class FedWonParams:
     (with ``model.ws_gamma``) and its clipping ``train.agc`` / ``train.agc_eps``."""
 
 
-class FedWon(FedAvg):
+class FedWon(FedAvg[FedWonParams]):
     """FedAvg on the normalisation-free WSConv model with adaptive gradient clipping."""
 
     name = "fedwon"

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedshift.algorithms.base import FLParams
+from fedshift.algorithms.base import FLParams, Weighting
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
@@ -53,13 +53,13 @@ class HarmoFLParams(FLParams):
     amplitude_norm: bool = True
 
 
-class HarmoFL(FedAvg):
+class HarmoFL(FedAvg[HarmoFLParams]):
     """FedAvg + amplitude normalisation (ampnorm augment) + weight-perturbed (SAM) local steps."""
 
     name = "harmofl"
     Params = HarmoFLParams
     #: Alg. 1 line 16 with the equal-sized (truncated) clients of Sec. 4.1: p_i = 1/N
-    paper_weighting: ClassVar[str] = "uniform"
+    paper_weighting: ClassVar[Weighting] = "uniform"
 
     def setup(self, model: FedModel) -> None:
         self.sam_rho = self.params.rho if self.params.perturbation else None

@@ -86,7 +86,7 @@ def relaxed_gates(
     return soft, (soft > 0.5).double()
 
 
-class PartialFed(FedAvg):
+class PartialFed(FedAvg[PartialFedParams]):
     """FedAvg with partial initialisation from the client's previous local model: a fixed
     per-layer strategy (Fix) or a learned one per client (Adaptive)."""
 

@@ -111,7 +111,7 @@ def blend(previous: torch.Tensor, average: torch.Tensor, beta: float) -> torch.T
     return (1.0 - beta) * previous + beta * average
 
 
-class PFedMe(Algorithm):
+class PFedMe(Algorithm[PFedMeParams]):
     """Personalised FL with Moreau envelopes."""
 
     name = "pfedme"

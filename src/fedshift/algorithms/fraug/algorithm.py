@@ -48,7 +48,7 @@ from fedshift.models.base import FedModel
 NETS = "fraug/nets"
 
 
-class FRAug(Objectives, Algorithm):
+class FRAug(Objectives, Algorithm[FRAugParams]):
     """FedBN + a shared embedding generator + local RTNets; synthetic embeddings train the head."""
 
     name = "fraug"
