@@ -110,6 +110,9 @@ class RoundLoop:
     """One run over a :class:`~fedshift.runtime.transport.Transport` (module docstring);
     ``hooks``: called after the run's own (:meth:`hooks_for`)."""
 
+    #: the metrics rows of the rounds run so far (``metrics.jsonl``'s rows)
+    records: list[dict]
+
     def __init__(
         self,
         cfg: RunConfig,
