@@ -251,7 +251,7 @@ class ELCFS(FedAvg[ELCFSParams]):
     paper_weighting: ClassVar[Weighting] = "samples"
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: ELCFSParams) -> list[str]:
         return ["cfsi"]
 
     def setup(self, model: FedModel) -> None:

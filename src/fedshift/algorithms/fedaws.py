@@ -51,7 +51,7 @@ fedshift's choices for 10-class digits-sized problems, not numbers quoted from t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -179,7 +179,7 @@ class FedAwS(FedAvg[FedAwSParams]):
     Params = FedAwSParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: FedAwSParams, model: FedModel, federation: Federation) -> FedModel:
         """Replace the head's last linear layer by :class:`ClassEmbeddings` (its weight, no
         bias: logits are cosines) and record which classes each training client holds (the
         server's user -> class-embedding map). The backbone is modified in place."""

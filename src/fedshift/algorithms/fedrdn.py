@@ -4,8 +4,6 @@ SCAFFOLD, FedFA ... is the same plug-in (see :mod:`fedshift.augment.fedrdn`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 
@@ -16,5 +14,5 @@ class FedRDNAlgorithm(FedAvg[FLParams]):
     name = "fedrdn"
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: FLParams) -> list[str]:
         return ["fedrdn"]

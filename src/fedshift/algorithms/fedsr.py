@@ -60,7 +60,7 @@ released code logs is not part of the objective and is not computed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -244,7 +244,7 @@ class FedSR(FedAvg[FedSRParams]):
     Params = FedSRParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: FedSRParams, model: FedModel, federation: Federation) -> FedModel:
         width = embedding_width(model, tuple(federation.input_shape))
         z_dim = params.z_dim if params.z_dim is not None else width
         return FedSRModel(
@@ -258,7 +258,7 @@ class FedSR(FedAvg[FedSRParams]):
         )
 
     @classmethod
-    def export_refusal(cls, params: Any) -> str | None:
+    def export_refusal(cls, params: FedSRParams) -> str | None:
         if params.prediction != "sampled" or params.representation != "probabilistic":
             return None
         return (
@@ -269,7 +269,7 @@ class FedSR(FedAvg[FedSRParams]):
         )
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: FedSRParams, train: TrainConfig) -> None:
         if params.representation == "deterministic" and params.cmi_coeff:
             raise ConfigError(
                 "config key 'algorithm.cmi_coeff': the CMI regulariser needs the probabilistic "

@@ -33,7 +33,7 @@ validation score, which is what fedshift does for every algorithm with a global 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fedshift.algorithms.base import FLParams, Weighting
 from fedshift.algorithms.fedavg import FedAvg
@@ -65,7 +65,7 @@ class HarmoFL(FedAvg[HarmoFLParams]):
         self.sam_rho = self.params.rho if self.params.perturbation else None
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: HarmoFLParams, train: TrainConfig) -> None:
         if params.perturbation and params.rho <= 0:
             raise ConfigError(
                 f"config key 'algorithm.rho' must be > 0 with weight perturbation on "
@@ -73,5 +73,5 @@ class HarmoFL(FedAvg[HarmoFLParams]):
             )
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: HarmoFLParams) -> list[str]:
         return ["ampnorm"] if params.amplitude_norm else []

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -146,7 +146,7 @@ class MOON(FedAvg[MOONParams]):
     Params = MOONParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: MOONParams, model: FedModel, federation: Federation) -> FedModel:
         if not params.projection:
             return model
         if federation.task == "segmentation":

@@ -12,7 +12,7 @@ not being available). docs/METHODS.md ("Implementation notes per method") has th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -94,7 +94,7 @@ class PartialFed(FedAvg[PartialFedParams]):
     Params = PartialFedParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: PartialFedParams, train: TrainConfig) -> None:
         if params.strategy == "adaptive":
             return
         if not params.local_layers:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -120,7 +120,7 @@ class PFedMe(Algorithm[PFedMeParams]):
     Params = PFedMeParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: PFedMeParams, train: TrainConfig) -> None:
         require_sgd("pfedme", "takes plain gradient steps (inner solver and Eq. 8)", train)
         if train.momentum != 0 or train.weight_decay != 0:
             raise ConfigError(

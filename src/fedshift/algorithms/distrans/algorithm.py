@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -76,7 +76,9 @@ class DisTrans(Algorithm[DisTransParams]):
 
     # -- config / model --------------------------------------------------------------------
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(
+        cls, params: DisTransParams, model: FedModel, federation: Federation
+    ) -> FedModel:
         """The double-input-channel model around the configured backbone. Draws the dense
         layer's initial weights and the seed of the clients' offset streams from the run's
         seeded RNG."""

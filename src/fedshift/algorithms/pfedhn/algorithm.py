@@ -6,7 +6,7 @@ clients; with ``variant=pc`` the classifier head too. docs/METHODS.md has the de
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ class PFedHN(Algorithm[PFedHNParams]):
     paper_weighting = "uniform"
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: PFedHNParams, train: TrainConfig) -> None:
         if params.variant == "pc" and not params.head:
             raise ConfigError(
                 "config key 'algorithm.head' is empty: pFedHN-PC needs the classifier head "
