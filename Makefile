@@ -32,8 +32,11 @@ data: $(STAMP)
 demo: data
 	$(BIN)/fedshift run -c configs/demo.yaml --new --jobs 2
 
+# mypy: the type checker on core/, runtime/ and algorithms/ ([tool.mypy] in pyproject.toml);
+# its cache (.mypy_cache) makes a second run take seconds (the first reads torch's stubs)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 
 # the whole suite, then the tests that compare floats once more on torch's portable CPU
 # kernels (ATEN_CPU_CAPABILITY=default): a tolerance or constant that holds only for this
@@ -43,6 +46,7 @@ lint: $(STAMP)
 # start (CLI runs, pool workers, Flower ClientApps) compiles fedshift again
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 	PYTHONDONTWRITEBYTECODE= ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
 
@@ -51,10 +55,11 @@ test: $(STAMP)
 # worker per core (no Flower workers to wait for) and bytecode kept between runs
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not process" -n $(CORES)
 
 bench: data
 	$(BIN)/python benchmarks/engine_overhead.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

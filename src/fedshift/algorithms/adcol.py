@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -142,7 +142,7 @@ def train_discriminator(
     return float(last)
 
 
-class ADCOL(FedAvg):
+class ADCOL(FedAvg[ADCOLParams]):
     """Personalised parties trained against a server discriminator of their representations."""
 
     name = "adcol"
@@ -151,7 +151,7 @@ class ADCOL(FedAvg):
     Params = ADCOLParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: ADCOLParams, train: TrainConfig) -> None:
         if params.averaging == "none" and params.bn_policy != "global":
             raise ConfigError(
                 "algorithm 'adcol' keeps every weight on its client (averaging=none, the "

@@ -43,7 +43,6 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -214,7 +213,7 @@ def pgd_attack(
 
 
 # ----------------------------------------------------------------------------- algorithm
-class AdvProp(FedAvg):
+class AdvProp(FedAvg[AdvPropParams]):
     """FedAvg whose local steps minimise CE(clean; main BNs) + CE(PGD adversarial; aux BNs)."""
 
     name = "advprop"
@@ -223,7 +222,7 @@ class AdvProp(FedAvg):
     Params = AdvPropParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: AdvPropParams, model: FedModel, federation: Federation) -> FedModel:
         """Every BN of the backbone becomes main + auxiliary BN (in place; main keys keep their
         names, auxiliary ones are ``<bn>.aux.*``)."""
         if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 
@@ -61,12 +61,18 @@ from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
 
 __all__ = [
-    "BN_STATS", "FLParams", "Algorithm", "BNPolicy", "Reply", "State", "Weighting",
+    "BN_STATS", "FLParams", "Algorithm", "BNPolicy", "ParamsT", "Reply", "State", "Weighting",
     "bn_keys", "build_optimizer", "clone", "require_bn_tensors", "require_sgd",
     "resolve_weighting", "subset", "weighted_average",
 ]  # fmt: skip
 
 Weighting = Literal["samples", "uniform"]
+
+#: an algorithm's ``Params`` dataclass (``None`` for one that takes no keys): the type of its
+#: ``self.params``. A class that its subclasses extend with their own ``Params`` stays
+#: generic in it (``class FedAvg(Algorithm[ParamsT])``); a leaf names its own
+#: (``class FedSAM(FedAvg[FedSAMParams])``), and the type checker sees its fields.
+ParamsT = TypeVar("ParamsT")
 
 
 @dataclass
@@ -105,11 +111,14 @@ def require_sgd(algorithm: str, why: str, train: TrainConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- the contract
-class Algorithm:
-    """Base class. Subclasses override the hooks they need; see FedAvg for the plain flow."""
+class Algorithm(Generic[ParamsT]):
+    """Base class. Subclasses override the hooks they need; see FedAvg for the plain flow.
+
+    Generic in its ``Params`` dataclass (:data:`ParamsT`), the type of ``self.params``."""
 
     name: ClassVar[str] = "base"
-    Params: ClassVar[type] = FLParams
+    #: the dataclass of the algorithm's config keys (``algorithm.*``); None: it takes none
+    Params: ClassVar[type | None] = FLParams
     #: False for algorithms with no client-server traffic (Local, Centralised).
     communicates: ClassVar[bool] = True
     #: the dataset tasks (fedshift.core.tasks) whose labels the local objective can use
@@ -128,13 +137,13 @@ class Algorithm:
 
     def __init__(
         self,
-        params: Any,
+        params: ParamsT,
         train: TrainConfig,
         federation: FederationConfig,
         model: FedModel,
         num_clients: int,
     ) -> None:
-        self.params = params
+        self.params: ParamsT = params
         self.train = train
         #: the run's federation settings with ``weighting`` resolved (never ``auto``): every
         #: runtime (native, Flower) builds the algorithm the same way, so both resolve alike

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import nn
 
 from fedshift.core.errors import ConfigError
@@ -63,6 +64,14 @@ def require_bn_tensors(algorithm: str, policy: BNPolicy, model: FedModel) -> Non
     )
 
 
+def _counter(m: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
+    """A statistics-tracking BN layer's ``num_batches_tracked`` (typed Optional: it is None
+    only in a layer that tracks none, which :func:`tracking_bn` leaves out)."""
+    counter = m.num_batches_tracked
+    assert counter is not None
+    return counter
+
+
 class FrozenBNStats:
     """Context: BN layers normalise with batch statistics but leave their running statistics
     and counters exactly as they were (momentum 0 for the pass, the counter restored; exact
@@ -72,7 +81,7 @@ class FrozenBNStats:
         self.layers = tracking_bn(model)
 
     def __enter__(self) -> FrozenBNStats:
-        self.saved = [(m, m.momentum, m.num_batches_tracked.clone()) for m in self.layers]
+        self.saved = [(m, m.momentum, _counter(m).clone()) for m in self.layers]
         for m in self.layers:
             m.momentum = 0.0
         return self
@@ -80,4 +89,4 @@ class FrozenBNStats:
     def __exit__(self, *exc: object) -> None:
         for m, momentum, count in self.saved:
             m.momentum = momentum
-            m.num_batches_tracked.copy_(count)
+            _counter(m).copy_(count)

@@ -11,7 +11,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.data.base import ClientData, Federation
 
 
-class Centralised(FedAvg):
+class Centralised(FedAvg[None]):
     """Pooled-data oracle."""
 
     name = "central"

@@ -47,6 +47,7 @@ Requires a segmentation task and a model with a per-pixel ``features`` (the U-Ne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -54,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.base import FLParams, State, Weighting
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.local_train import keep_optimizers, run_steps
 from fedshift.core.bounds import bounded
@@ -189,7 +190,7 @@ class _FeaturesLogits(torch.nn.Module):
 
 
 def fast_weights(
-    named: list[tuple[str, torch.Tensor]],
+    named: Sequence[tuple[str, torch.Tensor]],
     loss: torch.Tensor,
     meta_step: float,
     clip: float,
@@ -240,17 +241,17 @@ def episodic_loss(
     return total, {"inner": inner, "outer_seg": outer_seg, "boundary": bnd}
 
 
-class ELCFS(FedAvg):
+class ELCFS(FedAvg[ELCFSParams]):
     """FedAvg + CFSI (implied ``cfsi`` augment) + boundary-oriented episodic local steps."""
 
     name = "elcfs"
     Params = ELCFSParams
     tasks: ClassVar[tuple[str, ...]] = ("segmentation",)
     #: released ``update_global_model``: weights = slices per source site
-    paper_weighting: ClassVar[str] = "samples"
+    paper_weighting: ClassVar[Weighting] = "samples"
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: ELCFSParams) -> list[str]:
         return ["cfsi"]
 
     def setup(self, model: FedModel) -> None:

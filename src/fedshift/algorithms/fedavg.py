@@ -11,17 +11,19 @@ client (see :func:`fedshift.algorithms.base.bn_keys`); FedBN is that with ``loca
 
 from __future__ import annotations
 
-from fedshift.algorithms.base import Algorithm, Reply, State
+from typing import ClassVar
+
+from fedshift.algorithms.base import Algorithm, ParamsT, Reply, State, Weighting
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Payload
 
 
-class FedAvg(Algorithm):
+class FedAvg(Algorithm[ParamsT]):
     """Federated averaging of model weights."""
 
     name = "fedavg"
-    paper_weighting = "samples"  # Alg. 1: w_{t+1} = sum_k (n_k / n) w_{t+1}^k
+    paper_weighting: ClassVar[Weighting] = "samples"  # Alg. 1: w_{t+1} = sum_k (n_k / n) w_{t+1}^k
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         self.load_client_model(ctx, down["weights"], state)

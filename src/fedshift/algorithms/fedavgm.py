@@ -24,7 +24,7 @@ class FedAvgMParams(FLParams):
     server_momentum: float = bounded(0.9, ge=0, lt=1)
 
 
-class FedAvgM(ServerOptAlgorithm):
+class FedAvgM(ServerOptAlgorithm[FedAvgMParams]):
     """FedAvg with server momentum."""
 
     name = "fedavgm"

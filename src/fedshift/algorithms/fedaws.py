@@ -51,7 +51,7 @@ fedshift's choices for 10-class digits-sized problems, not numbers quoted from t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -102,7 +102,7 @@ class ClassEmbeddings(nn.Module):
         return F.normalize(z, dim=1) @ F.normalize(self.weight, dim=1).t()
 
 
-def _final_linear(model: FedModel) -> tuple[nn.Module, str, nn.Module]:
+def _final_linear(model: FedModel) -> tuple[nn.Module, str, nn.Linear | ClassEmbeddings]:
     """(parent, attribute, module) of the head's last layer: ``classifier`` itself or the last
     child of a Sequential ``classifier``."""
     head = model.classifier
@@ -171,7 +171,7 @@ def spreadout_step(
 
 
 # ----------------------------------------------------------------------------- algorithm
-class FedAwS(FedAvg):
+class FedAwS(FedAvg[FedAwSParams]):
     """FedAvg of the encoder + positive-only client loss + spreadout of W at the server."""
 
     name = "fedaws"
@@ -179,14 +179,15 @@ class FedAwS(FedAvg):
     Params = FedAwSParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: FedAwSParams, model: FedModel, federation: Federation) -> FedModel:
         """Replace the head's last linear layer by :class:`ClassEmbeddings` (its weight, no
         bias: logits are cosines) and record which classes each training client holds (the
         server's user -> class-embedding map). The backbone is modified in place."""
         parent, attr, last = _final_linear(model)
         if not isinstance(last, ClassEmbeddings):
             setattr(parent, attr, ClassEmbeddings(last.weight))
-        model.fedaws_holders = {  # type: ignore[attr-defined]
+        # a plain attribute (not a tensor or module): nn.Module's stubs know only those
+        model.fedaws_holders = {  # type: ignore[assignment]
             c.name: held_classes(c.train.y).tolist() for c in cls.training_data(federation)
         }
         return model
@@ -244,11 +245,11 @@ class FedAwS(FedAvg):
         held = totals > 0
         new = w.clone()
         new[held] = sums[held] / totals[held, None]
-        p = self.params
-        lr = self.train.lr if p.spreadout_lr is None else p.spreadout_lr
-        if p.spreadout_steps > 0 and p.spreadout_weight > 0:
+        hp = self.params
+        lr = self.train.lr if hp.spreadout_lr is None else hp.spreadout_lr
+        if hp.spreadout_steps > 0 and hp.spreadout_weight > 0:
             new = spreadout_step(
-                new, p.nu, lr, p.spreadout_weight, p.spreadout_steps, p.spreadout_topk
+                new, hp.nu, lr, hp.spreadout_weight, hp.spreadout_steps, hp.spreadout_topk
             )
         server["weights"][self.w_key] = new
 

@@ -25,7 +25,7 @@ class FedBNParams(FLParams):
     bn_policy: BNPolicy = "local"
 
 
-class FedBN(FedAvg):
+class FedBN(FedAvg[FedBNParams]):
     """FedAvg with every BN tensor kept local."""
 
     name = "fedbn"

@@ -109,7 +109,7 @@ def adjust_weights(
     return {k: v / total for k, v in out.items()}
 
 
-class FedDGGA(FedAvgOrProxClient):
+class FedDGGA(FedAvgOrProxClient[FedDGGAParams]):
     """FedAvg (or FedProx) whose aggregation weights follow the generalisation adjustment."""
 
     name = "feddg_ga"

@@ -12,12 +12,11 @@ Set the layers' parameters by listing the augment explicitly, e.g.
 
 from __future__ import annotations
 
-from typing import Any
-
+from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 
 
-class FedFA(FedAvg):
+class FedFA(FedAvg[FLParams]):
     """FedAvg + federated feature augmentation (FFA layers with shared variances)."""
 
     name = "fedfa"
@@ -25,5 +24,5 @@ class FedFA(FedAvg):
     paper_weighting = "uniform"
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: FLParams) -> list[str]:
         return ["ffa"]

@@ -125,7 +125,7 @@ def masked_aggregate(weights: Tensors, replies: list[tuple[float, Tensors, Tenso
     return out
 
 
-class FedHEAL(FedAvgOrProxClient):
+class FedHEAL(FedAvgOrProxClient[FedHEALParams]):
     """FedAvg (or FedProx) with consistency-masked updates and diversity-aware weights."""
 
     name = "fedheal"

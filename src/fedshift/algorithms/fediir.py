@@ -100,7 +100,7 @@ def ema_update(prev: Tensors, new: Tensors, ema: float) -> Tensors:
 
 
 # ----------------------------------------------------------------------------- the algorithm
-class FedIIR(FedAvg):
+class FedIIR(FedAvg[FedIIRParams]):
     """FedAvg with FedIIR's classifier-gradient alignment penalty."""
 
     name = "fediir"

@@ -43,7 +43,7 @@ def a_norm(tau: int, lr: float, momentum: float = 0.0, mu: float = 0.0) -> float
     return float(tau)
 
 
-class FedNova(FedProx):
+class FedNova(FedProx[FedNovaParams]):
     """Normalised averaging of local updates."""
 
     name = "fednova"

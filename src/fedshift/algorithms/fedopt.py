@@ -30,7 +30,7 @@ class FedOptParams(FLParams):
     tau: float = bounded(1e-3, gt=0)  # the adaptivity (v_{-1} = tau^2, the denominator's +tau)
 
 
-class FedAdam(ServerOptAlgorithm):
+class FedAdam(ServerOptAlgorithm[FedOptParams]):
     """FedAvg clients, Adam on the server."""
 
     name = "fedadam"

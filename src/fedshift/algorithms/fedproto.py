@@ -33,7 +33,7 @@ client's classifier head (the paper's and code's "w/o protos" numbers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -118,7 +118,7 @@ def prototype_regulariser(
     return reg / z.shape[1] if form == "mse" else reg
 
 
-class FedProto(Algorithm):
+class FedProto(Algorithm[FedProtoParams]):
     """Federated prototype learning: personal models, shared class prototypes."""
 
     name = "fedproto"
@@ -126,7 +126,7 @@ class FedProto(Algorithm):
     Params = FedProtoParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: FedProtoParams, train: TrainConfig) -> None:
         if not params.share_weights and params.bn_policy != "global":
             raise ConfigError(
                 "algorithm 'fedproto' keeps every weight on its client (no weights are "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal, TypeVar
 
 import torch
 
-from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.base import FLParams, State, Weighting
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
@@ -25,14 +25,18 @@ class FedProxParams(FLParams):
     form: Literal["paper", "sqrt"] = "paper"
 
 
-class FedProx(FedAvg):
+#: FedProx's Params or a subclass's extension of it (FedNova, the FedAvg-or-FedProx clients)
+ProxParamsT = TypeVar("ProxParamsT", bound=FedProxParams)
+
+
+class FedProx(FedAvg[ProxParamsT]):
     """FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds the proximal term
     h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2 (Eq. 2), over the shared trainable tensors."""
 
     name = "fedprox"
     #: Sec. 5.1: devices are sampled uniformly and their updates averaged with weights
     #: proportional to their number of local data points, as in FedAvg
-    paper_weighting = "samples"
+    paper_weighting: ClassVar[Weighting] = "samples"
     Params = FedProxParams
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:

@@ -4,16 +4,15 @@ SCAFFOLD, FedFA ... is the same plug-in (see :mod:`fedshift.augment.fedrdn`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.fedavg import FedAvg
 
 
-class FedRDNAlgorithm(FedAvg):
+class FedRDNAlgorithm(FedAvg[FLParams]):
     """FedAvg + random normalisation with federation statistics."""
 
     name = "fedrdn"
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: FLParams) -> list[str]:
         return ["fedrdn"]

@@ -99,7 +99,7 @@ def _project(t: torch.Tensor, centre: torch.Tensor | float, radius: float) -> No
             t.copy_(centre + diff * (radius / norm))
 
 
-class FedRobust(FedAvg):
+class FedRobust(FedAvg[FedRobustParams]):
     """FedAvg whose clients train against their own learned affine input shift (local SGDA)."""
 
     name = "fedrobust"

@@ -21,7 +21,7 @@ class FedSAMParams(FLParams):
     rho: float = bounded(0.05, ge=0)  # SAM's radius: epsilon = rho * g / ||g||
 
 
-class FedSAM(FedAvg):
+class FedSAM(FedAvg[FedSAMParams]):
     """FedAvg with sharpness-aware local steps."""
 
     name = "fedsam"

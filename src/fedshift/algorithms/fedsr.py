@@ -60,7 +60,7 @@ released code logs is not part of the objective and is not computed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -162,6 +162,8 @@ class FedSRModel(FedModel):
     works); its classifier is replaced by the identity. ``stages`` and ``stage_hooks`` are the
     backbone's, so stage-level augments attach as before."""
 
+    classifier: nn.Linear  # the linear classifier on z
+
     def __init__(
         self,
         backbone: FedModel,
@@ -214,8 +216,9 @@ class FedSRModel(FedModel):
 
 def embedding_width(model: FedModel, input_shape: tuple[int, ...]) -> int:
     """The width of ``model.features``: its linear classifier's input, else one probe."""
-    if isinstance(getattr(model, "classifier", None), nn.Linear):
-        return int(model.classifier.in_features)
+    head = getattr(model, "classifier", None)
+    if isinstance(head, nn.Linear):
+        return int(head.in_features)
     was = model.training
     device = next(iter(model.state_dict().values())).device
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -231,7 +234,7 @@ def embedding_width(model: FedModel, input_shape: tuple[int, ...]) -> int:
 
 
 # ----------------------------------------------------------------------------- the algorithm
-class FedSR(FedAvg):
+class FedSR(FedAvg[FedSRParams]):
     """FedAvg with FedSR's probabilistic representation and L2R + CMI regularisers."""
 
     name = "fedsr"
@@ -241,7 +244,7 @@ class FedSR(FedAvg):
     Params = FedSRParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: FedSRParams, model: FedModel, federation: Federation) -> FedModel:
         width = embedding_width(model, tuple(federation.input_shape))
         z_dim = params.z_dim if params.z_dim is not None else width
         return FedSRModel(
@@ -255,7 +258,7 @@ class FedSR(FedAvg):
         )
 
     @classmethod
-    def export_refusal(cls, params: Any) -> str | None:
+    def export_refusal(cls, params: FedSRParams) -> str | None:
         if params.prediction != "sampled" or params.representation != "probabilistic":
             return None
         return (
@@ -266,7 +269,7 @@ class FedSR(FedAvg):
         )
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: FedSRParams, train: TrainConfig) -> None:
         if params.representation == "deterministic" and params.cmi_coeff:
             raise ConfigError(
                 "config key 'algorithm.cmi_coeff': the CMI regulariser needs the probabilistic "

@@ -28,7 +28,7 @@ at build time: there is no BN tensor to keep local
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.config import TrainConfig
@@ -50,7 +50,7 @@ class FedWonParams:
     (with ``model.ws_gamma``) and its clipping ``train.agc`` / ``train.agc_eps``."""
 
 
-class FedWon(FedAvg):
+class FedWon(FedAvg[FedWonParams]):
     """FedAvg on the normalisation-free WSConv model with adaptive gradient clipping."""
 
     name = "fedwon"
@@ -64,7 +64,7 @@ class FedWon(FedAvg):
     )
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: FedWonParams, train: TrainConfig) -> None:
         if train.agc is None:
             raise ConfigError(
                 "algorithm 'fedwon' trains with adaptive gradient clipping: set train.agc "

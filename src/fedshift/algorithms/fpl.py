@@ -182,7 +182,7 @@ def unbiased_prototypes(
     return means_from_sums(sums, counts.double()), counts > 0
 
 
-class FPL(FedAvg):
+class FPL(FedAvg[FPLParams]):
     """FedAvg with cluster-prototype contrastive learning and unbiased-prototype consistency."""
 
     name = "fpl"

@@ -33,9 +33,9 @@ validation score, which is what fedshift does for every algorithm with a global 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from fedshift.algorithms.base import FLParams
+from fedshift.algorithms.base import FLParams, Weighting
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
@@ -53,19 +53,19 @@ class HarmoFLParams(FLParams):
     amplitude_norm: bool = True
 
 
-class HarmoFL(FedAvg):
+class HarmoFL(FedAvg[HarmoFLParams]):
     """FedAvg + amplitude normalisation (ampnorm augment) + weight-perturbed (SAM) local steps."""
 
     name = "harmofl"
     Params = HarmoFLParams
     #: Alg. 1 line 16 with the equal-sized (truncated) clients of Sec. 4.1: p_i = 1/N
-    paper_weighting: ClassVar[str] = "uniform"
+    paper_weighting: ClassVar[Weighting] = "uniform"
 
     def setup(self, model: FedModel) -> None:
         self.sam_rho = self.params.rho if self.params.perturbation else None
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: HarmoFLParams, train: TrainConfig) -> None:
         if params.perturbation and params.rho <= 0:
             raise ConfigError(
                 f"config key 'algorithm.rho' must be > 0 with weight perturbation on "
@@ -73,5 +73,5 @@ class HarmoFL(FedAvg):
             )
 
     @classmethod
-    def implied_augments(cls, params: Any) -> list[str]:
+    def implied_augments(cls, params: HarmoFLParams) -> list[str]:
         return ["ampnorm"] if params.amplitude_norm else []

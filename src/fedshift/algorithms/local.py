@@ -10,7 +10,7 @@ from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
 
 
-class LocalOnly(Algorithm):
+class LocalOnly(Algorithm[None]):
     """Each client alone."""
 
     name = "local"

@@ -12,7 +12,7 @@ optimisers per step (DisTrans, FRAug) pass their own step to :func:`run_steps`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -37,13 +37,16 @@ def build_optimizer(params: list, train: TrainConfig) -> torch.optim.Optimizer:
             params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
         )
     return torch.optim.Adam(
-        params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay
+        params, lr=train.lr, betas=(train.betas[0], train.betas[1]),  # two: checked at load
+        weight_decay=train.weight_decay,
     )
 
 
-def restore_optimizer(
-    opt: torch.optim.Optimizer, state: State, key: str, train: TrainConfig
-) -> torch.optim.Optimizer:
+#: the optimiser class :func:`restore_optimizer` is given and returns
+OptimizerT = TypeVar("OptimizerT", bound=torch.optim.Optimizer)
+
+
+def restore_optimizer(opt: OptimizerT, state: State, key: str, train: TrainConfig) -> OptimizerT:
     """``opt`` with the state kept under ``state[key]`` loaded, if the run keeps optimiser
     state across rounds (``train.optimizer_state=persist``) and the client has one."""
     if train.optimizer_state == "persist" and key in state:
@@ -113,7 +116,7 @@ def sam_second_pass(
     back to w, so the optimiser applies the perturbed gradient at w. BN running statistics
     are not updated by the second forward pass."""
     params = [p for p in ctx.model.parameters() if p.grad is not None]
-    norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
+    norm = torch.norm(torch.stack([p.grad.norm(2) for p in params if p.grad is not None]), 2)
     scale = rho / (norm + 1e-12)
     saved = [p.detach().clone() for p in params]  # exact restore: (w + e) - e != w in float
     with torch.no_grad():

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -110,7 +110,7 @@ class ProjectedModel(FedModel):
                 "the projection head needs the standard stages -> embed layout "
                 "(set algorithm.projection=false to use the model's embedding)"
             )
-        dim = int(backbone.classifier.in_features)
+        dim = int(cast(nn.Linear, backbone.classifier).in_features)  # the standard layout
         self.stages = backbone.stages
         if "adapters" in backbone._modules:  # train.trainable=adapters: after the stages
             self.adapters = backbone.adapters
@@ -140,7 +140,7 @@ class _Features(nn.Module):
         return self.model.features(x)
 
 
-class MOON(FedAvg):
+class MOON(FedAvg[MOONParams]):
     """FedAvg with the model-contrastive local objective."""
 
     name = "moon"
@@ -148,7 +148,7 @@ class MOON(FedAvg):
     Params = MOONParams
 
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(cls, params: MOONParams, model: FedModel, federation: Federation) -> FedModel:
         if not params.projection:
             return model
         if federation.task == "segmentation":

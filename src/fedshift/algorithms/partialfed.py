@@ -12,7 +12,7 @@ not being available). docs/METHODS.md ("Implementation notes per method") has th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -86,7 +86,7 @@ def relaxed_gates(
     return soft, (soft > 0.5).double()
 
 
-class PartialFed(FedAvg):
+class PartialFed(FedAvg[PartialFedParams]):
     """FedAvg with partial initialisation from the client's previous local model: a fixed
     per-layer strategy (Fix) or a learned one per client (Adaptive)."""
 
@@ -94,7 +94,7 @@ class PartialFed(FedAvg):
     Params = PartialFedParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: PartialFedParams, train: TrainConfig) -> None:
         if params.strategy == "adaptive":
             return
         if not params.local_layers:

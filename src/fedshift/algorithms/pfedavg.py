@@ -48,7 +48,7 @@ class PFedAvgParams(FLParams):
     finetune_lr: float | None = bounded(None, gt=0)  # step size of the fine-tuning (None: train.lr)
 
 
-class FedAvgFT(FedAvg):
+class FedAvgFT(FedAvg[PFedAvgParams]):
     """FedAvg, evaluated per client after local fine-tuning of the received global model."""
 
     name = "pfedavg"

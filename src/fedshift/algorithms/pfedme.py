@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -111,7 +111,7 @@ def blend(previous: torch.Tensor, average: torch.Tensor, beta: float) -> torch.T
     return (1.0 - beta) * previous + beta * average
 
 
-class PFedMe(Algorithm):
+class PFedMe(Algorithm[PFedMeParams]):
     """Personalised FL with Moreau envelopes."""
 
     name = "pfedme"
@@ -120,7 +120,7 @@ class PFedMe(Algorithm):
     Params = PFedMeParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: PFedMeParams, train: TrainConfig) -> None:
         require_sgd("pfedme", "takes plain gradient steps (inner solver and Eq. 8)", train)
         if train.momentum != 0 or train.weight_decay != 0:
             raise ConfigError(

@@ -12,7 +12,7 @@ The server rule subclasses :class:`FedAvgOrProxClient` and wraps ``local_update`
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 
@@ -31,7 +31,11 @@ class ProxBaseParams(FedProxParams):
     base: Literal["fedavg", "fedprox"] = "fedavg"
 
 
-class FedAvgOrProxClient(FedProx):
+#: ProxBaseParams or a subclass's extension of it (FedDG-GA, FedHEAL)
+ProxBaseParamsT = TypeVar("ProxBaseParamsT", bound=ProxBaseParams)
+
+
+class FedAvgOrProxClient(FedProx[ProxBaseParamsT]):
     """FedAvg's or FedProx's client update, chosen by ``params.base``."""
 
     Params = ProxBaseParams

@@ -40,7 +40,7 @@ class ScaffoldParams(FLParams):
     server_lr: float = bounded(1.0, gt=0)
 
 
-class Scaffold(FedAvg):
+class Scaffold(FedAvg[ScaffoldParams]):
     """Stochastic controlled averaging."""
 
     name = "scaffold"

@@ -8,13 +8,13 @@ momentum or adaptive step on a running variance could drive it negative.
 
 from __future__ import annotations
 
-from fedshift.algorithms.base import Reply, State
+from fedshift.algorithms.base import ParamsT, Reply, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Tensors
 
 
-class ServerOptAlgorithm(FedAvg):
+class ServerOptAlgorithm(FedAvg[ParamsT]):
     """FedAvg clients; subclasses implement ``server_step`` on the pseudo-gradient."""
 
     @sums_only("weights")  # the server step reads the weighted mean only

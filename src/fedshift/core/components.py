@@ -25,16 +25,27 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fedshift.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: the component's ``Params`` dataclass (an algorithm's ``FedProxParams``, ...)
+P = TypeVar("P", bound="DataclassInstance")
+#: what its registry holds (the class or loader function the builders call)
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Component(Generic[T]):
+class Component(Generic[P, T]):
     """One resolved component section (see the module docstring).
+
+    Generic in its ``Params`` dataclass ``P`` and in its implementation ``T``:
+    ``Component[FedProxParams, type[FedProx]]``. A section resolved from a config by name
+    (:meth:`fedshift.core.registry.Registry.component`) is ``Component[Any, T]``: which
+    ``Params`` it holds is known only when the name is read.
 
     ``obj`` is what the registry holds under ``name`` (the class or loader function the
     builders call); ``None`` only in the default sections of a :class:`RunConfig` that was
@@ -42,7 +53,7 @@ class Component(Generic[T]):
 
     name: str
     #: the component's validated ``Params`` dataclass; None: it takes no keys
-    params: Any = None
+    params: P | None = None
     obj: T | None = field(default=None, repr=False)
     #: ``(key, value)`` pairs every component of its section takes besides its own
     #: parameters (a model's ``weights``, ``weights_sha256``, ``weights_skip``), resolved

@@ -380,7 +380,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, str):
             raise bad()
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad()
         return build_dataclass(tp, value, key)

@@ -217,6 +217,12 @@ class AlgorithmSpec(Protocol):
 
     # -- what the run has --------------------------------------------------------------------
     @property
+    def weighting(self) -> str:
+        """The aggregation weighting of the run (``federation.weighting``, ``auto``
+        resolved to ``paper_weighting``): what the run's metadata records."""
+        ...
+
+    @property
     def has_global_model(self) -> bool: ...
 
     @property

@@ -158,7 +158,7 @@ def _create_exclusive(path: Path, mode: int = 0o666) -> int:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | Path) -> Iterator[Path]:
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path to write ``path``'s new content to; on success it is fsynced
     and renamed over ``path``, on failure removed (module docstring). The temporary file
     exists (empty, made by this call) when the block starts. ``path`` itself must be absent

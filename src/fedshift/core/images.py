@@ -91,7 +91,8 @@ class ByteImages:
         if self._path is not None:
             shape, self._offset = _header(self._path)
         else:
-            if data.dtype not in (np.uint8, torch.uint8) or data.ndim != 4:
+            assert data is not None  # exactly one of data and path (checked above)
+            if data.dtype not in (np.dtype(np.uint8), torch.uint8) or data.ndim != 4:
                 raise ValueError(f"ByteImages: expected uint8 (N, C, H, W), got {data.dtype}")
             shape = tuple(int(s) for s in data.shape)
         self._full = shape
@@ -155,10 +156,11 @@ class ByteImages:
         if len(rows) == 0:
             return out
         if self._fd is None:
+            assert self._path is not None  # no array in memory: read from the file
             self._fd = os.open(self._path, os.O_RDONLY)
         flat = out.reshape(len(rows), self._row)
         if len(rows) > 1 and np.all(np.diff(rows) == 1):  # a contiguous run: one read
-            self._pread(memoryview(flat).cast("B"), int(rows[0]))
+            self._pread(flat.data.cast("B"), int(rows[0]))
             return out
         for i, r in enumerate(rows.tolist()):
             self._pread(memoryview(flat[i]), r)
@@ -168,6 +170,7 @@ class ByteImages:
         if not 0 <= row < self._full[0]:
             raise IndexError(f"image {row} out of range for {self._full[0]} images")
         done, want, at = 0, len(buf), self._offset + row * self._row
+        assert self._fd is not None  # opened by _read
         while done < want:
             got = os.preadv(self._fd, [buf[done:]], at + done)
             if got <= 0:

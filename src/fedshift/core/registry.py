@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from fedshift.core import consent, searchpath
 from fedshift.core.components import Component
@@ -99,7 +99,9 @@ class Registry(Generic[T]):
         ``tasks``, its task (one of them)."""
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} registered twice")
-        if (task is None) != (self.tasks is None) or (task is not None and task not in self.tasks):
+        if (task is None) != (self.tasks is None) or (
+            task is not None and self.tasks is not None and task not in self.tasks
+        ):
             want = f"task= one of {self.tasks}" if self.tasks else "no task"
             raise ValueError(f"{self.kind} {name!r} registered with task={task!r}: needs {want}")
         doc = description or (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
@@ -139,11 +141,11 @@ class Registry(Generic[T]):
 
     def component(
         self,
-        data: Mapping[str, Any] | Component[T],
+        data: Mapping[str, Any] | Component[Any, T],
         section: str,
         prefix: str | None = None,
         extra_keys: tuple[str, ...] = (),
-    ) -> Component[T]:
+    ) -> Component[Any, T]:
         """``data`` as a typed :class:`~fedshift.core.components.Component`: one is returned
         as it is; a ``{name: ..., **params}`` mapping has its entry looked up (``<section>.name``
         in errors) and its other keys validated into the entry's ``Params`` (errors name keys
@@ -247,7 +249,7 @@ class Registry(Generic[T]):
         check_component_class(obj, base, what)  # Params a dataclass, overrides callable
         if hasattr(base, "name") and "name" not in vars(obj):
             obj.name = name  # type: ignore[attr-defined]
-        self.add(name, obj, getattr(obj, "Params", None))
+        self.add(name, cast(T, obj), getattr(obj, "Params", None))  # a subclass of the base
         self._plugins.add(name)
 
     def is_plugin(self, name: str) -> bool:

@@ -65,7 +65,7 @@ class StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that raises :class:`DuplicateKeyError` for a key written twice in
     one mapping (keys brought in by a ``<<:`` merge may still be overridden)."""
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
             first: dict[Any, int] = {}
             for key_node, _ in node.value:

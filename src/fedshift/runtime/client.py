@@ -80,7 +80,9 @@ def evaluate_client(
     HarmoFL's global amplitude); evaluation leaves the client's training state as it was."""
     out: dict[str, dict[str, float]] = {}
     if extra is not None:
-        exp.algo.eval_receive(extra, state)
+        # extra goes to held-out clients only, and every runtime gives those a state
+        # (native.py, pool_worker.py: init_client_state); Optional here for the others
+        exp.algo.eval_receive(extra, state)  # type: ignore[arg-type]
     if global_weights is not None:
         exp.model.load_state_dict(global_weights)
         out["global"] = score_client(exp, data, state, batch_size)

@@ -132,7 +132,8 @@ class RoundLoop:
         self.task, self.holdout, self.model = exp.task, exp.holdout, exp.model
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
         self.pipeline, self.kinds, self.device = exp.pipeline, exp.kinds, exp.device
-        self.ledger, self.records, self.last_round, self.wall_before = Ledger(), [], 0, 0.0
+        self.ledger, self.last_round, self.wall_before = Ledger(), 0, 0.0
+        self.records: list[dict] = []  # the metrics rows of the rounds run so far
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start

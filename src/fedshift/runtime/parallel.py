@@ -312,7 +312,7 @@ def _interrupt_running(keys: list[str], signalled: set[tuple[int, str]]) -> None
     ours = {p.pid for p in mp.active_children()}
     for key in keys:
         pid = (lock_holder(Path(key) / LOCK_FILE) or {}).get("pid")
-        if pid in ours and (pid, key) not in signalled:
+        if pid is not None and pid in ours and (pid, key) not in signalled:
             signalled.add((pid, key))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGINT)

@@ -112,10 +112,11 @@ class _Pickler(pickle.Pickler):
         holder = self.storages.get(key)
         if holder is None:
             raw = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(st)
+            # (ignores: numpy's stubs declare ndarray's buffer protocol for Python >= 3.12)
             if obj.device.type == "cpu":
-                holder = [pickle.PickleBuffer(raw.numpy())]
+                holder = [pickle.PickleBuffer(raw.numpy())]  # type: ignore[arg-type]
             else:  # the storage's bytes through the host, then back to its device
-                holder = [pickle.PickleBuffer(raw.cpu().numpy()), str(obj.device)]
+                holder = [pickle.PickleBuffer(raw.cpu().numpy()), str(obj.device)]  # type: ignore[arg-type]
             self.storages[key] = holder
         shape, stride = tuple(obj.shape), obj.stride()
         return _tensor, (holder, obj.dtype, shape, stride, obj.storage_offset(), obj.requires_grad)
@@ -180,7 +181,7 @@ def recv(conn: Any) -> Any:
     for size in sizes:
         buf = np.empty(size, dtype=np.uint8)
         if RAW:
-            _read_exactly(fd, memoryview(buf))
+            _read_exactly(fd, buf.data)
         elif size:
             conn.recv_bytes_into(buf)
         else:
@@ -337,7 +338,7 @@ def _exit() -> None:
     from multiprocessing import util
 
     try:
-        util._exit_function()
+        util._exit_function()  # type: ignore[attr-defined]  # private: not in typeshed
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -77,6 +77,10 @@ class EvalProgram(nn.Module):
     """Raw images -> the augments' evaluation transforms -> ``(x - mean) / std`` (unless an
     augment normalised) -> the model: one site's evaluation, every state a buffer."""
 
+    #: the input normalisation's buffers (registered only when ``normalizes``)
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(
         self,
         transforms: list[nn.Module],
@@ -229,7 +233,7 @@ def capture(program: EvalProgram, example: torch.Tensor, what: str) -> Any:
 
 
 def reference_scores(
-    sim: Any, weights: dict, states: dict, x: torch.Tensor, batch_size: int
+    sim: Any, weights: dict, states: dict | None, x: torch.Tensor, batch_size: int
 ) -> torch.Tensor:
     """What the run's evaluation (``score_client``: ``Task.evaluate``'s batches) computes for
     ``x`` with ``weights`` and the augments' ``states``: the scores, on the CPU."""
@@ -459,7 +463,10 @@ class Predictor:
             if t["augment"] not in per_site:
                 continue
             a = next(a for a in augs if a.name == t["augment"])
-            module = a.eval_module(a.site_state({}, images))
+            state = a.site_state({}, images)
+            assert state is not None  # None only without images
+            module = a.eval_module(state)
+            assert module is not None  # the export wrote this augment's transform
             for name, value in module.state_dict().items():
                 buffers[f"transforms.{t['index']}.{name}"].copy_(value)
         self.meta = {**self.meta, "site": "the site of --site-stats", "clients": []}

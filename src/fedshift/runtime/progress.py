@@ -167,7 +167,7 @@ class CellProgress:
         r.rounds, r.round, r.last = rounds, rnd, now
         if r.first is None:
             r.first = (now, rnd)
-        if r.bar is not None:
+        if r.bar is not None and self.bar is not None:  # a cell has a bar only under a suite bar
             r.bar.total = rounds
             r.bar.n = rnd
             r.bar.set_postfix_str(f"ETA {fmt_duration(r.eta())}")

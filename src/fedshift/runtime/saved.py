@@ -106,8 +106,8 @@ class SavedRun:
         if kind not in self.kinds:
             raise FedshiftError(f"this run has no {kind} model (it has {self.kinds})")
         if kind == "global":
-            return self.algo.global_weights(self.server)  # type: ignore[return-value]
-        return self.algo.personal_weights(self.server, self.states[client])  # type: ignore[return-value]
+            return self.algo.global_weights(self.server)
+        return self.algo.personal_weights(self.server, self.states[client])
 
     def local_update(self, rnd: int, client: str) -> dict[str, torch.Tensor]:
         """``client``'s model after its local update of round ``rnd`` from the saved server

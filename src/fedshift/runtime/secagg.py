@@ -61,6 +61,8 @@ from fedshift.core.seeding import derive_seed, generator
 from fedshift.runtime.client import check_reply
 
 if TYPE_CHECKING:
+    from fedshift.algorithms.base import Algorithm
+    from fedshift.augment.base import Augment
     from fedshift.data.base import Federation
     from fedshift.runtime.experiment import Experiment
     from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, Transport
@@ -290,7 +292,8 @@ class SecureAggregation:
                 "federation.sample_fraction=1 or federation.secure_aggregation=false"
             )
         algo = exp.algo
-        marks = [summed_records(type(c).aggregate) for c in (algo.algo, *algo.augments)]
+        parts: list[Algorithm | Augment] = [algo.algo, *algo.augments]
+        marks = [summed_records(type(c).aggregate) for c in parts]
         self.uniform = frozenset(r for m in marks for r, w in m.items() if w == "uniform")
         self.weight = algo.algorithm.reply_weight  # type: ignore[attr-defined]
         self.device = exp.device

@@ -68,7 +68,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import ensure_dir, read_json, write_text_atomic
@@ -331,7 +331,7 @@ class MlflowTracker(DurableTracker):
 
 
 # ----------------------------------------------------------------------------- W&B
-def wandb_mode(environ: Mapping[str, str] = os.environ) -> str | None:
+def wandb_mode(environ: Mapping[str, str] = os.environ) -> Literal["offline"] | None:
     """The ``mode`` for ``wandb.init``: ``"offline"``, unless the environment sets
     ``WANDB_MODE`` (None: W&B follows it)."""
     return None if environ.get("WANDB_MODE") else "offline"

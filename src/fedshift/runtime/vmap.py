@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
@@ -69,7 +70,7 @@ def check_vmap(exp: Experiment, workers: int = 1) -> None:
     """Refuse a run the vectorised executor cannot compute as the sequential one does,
     naming what stands in the way and the fix."""
     fix = "use run.executor=sequential"
-    algo = exp.algo.algorithm
+    algo = cast(Algorithm, exp.algo.algorithm)  # every registered algorithm subclasses it
     name = algo.name
     if workers != 1:
         raise ConfigError(
@@ -155,8 +156,8 @@ def train_stacked(
     step_fn = vmap(grad_and_value(one, has_aux=True))
     for s in range(max(steps, default=0)):
         groups: dict[int, list[int]] = defaultdict(list)
-        for i, n in enumerate(steps):
-            if s < n:
+        for i, n_steps in enumerate(steps):
+            if s < n_steps:
                 groups[int(batches[i][s][0].shape[0])].append(i)
         for _, members in sorted(groups.items(), reverse=True):
             ix = torch.tensor(members, device=device)
@@ -202,7 +203,7 @@ class VmapTransport(InProcessTransport):
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
         exp = self.exp
-        comp, algo = exp.algo, exp.algo.algorithm
+        comp, algo = exp.algo, cast(Algorithm, exp.algo.algorithm)  # as check_vmap
         clients = []
         for cid in cids:
             state = self.states[cid]

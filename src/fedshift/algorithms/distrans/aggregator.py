@@ -66,6 +66,7 @@ class OffsetAggregator(nn.Module):
             # the same for the convolutions, which have no BN here to rescale them
             if isinstance(m, nn.Linear | nn.ConvTranspose2d | nn.Conv2d):
                 nn.init.kaiming_uniform_(m.weight, nonlinearity="relu")
+                assert m.bias is not None  # every layer here is built with one
                 nn.init.zeros_(m.bias)
 
     def forward(self, e: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import cast
 
 import torch
 from torch import nn
@@ -50,8 +50,14 @@ def _frozen(param: nn.Parameter) -> Iterator[None]:
         param.requires_grad_(True)
 
 
+def _model(ctx: ClientContext) -> DisTransModel:
+    """The client's model as the type checker should see it: the DisTransModel that
+    :meth:`DisTrans.setup` checked (a cast, nothing is converted)."""
+    return cast(DisTransModel, ctx.model)
+
+
 # ----------------------------------------------------------------------------- the algorithm
-class DisTrans(Algorithm):
+class DisTrans(Algorithm[DisTransParams]):
     """Per-client offsets + a double-input-channel model averaged FedAvg-style."""
 
     #: the offset trains whatever train.trainable freezes (it is the method)
@@ -65,14 +71,16 @@ class DisTrans(Algorithm):
         if not isinstance(model, DisTransModel):
             raise TypeError("distrans trains a DisTransModel: build it with DisTrans.wrap_model")
         self.input_shape = model.input_shape
-        self.num_classes = model.classifier.out_features
+        self.num_classes = int(model.classifier.out_features)
         #: the server's working copy of the NN aggregator, created on first use; its weights
         #: are loaded from the server state every time (it carries nothing between calls)
         self._aggregator: OffsetAggregator | None = None
 
     # -- config / model --------------------------------------------------------------------
     @classmethod
-    def wrap_model(cls, params: Any, model: FedModel, federation: Federation) -> FedModel:
+    def wrap_model(
+        cls, params: DisTransParams, model: FedModel, federation: Federation
+    ) -> FedModel:
         """The double-input-channel model around the configured backbone. Draws the dense
         layer's initial weights and the seed of the clients' offset streams from the run's
         seeded RNG."""
@@ -224,7 +232,8 @@ class DisTrans(Algorithm):
         """The client's offset starts as a U[0, 1] image from its own stream; it is mapped to
         the model's input space (the run's normalisation) when the client first trains."""
         state = super().init_client(cid, data, model)
-        g = torch.Generator().manual_seed(derive_seed(model.offset_seed, "distrans/offset", cid))
+        seed = cast(DisTransModel, model).offset_seed  # the model setup checked
+        g = torch.Generator().manual_seed(derive_seed(seed, "distrans/offset", cid))
         ref = state["local"][OFFSET]
         state["local"][OFFSET] = torch.rand(self.input_shape, generator=g).to(ref.device)
         state["offset_raw"] = True
@@ -241,7 +250,9 @@ class DisTrans(Algorithm):
         if norm is None or not hasattr(norm, "mean"):
             mean, std = DEFAULT_NORM
             return (u - mean) / std
-        m, s = norm.mean.detach().reshape(-1, 1, 1), norm.std.detach().reshape(-1, 1, 1)
+        # typed as a plain callable; a Normalize has mean and std (hasattr above)
+        std = norm.std  # type: ignore[attr-defined]
+        m, s = norm.mean.detach().reshape(-1, 1, 1), std.detach().reshape(-1, 1, 1)
         return (u - m.to(u.device)) / s.to(u.device)
 
     def client_offset(self, state: State, ctx: ClientContext | None = None) -> torch.Tensor:
@@ -257,12 +268,12 @@ class DisTrans(Algorithm):
         self.load_client_model(ctx, down["weights"], state)
         if OFFSET_RECORD in down.records:  # continue from the server's aggregate
             with torch.no_grad():
-                ctx.model.offset.copy_(down[OFFSET_RECORD][OFFSET])
+                _model(ctx).offset.copy_(down[OFFSET_RECORD][OFFSET])
         steps, loss = self.local_train(ctx, state)
         self.keep_local(ctx, state)
         up = self.reply(ctx, state, steps, loss)
         if down.config.get("upload_offset"):
-            up.records[OFFSET_RECORD] = {OFFSET: ctx.model.offset.detach().clone()}
+            up.records[OFFSET_RECORD] = {OFFSET: _model(ctx).offset.detach().clone()}
         if self.wants_label_dist() and not state["label_dist_sent"]:
             y = ctx.data.train.y.long()
             counts = torch.bincount(y, minlength=self.num_classes)[: self.num_classes]
@@ -278,7 +289,7 @@ class DisTrans(Algorithm):
     def make_offset_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.SGD:
         """The offset's own SGD (``offset_lr``, ``offset_momentum``)."""
         opt = torch.optim.SGD(
-            [ctx.model.offset], lr=self.params.offset_lr, momentum=self.params.offset_momentum
+            [_model(ctx).offset], lr=self.params.offset_lr, momentum=self.params.offset_momentum
         )
         return restore_optimizer(opt, state, "offset_optimizer", self.train)
 
@@ -288,7 +299,7 @@ class DisTrans(Algorithm):
         """Algorithm 1's offset update: one SGD step on t along the gradient of the loss at
         the current model, whose forward pass leaves BN running statistics untouched (they
         are updated once per batch, by the model step)."""
-        offset = ctx.model.offset
+        offset = _model(ctx).offset
         with FrozenBNStats(ctx.model):
             loss_t = self.loss(ctx, x, y)
         (g,) = torch.autograd.grad(loss_t, [offset], allow_unused=True)
@@ -301,7 +312,7 @@ class DisTrans(Algorithm):
         ``update=alternate`` (paper) an offset step (:meth:`offset_step`), then a model step
         with the updated offset held fixed; ``simultaneous`` (released code) one loss whose
         gradient both optimisers step on. Reports the model steps' mean loss."""
-        model = ctx.model
+        model = _model(ctx)
         model.train()
         opt = self.make_optimizer(ctx, state)
         opt_t = self.make_offset_optimizer(ctx, state)

@@ -49,6 +49,8 @@ class DisTransModel(FedModel):
     ``offset`` (shape = one input).
     """
 
+    classifier: nn.Linear  # the dense layer on both channels' embeddings
+
     def __init__(
         self,
         backbone: FedModel,

@@ -8,7 +8,6 @@ mini-batch: model (Eq. 1), generator (Eq. 5), RTNet (Eq. 6); the losses are in
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from torch import nn
@@ -48,7 +47,7 @@ from fedshift.models.base import FedModel
 NETS = "fraug/nets"
 
 
-class FRAug(Objectives, Algorithm):
+class FRAug(Objectives, Algorithm[FRAugParams]):
     """FedBN + a shared embedding generator + local RTNets; synthetic embeddings train the head."""
 
     name = "fraug"
@@ -59,7 +58,7 @@ class FRAug(Objectives, Algorithm):
     Params = FRAugParams
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: FRAugParams, train: TrainConfig) -> None:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"config key 'algorithm.{key}' {why}, got {getattr(params, key)!r}")
 

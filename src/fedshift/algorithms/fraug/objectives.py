@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from fedshift.algorithms.fraug.nets import Generator, RTNet, entropies, entropy, mmd
-from fedshift.algorithms.fraug.params import RoundPlan, Variant
+from fedshift.algorithms.fraug.params import FRAugParams, RoundPlan, Variant
 from fedshift.models.base import FedModel
 
 #: the plan of a loss evaluated outside a round: residual unscaled, no mixing
@@ -45,7 +44,7 @@ class Objectives:
     """The loss terms, mixed into :class:`fedshift.algorithms.fraug.FRAug` (they read its
     ``params``, ``variant``, ``num_classes``, ``noise_dim`` and template networks)."""
 
-    params: Any
+    params: FRAugParams
     variant: Variant
     num_classes: int
     noise_dim: int
@@ -116,6 +115,7 @@ class Objectives:
         for base, labels, per_class in self._branches(u.detach(), y, y_c, protos):
             emb = self.synthesise(base, labels, plan, nets)
             if plan.mix is not None:
+                assert base is not None  # every branch here has a base: u or a prototype
                 emb = plan.mix * emb + (1 - plan.mix) * base
             out.append(Branch(emb, labels, per_class))
         return out

@@ -6,9 +6,10 @@ clients; with ``variant=pc`` the classifier head too. docs/METHODS.md has the de
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import torch
+from torch import nn
 
 from fedshift.algorithms.base import Algorithm, Reply, State
 from fedshift.algorithms.partialfed import resolve_layer_keys
@@ -24,7 +25,7 @@ from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 
-class PFedHN(Algorithm):
+class PFedHN(Algorithm[PFedHNParams]):
     """Server hypernetwork generating each client's model; updated through delta theta."""
 
     name = "pfedhn"
@@ -38,7 +39,7 @@ class PFedHN(Algorithm):
     )
 
     @classmethod
-    def check(cls, params: Any, train: TrainConfig) -> None:
+    def check(cls, params: PFedHNParams, train: TrainConfig) -> None:
         if params.variant == "pc" and not params.head:
             raise ConfigError(
                 "config key 'algorithm.head' is empty: pFedHN-PC needs the classifier head "
@@ -73,7 +74,8 @@ class PFedHN(Algorithm):
             own = dict(model.named_parameters())
             with torch.no_grad():
                 for k in shapes:
-                    self.hnet.heads[HyperNetwork.head_name(k)].bias.copy_(own[k].reshape(-1))
+                    head = cast(nn.Linear, self.hnet.heads[HyperNetwork.head_name(k)])  # built so
+                    head.bias.copy_(own[k].reshape(-1))
         self.param_keys = list(shapes)
         self.opt = self._make_optimizer()
         self._rows: dict[str, int] = {}
