@@ -13,6 +13,7 @@ name it; :mod:`fedshift.models.base` re-exports it with the layers models are bu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ class FedModel(nn.Module):
         """Input images -> embedding ``z`` (the input of the classification head): each
         stage, then its adapter (``train.trainable=adapters``: :mod:`fedshift.models.peft`),
         then its hook."""
-        adapters = self._modules.get("adapters")
+        adapters = cast("nn.ModuleDict | None", self._modules.get("adapters"))
         for name, stage in self.stages.items():
             x = stage(x)
             if adapters is not None and name in adapters:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -29,6 +29,7 @@ from fedshift.core.federation import ClientData, Split
 from fedshift.core.model import FedModel
 
 if TYPE_CHECKING:
+    from fedshift.algorithms.base import Algorithm
     from fedshift.runtime.experiment import Experiment
 
 __all__ = ["TrunkCache", "trainable_summary", "trunk_cache_refusal"]
@@ -45,7 +46,7 @@ def trunk_cache_refusal(exp: Experiment) -> str | None:
         return "train.trunk_cache=false"
     if train.trainable != "head":
         return f"train.trainable={train.trainable}: the trunk trains"
-    model, algo = exp.model, exp.algo.algorithm
+    model, algo = exp.model, cast("Algorithm", exp.algo.algorithm)
     if (
         type(model).features is not FedModel.features
         or type(model).forward is not FedModel.forward
@@ -114,7 +115,7 @@ def trainable_summary(exp: Experiment, server: dict) -> dict | None:
     stayed frozen, checked against the run's models
     (:meth:`fedshift.algorithms.trainable.Frozen.at_end`), and whether the trunk was
     cached (or why not)."""
-    out = exp.algo.algorithm.frozen.at_end(server, exp.model)
+    out = cast("Algorithm", exp.algo.algorithm).frozen.at_end(server, exp.model)
     if out is None:
         return None
     why = trunk_cache_refusal(exp)
