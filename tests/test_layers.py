@@ -29,6 +29,8 @@ LAYERS = {
     "catalog": 4,
     "eval": 5,
     "attacks": 5,
+    "shift": 5,
+    "claims": 6,
     "runtime": 6,
     "flower": 7,
     "bench": 8,
@@ -221,7 +223,7 @@ def test_importing_core_loads_nothing_above_it():
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "above = [p for p in ('algorithms', 'augment', 'runtime', 'flower', 'eval', 'data',"
-        " 'models', 'catalog', 'cli', 'protocols', 'bench')]\n"
+        " 'models', 'catalog', 'cli', 'protocols', 'bench', 'attacks', 'shift', 'claims')]\n"
         "print(sorted(m for m in sys.modules if m.split('.')[1:2] and m.split('.')[1] in above"
         " and m.startswith('fedshift.')))\n"
     )
@@ -256,7 +258,7 @@ LONG_MODULES = {
     "orientation fixes of the SAML release, documented next to the code that applies them",
     "data/domains/distrans_folders.py": "CH-MNIST and CUB-200 as DisTrans uses them, with their "
     "split rules documented beside the readers",
-    "eval/shift.py": "the four shift axes of `fedshift data check` and their one score "
+    "shift/measure.py": "the four shift axes of `fedshift data check` and their one score "
     "(HarmoFL Eq. 2, DisTrans Eq. 3-4), read against each other",
     "augment/ffa.py": "FedFA's FFA layer (Eq. 5-9) and the augment that exchanges its "
     "statistics: one method, readable top to bottom against the paper",

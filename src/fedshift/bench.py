@@ -11,7 +11,7 @@ digest is done and is never run again; a cell killed midway (or whose summary is
 continues from its last checkpoint (``checkpoint.every``); anything else starts afresh.
 
 A cell whose finished result is committed in the repository's ``results/`` tree
-(``results/<suite name>/<cell directory>/``, same digest; :mod:`fedshift.eval.collect`) is
+(``results/<suite name>/<cell directory>/``, same digest; :mod:`fedshift.claims.collect`) is
 not run either: its ``config.yaml``, ``summary.json``, ``metrics.jsonl`` and ``cell.json``
 are copied into the suite folder and it counts as done (``committed``; it has no
 checkpoint or model, so a protocol that needs its model runs it: ``reuse=False``,
