@@ -107,7 +107,7 @@ def make_cfg():
 def toy_dir(*overrides: str) -> str:
     """The run directory name ``fedshift run`` gives :func:`toy_cfg` with ``overrides``
     (``train.rounds`` and ``name`` do not enter it)."""
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     return run_dir_name(toy_cfg(*overrides))
 

@@ -21,7 +21,7 @@ from fedshift.bench import cell_status, config_digest, plan, run_suite
 from fedshift.catalog import resolve
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.results import write_text_atomic
+from fedshift.runtime.rundir.results import write_text_atomic
 from fedshift.runtime.simulation import RunInterrupted, RunSignal, Simulation
 
 
@@ -416,7 +416,7 @@ def test_a_full_disk_at_the_last_result_file_leaves_no_cached_cell(tmp_path, mon
     ledger, the figure) was taken as cached on the next `fedshift bench` though those files
     were never written. summary.json is now written last, so the cell is not `done`; the
     next bench finishes it and every result file is there."""
-    import fedshift.runtime.results as results
+    import fedshift.runtime.rundir.results as results
 
     suite = write_suite(tmp_path, train={"rounds": 1, "batch_size": 16}, sweep={"seed": [0]})
     (cell,) = plan(suite)

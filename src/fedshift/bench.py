@@ -48,8 +48,8 @@ Progress: every running cell reports its rounds (from worker processes too,
 (:mod:`fedshift.runtime.progress`): bars on a terminal, a status line a minute otherwise.
 
 One suite folder belongs to one ``fedshift bench`` at a time (``bench.lock``), and each cell's
-directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir`): a second
-invocation is refused with the name of the one running.
+directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir.ownership`): a
+second invocation is refused with the name of the one running.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ from fedshift.eval.cells import CELL_FILE, foreign_cell
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import RoundReport, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
-from fedshift.runtime.results import run_dir_base
-from fedshift.runtime.rundir import (
+from fedshift.runtime.rundir.ownership import (
     NotClearable,
     check_clearable,
     clear_run_dir,
@@ -80,6 +79,7 @@ from fedshift.runtime.rundir import (
     hold_run,
     is_empty,
 )
+from fedshift.runtime.rundir.results import run_dir_base
 from fedshift.runtime.stopping import RunSignal
 
 log = logging.getLogger("fedshift.bench")
@@ -299,7 +299,7 @@ def _run_cell(
     written and its lock released, in the same process (``run_suite``'s ``after``)."""
     import torch
 
-    from fedshift.runtime.results import write_text_atomic
+    from fedshift.runtime.rundir.results import write_text_atomic
     from fedshift.runtime.simulation import Simulation, make_transport
 
     threads = int(cfg_dict["run"]["threads"])
@@ -383,7 +383,7 @@ class _Manifest:
         self.write()
 
     def write(self) -> None:
-        from fedshift.runtime.results import write_text_atomic
+        from fedshift.runtime.rundir.results import write_text_atomic
 
         write_text_atomic(self.path, json.dumps(list(self.rows.values()), indent=2) + "\n")
 

@@ -18,7 +18,7 @@ from fedshift.cli import main
 from fedshift.core import files
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import UnsafePathError
-from fedshift.runtime.rundir import LOCK_FILE
+from fedshift.runtime.rundir.ownership import LOCK_FILE
 from fedshift.runtime.simulation import RunInterrupted, Simulation, run_experiment
 
 THESIS = "\\documentclass{article} years of work\n"

@@ -19,7 +19,7 @@ from conftest import toy_cfg, toy_dir
 from support.same_run import assert_runs_equal
 
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
     SELECTED,
     RunInterrupted,

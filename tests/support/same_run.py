@@ -45,9 +45,9 @@ import torch
 from conftest import results_of
 
 from fedshift.core.config import RunConfig
-from fedshift.runtime import results as result_files
-from fedshift.runtime.checkpoint_io import read_checkpoint
-from fedshift.runtime.results import RunResult
+from fedshift.runtime.rundir import results as result_files
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.results import RunResult
 from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
 
 #: a cheap toy run (three small ``toyshift`` clients, a 4-channel CNN, two local steps),

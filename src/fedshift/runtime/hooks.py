@@ -20,11 +20,11 @@ The loop calls its hooks, in their list order, at these points of a run:
 ====================================  ===========================================================
 
 Every run's hooks, in order (:meth:`fedshift.runtime.loop.RoundLoop.hooks_for`):
-``metrics.jsonl`` (:class:`~fedshift.runtime.results.MetricsFile`), ``selected.pt``
+``metrics.jsonl`` (:class:`~fedshift.runtime.rundir.results.MetricsFile`), ``selected.pt``
 (:class:`ModelSelection`), the trackers (``metrics.csv`` and the config key ``track``'s:
-:mod:`fedshift.runtime.tracking`), the round line and progress bar (:class:`ProgressLine`),
+:mod:`fedshift.runtime.tracking.registry`), the round line and progress bar (:class:`ProgressLine`),
 ``summary.json`` / ``ledger.json`` / ``convergence.png``
-(:class:`~fedshift.runtime.results.ResultFiles`), any the caller adds
+(:class:`~fedshift.runtime.rundir.results.ResultFiles`), any the caller adds
 (``RoundLoop(hooks=...)``: a bench cell's progress report), and last checkpoint timing
 (:class:`Checkpoints`), so every hook has seen a round before the checkpoint that holds it
 is written. A hook never changes a run's numbers: it reads the loop's state and writes
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from fedshift.eval.summary import select_round
-from fedshift.runtime.checkpoint_io import SELECTED, config_digest
+from fedshift.runtime.rundir.checkpoint_io import SELECTED, config_digest
 
 if TYPE_CHECKING:
     from fedshift.eval.summary import RunRecord

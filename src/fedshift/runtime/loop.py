@@ -18,7 +18,7 @@ Every payload passes the :class:`~fedshift.core.payload.Ledger`. Randomness is d
 ends with exactly the numbers of an uninterrupted one: the loop also owns the run's state
 (:meth:`RoundLoop.state_dict`, written atomically to ``checkpoint.pt`` by
 :meth:`RoundLoop.save_checkpoint`, read back by :meth:`RoundLoop.load_checkpoint`,
-:mod:`fedshift.runtime.checkpoint_io`) and SIGINT / SIGTERM (Ctrl-C): the round in progress
+:mod:`fedshift.runtime.rundir.checkpoint_io`) and SIGINT / SIGTERM (Ctrl-C): the round in progress
 is rolled back to its start and the state of the last whole round is written, then
 :class:`~fedshift.runtime.stopping.RunSignal` propagates (the CLI exits 130 / 143).
 
@@ -52,13 +52,6 @@ from fedshift.core.payload import Ledger, Payload
 from fedshift.core.seeding import generator, rng_state, set_rng_state
 from fedshift.eval.early_stop import Stop, stop_of
 from fedshift.eval.summary import RunRecord
-from fedshift.runtime import track, tracking
-from fedshift.runtime.checkpoint_io import (
-    CHECKPOINT,
-    read_run_state,
-    write_checkpoint,
-    write_failed,
-)
 from fedshift.runtime.client import check_reply
 from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import (
@@ -69,10 +62,18 @@ from fedshift.runtime.hooks import (
     ProgressLine,
     RoundRecord,
 )
-from fedshift.runtime.results import MetricsFile, ResultFiles, RunResult
-from fedshift.runtime.rundir import hold_run
+from fedshift.runtime.rundir.checkpoint_io import (
+    CHECKPOINT,
+    read_run_state,
+    write_checkpoint,
+    write_failed,
+)
+from fedshift.runtime.rundir.ownership import hold_run
+from fedshift.runtime.rundir.results import MetricsFile, ResultFiles, RunResult
 from fedshift.runtime.secagg import SecureAggregation
 from fedshift.runtime.stopping import Caught, RunInterrupted, RunSignal, SignalGate
+from fedshift.runtime.tracking import registry as tracking
+from fedshift.runtime.tracking import trackers as track
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
 
 log = logging.getLogger("fedshift.runtime")
@@ -332,7 +333,7 @@ class RoundLoop:
         ``checkpoint.pt`` (no checkpoint, killed during set-up: it starts again); ``rounds``:
         with ``resume``, extend to that many rounds (it ends as a run of ``rounds`` from the
         start); ``stop_after``: stop with :class:`RunInterrupted` after that round (tests).
-        The run directory is locked for the call (:mod:`fedshift.runtime.rundir`), its log
+        The run directory is locked for the call (:mod:`fedshift.runtime.rundir.ownership`), its log
         records go to ``run.log`` (:mod:`fedshift.core.logs`)."""
         shown = self.options.round_log and not self.progress
         console = showing_console() if shown else nullcontext()

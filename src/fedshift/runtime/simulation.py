@@ -33,15 +33,15 @@ from fedshift.core.identity import NOT_SET, config_diff
 from fedshift.core.seeding import set_rng_state
 from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
-from fedshift.runtime.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
 from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import Hook
 from fedshift.runtime.loop import LoopOptions, RoundLoop
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.pool import PoolTransport, WorkerPool
-from fedshift.runtime.results import RunResult, new_run_dir
-from fedshift.runtime.saved import SavedRun, read_selected
+from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
+from fedshift.runtime.rundir.results import RunResult, new_run_dir
+from fedshift.runtime.rundir.saved import SavedRun, read_selected
 from fedshift.runtime.stopping import RunInterrupted, RunSignal
 from fedshift.runtime.transport import RunIdentity, held_client_state
 from fedshift.runtime.vmap import VmapTransport
@@ -292,7 +292,7 @@ def load_finished(
     client's state at the round ``weights`` names, ``selected`` (the round model selection
     picked on validation, the one the run's tables report: default) or ``last``. The state
     is read without running code and ``selected.pt`` is checked to be this run's
-    (:mod:`fedshift.runtime.checkpoint_io`)."""
+    (:mod:`fedshift.runtime.rundir.checkpoint_io`)."""
     if weights not in WEIGHTS:
         raise ConfigError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     run_dir = Path(run_dir)
