@@ -181,7 +181,7 @@ def _bare_dataset_keys(raw: dict, overrides: list[str]) -> None:
 def _check(args: argparse.Namespace) -> int:
     """``data check``: load the config's dataset (its loader's checks first), measure how the
     sites differ and write the report (:mod:`fedshift.shift.report`)."""
-    from fedshift.cli.run import CLI_HOW
+    from fedshift.cli.plugins import CLI_HOW
     from fedshift.core.config import load_config
     from fedshift.core.consent import READ_ONLY, plugin_names, untrusted
 

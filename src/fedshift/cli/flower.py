@@ -403,7 +403,8 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from fedshift.cli.run import add_allow_plugins, add_exists_options
+    from fedshift.cli.plugins import add_allow_plugins
+    from fedshift.cli.run import add_exists_options
 
     fl = sub.add_parser("flower", help="run on Flower: simulation and deployment")
     fsub = fl.add_subparsers(dest="flower_command", required=True)

@@ -177,7 +177,7 @@ def _suite_args(p: argparse.ArgumentParser) -> None:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``fedshift protocol {cross-site,loco,new-site,sweep,rounds,head-finetune,tsne}`` to the
     ``sub``-commands of the main parser; each sets ``fn`` to a handler returning the exit code."""
-    from fedshift.cli.run import add_allow_plugins
+    from fedshift.cli.plugins import add_allow_plugins
 
     p = sub.add_parser(
         "protocol",
