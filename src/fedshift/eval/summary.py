@@ -134,7 +134,7 @@ def build_summary(
 @dataclass(frozen=True)
 class RunRecord:
     """A finished run, as the round loop fills it at the end
-    (:meth:`~fedshift.runtime.loop.RoundLoop.run_record`): everything ``summary.json``,
+    (:func:`~fedshift.runtime.lifecycle.run_record`): everything ``summary.json``,
     ``ledger.json`` and ``convergence.png`` are written from (:attr:`summary`,
     :class:`~fedshift.runtime.rundir.results.ResultFiles`)."""
 
