@@ -150,7 +150,7 @@ def ledger(run_dir: Path) -> dict:
 def worker_pool():
     """Two pool workers (``run.workers``) shared by a module's runs (each run rebuilds its
     experiment in them): starting workers costs seconds, a run on them milliseconds."""
-    from fedshift.runtime.pool import WorkerPool
+    from fedshift.runtime.pool.transport import WorkerPool
 
     with WorkerPool(2) as pool:
         yield pool

@@ -34,8 +34,8 @@ Every random stream is derived from the config's seed (:mod:`fedshift.core.seedi
 suite's results do not depend on ``workers``; a ``run.threads`` other than 1 enters each
 cell's digest (and so its directory), and is recorded in ``cell.json`` and ``summary.json``.
 A cell's own ``run.workers`` (its clients in a pool of processes,
-:mod:`fedshift.runtime.pool`) changes no number and is not part of its digest. Workers exit
-when the ``fedshift bench`` process dies, however it dies.
+:mod:`fedshift.runtime.pool.transport`) changes no number and is not part of its digest. Workers
+exit when the ``fedshift bench`` process dies, however it dies.
 
 No oversubscription: the suite's workers x each cell's ``run.workers`` x ``run.threads``
 stays within the usable cores. The default ``workers`` shrinks to fit; a cell's

@@ -10,7 +10,7 @@ The ways (:data:`WAYS`):
 * ``native``: ``run_experiment``, every client in this process, uninterrupted;
 * ``resume``: the same, stopped after round ``stop_after`` (``RunInterrupted``: a kill, so
   the state saved is the last checkpoint's) and continued with ``resume_experiment``;
-* ``pool``: the clients in worker processes (:mod:`fedshift.runtime.pool`): the
+* ``pool``: the clients in worker processes (:mod:`fedshift.runtime.pool.transport`): the
   ``WorkerPool`` given, or two workers started for the run; ``pool-resume``: stopped and
   resumed so;
 * ``flower``: Flower's in-process simulation (``simulate(engine="in-process")``: every
