@@ -97,7 +97,7 @@ def cache_case(alter: Callable[[Path], str]) -> Callable[[Path], Result]:
 EDIT = textwrap.dedent(
     """
     import sys, torch
-    from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
+    from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
     path, how = sys.argv[1], sys.argv[2]
     ck = read_checkpoint(path)
     w = ck["server"]["weights"]

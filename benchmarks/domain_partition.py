@@ -19,7 +19,7 @@ from pathlib import Path
 from fedshift.data import load_dataset
 from fedshift.data.common.sites import numbered_clients
 from fedshift.data.domain_partition import domain_counts
-from fedshift.eval.shift_figures import domain_mix_figure
+from fedshift.shift.figures import domain_mix_figure
 
 
 def main(argv: list[str] | None = None) -> int:

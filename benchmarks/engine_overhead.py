@@ -30,7 +30,7 @@ from fedshift.core.context import Normalize
 from fedshift.core.seeding import generator, seed_global
 from fedshift.data import load_dataset
 from fedshift.models import build_model
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import run_experiment
 
 

@@ -151,7 +151,7 @@ def run_dir_of(out: Path) -> Path:
     """The directory `fedshift run` gives the BASE config under ``out``."""
     from fedshift.catalog import resolve
     from fedshift.core.config import load_config
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     return out / NAME / run_dir_name(resolve(load_config(None, BASE)))
 

@@ -40,7 +40,7 @@ from engine_overhead import hand_written_fedavg  # noqa: E402
 from fedshift.catalog import resolve  # noqa: E402
 from fedshift.core.config import load_config  # noqa: E402
 from fedshift.data import load_dataset  # noqa: E402
-from fedshift.runtime.pool import WorkerPool  # noqa: E402
+from fedshift.runtime.pool.transport import WorkerPool  # noqa: E402
 from fedshift.runtime.simulation import run_experiment  # noqa: E402
 
 SETUPS = {

@@ -28,8 +28,8 @@ from fedshift.core.seeding import seed_global
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.medical.brain_mri import render_slices, scanner_table
-from fedshift.eval.shift import FeatureProbe, Measurement, measure, spectral_centroid
 from fedshift.models import build_model
+from fedshift.shift.measure import FeatureProbe, Measurement, measure, spectral_centroid
 
 STRENGTHS = (0.0, 0.5, 1.0, 2.0)
 

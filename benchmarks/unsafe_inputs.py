@@ -125,7 +125,7 @@ def toy_dir(tmp: Path, *over: str) -> Path:
     code = (
         "import sys; from fedshift.catalog import resolve; "
         "from fedshift.core.config import load_config; "
-        "from fedshift.runtime.results import run_dir_name; "
+        "from fedshift.runtime.rundir.results import run_dir_name; "
         "print(run_dir_name(resolve(load_config(None, sys.argv[1:]))))"
     )
     out = subprocess.run([sys.executable, "-c", code, *TOY, *over], cwd=tmp, env=env(),
@@ -292,7 +292,7 @@ def finished(tmp: Path) -> Path:
 EDIT_CHECKPOINT = textwrap.dedent(
     """
     import sys
-    from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
+    from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
     path, how = sys.argv[1], sys.argv[2]
     ck = read_checkpoint(path)
     if how == "round":
@@ -325,8 +325,8 @@ def selected_copied(tmp: Path) -> Result:
     code = textwrap.dedent(
         """
         import sys
-        from fedshift.runtime.checkpoint_io import read_run_state
-        from fedshift.runtime.saved import read_selected
+        from fedshift.runtime.rundir.checkpoint_io import read_run_state
+        from fedshift.runtime.rundir.saved import read_selected
         from fedshift.runtime.simulation import saved_config
         key = read_run_state(sys.argv[1])["run_key"]
         try:

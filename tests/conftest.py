@@ -107,7 +107,7 @@ def make_cfg():
 def toy_dir(*overrides: str) -> str:
     """The run directory name ``fedshift run`` gives :func:`toy_cfg` with ``overrides``
     (``train.rounds`` and ``name`` do not enter it)."""
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     return run_dir_name(toy_cfg(*overrides))
 
@@ -150,7 +150,7 @@ def ledger(run_dir: Path) -> dict:
 def worker_pool():
     """Two pool workers (``run.workers``) shared by a module's runs (each run rebuilds its
     experiment in them): starting workers costs seconds, a run on them milliseconds."""
-    from fedshift.runtime.pool import WorkerPool
+    from fedshift.runtime.pool.transport import WorkerPool
 
     with WorkerPool(2) as pool:
         yield pool

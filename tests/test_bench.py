@@ -21,7 +21,7 @@ from fedshift.bench import cell_status, config_digest, plan, run_suite
 from fedshift.catalog import resolve
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.results import write_text_atomic
+from fedshift.runtime.rundir.results import write_text_atomic
 from fedshift.runtime.simulation import RunInterrupted, RunSignal, Simulation
 
 
@@ -114,7 +114,7 @@ def test_in_process_suite_leaves_the_callers_torch_threads(tmp_path):
 def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
     """A cell whose result is committed in results/ (same suite, directory, digest) is
     copied, not run, unless --fresh; it has no model, which a protocol says."""
-    from fedshift.eval.collect import collect_suite
+    from fedshift.claims.collect import collect_suite
     from fedshift.protocols.common import load_run
 
     monkeypatch.chdir(tmp_path)
@@ -150,7 +150,7 @@ def test_a_protocol_chooses_which_committed_cells_to_take_and_hooks_the_trained(
     """``reuse`` as a callable takes only the committed cells it accepts (the others run);
     ``after`` is called with each cell this call trains, once, after its summary exists,
     and never for a cell it took or found done."""
-    from fedshift.eval.collect import collect_suite
+    from fedshift.claims.collect import collect_suite
 
     monkeypatch.chdir(tmp_path)
     suite = write_suite(
@@ -346,7 +346,7 @@ def _one_cell(tmp_path: Path, *over: str) -> tuple[Path, list]:
 
 
 def test_a_committed_cell_with_a_rewritten_digest_is_not_taken(tmp_path, monkeypatch, caplog):
-    from fedshift.eval.collect import collect_suite
+    from fedshift.claims.collect import collect_suite
 
     monkeypatch.chdir(tmp_path)
     suite, [cell] = _one_cell(tmp_path)
@@ -375,7 +375,7 @@ def test_a_committed_cell_with_a_rewritten_digest_is_not_taken(tmp_path, monkeyp
 
 
 def test_a_cell_with_another_configs_summary_is_not_taken(tmp_path, monkeypatch):
-    from fedshift.eval.collect import collect_suite
+    from fedshift.claims.collect import collect_suite
 
     monkeypatch.chdir(tmp_path)
     suite, [cell] = _one_cell(tmp_path)
@@ -391,7 +391,7 @@ def test_a_cell_with_another_configs_summary_is_not_taken(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("value", [1e308, -5.0, 5.0], ids=["1e308", "negative", "500%"])
 def test_a_cached_cell_with_scores_out_of_range_runs_again(tmp_path, caplog, value):
-    from fedshift.eval.collect import collect_suite
+    from fedshift.claims.collect import collect_suite
 
     suite, [cell] = _one_cell(tmp_path)
     [first] = run_suite(suite, workers=1, progress=False)
@@ -416,7 +416,7 @@ def test_a_full_disk_at_the_last_result_file_leaves_no_cached_cell(tmp_path, mon
     ledger, the figure) was taken as cached on the next `fedshift bench` though those files
     were never written. summary.json is now written last, so the cell is not `done`; the
     next bench finishes it and every result file is there."""
-    import fedshift.runtime.results as results
+    import fedshift.runtime.rundir.results as results
 
     suite = write_suite(tmp_path, train={"rounds": 1, "batch_size": 16}, sweep={"seed": [0]})
     (cell,) = plan(suite)

@@ -413,7 +413,7 @@ def test_device_audit_segmentation_runs_on_cuda(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_audit_pool_messages_carry_gpu_tensors_through_the_host():
     """A pool message with GPU tensors: host bytes out of band, back on the GPU, shared."""
-    from fedshift.runtime import pool_worker
+    from fedshift.runtime.pool import worker as pool_worker
 
     base = torch.randn(6, 5, device="cuda")
     frames = pool_worker.dumps({"w": base, "view": base[2:4, 1:]})

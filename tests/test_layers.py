@@ -29,6 +29,8 @@ LAYERS = {
     "catalog": 4,
     "eval": 5,
     "attacks": 5,
+    "shift": 5,
+    "claims": 6,
     "runtime": 6,
     "flower": 7,
     "bench": 8,
@@ -61,17 +63,24 @@ def _is_module(name: str) -> bool:
     return (SRC / name).is_dir() or (SRC / f"{name}.py").is_file()
 
 
-def _imports(path: Path) -> list[tuple[str, int]]:
-    """(imported fedshift module, line) of every import in ``path`` outside TYPE_CHECKING."""
-    tree = ast.parse(path.read_text())
+def _import_nodes(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, module level or inside a function or class, except
+    those under ``if TYPE_CHECKING:`` (which never run)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip.update(id(n) for n in ast.walk(node))
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in skip
+    ]
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(imported fedshift module, line) of every import in ``path`` outside TYPE_CHECKING."""
     out = []
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in _import_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "fedshift":  # from fedshift import x: x is a package, or a
                 # name of the root __init__ (__version__)
@@ -159,10 +168,11 @@ def test_no_import_cycle_between_packages():
 
 
 def _module_graph(root: Path = SRC) -> dict[str, set[str]]:
-    """Module-level imports between the modules of the package at ``root`` (those a module
-    runs when it is imported; a function's own import is not one), without a package's
-    ``__init__`` importing its own submodules (the registries' idiom: a package's
-    ``__init__`` imports its components' modules and adds them to its registry)."""
+    """Imports between the modules of the package at ``root``: every import statement outside
+    ``if TYPE_CHECKING:``, a function's own included (a function-local import that closes a
+    cycle only moves the cycle to the first call), without a package's ``__init__`` importing
+    its own submodules (the registries' idiom: a package's ``__init__`` imports its
+    components' modules and adds them to its registry)."""
 
     def name_of(path: Path) -> str:
         parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -174,13 +184,13 @@ def _module_graph(root: Path = SRC) -> dict[str, set[str]]:
     for path in paths:
         name = name_of(path)
         init = path.name == "__init__.py"
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        for node in _import_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level or not node.module:
+                    continue
                 targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
             else:
-                continue
+                targets = [a.name for a in node.names]
             for t in targets:
                 if t in modules and t != name and not (init and t.startswith(name + ".")):
                     graph[name].add(t)
@@ -188,8 +198,9 @@ def _module_graph(root: Path = SRC) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_between_modules():
-    """No two modules import each other at module level, directly or through others (a
-    cycle makes the import order matter: a half-initialised module's names are missing)."""
+    """No two modules import each other, directly or through others, at module level or in a
+    function (a cycle makes the import order matter: a half-initialised module's names are
+    missing; hidden in a function it is still a cycle, only later)."""
     cycles = _cycles(_module_graph())
     assert not cycles, "module import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
@@ -198,10 +209,15 @@ def test_the_module_cycle_check_catches_a_cycle(tmp_path):
     pkg = tmp_path / "fedshift" / "runtime"
     pkg.mkdir(parents=True)
     (pkg / "a.py").write_text("from fedshift.runtime.b import x\n")
+    (pkg / "b.py").write_text("x = 1\n")
+    assert not _cycles(_module_graph(tmp_path / "fedshift"))
     (pkg / "b.py").write_text("def f():\n    from fedshift.runtime import a\n")
-    assert not _cycles(_module_graph(tmp_path / "fedshift"))  # a function's import: no cycle
+    assert _cycles(_module_graph(tmp_path / "fedshift"))  # hidden in a function: still one
     (pkg / "b.py").write_text("from fedshift.runtime import a\n")
     assert _cycles(_module_graph(tmp_path / "fedshift"))
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    (pkg / "b.py").write_text(typing_only + "    from fedshift.runtime import a\n")
+    assert not _cycles(_module_graph(tmp_path / "fedshift"))  # types only: never runs
 
 
 def test_core_sources_import_only_core():
@@ -222,7 +238,7 @@ def test_importing_core_loads_nothing_above_it():
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "above = [p for p in ('algorithms', 'augment', 'runtime', 'flower', 'eval', 'data',"
-        " 'models', 'catalog', 'cli', 'protocols', 'bench')]\n"
+        " 'models', 'catalog', 'cli', 'protocols', 'bench', 'attacks', 'shift', 'claims')]\n"
         "print(sorted(m for m in sys.modules if m.split('.')[1:2] and m.split('.')[1] in above"
         " and m.startswith('fedshift.')))\n"
     )
@@ -257,7 +273,7 @@ LONG_MODULES = {
     "orientation fixes of the SAML release, documented next to the code that applies them",
     "data/domains/distrans_folders.py": "CH-MNIST and CUB-200 as DisTrans uses them, with their "
     "split rules documented beside the readers",
-    "eval/shift.py": "the four shift axes of `fedshift data check` and their one score "
+    "shift/measure.py": "the four shift axes of `fedshift data check` and their one score "
     "(HarmoFL Eq. 2, DisTrans Eq. 3-4), read against each other",
     "augment/ffa.py": "FedFA's FFA layer (Eq. 5-9) and the augment that exchanges its "
     "statistics: one method, readable top to bottom against the paper",

@@ -13,8 +13,8 @@ _API = {
     "load_exported": "fedshift.api",
     "load_predictor": "fedshift.api",
     # what fedshift.run returns, and a finished run rebuilt (LoadedRun.rebuild)
-    "RunResult": "fedshift.runtime.results",
-    "SavedRun": "fedshift.runtime.saved",
+    "RunResult": "fedshift.runtime.rundir.results",
+    "SavedRun": "fedshift.runtime.rundir.saved",
 }
 
 

@@ -18,8 +18,8 @@ the command line, and checks it the same way (a :class:`~fedshift.core.errors.Co
 names the key and the fix). :func:`load_run` reads a run directory's text files only
 (``config.yaml``, ``summary.json``, ``metrics.jsonl``): nothing is unpickled and no plug-in
 is imported; :meth:`LoadedRun.rebuild` builds the model and state for evaluation (a
-:class:`~fedshift.runtime.saved.SavedRun`, ``fedshift.SavedRun``). :func:`run` returns a
-:class:`~fedshift.runtime.results.RunResult` (``fedshift.RunResult``).
+:class:`~fedshift.runtime.rundir.saved.SavedRun`, ``fedshift.SavedRun``). :func:`run` returns a
+:class:`~fedshift.runtime.rundir.results.RunResult` (``fedshift.RunResult``).
 :func:`run` and :func:`resume` take ``federation=``: a mapping of site name -> arrays
 (:func:`~fedshift.data.domains.arrays.read_mapping` lists the forms), checked and converted
 as the ``arrays`` dataset does with files (docs/DATASETS.md). The run's config then names the
@@ -46,8 +46,8 @@ from fedshift.core.errors import ConfigError, FedshiftError
 
 if TYPE_CHECKING:
     from fedshift.core.config import RunConfig
-    from fedshift.runtime.results import RunResult
-    from fedshift.runtime.saved import SavedRun
+    from fedshift.runtime.rundir.results import RunResult
+    from fedshift.runtime.rundir.saved import SavedRun
 
 __all__ = ["LoadedRun", "export_model", "load_exported", "load_run", "resume", "run"]
 
@@ -120,9 +120,9 @@ def run(
     workers: int | str | None = None,
     exists: str = "error",
 ) -> RunResult:
-    """Run one experiment to the end; returns its :class:`~fedshift.runtime.results.RunResult`
-    (``run_dir`` and ``summary``, the content of ``summary.json``).
-
+    """Run one experiment to the end; returns its
+    :class:`~fedshift.runtime.rundir.results.RunResult` (``run_dir`` and ``summary``, the
+    content of ``summary.json``).
     ``config``: a nested dict, the path of a YAML file or a ``RunConfig`` (None: the defaults);
     ``overrides``: ``key=value`` strings applied on top (``["train.rounds=2"]``; as on the
     command line, a value for a key the config sweeps replaces that key's sweep); ``out``: the
@@ -132,9 +132,9 @@ def run(
     ``fedshift run -c``).
 
     The run directory is named as ``fedshift run`` names it
-    (:func:`~fedshift.runtime.results.run_dir_name`), and a directory that holds a run
+    (:func:`~fedshift.runtime.rundir.results.run_dir_name`), and a directory that holds a run
     already is handled as there: ``exists="error"`` (the default) raises
-    :class:`~fedshift.runtime.rundir.RunDirExists` saying what it holds and how its config
+    :class:`~fedshift.runtime.rundir.ownership.RunDirExists` saying what it holds and how its config
     differs; ``"overwrite"`` deletes it and runs again (``--overwrite``); ``"new"`` runs into
     the next free ``-2``, ``-3``... (``--new``).
 
@@ -146,8 +146,8 @@ def run(
     from fedshift.catalog import resolve
     from fedshift.core.config import expand_sweep
     from fedshift.data.domains.arrays import build_federation
-    from fedshift.runtime.results import claim_dirs, release
-    from fedshift.runtime.rundir import clear_run_dir, hold_run
+    from fedshift.runtime.rundir.ownership import clear_run_dir, hold_run
+    from fedshift.runtime.rundir.results import claim_dirs, release
     from fedshift.runtime.simulation import run_experiment
 
     if isinstance(overrides, str):
@@ -191,7 +191,7 @@ def resume(
 ) -> RunResult:
     """Continue a run from its last checkpoint, as ``fedshift run --resume`` does (its config
     is checked first; ``rounds`` extends it); returns its
-    :class:`~fedshift.runtime.results.RunResult`. ``federation``: for a run started with
+    :class:`~fedshift.runtime.rundir.results.RunResult`. ``federation``: for a run started with
     ``fedshift.run(..., federation=...)``, the same arrays again (checked against the
     fingerprint the run recorded; a run whose data came from Python cannot resume without
     them)."""
@@ -227,7 +227,7 @@ class LoadedRun:
     ) -> SavedRun:
         """The run rebuilt for evaluation from its saved state (the federation, the model and
         every client's state at the ``selected`` round, or the ``last``: a
-        :class:`~fedshift.runtime.saved.SavedRun`, as
+        :class:`~fedshift.runtime.rundir.saved.SavedRun`, as
         :func:`~fedshift.runtime.simulation.load_finished` returns). Its checkpoint is read without
         running code (tensors and plain data only); a plug-in its config names
         (``module:Class``) is code, imported only with ``allow_plugins=True`` (a run

@@ -11,7 +11,7 @@ digest is done and is never run again; a cell killed midway (or whose summary is
 continues from its last checkpoint (``checkpoint.every``); anything else starts afresh.
 
 A cell whose finished result is committed in the repository's ``results/`` tree
-(``results/<suite name>/<cell directory>/``, same digest; :mod:`fedshift.eval.collect`) is
+(``results/<suite name>/<cell directory>/``, same digest; :mod:`fedshift.claims.collect`) is
 not run either: its ``config.yaml``, ``summary.json``, ``metrics.jsonl`` and ``cell.json``
 are copied into the suite folder and it counts as done (``committed``; it has no
 checkpoint or model, so a protocol that needs its model runs it: ``reuse=False``,
@@ -34,8 +34,8 @@ Every random stream is derived from the config's seed (:mod:`fedshift.core.seedi
 suite's results do not depend on ``workers``; a ``run.threads`` other than 1 enters each
 cell's digest (and so its directory), and is recorded in ``cell.json`` and ``summary.json``.
 A cell's own ``run.workers`` (its clients in a pool of processes,
-:mod:`fedshift.runtime.pool`) changes no number and is not part of its digest. Workers exit
-when the ``fedshift bench`` process dies, however it dies.
+:mod:`fedshift.runtime.pool.transport`) changes no number and is not part of its digest. Workers
+exit when the ``fedshift bench`` process dies, however it dies.
 
 No oversubscription: the suite's workers x each cell's ``run.workers`` x ``run.threads``
 stays within the usable cores. The default ``workers`` shrinks to fit; a cell's
@@ -48,8 +48,8 @@ Progress: every running cell reports its rounds (from worker processes too,
 (:mod:`fedshift.runtime.progress`): bars on a terminal, a status line a minute otherwise.
 
 One suite folder belongs to one ``fedshift bench`` at a time (``bench.lock``), and each cell's
-directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir`): a second
-invocation is refused with the name of the one running.
+directory to the process running it (``run.lock``, :mod:`fedshift.runtime.rundir.ownership`): a
+second invocation is refused with the name of the one running.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ from fedshift.eval.cells import CELL_FILE, foreign_cell
 from fedshift.runtime.cores import share_cores
 from fedshift.runtime.parallel import RoundReport, Stopped, report, run_cells
 from fedshift.runtime.progress import EVERY_S, CellProgress
-from fedshift.runtime.results import run_dir_base
-from fedshift.runtime.rundir import (
+from fedshift.runtime.rundir.ownership import (
     NotClearable,
     check_clearable,
     clear_run_dir,
@@ -80,6 +79,7 @@ from fedshift.runtime.rundir import (
     hold_run,
     is_empty,
 )
+from fedshift.runtime.rundir.results import run_dir_base
 from fedshift.runtime.stopping import RunSignal
 
 log = logging.getLogger("fedshift.bench")
@@ -293,7 +293,7 @@ def _run_cell(
     written and its lock released, in the same process (``run_suite``'s ``after``)."""
     import torch
 
-    from fedshift.runtime.results import write_text_atomic
+    from fedshift.runtime.rundir.results import write_text_atomic
     from fedshift.runtime.simulation import Simulation, make_transport
 
     threads = int(cfg_dict["run"]["threads"])
@@ -411,7 +411,7 @@ class _Manifest:
         self.write()
 
     def write(self) -> None:
-        from fedshift.runtime.results import write_text_atomic
+        from fedshift.runtime.rundir.results import write_text_atomic
 
         write_text_atomic(self.path, json.dumps(list(self.rows.values()), indent=2) + "\n")
 

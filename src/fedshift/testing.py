@@ -52,8 +52,8 @@ from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_sta
 from fedshift.data import load_dataset
 from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
-from fedshift.runtime.checkpoint_io import state_departure
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
+from fedshift.runtime.rundir.checkpoint_io import state_departure
 
 __all__ = [
     "TINY",

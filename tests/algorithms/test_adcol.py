@@ -19,7 +19,7 @@ from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
 from fedshift.core.payload import Payload
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import Simulation, run_experiment
 
 

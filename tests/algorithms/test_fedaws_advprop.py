@@ -39,7 +39,7 @@ from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.models.digits import SmallCNN
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import Simulation
 
 TINY = ("model.name=cnn", "model.width=4")

@@ -25,7 +25,7 @@ from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator
 from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import Simulation, run_experiment
 
 

@@ -28,8 +28,8 @@ from fedshift.algorithms.fraug import (
 )
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
-from fedshift.runtime.checkpoint_io import read_checkpoint
 from fedshift.runtime.client import client_context, train_client
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
     Simulation,
     run_experiment,

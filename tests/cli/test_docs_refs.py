@@ -22,7 +22,7 @@ from fedshift.core.errors import FedshiftError
 SRC = Path(__file__).resolve().parents[2] / "src" / "fedshift"
 REF = re.compile(r"fedshift docs ([A-Za-z0-9_./-]*[A-Za-z0-9_/-])|(docs/[A-Za-z0-9_./-]*\.md)")
 #: modules whose docs/ paths are files `fedshift claims` writes into a repository
-WRITERS = {"cli/claims.py", "eval/ledger.py", "eval/claim_spec.py"}
+WRITERS = {"cli/claims.py", "claims/ledger.py", "claims/spec.py"}
 #: placeholders in the messages that explain `fedshift docs` itself
 PLACEHOLDERS = {"NAME"}
 

@@ -31,7 +31,7 @@ from fedshift.augment import AUGMENTS
 from fedshift.cli import describe_os_error, main
 from fedshift.core.errors import DataError
 from fedshift.models import MODELS
-from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
 from fedshift.runtime.simulation import run_experiment
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t",
@@ -199,7 +199,7 @@ def test_bad_digits_manifest_is_one_error(tmp_path, monkeypatch, capsys, domains
 def test_csv_cells_are_escaped_against_formulas(tmp_path):
     """report.csv and metrics.csv wrote cells starting with =, +, -, @ as they are, so a
     spreadsheet ran them; now such text gets a leading apostrophe; numbers stay numbers."""
-    from fedshift.runtime.track import CsvTracker
+    from fedshift.runtime.tracking.trackers import CsvTracker
 
     evil = ["=HYPERLINK(\"http://x\",\"a\")", "+1+1", "@SUM(A1)", "-2+3"]
     tracker = CsvTracker(tmp_path)

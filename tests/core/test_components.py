@@ -31,7 +31,7 @@ from fedshift.core.registry import Registry
 from fedshift.data import client_names, load_dataset
 from fedshift.models.weights import WEIGHT_KEYS, resolve_weights
 from fedshift.runtime.experiment import build_experiment
-from fedshift.runtime.results import run_digest
+from fedshift.runtime.rundir.results import run_digest
 
 SUITES = [ROOT / "configs/demo.yaml", *sorted((ROOT / "configs/suites").glob("*.yaml"))]
 #: the default component of each section (RunConfig's documented defaults)

@@ -18,7 +18,7 @@ from fedshift.cli import main
 from fedshift.core import files
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import UnsafePathError
-from fedshift.runtime.rundir import LOCK_FILE
+from fedshift.runtime.rundir.ownership import LOCK_FILE
 from fedshift.runtime.simulation import RunInterrupted, Simulation, run_experiment
 
 THESIS = "\\documentclass{article} years of work\n"
@@ -294,7 +294,7 @@ def test_collect_protocol_refuses_a_linked_table(tmp_path, capsys):
 def test_claims_page_must_stay_under_docs(tmp_path):
     """A claims file whose ``page`` leaves docs/ (``../../x.md``, an absolute path): refused
     when the claims are read, before any page is written."""
-    from fedshift.eval.claim_spec import ClaimsError, load_paper
+    from fedshift.claims.spec import ClaimsError, load_paper
 
     for page in ("../../outside.md", "/tmp/x.md", "docs/../../x.md", "docs/x.txt"):
         spec = tmp_path / "paper.yaml"

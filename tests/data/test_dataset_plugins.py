@@ -210,7 +210,7 @@ def test_what_a_plugin_loads_is_checked_against_the_contract(installed, fault, m
     or empty, an empty training split, a label map of the wrong shape, a loader calling
     sys.exit or failing: one ContractError naming the plug-in's loader, before any training
     (the loader returned; nothing was built from it)."""
-    from fedshift.core.contract import ContractError
+    from fedshift.core.contract_errors import ContractError
 
     with pytest.raises(ContractError, match=match) as e:
         load_dataset({"name": "fsdataplug:Broken", "fault": fault})

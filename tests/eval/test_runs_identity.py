@@ -26,7 +26,7 @@ from fedshift.core.config import expand_sweep, load_config
 from fedshift.core.errors import FedshiftError
 from fedshift.eval.report import build_report, load_runs
 from fedshift.eval.tables import flows_rows
-from fedshift.runtime.rundir import RunDirExists
+from fedshift.runtime.rundir.ownership import RunDirExists
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t"]
 
@@ -129,7 +129,7 @@ def test_run_directories_name_what_sets_the_run_apart(lr_sweep):
     digests = {n.rsplit("-", 1)[1] for n in fast}
     others = {n.rsplit("-", 1)[1] for n in names if n not in fast}
     assert len(digests) == 1 and len(others) == 1 and digests != others
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     rdn = run_dir_name(toy_cfg("augment=[fedrdn]"))
     assert "-augment=fedrdn-" in rdn and rdn != run_dir_name(toy_cfg())
@@ -186,7 +186,7 @@ def test_the_api_names_and_claims_run_directories_as_the_cli(tmp_path):
     redone = fedshift.run(cfg, over, out=tmp_path, exists="overwrite")
     assert redone.run_dir == first.run_dir and not (first.run_dir / "stale.txt").exists()
     assert redone.summary["test_mean"] == first.summary["test_mean"]
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     assert first.run_dir.name == run_dir_name(toy_cfg("train.lr=0.05"))  # fedshift run's
 

@@ -32,7 +32,7 @@ from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.flower import apps  # noqa: E402
 from fedshift.flower.inprocess import InProcessGrid  # noqa: E402
 from fedshift.flower.node import build_client_app  # noqa: E402
-from fedshift.runtime.rundir import RunDirExists  # noqa: E402
+from fedshift.runtime.rundir.ownership import RunDirExists  # noqa: E402
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=t"]
 
@@ -143,7 +143,7 @@ def test_the_app_writes_runs_under_the_absolute_folder_its_readme_states(tmp_pat
 def test_a_run_directory_that_holds_a_run_is_refused_not_suffixed(tmp_path):
     """No silent ``-2``: the run config ``exists`` (default ``error``) decides, and the
     refusal names the run config keys that choose otherwise."""
-    from fedshift.runtime.results import planned_dirs
+    from fedshift.runtime.rundir.results import planned_dirs
 
     rc = _app(tmp_path)
     cfg = apps.resolve(yaml.safe_load(rc["fedshift-config"]))
@@ -207,7 +207,7 @@ def test_writing_the_app_creates_no_flower_config(tmp_path, monkeypatch):
 
 def test_flower_local_refuses_a_taken_run_directory_before_starting_anything(tmp_path, capsys):
     from fedshift.core.config import load_config
-    from fedshift.runtime.results import planned_dirs
+    from fedshift.runtime.rundir.results import planned_dirs
 
     cfg = apps.resolve(load_config(None, [*TOY, "train.rounds=1"]))
     [planned] = planned_dirs([cfg], tmp_path / "out")

@@ -26,7 +26,7 @@ from support.same_run import assert_runs_equal
 
 import fedshift
 from fedshift.cli import main
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import run_experiment
 
 SRC = Path(fedshift.__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def _run_name(*over: str) -> str:
     """The directory `fedshift flower simulate` gives a run of ``over``."""
     from fedshift.catalog import resolve
     from fedshift.core.config import load_config
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     return run_dir_name(resolve(load_config(None, list(over))))
 

@@ -421,7 +421,7 @@ def test_each_run_adapts_as_it_trains_and_a_committed_table_needs_no_model(
     not committed is trained again (its model is needed), the others are taken."""
     import importlib
 
-    from fedshift.eval.collect import collect_protocol, collect_suite
+    from fedshift.claims.collect import collect_protocol, collect_suite
 
     ns = importlib.import_module("fedshift.protocols.new_site")
     real_all = ns._adapt_all

@@ -26,8 +26,8 @@ from support.same_run import assert_runs_equal
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.core.seeding import rng_state, seed_global, set_rng_state
-from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
-from fedshift.runtime.saved import read_selected
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
+from fedshift.runtime.rundir.saved import read_selected
 from fedshift.runtime.simulation import (
     RunInterrupted,
     load_finished,
@@ -114,7 +114,7 @@ def test_malicious_checkpoint_runs_nothing(finished, tmp_path, capsys, framed):
 def test_malicious_selected_state_runs_nothing(finished, tmp_path):
     """The selected round's state (selected.pt) is read the same way: a malicious one runs
     nothing and is refused."""
-    from fedshift.runtime.saved import read_selected
+    from fedshift.runtime.rundir.saved import read_selected
     from fedshift.runtime.simulation import SELECTED, saved_config
 
     run = copy_run(finished, tmp_path)

@@ -14,7 +14,7 @@ from support.same_run import assert_runs_equal
 import fedshift
 from fedshift.eval.summary import RunRecord, check_summary
 from fedshift.runtime.hooks import Hook, RoundRecord
-from fedshift.runtime.saved import SavedRun
+from fedshift.runtime.rundir.saved import SavedRun
 from fedshift.runtime.simulation import RunInterrupted, Simulation, load_finished
 
 OVER = ("algorithm.name=fedavg", "eval.every=2", "checkpoint.every=1")

@@ -10,7 +10,7 @@ from support.same_run import assert_runs_equal, assert_same_run
 
 from fedshift.core.errors import TrainingError
 from fedshift.data.domains.toy import ToyParams, load_toy
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
     Simulation,
     run_experiment,

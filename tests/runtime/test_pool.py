@@ -25,11 +25,11 @@ from fedshift.bench import config_digest, plan, run_suite
 from fedshift.core.errors import FedshiftError, TrainingError
 from fedshift.data import load_dataset
 from fedshift.data.base import Split
-from fedshift.runtime import pool as pool_mod
-from fedshift.runtime import pool_worker
-from fedshift.runtime.checkpoint_io import read_checkpoint
-from fedshift.runtime.pool import PoolTransport, assign
-from fedshift.runtime.results import run_dir_name
+from fedshift.runtime.pool import transport as pool_mod
+from fedshift.runtime.pool import worker as pool_worker
+from fedshift.runtime.pool.transport import PoolTransport, assign
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.results import run_dir_name
 from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
 from fedshift.runtime.stopping import RunSignal
 

@@ -179,7 +179,7 @@ def test_a_protected_harmofl_run_releases_its_amplitude_once(tmp_path):
 @needs_opacus
 def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
     """Every worker plans the same budget from the config and draws the same noise."""
-    from fedshift.runtime.results import config_changes
+    from fedshift.runtime.rundir.results import config_changes
 
     cfg = toy_cfg("augment=[{name: fedmix, m: 5}]", "privacy.epsilon=4", rounds=2)
     named = [k for k, _ in config_changes(cfg) if k.startswith("privacy")]
@@ -193,7 +193,7 @@ def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
 def test_a_run_started_before_the_privacy_section_existed_resumes(tmp_path):
     """A checkpoint whose config has no ``privacy`` section (fedshift before it) resumes:
     the section at its off value is what such a run did."""
-    from fedshift.runtime.checkpoint_io import CHECKPOINT, read_run_state, write_checkpoint
+    from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT, read_run_state, write_checkpoint
 
     cfg = toy_cfg(FEDRDN, "checkpoint.every=1", rounds=2)
     with pytest.raises(RunInterrupted):

@@ -19,7 +19,7 @@ from conftest import toy_cfg, toy_dir
 from support.same_run import assert_runs_equal
 
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import (
     SELECTED,
     RunInterrupted,
@@ -126,13 +126,13 @@ def test_signal_at_a_random_moment_saves_and_resumes_to_the_same_summary(tmp_pat
 def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
     """A signal that arrives while the checkpoint is written acts once it is complete: the
     file on disk is whole and the run stops right after."""
-    from fedshift.runtime import loop as loop_mod
+    from fedshift.runtime import checkpointing
     from fedshift.runtime.simulation import Simulation
     from fedshift.runtime.stopping import RunSignal
 
     cfg = toy_cfg("algorithm.name=fedavg", "checkpoint.every=1", rounds=4)
     sim = Simulation(cfg, tmp_path / "s", progress=False)
-    real_save = loop_mod.write_checkpoint
+    real_save = checkpointing.write_checkpoint
     sent = []
 
     def save_then_signal(obj, path):
@@ -141,7 +141,7 @@ def test_signal_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
             sent.append(1)
             sim.gate.handle(signal.SIGTERM, None)  # arrives mid-write
 
-    monkeypatch.setattr(loop_mod, "write_checkpoint", save_then_signal)
+    monkeypatch.setattr(checkpointing, "write_checkpoint", save_then_signal)
     with pytest.raises(RunSignal) as info:
         sim.run()
     assert info.value.saved_round == 2 and info.value.exit_code == 143

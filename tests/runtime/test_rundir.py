@@ -21,8 +21,8 @@ from conftest import fedshift_env, toy_cfg, write_suite
 from fedshift.bench import cell_status, plan, run_suite
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.results import new_run_dir
-from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir
+from fedshift.runtime.rundir.ownership import LOCK_FILE, clear_run_dir
+from fedshift.runtime.rundir.results import new_run_dir
 from fedshift.runtime.simulation import RunInterrupted, Simulation
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "train.rounds=1"]
@@ -35,7 +35,7 @@ def _run_name() -> str:
     """The directory ``fedshift run`` gives :data:`TOY` (``name=X``)."""
     from fedshift.catalog import resolve
     from fedshift.core.config import load_config
-    from fedshift.runtime.results import run_dir_name
+    from fedshift.runtime.rundir.results import run_dir_name
 
     return run_dir_name(resolve(load_config(None, [*TOY, "name=X"])))
 
@@ -109,7 +109,7 @@ def test_marks_decide_what_may_be_cleared(tmp_path):
     """check_clearable: an empty claim, a run (lock + config), a checkpoint header and a
     cell.json may be cleared; a link, a stray config.yaml or a config.yaml that does not
     parse as a run's may not (clear_run_dir checks first, deleting nothing)."""
-    from fedshift.runtime.rundir import check_clearable
+    from fedshift.runtime.rundir.ownership import check_clearable
 
     ok = tmp_path / "ok"
     ok.mkdir()
@@ -212,7 +212,7 @@ def test_new_run_dirs_are_claimed_atomically(tmp_path):
 
 def test_second_process_is_refused(tmp_path):
     """A second `fedshift run --resume` / `fedshift bench` wrote into a run already going."""
-    from fedshift.runtime.rundir import LOCK_FILE, hold_lock, hold_run
+    from fedshift.runtime.rundir.ownership import LOCK_FILE, hold_lock, hold_run
 
     run_dir = tmp_path / "run"
     with pytest.raises(RunInterrupted):
@@ -247,11 +247,11 @@ def test_second_process_is_refused(tmp_path):
 
 def test_lock_dies_with_its_process(tmp_path):
     """A lock must never outlive its process (kill -9), and must not look like run output."""
-    from fedshift.runtime.rundir import hold_run
+    from fedshift.runtime.rundir.ownership import hold_run
 
     run_dir = tmp_path / "run"
     code = (
-        "import sys, time; from fedshift.runtime.rundir import hold_run\n"
+        "import sys, time; from fedshift.runtime.rundir.ownership import hold_run\n"
         f"with hold_run({str(run_dir)!r}):\n    print('held', flush=True); time.sleep(60)\n"
     )
     proc = subprocess.Popen(

@@ -12,6 +12,7 @@ from fedshift.core.errors import ConfigError, FedshiftError, TrainingError
 from fedshift.core.identity import number_config
 from fedshift.core.payload import Payload
 from fedshift.runtime.disclosure import disclose, render
+from fedshift.runtime.lifecycle import run_record
 from fedshift.runtime.loop import LoopOptions
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.secagg import (
@@ -135,7 +136,7 @@ def test_a_secure_fedavg_round_is_the_plain_one_within_the_quantisation(tmp_path
     # each site's training metrics still reach the server (the round's metric rows)
     rows = [r for r in secure.records if "train_loss" in r]
     assert len(rows) == n and all(r["train_loss"] > 0 for r in rows)
-    assert secure.run_record().summary["runtime"]["secure_aggregation"]["frac_bits"] == 16
+    assert run_record(secure).summary["runtime"]["secure_aggregation"]["frac_bits"] == 16
 
 
 def test_a_lost_client_stops_a_secure_round(tmp_path):

@@ -22,8 +22,8 @@ from fedshift.bench import config_digest
 from fedshift.cli import main
 from fedshift.core.errors import ConfigError
 from fedshift.core.logs import LOGGER, ConsoleHandler
-from fedshift.runtime import track
 from fedshift.runtime.simulation import run_experiment
+from fedshift.runtime.tracking import trackers as track
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 pytestmark = pytest.mark.usefixtures("one_thread")  # runs compared bit for bit

@@ -18,10 +18,10 @@ from conftest import metric_rows, toy_cfg
 from support.same_run import kill_and_resume
 
 from fedshift.core.errors import ConfigError
-from fedshift.runtime import track_services
 from fedshift.runtime.hooks import RoundRecord
 from fedshift.runtime.simulation import run_experiment
-from fedshift.runtime.track_services import MlflowTracker, WandbTracker
+from fedshift.runtime.tracking import services as track_services
+from fedshift.runtime.tracking.services import MlflowTracker, WandbTracker
 
 #: a run of 4 rounds, checkpointed every 2: killed after round 3, resumed from round 2
 KILLED_AT_3 = ["algorithm.name=fedavg", "checkpoint.every=2"]
@@ -92,7 +92,7 @@ def test_trackers_import_nothing_until_a_run_opens_them():
     """`fedshift --help` stays instant: importing the CLI and the trackers imports neither
     wandb nor mlflow."""
     code = (
-        "import sys, fedshift.cli, fedshift.runtime.track_services; "
+        "import sys, fedshift.cli, fedshift.runtime.tracking.services; "
         "print(sorted(m for m in ('wandb', 'mlflow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

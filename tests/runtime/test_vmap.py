@@ -20,7 +20,7 @@ from fedshift.core.errors import ConfigError
 from fedshift.data import load_dataset
 from fedshift.models import build_model
 from fedshift.runtime import device as device_mod
-from fedshift.runtime.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.simulation import make_transport, run_experiment
 from fedshift.runtime.vmap import VmapTransport, train_stacked
 

@@ -10,7 +10,7 @@ The ways (:data:`WAYS`):
 * ``native``: ``run_experiment``, every client in this process, uninterrupted;
 * ``resume``: the same, stopped after round ``stop_after`` (``RunInterrupted``: a kill, so
   the state saved is the last checkpoint's) and continued with ``resume_experiment``;
-* ``pool``: the clients in worker processes (:mod:`fedshift.runtime.pool`): the
+* ``pool``: the clients in worker processes (:mod:`fedshift.runtime.pool.transport`): the
   ``WorkerPool`` given, or two workers started for the run; ``pool-resume``: stopped and
   resumed so;
 * ``flower``: Flower's in-process simulation (``simulate(engine="in-process")``: every
@@ -45,9 +45,9 @@ import torch
 from conftest import results_of
 
 from fedshift.core.config import RunConfig
-from fedshift.runtime import results as result_files
-from fedshift.runtime.checkpoint_io import read_checkpoint
-from fedshift.runtime.results import RunResult
+from fedshift.runtime.rundir import results as result_files
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
+from fedshift.runtime.rundir.results import RunResult
 from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
 
 #: a cheap toy run (three small ``toyshift`` clients, a 4-channel CNN, two local steps),

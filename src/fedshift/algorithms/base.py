@@ -43,7 +43,8 @@ from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.algorithms.trainable import Frozen
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext
-from fedshift.core.contract import Reply, State, expect
+from fedshift.core.contract import Reply, State
+from fedshift.core.contract_errors import expect
 from fedshift.core.disclosure import (
     DOWN,
     UP,

@@ -20,7 +20,8 @@ from fedshift.algorithms.agc import adaptive_clip_, agc_parameters
 from fedshift.algorithms.bn import FrozenBNStats
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
-from fedshift.core.contract import State, expect
+from fedshift.core.contract import State
+from fedshift.core.contract_errors import expect
 
 if TYPE_CHECKING:
     from fedshift.algorithms.base import Algorithm

@@ -14,7 +14,8 @@ from __future__ import annotations
 from fedshift.algorithms.base import Algorithm
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
-from fedshift.core.contract import AlgorithmSpec, ContractError, Reply, State, expect
+from fedshift.core.contract import AlgorithmSpec, Reply, State
+from fedshift.core.contract_errors import ContractError, expect
 from fedshift.core.disclosure import UP, Disclosure, summed_records
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.privacy import Mechanism

@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_claims(args: argparse.Namespace) -> int:
-    from fedshift.eval.ledger import render
+    from fedshift.claims.ledger import render
 
     root = Path(args.root)
     pages = render(root / "claims", root / "results")
@@ -67,7 +67,7 @@ def _cmd_claims(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from fedshift.eval.collect import collect_protocol, collect_suite
+    from fedshift.claims.collect import collect_protocol, collect_suite
 
     for folder in args.folders:
         if args.protocol:

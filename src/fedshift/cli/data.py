@@ -107,7 +107,7 @@ def dataset_montage(fed, out: Path, per_site: int = MONTAGE_PER_SITE) -> Path:
     """``data show``'s montage of a loaded federation: one row per client, ``per_site``
     images spread evenly over its training split (its test split where it trains on
     nothing, e.g. a held-out client)."""
-    from fedshift.eval.shift_figures import site_montage
+    from fedshift.shift.figures import site_montage
 
     rows = []
     for client in fed.clients:
@@ -180,8 +180,8 @@ def _bare_dataset_keys(raw: dict, overrides: list[str]) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     """``data check``: load the config's dataset (its loader's checks first), measure how the
-    sites differ and write the report (:mod:`fedshift.eval.shift_report`)."""
-    from fedshift.cli.run import CLI_HOW
+    sites differ and write the report (:mod:`fedshift.shift.report`)."""
+    from fedshift.cli.plugins import CLI_HOW
     from fedshift.core.config import load_config
     from fedshift.core.consent import READ_ONLY, plugin_names, untrusted
 
@@ -199,7 +199,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace, raw: dict, overrides: list[str], source: str) -> int:
     from fedshift.catalog import resolve
-    from fedshift.eval.shift_report import check
+    from fedshift.shift.report import check
 
     _bare_dataset_keys(raw, overrides)
     cfg = resolve(raw, source)

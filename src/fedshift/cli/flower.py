@@ -62,7 +62,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from fedshift.cli.sweeps import claim_dirs, release
     from fedshift.eval.tables import print_tables
     from fedshift.flower.simulate import simulate
-    from fedshift.runtime.rundir import clear_run_dir, hold_run
+    from fedshift.runtime.rundir.ownership import clear_run_dir, hold_run
 
     if args.resume:  # the run's saved config; nothing else may change
         from fedshift.runtime.simulation import saved_config
@@ -263,8 +263,8 @@ def _cmd_local(args: argparse.Namespace) -> int:
     out = Path(args.out or "runs").resolve()
     exists = "overwrite" if args.overwrite else "new" if args.new else "error"
     if not args.resume and exists == "error":  # before any process starts
-        from fedshift.runtime.results import planned_dirs
-        from fedshift.runtime.rundir import RunDirExists, is_empty
+        from fedshift.runtime.rundir.ownership import RunDirExists, is_empty
+        from fedshift.runtime.rundir.results import planned_dirs
 
         [planned] = planned_dirs([cfg], out)
         if planned.exists() and not is_empty(planned):
@@ -403,7 +403,8 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from fedshift.cli.run import add_allow_plugins, add_exists_options
+    from fedshift.cli.plugins import add_allow_plugins
+    from fedshift.cli.run import add_exists_options
 
     fl = sub.add_parser("flower", help="run on Flower: simulation and deployment")
     fsub = fl.add_subparsers(dest="flower_command", required=True)

@@ -206,7 +206,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
     from fedshift.catalog import shown
-    from fedshift.cli.run import CLI_HOW
+    from fedshift.cli.plugins import CLI_HOW
     from fedshift.core.config import expand_sweep, load_config
     from fedshift.core.consent import held_back, listing, plugin_names
 

@@ -34,7 +34,7 @@ def _suite_options(args: argparse.Namespace) -> SuiteOptions:
 def _plugins(p: argparse.ArgumentParser, study: Study) -> None:
     """``--allow-plugins`` for a study that rebuilds finished runs (their configs may name
     ``module:Class`` plug-ins)."""
-    from fedshift.cli.run import add_allow_plugins
+    from fedshift.cli.plugins import add_allow_plugins
 
     if getattr(study.options, "loads_runs", False):
         add_allow_plugins(p)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedshift.cli import keys
+from fedshift.cli.plugins import CLI_HOW, add_allow_plugins
 from fedshift.core.errors import FedshiftError
 
 
@@ -237,22 +238,6 @@ def add_exists_options(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="a run directory of this config exists: run into a new one next to it (-2, -3...)",
-    )
-
-
-#: how to allow plug-ins, on the command line
-CLI_HOW = "--allow-plugins (or set FEDSHIFT_ALLOW_PLUGINS=1)"
-
-
-def add_allow_plugins(p: argparse.ArgumentParser) -> None:
-    """``--allow-plugins``: import the ``module:Class`` plug-ins that a config from elsewhere
-    names (a run directory, a suite: :mod:`fedshift.core.consent`)."""
-    p.add_argument(
-        "--allow-plugins",
-        action="store_true",
-        help="import the plug-ins (module:Class names) that a run directory's config.yaml or "
-        "a suite names; a plug-in name runs its module's code, so only for sources you trust "
-        "(also: FEDSHIFT_ALLOW_PLUGINS=1)",
     )
 
 

@@ -2,11 +2,11 @@
 one after another or ``--jobs N`` at a time.
 
 Run directories: ``<out>/<name>/<algorithm>-<dataset>[-<key=value>...]-seed<seed>-<digest>``
-(:func:`~fedshift.runtime.results.run_dir_name`: what sets the run apart from the defaults,
+(:func:`~fedshift.runtime.rundir.results.run_dir_name`: what sets the run apart from the defaults,
 and a digest of its config), so the runs of a sweep never share one. When a run's directory
 exists already, ``fedshift run`` stops before running anything and names each such directory
 with what it holds and how its ``config.yaml`` differs from the new config
-(:class:`~fedshift.runtime.rundir.RunDirExists`), offering ``fedshift run --resume DIR``,
+(:class:`~fedshift.runtime.rundir.ownership.RunDirExists`), offering ``fedshift run --resume DIR``,
 ``--overwrite`` (the old run is deleted, holding its lock, just before the new one starts in
 it) and ``--new`` (the next free ``-2``, ``-3``...).
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.results import claim_dirs, planned_dirs, release
-from fedshift.runtime.rundir import clear_run_dir, hold_run
+from fedshift.runtime.rundir.ownership import clear_run_dir, hold_run
+from fedshift.runtime.rundir.results import claim_dirs, planned_dirs, release
 from fedshift.runtime.stopping import RunSignal
 
 __all__ = ["SweepStopped", "claim_dirs", "planned_dirs", "run_sweep"]

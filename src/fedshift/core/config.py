@@ -183,7 +183,7 @@ class CheckpointConfig:
 class ExecutionConfig:
     """How this machine executes a run (section ``run``); never what the run computes.
 
-    ``workers``: processes that run the clients (:mod:`fedshift.runtime.pool`; 1: every
+    ``workers``: processes that run the clients (:mod:`fedshift.runtime.pool.transport`; 1: every
     client in the run's own process, one after another; ``auto``: one per usable core,
     divided by ``threads``, at most one per client; 1 on a GPU). Results do not depend on it.
     ``threads``: torch intra-op threads of every process computing for the run (the run's own

@@ -41,6 +41,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from fedshift.core.errors import ConfigError
+from fedshift.core.registered import registered_anywhere
 from fedshift.core.searchpath import plugin_import
 
 __all__ = [
@@ -220,8 +221,6 @@ def untrusted(
 
 def _held(scope: _Scope, names: list[tuple[str, str]]) -> dict[str, str]:
     """``{name: config key}`` of the ``names`` that ``scope`` does not let be imported."""
-    from fedshift.core.registry import registered_anywhere
-
     if _is_allowed(scope):
         return {}
     todo: dict[str, str] = {}

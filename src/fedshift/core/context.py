@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedshift.core.contract_errors import expect
 from fedshift.core.tasks import Classification, Task
 
 if TYPE_CHECKING:  # types only: core imports nothing above it
@@ -81,9 +82,7 @@ def _batch(out: Any) -> bool:
 
 
 def _broken(value: Any, owner: object, hook: str, want: str) -> None:
-    """An augment's hook broke the contract: the error (contract.py imports this module)."""
-    from fedshift.core.contract import expect
-
+    """An augment's hook broke the contract: the error."""
     expect(value, lambda v: False, owner, hook, want)
 
 

@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from types import UnionType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from fedshift.core.context import ClientContext
-from fedshift.core.errors import FedshiftError
+from fedshift.core.contract_errors import GUIDE, ContractError
 from fedshift.core.payload import Payload, Tensors
 
 if TYPE_CHECKING:  # types only: core imports nothing above it
@@ -60,14 +59,12 @@ Reply = tuple[str, Payload]
 
 __all__ = [
     "AlgorithmSpec",
-    "ContractError",
     "FederatedAlgorithm",
     "Reply",
     "State",
     "Tensors",
     "check_component_class",
     "check_params",
-    "expect",
 ]
 
 
@@ -265,36 +262,6 @@ class AlgorithmSpec(Protocol):
 # as the base class's is), and what its hooks return when they run (:func:`expect`): a
 # break is a :class:`ContractError` naming the class, the member and what was expected,
 # not a traceback from deep inside a round.
-
-#: where a plug-in author reads the contract
-GUIDE = "`fedshift docs extending`"
-
-
-class ContractError(FedshiftError):
-    """A component (usually a plug-in) breaks the contract of its base class."""
-
-
-def _who(owner: object) -> str:
-    cls = owner if isinstance(owner, type) else type(owner)
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def expect(value: Any, check: Any, owner: object, hook: str, want: str) -> Any:
-    """``value``, returned by ``owner.hook``, if it passes ``check`` (a type or tuple of
-    types, or a predicate); else a :class:`ContractError` naming the class, the hook, what it
-    returned and ``want``."""
-    ok = isinstance(value, check) if isinstance(check, type | tuple | UnionType) else check(value)
-    if not ok:
-        got = "None" if value is None else f"a {type(value).__name__}"
-        shape = getattr(value, "shape", None)
-        if shape is not None:
-            got += f" of shape {tuple(shape)}"
-        raise ContractError(
-            f"{_who(owner)}.{hook} returned {got}, but fedshift needs {want} (see the "
-            f"contract in {GUIDE})"
-        )
-    return value
-
 
 def _kind(member: Any) -> str:
     if isinstance(member, classmethod):

@@ -44,7 +44,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from fedshift.core.contract import GUIDE, ContractError, check_params
+from fedshift.core.contract import check_params
+from fedshift.core.contract_errors import GUIDE, ContractError
 from fedshift.core.federation import SPLITS, TASKS, ClientData, Federation, Split
 from fedshift.core.images import ByteImages
 from fedshift.core.registry import Entry

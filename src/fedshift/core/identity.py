@@ -2,7 +2,7 @@
 
 :func:`number_config` is the part of a resolved config that changes results: suite cells are
 keyed by its digest (``fedshift.bench.config_digest``), run directories carry a digest of it
-(:func:`fedshift.runtime.results.run_dir_name`) and reports group runs by it
+(:func:`fedshift.runtime.rundir.results.run_dir_name`) and reports group runs by it
 (:func:`fedshift.eval.tables.group_flows`). :func:`config_diff` lists the keys in which two
 configs differ (a resumed run against its checkpoint, a run directory against a new run).
 """

@@ -41,21 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from fedshift.core import consent, searchpath
+from fedshift.core import consent, registered, searchpath
 from fedshift.core.components import Component
 from fedshift.core.config import build_dataclass, unknown_key_error
 from fedshift.core.errors import ConfigError
 from fedshift.core.yamlsafe import short_repr
 
 T = TypeVar("T")
-
-#: every registry made, for :func:`registered_anywhere`
-_REGISTRIES: list[Registry] = []
-
-
-def registered_anywhere(name: str) -> bool:
-    """Whether ``name`` is registered in some registry (a plug-in imported already)."""
-    return any(name in r for r in _REGISTRIES)
 
 #: where a user reads how to write and name a plug-in
 GUIDE = "`fedshift docs extending`"
@@ -84,7 +76,7 @@ class Registry(Generic[T]):
         self._group: str | None = None
         self._plugins: set[str] = set()
         self._plugin_entry: Callable[[str, Any, str], Entry[T]] | None = None
-        _REGISTRIES.append(self)
+        registered.REGISTRIES.append(self)  # registered_anywhere: consent asks
 
     def add(
         self,

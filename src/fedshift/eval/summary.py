@@ -134,9 +134,9 @@ def build_summary(
 @dataclass(frozen=True)
 class RunRecord:
     """A finished run, as the round loop fills it at the end
-    (:meth:`~fedshift.runtime.loop.RoundLoop.run_record`): everything ``summary.json``,
+    (:func:`~fedshift.runtime.lifecycle.run_record`): everything ``summary.json``,
     ``ledger.json`` and ``convergence.png`` are written from (:attr:`summary`,
-    :class:`~fedshift.runtime.results.ResultFiles`)."""
+    :class:`~fedshift.runtime.rundir.results.ResultFiles`)."""
 
     config: RunConfig
     run_dir: Path
@@ -162,7 +162,8 @@ class RunRecord:
     wall_s: float
     #: what the transport reports (``summary["runtime"]``), when it reports anything
     runtime: dict | None = None
-    #: what produced the run, with its end time (:func:`fedshift.runtime.track.provenance`)
+    #: what produced the run, with its end time
+    #: (:func:`fedshift.runtime.tracking.trackers.provenance`)
     provenance: dict | None = None
     #: each client's training examples per source domain (``partition.name=domains``)
     domain_mix: dict | None = None

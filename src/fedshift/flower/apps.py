@@ -45,7 +45,7 @@ from fedshift.core.consent import ALLOW_ENV, untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.flower.node import build_client_app
 from fedshift.flower.supernodes import is_simulation, wait_for_nodes
-from fedshift.runtime.rundir import EXISTS
+from fedshift.runtime.rundir.ownership import EXISTS
 
 if TYPE_CHECKING:
     from fedshift.flower.server import FlowerOptions
@@ -130,8 +130,8 @@ def run_exists(rc: dict) -> str:
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     from fedshift.flower.server import FlowerServer
-    from fedshift.runtime.results import claim_dirs, release
-    from fedshift.runtime.rundir import clear_run_dir, hold_run
+    from fedshift.runtime.rundir.ownership import clear_run_dir, hold_run
+    from fedshift.runtime.rundir.results import claim_dirs, release
     from fedshift.runtime.simulation import saved_config
 
     one_line_errors()

@@ -12,7 +12,7 @@ offset, FRAug's RTNet, the augments' statistics) is whatever the algorithm's ``i
 returns and ``local_update`` changes. It lives in the node's Flower ``Context.state`` (record
 ``fedshift.state``) and, with ``state-dir`` set, also on the node's disk, written atomically
 after every message (checksummed, read with ``weights_only=True``:
-:mod:`fedshift.runtime.checkpoint_io`); it never leaves the node.
+:mod:`fedshift.runtime.rundir.checkpoint_io`); it never leaves the node.
 
 Message types (``<category>.<action>``):
 
@@ -56,9 +56,9 @@ from fedshift.flower.wire import (
     records_to_payload,
     unpack,
 )
-from fedshift.runtime.checkpoint_io import read_checkpoint, write_checkpoint
 from fedshift.runtime.client import check_reply, evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
+from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
 
 log = logging.getLogger("fedshift.flower")
 

@@ -19,7 +19,7 @@ from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError
 from fedshift.flower.transport import FlowerOptions, GridTransport
 from fedshift.runtime.loop import LoopOptions, RoundLoop
-from fedshift.runtime.results import RunResult
+from fedshift.runtime.rundir.results import RunResult
 from fedshift.runtime.stopping import Caught, RunSignal, SignalGate
 
 __all__ = ["FlowerOptions", "FlowerServer"]

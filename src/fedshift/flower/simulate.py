@@ -36,8 +36,8 @@ from fedshift.data import client_names as dataset_client_names
 from fedshift.flower.node import build_client_app
 from fedshift.flower.server import FlowerOptions, FlowerServer
 from fedshift.flower.transport import refuse_native_state
-from fedshift.runtime.checkpoint_io import CHECKPOINT, read_run_state
-from fedshift.runtime.results import RunResult, new_run_dir
+from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT, read_run_state
+from fedshift.runtime.rundir.results import RunResult, new_run_dir
 from fedshift.runtime.stopping import RunSignal, SignalGate
 
 ENGINES = ("ray", "in-process")

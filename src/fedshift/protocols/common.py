@@ -101,7 +101,7 @@ def output_provenance() -> dict[str, Any]:
 
     import fedshift
     from fedshift.core.machine import machine
-    from fedshift.runtime.track import git_state
+    from fedshift.runtime.tracking.trackers import git_state
 
     return {
         "git": git_state(Path(fedshift.__file__).parent),

@@ -38,7 +38,7 @@ from fedshift.protocols.common import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from fedshift.runtime.saved import SavedRun
+    from fedshift.runtime.rundir.saved import SavedRun
 
 
 @torch.no_grad()
@@ -218,7 +218,7 @@ def local_models(sim: SavedRun) -> dict[str, dict[str, torch.Tensor]]:
     """Each training client's local model for ``cross_site(kind="local")``: the weights after
     its local update of round ``round + 1`` from the server's broadcast (the algorithm's
     own ``local_update``, with the run's augments and seeded batches:
-    :meth:`~fedshift.runtime.saved.SavedRun.local_update`); the saved run is unchanged."""
+    :meth:`~fedshift.runtime.rundir.saved.SavedRun.local_update`); the saved run is unchanged."""
     with torch.enable_grad():
         return {cid: sim.local_update(sim.round + 1, cid) for cid in sim.train_clients}
 

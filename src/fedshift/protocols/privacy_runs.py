@@ -3,7 +3,7 @@ computes (issue 51; ``fedshift protocol privacy``, :mod:`fedshift.protocols.priv
 
 From a finished run (:func:`~fedshift.protocols.common.load_run`) the attacked site (the
 first training client) runs its local update of the next round
-(:meth:`~fedshift.runtime.saved.SavedRun.local_reply`: the algorithm's own training, seeded),
+(:meth:`~fedshift.runtime.rundir.saved.SavedRun.local_reply`: the algorithm's own training, seeded),
 and the attacks read the payload it would send, as the server receives it. The attacker's
 model is the server's global model with every tensor the site sent in its ``weights`` record
 put in (for FedBN, whose BN layers stay local, the server's own BN layers stay); a site that

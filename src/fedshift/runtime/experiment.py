@@ -27,7 +27,7 @@ from fedshift.augment.base import Augment
 from fedshift.augment.compose import Composition
 from fedshift.core.config import RunConfig, TrainConfig
 from fedshift.core.context import InputPipeline, Normalize
-from fedshift.core.contract import ContractError
+from fedshift.core.contract_errors import ContractError
 from fedshift.core.errors import ConfigError
 from fedshift.core.seeding import seed_global
 from fedshift.core.tasks import Task, make_task
@@ -202,7 +202,7 @@ def check_model_output(model: object, fed: Federation, device: torch.device, nam
     :class:`FedModel` whose output for a batch of the dataset's images is one score per class
     (``(N, classes)``; ``(N, classes, H, W)`` for segmentation): checked on two blank images
     in eval mode, with the random generators and the model's statistics left as they were,
-    before anything trains. A :class:`~fedshift.core.contract.ContractError` names both
+    before anything trains. A :class:`~fedshift.core.contract_errors.ContractError` names both
     shapes (a wrong width was a shape error deep in the loss, or silently wrong scores)."""
     shape = tuple(fed.input_shape)
     k = fed.num_classes

@@ -19,22 +19,21 @@ The loop calls its hooks, in their list order, at these points of a run:
 ``close()``                           the run stops, finished or not (only hooks that opened)
 ====================================  ===========================================================
 
-Every run's hooks, in order (:meth:`fedshift.runtime.loop.RoundLoop.hooks_for`):
-``metrics.jsonl`` (:class:`~fedshift.runtime.results.MetricsFile`), ``selected.pt``
+Every run's hooks, in order (:func:`fedshift.runtime.lifecycle.run_hooks`):
+``metrics.jsonl`` (:class:`~fedshift.runtime.rundir.results.MetricsFile`), ``selected.pt``
 (:class:`ModelSelection`), the trackers (``metrics.csv`` and the config key ``track``'s:
-:mod:`fedshift.runtime.tracking`), the round line and progress bar (:class:`ProgressLine`),
-``summary.json`` / ``ledger.json`` / ``convergence.png``
-(:class:`~fedshift.runtime.results.ResultFiles`), any the caller adds
-(``RoundLoop(hooks=...)``: a bench cell's progress report), and last checkpoint timing
-(:class:`Checkpoints`), so every hook has seen a round before the checkpoint that holds it
-is written. A hook never changes a run's numbers: it reads the loop's state and writes
-files.
+:mod:`fedshift.runtime.tracking.registry`), the round line and progress bar
+(:class:`ProgressLine`), ``summary.json`` / ``ledger.json`` / ``convergence.png``
+(:class:`~fedshift.runtime.rundir.results.ResultFiles`) and any the caller adds
+(``RoundLoop(hooks=...)``: a bench cell's progress report). ``checkpoint.pt`` is not a hook's:
+the loop writes it after every hook has seen the round it makes durable
+(:mod:`fedshift.runtime.checkpointing`). A hook never changes a run's numbers: it reads the
+loop's state and writes files.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from fedshift.eval.summary import select_round
-from fedshift.runtime.checkpoint_io import SELECTED, config_digest
+from fedshift.runtime.rundir.checkpoint_io import SELECTED, config_digest
 
 if TYPE_CHECKING:
     from fedshift.eval.summary import RunRecord
     from fedshift.runtime.loop import RoundLoop
 
 __all__ = [
-    "Checkpoints",
     "Hook",
     "Hooks",
     "ModelSelection",
@@ -224,7 +222,7 @@ class ModelSelection(Hook):
         # whose state this is: a selected.pt copied from another run is refused
         state["run_key"] = run.identity.key
         state["config_digest"] = config_digest(run.cfg.to_dict())
-        run.atomic_save(state, SELECTED)
+        run.checkpoints.write(state, SELECTED)
 
 
 class ProgressLine(Hook):
@@ -258,27 +256,3 @@ class ProgressLine(Hook):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-class Checkpoints(Hook):
-    """When ``checkpoint.pt`` is written: every ``checkpoint.every`` rounds or
-    ``checkpoint.minutes`` minutes, whichever comes first, and at the last round (the write
-    itself, and the one after a signal, are the loop's:
-    :meth:`~fedshift.runtime.loop.RoundLoop.save_checkpoint`)."""
-
-    def __init__(self, run: RoundLoop) -> None:
-        self.run = run
-        self._last_save = time.monotonic()
-
-    def log_round(self, record: RoundRecord) -> None:
-        if self.due(record.round):
-            self.run.save_checkpoint()
-
-    def due(self, rnd: int) -> bool:
-        ck, rounds = self.run.cfg.checkpoint, self.run.cfg.train.rounds
-        if rnd == rounds or self.run.stop is not None or (ck.every and rnd % ck.every == 0):
-            return True
-        return bool(ck.minutes) and time.monotonic() - self._last_save >= 60 * ck.minutes
-
-    def checkpointed(self, rnd: int) -> None:
-        self._last_save = time.monotonic()

@@ -15,64 +15,42 @@ round 0, when an augment needs one) every round up to ``train.rounds``:
 
 Every payload passes the :class:`~fedshift.core.payload.Ledger`. Randomness is derived from
 (seed, purpose, round, client) (:mod:`fedshift.core.seeding`), so a resumed, or extended, run
-ends with exactly the numbers of an uninterrupted one: the loop also owns the run's state
-(:meth:`RoundLoop.state_dict`, written atomically to ``checkpoint.pt`` by
-:meth:`RoundLoop.save_checkpoint`, read back by :meth:`RoundLoop.load_checkpoint`,
-:mod:`fedshift.runtime.checkpoint_io`) and SIGINT / SIGTERM (Ctrl-C): the round in progress
-is rolled back to its start and the state of the last whole round is written, then
+ends with exactly the numbers of an uninterrupted one. The loop owns the run's state
+(:meth:`RoundLoop.state_dict`, ``checkpoint.pt``: written when
+:class:`~fedshift.runtime.checkpointing.Checkpointing` says, after the round's hooks) and
+SIGINT / SIGTERM: the round in progress is rolled back and the last whole round saved, then
 :class:`~fedshift.runtime.stopping.RunSignal` propagates (the CLI exits 130 / 143).
-
-Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`, called at run start,
-resume, evaluation, round end, checkpoint, run end): ``metrics.jsonl``, model selection
-(``selected.pt``), the trackers, the round line and progress bar, checkpoint timing,
-``summary.json`` (from the loop's :class:`~fedshift.eval.summary.RunRecord`); logs: ``run.log``.
-With ``federation.secure_aggregation`` the algorithm aggregates replies' secure sum only
-(:mod:`fedshift.runtime.secagg`: the transport masks them).
+Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`; every run's:
+:func:`~fedshift.runtime.lifecycle.run_hooks`). With ``federation.secure_aggregation`` the
+algorithm aggregates the replies' secure sum only (:mod:`fedshift.runtime.secagg`).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fedshift.core.config import RunConfig, dump_config
-from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.core.files import check_folder
-from fedshift.core.logs import run_log, showing_console
+from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Ledger, Payload
-from fedshift.core.seeding import generator, rng_state, set_rng_state
+from fedshift.core.seeding import generator, rng_state
 from fedshift.eval.early_stop import Stop, stop_of
-from fedshift.eval.summary import RunRecord
-from fedshift.runtime import track, tracking
-from fedshift.runtime.checkpoint_io import (
-    CHECKPOINT,
-    read_run_state,
-    write_checkpoint,
-    write_failed,
-)
+from fedshift.runtime.checkpointing import Checkpointing, restore
 from fedshift.runtime.client import check_reply
 from fedshift.runtime.experiment import start_experiment
-from fedshift.runtime.hooks import (
-    Checkpoints,
-    Hook,
-    Hooks,
-    ModelSelection,
-    ProgressLine,
-    RoundRecord,
-)
-from fedshift.runtime.results import MetricsFile, ResultFiles, RunResult
-from fedshift.runtime.rundir import hold_run
+from fedshift.runtime.hooks import Hook, Hooks, RoundRecord
+from fedshift.runtime.lifecycle import run_to_end
+from fedshift.runtime.rundir.results import RunResult
 from fedshift.runtime.secagg import SecureAggregation
-from fedshift.runtime.stopping import Caught, RunInterrupted, RunSignal, SignalGate
+from fedshift.runtime.stopping import RunInterrupted, SignalGate
+from fedshift.runtime.tracking import registry as tracking
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
 
 log = logging.getLogger("fedshift.runtime")
@@ -108,7 +86,7 @@ def sample_clients(ids: list[str], fraction: float, seed: int, rnd: int) -> list
 
 class RoundLoop:
     """One run over a :class:`~fedshift.runtime.transport.Transport` (module docstring);
-    ``hooks``: called after the run's own (:meth:`hooks_for`)."""
+    ``hooks``: called after the run's own (:func:`~fedshift.runtime.lifecycle.run_hooks`)."""
 
     def __init__(
         self,
@@ -138,10 +116,11 @@ class RoundLoop:
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
         self.gate = self.options.gate or SignalGate()  # SIGINT / SIGTERM: a clean stop
-        self._t0 = time.perf_counter()  # since when the run's wall_s has not been counted
+        self.checkpoints = Checkpointing(self.run_dir, self.gate, self.identity)
+        self.t0 = time.perf_counter()  # since when the run's wall_s has not been counted
         self.provenance: dict | None = None  # summary.json's "provenance" (set by run)
         self.extra_hooks = list(hooks)
-        self.hooks = Hooks([])  # the run's hooks, made when it starts (hooks_for)
+        self.hooks = Hooks([])  # the run's hooks, made when it starts (run_hooks)
         self.stop: Stop | None = None  # where train.patience stopped the run
 
     @property
@@ -275,182 +254,39 @@ class RoundLoop:
             **self.hooks.state_dict(),
         }
 
-    def atomic_save(self, obj: dict, name: str) -> None:
-        """Write ``obj`` to ``name`` in the run directory with SIGINT / SIGTERM held off."""
-        with self.gate.held():
-            try:
-                write_checkpoint(obj, self.run_dir / name)
-            except OSError as e:  # disk full, read-only: the previous file is intact
-                raise write_failed(e, self.run_dir, name, self.identity.checkpointed) from None
-            if name == CHECKPOINT:  # still held off: the hooks log the rounds it made durable
-                self.identity.checkpointed = self.last_round
-                self.hooks.checkpointed(self.last_round)
-
     def save_checkpoint(self) -> None:
-        """``checkpoint.pt``: the state of the last whole round (when: the
-        :class:`~fedshift.runtime.hooks.Checkpoints` hook, and after a signal)."""
-        self._clock()
-        self.atomic_save(self.state_dict(), CHECKPOINT)
-        log.info("checkpoint: round %d saved", self.last_round)
+        """``checkpoint.pt``: the state of the last whole round (when
+        :class:`~fedshift.runtime.checkpointing.Checkpointing` says, and after a signal)."""
+        self.clock()
+        self.checkpoints.save(self.state_dict(), self.hooks)
 
-    def _clock(self) -> None:
+    def clock(self) -> None:
         """Count the time since the last count into the run's ``wall_s``."""
         now = time.perf_counter()
-        self.wall_before += now - self._t0
-        self._t0 = now
+        self.wall_before += now - self.t0
+        self.t0 = now
 
     def load_checkpoint(self) -> dict:
-        """Load ``checkpoint.pt``: the run continues after its round (returns its dict)."""
-        like = (self.server, self.transport.state_dict())  # its keys, shapes, dtypes to match
-        ck = read_run_state(self.run_dir, CHECKPOINT, map_location=self.device, like=like)
-        self.last_round = int(ck["round"])
-        self.server = ck["server"]
-        self.transport.load_state_dict(ck["clients"])
-        self.ledger.load_state_dict(ck["ledger"])
-        self.records = ck["records"]
-        self.wall_before = float(ck["wall_s"])
-        set_rng_state(ck["rng"])
-        self.identity.key = ck.get("run_key") or self.identity.key
-        self.setup_complete = True  # checkpoints are written after the setup exchange
-        self.identity.resume_from = self.last_round
-        self.identity.checkpointed = self.last_round
-        self.identity.worked = self._worked_until(self.last_round)
-        return ck
-
-    def _worked_until(self, rnd: int) -> set[str]:
-        """The clients whose state changed in rounds 0..``rnd`` (set-up, or sampled)."""
-        took_part = self.algo.needs_setup and self.setup_complete  # every client, round 0
-        worked = set(self.fed.client_names) if took_part else set()
-        for r in range(1, rnd + 1):
-            worked.update(self.sample(r))
-        return worked
+        """Load ``checkpoint.pt``: the run continues after its round (returns its dict;
+        :func:`fedshift.runtime.checkpointing.restore`)."""
+        return restore(self)
 
     # ------------------------------------------------------------------ the loop
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
     ) -> RunResult:
         """Run to ``train.rounds`` (or its early stop). ``resume``: continue from
-        ``checkpoint.pt`` (no checkpoint, killed during set-up: it starts again); ``rounds``:
-        with ``resume``, extend to that many rounds (it ends as a run of ``rounds`` from the
-        start); ``stop_after``: stop with :class:`RunInterrupted` after that round (tests).
-        The run directory is locked for the call (:mod:`fedshift.runtime.rundir`), its log
-        records go to ``run.log`` (:mod:`fedshift.core.logs`)."""
-        shown = self.options.round_log and not self.progress
-        console = showing_console() if shown else nullcontext()
-        with hold_run(self.run_dir), run_log(self.run_dir), console:
-            try:
-                return self._run(resume, stop_after, rounds)
-            except Exception as e:  # the caller reports it: into run.log only
-                log.error("stopped: %s", e, extra={"console": False})
-                raise
+        ``checkpoint.pt`` (none, killed during set-up: it starts again); ``rounds``: with
+        ``resume``, extend to that many rounds (it ends as a run of ``rounds`` from the start);
+        ``stop_after``: stop with :class:`RunInterrupted` after that round (tests). What a run
+        does around its rounds: :func:`fedshift.runtime.lifecycle.run_to_end`."""
+        return run_to_end(self, resume, stop_after, rounds)
 
-    def _run(self, resume: bool, stop_after: int | None, rounds: int | None) -> RunResult:
-        check_folder(self.run_dir)  # hold_run refused a link; a link planted inside too
-        resumed = resume and (self.run_dir / CHECKPOINT).is_file()
-        # on the terminal where a console shows it (the Flower ServerApp prints its own)
-        shown = not self.options.round_log
-        log.info("run directory %s", self.run_dir.resolve(), extra={"console": shown})
-        ck = self.load_checkpoint() if resumed else None
-        if rounds is not None:
-            self._extend(rounds, resumed)
-        if not resumed:
-            dump_config(self.cfg, self.run_dir / "config.yaml")
-        self.provenance = track.provenance(track.utc_now(), self.last_round if resumed else None)
-        log.info("%s", track.describe_start(self, resumed))
-        self._t0 = time.perf_counter()
-        self.hooks = Hooks(self.hooks_for())
-        if ck is not None:
-            self.hooks.resume(ck)
-        try:
-            with self.gate.installed():
-                self.gate.poll()
-                if not resumed and self.algo.needs_setup:
-                    self.setup_exchange()
-                self.hooks.open(self.last_round, self.records, resumed)
-                self._rounds(stop_after)
-            self._clock()
-            record = self.run_record()
-            self.hooks.end(record)
-        except Caught as caught:
-            saved = self._save_interrupted()
-            stop = RunSignal(caught.signum, self.run_dir, saved, self.options.resume_hint)
-            log.info("stopped by %s", stop)
-            raise stop from None
-        finally:
-            self.hooks.close()
-        log.info("%s", track.describe_end(record.summary))
-        return RunResult(self.run_dir, record.summary)
-
-    def hooks_for(self) -> list[Hook]:
-        """The run's hooks, in the order they are called (:mod:`fedshift.runtime.hooks`)."""
-        cfg = self.cfg
-        console = self.options.round_log and not self.progress
-        metric = self.task.primary.name
-        return [
-            MetricsFile(self.run_dir),
-            ModelSelection(self),
-            *tracking.trackers(self.run_dir, cfg.track, cfg.to_dict()),
-            ProgressLine(self.label, cfg.train.rounds, metric, self.progress, console),
-            ResultFiles(),
-            *self.extra_hooks,
-            Checkpoints(self),  # last: every hook has seen the round it makes durable
-        ]
-
-    def run_record(self) -> RunRecord:
-        """The finished run, typed: what ``summary.json`` is written from."""
-        info = self.transport.info()
-        if info is not None:
-            info = {**info, "device": str(self.device), **self.exp.placement}
-        end = None if self.provenance is None else {**self.provenance, "end": track.utc_now()}
-        return RunRecord(
-            config=self.cfg,
-            run_dir=self.run_dir,
-            label=self.label,
-            task=self.task,
-            kinds=list(self.kinds),
-            clients=self.fed.client_names,
-            implied=list(self.implied),
-            dh=self.fed.info.get("dh"),
-            weighting=self.algo.algorithm.weighting,
-            model_params=sum(p.numel() for p in self.model.parameters()),
-            model_bytes=sum(t.numel() * t.element_size() for t in self.model.state_dict().values()),
-            records=self.records,
-            ledger=self.ledger,
-            wall_s=self.wall_before,
-            runtime=info,
-            provenance=end,
-            domain_mix=self.fed.info.get("domain_mix"),
-            stopped_at=self.last_round,
-            stop=self.stop,
-            **self.exp.record_extras(self.server, self.last_round),
-        )
-
-    def _extend(self, rounds: int, resumed: bool) -> None:
-        if rounds < self.last_round:
-            raise ConfigError(
-                f"train.rounds={rounds}: the run in {self.run_dir} already trained "
-                f"{self.last_round} rounds; a run can be extended, not shortened"
-            )
-        algo = self.algo.algorithm
-        if rounds != self.cfg.train.rounds and algo.depends_on_rounds:
-            raise ConfigError(
-                f"train.rounds={rounds}: {self.cfg.algorithm.name}'s local work depends on "
-                f"the run's total rounds ({self.cfg.train.rounds}: a ramp-up schedule), so the "
-                "extended run would not equal a run of that many rounds from the start; "
-                "start a new run instead"
-            )
-        self.cfg = dataclasses.replace(
-            self.cfg, train=dataclasses.replace(self.cfg.train, rounds=rounds)
-        )
-        every = self.cfg.eval.every
-        # the old last round was evaluated because it was last: a run of ``rounds`` from the
-        # start does not evaluate it, so neither may its extension select it
-        self.records = [r for r in self.records if r["round"] % every == 0 or r["round"] == rounds]
-        dump_config(self.cfg, self.run_dir / "config.yaml")
-
-    def _rounds(self, stop_after: int | None) -> None:
+    def train_rounds(self, stop_after: int | None) -> None:
+        """The rounds after ``last_round`` up to ``train.rounds`` or the early stop, each
+        handed to the hooks, then checkpointed when due; ``stop_after``: as :meth:`run`'s."""
         rounds, every = self.cfg.train.rounds, self.cfg.eval.every
-        self._t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         self.stop = self._early_stop()  # a resumed run that had stopped trains no further
         last = rounds if self.stop is None else self.last_round
         for rnd in range(self.last_round + 1, last + 1):
@@ -466,6 +302,8 @@ class RoundLoop:
             self.stop = self._early_stop() if rows is not None else None
             ledger_rows = self.ledger.rows[mark:]  # the round's own
             self.hooks.log_round(RoundRecord.of(rnd, train_metrics, rows, ledger_rows, self.kinds))
+            if self.checkpoints.due(rnd, self.cfg, self.stop is not None):  # after every hook
+                self.save_checkpoint()
             if self.stop is not None:
                 log.info("%s", self.stop.describe(self.task.primary.name))
                 return
@@ -484,7 +322,7 @@ class RoundLoop:
             self.records.extend(rows)
             self.hooks.evaluated(rnd, rows)
 
-    def _save_interrupted(self) -> int | None:
+    def save_interrupted(self) -> int | None:
         """After a signal: undo the round in progress and save the last whole round. A
         signal during the setup exchange leaves nothing to save: a half-done exchange
         (statistics sent but not yet received back) must not be checkpointed."""

@@ -33,7 +33,7 @@ from fedshift.catalog import resolve
 from fedshift.core.errors import FedshiftError
 from fedshift.core.lifeline import die_with_parent
 from fedshift.runtime.hooks import Hook, RoundRecord
-from fedshift.runtime.rundir import LOCK_FILE, clear_run_dir, hold_run, lock_holder
+from fedshift.runtime.rundir.ownership import LOCK_FILE, clear_run_dir, hold_run, lock_holder
 from fedshift.runtime.simulation import Simulation, make_transport
 from fedshift.runtime.stopping import RunSignal
 

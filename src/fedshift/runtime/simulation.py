@@ -4,7 +4,7 @@ worker processes, ``run.workers``), and the entry points ``run_experiment`` /
 
 :class:`Simulation` is :class:`~fedshift.runtime.loop.RoundLoop` with every client in this
 process (:class:`~fedshift.runtime.native.InProcessTransport`) or in worker processes
-(:class:`~fedshift.runtime.pool.PoolTransport`, chosen by :func:`make_transport`); it
+(:class:`~fedshift.runtime.pool.transport.PoolTransport`, chosen by :func:`make_transport`); it
 exposes the clients' state as ``states`` for protocols, figures and tests that look inside a
 run. Every process computing for a run uses ``run.threads`` torch threads.
 
@@ -33,15 +33,15 @@ from fedshift.core.identity import NOT_SET, config_diff, without_later_defaults
 from fedshift.core.seeding import set_rng_state
 from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
-from fedshift.runtime.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
 from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import Hook
 from fedshift.runtime.loop import LoopOptions, RoundLoop
 from fedshift.runtime.native import InProcessTransport
-from fedshift.runtime.pool import PoolTransport, WorkerPool
-from fedshift.runtime.results import RunResult, new_run_dir
-from fedshift.runtime.saved import SavedRun, read_selected
+from fedshift.runtime.pool.transport import PoolTransport, WorkerPool
+from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
+from fedshift.runtime.rundir.results import RunResult, new_run_dir
+from fedshift.runtime.rundir.saved import SavedRun, read_selected
 from fedshift.runtime.stopping import RunInterrupted, RunSignal
 from fedshift.runtime.transport import RunIdentity, held_client_state
 from fedshift.runtime.vmap import VmapTransport
@@ -75,7 +75,7 @@ RESUME_FREE = ("name", "out", "checkpoint.every", "checkpoint.minutes", "run.wor
 
 class Simulation(RoundLoop):
     """One run on this machine (see the module docstring): every client in this process, or
-    in the worker processes of a :class:`~fedshift.runtime.pool.PoolTransport` given as
+    in the worker processes of a :class:`~fedshift.runtime.pool.transport.PoolTransport` given as
     ``transport``. Building and running happen with torch limited to ``run.threads``
     threads (the caller's setting is restored after each)."""
 
@@ -165,8 +165,8 @@ def run_experiment(
     Without ``run_dir``, a new directory is claimed (:func:`new_run_dir`), and removed again
     if the run cannot even be built (it is still empty then). ``workers`` (default: the
     config's ``run.workers``) runs the clients in that many processes; ``pool``: in a
-    running :class:`~fedshift.runtime.pool.WorkerPool` (left running). Results do not depend
-    on either (at the same ``run.threads``)."""
+    running :class:`~fedshift.runtime.pool.transport.WorkerPool` (left running). Results do not
+    depend on either (at the same ``run.threads``)."""
     claimed = run_dir is None
     run_dir = run_dir or new_run_dir(cfg, out)
     transport = make_transport(cfg, federation, workers, pool)
@@ -296,7 +296,7 @@ def load_finished(
     client's state at the round ``weights`` names, ``selected`` (the round model selection
     picked on validation, the one the run's tables report: default) or ``last``. The state
     is read without running code and ``selected.pt`` is checked to be this run's
-    (:mod:`fedshift.runtime.checkpoint_io`)."""
+    (:mod:`fedshift.runtime.rundir.checkpoint_io`)."""
     if weights not in WEIGHTS:
         raise ConfigError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     run_dir = Path(run_dir)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedshift.core.errors import FedshiftError
-from fedshift.runtime.checkpoint_io import CHECKPOINT
+from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT
 
 __all__ = ["Caught", "RunInterrupted", "RunSignal", "SignalGate"]
 

@@ -32,8 +32,8 @@ messages and brings back replies:
 Four implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
 process, one after another), :class:`fedshift.runtime.vmap.VmapTransport` (the same, a
 round's clients trained together: ``run.executor=vmap``),
-:class:`fedshift.runtime.pool.PoolTransport` (clients in long-lived worker processes of this
-machine, ``run.workers``) and
+:class:`fedshift.runtime.pool.transport.PoolTransport` (clients in long-lived worker processes of
+this machine, ``run.workers``) and
 :class:`fedshift.flower.transport.GridTransport` (clients behind Flower SuperNodes, in
 simulation or deployed).
 """

@@ -5,7 +5,7 @@ its statement and numbers, the suite on the paper's data, the offline stand-in (
 command, the ``results/`` folders its runs are committed in), the metric the paper uses and
 the comparisons that test it. :func:`evaluate` reads those files and the runs under
 ``results/`` (each run: ``config.yaml``, ``summary.json``, ``metrics.jsonl``) and gives every
-claim its numbers and a verdict by :mod:`fedshift.eval.rubric`; :mod:`fedshift.eval.ledger`
+claim its numbers and a verdict by :mod:`fedshift.claims.rubric`; :mod:`fedshift.claims.ledger`
 writes docs/CLAIMS.md and the per-paper pages from the result. Nothing here runs a model.
 
 A claim's ``kind``: ``claim`` (counted: a verdict by the rubric), ``design`` (a test of
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from fedshift.eval import rubric
-from fedshift.eval.claim_metrics import (
+from fedshift.claims import rubric
+from fedshift.claims.commits import run_commit
+from fedshift.claims.metrics import (
     CURVE_METRICS,
     METRIC_WORDS,
     METRICS,
@@ -36,8 +37,8 @@ from fedshift.eval.claim_metrics import (
     metric_value,
     metric_words,
 )
-from fedshift.eval.claim_scope import expand_scope, uncompared
-from fedshift.eval.claim_spec import (
+from fedshift.claims.scope import expand_scope, uncompared
+from fedshift.claims.spec import (
     ClaimsError,
     ClaimSpec,
     CompareSpec,
@@ -45,7 +46,6 @@ from fedshift.eval.claim_spec import (
     Selector,
     load_paper,
 )
-from fedshift.eval.commits import run_commit
 from fedshift.eval.summary import check_scores, read_metric_rows
 
 __all__ = [
@@ -94,7 +94,7 @@ class ResultRun:
 
     @property
     def convergence(self) -> rubric.Convergence:
-        """Whether the run had converged (:func:`fedshift.eval.rubric.convergence`: its
+        """Whether the run had converged (:func:`fedshift.claims.rubric.convergence`: its
         selected round, its validation curve's end, or early stopping)."""
         if self._convergence is None:
             s = self.summary
@@ -382,7 +382,7 @@ def evaluate(
     missing_commits: Callable[[Iterable[str]], set[str]] | None = None,
 ) -> list[PaperResult]:
     """Every paper's claims with their numbers and verdicts (:class:`ClaimsError` on a claims
-    file that does not fit the results); ``missing_commits`` (:func:`fedshift.eval.commits.
+    file that does not fit the results); ``missing_commits`` (:func:`fedshift.claims.commits.
     commit_checker`): which of the runs' commits the repository does not hold, flagged on
     the claims that hold such runs (None: nothing is said of commits)."""
     results = Results(results_root)

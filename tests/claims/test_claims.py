@@ -14,10 +14,10 @@ import yaml
 from conftest import ROOT
 from scipy import stats
 
-from fedshift.eval import rubric
-from fedshift.eval.claim_spec import ClaimsError, Selector, load_paper
-from fedshift.eval.claims import evaluate, load_papers
-from fedshift.eval.ledger import render
+from fedshift.claims import rubric
+from fedshift.claims.evaluate import evaluate, load_papers
+from fedshift.claims.ledger import render
+from fedshift.claims.spec import ClaimsError, Selector, load_paper
 
 
 # ------------------------------------------------------------------------------- rubric
@@ -342,7 +342,7 @@ def test_results_made_by_another_command_name_it_and_the_machine(tmp_path):
 def test_machine_text_names_every_commit_the_runs_recorded():
     """Runs collected from several commits (a resumed suite) list each one, abbreviated, as
     collect records them; one commit stays one."""
-    from fedshift.eval.ledger import machine_text
+    from fedshift.claims.ledger import machine_text
 
     machine = {"cores": 2, "cpu": "Test CPU", "torch": "2.x"}
     one = machine_text({"machine": machine, "commit": "a" * 40})
@@ -355,8 +355,8 @@ def test_source_names_the_machines_the_runs_recorded(tmp_path):
     """collect's source.json takes the machine from the runs' provenance (not the machine
     collecting), and a suite whose cells ran on two machines (resumed elsewhere through
     results/_incomplete) names both, as the ledger then prints."""
-    from fedshift.eval.collect import collect_suite
-    from fedshift.eval.ledger import machine_text
+    from fedshift.claims.collect import collect_suite
+    from fedshift.claims.ledger import machine_text
 
     a = {"cores": 2, "cpu": "CPU A", "capability": "AVX512", "gpu": None, "torch": "2.x"}
     b = {**a, "cpu": "CPU B"}
@@ -382,8 +382,8 @@ def test_source_names_the_machines_the_runs_recorded(tmp_path):
 def test_results_table_names_a_later_option_only_where_a_run_turns_it_on(tmp_path):
     """FedWon's model keys are off by default on every other run: the results page labels
     the FedWon rows with them and the FedAvg rows without them (not ``model.conv=plain``)."""
-    from fedshift.eval.claims import ResultRun
-    from fedshift.eval.ledger import results_table
+    from fedshift.claims.evaluate import ResultRun
+    from fedshift.claims.ledger import results_table
 
     off = {"model": {"name": "cnn", "norm": "keep", "conv": "plain"}, "train": {"agc": None}}
     on = {"model": {"name": "cnn", "norm": "none", "conv": "ws"}, "train": {"agc": 1.28}}
@@ -402,8 +402,8 @@ def test_results_table_names_a_later_option_only_where_a_run_turns_it_on(tmp_pat
 def test_results_table_labels_floats_short_unless_two_rows_would_read_alike(tmp_path):
     """A float key reads with 6 significant digits (``lr=0.333333``, not 16 digits); when
     two groups differ only past the 6th digit, both labels keep the exact values."""
-    from fedshift.eval.claims import ResultRun
-    from fedshift.eval.ledger import results_table
+    from fedshift.claims.evaluate import ResultRun
+    from fedshift.claims.ledger import results_table
 
     def labels(lrs, sub):
         runs = []
@@ -429,8 +429,8 @@ def test_results_table_has_a_column_per_domain_when_domains_are_dealt_to_several
     with a domain dealt to several clients the columns are the training domains, each the
     mean over the clients holding mostly that domain (by hand below), the held-out site in
     the held-out column only; one client per domain keeps its client columns."""
-    from fedshift.eval.claims import ResultRun
-    from fedshift.eval.ledger import results_table
+    from fedshift.claims.evaluate import ResultRun
+    from fedshift.claims.ledger import results_table
 
     def table(sub: str, per_client: dict, mix: dict, holdout: list) -> list[str]:
         runs = []
@@ -468,7 +468,7 @@ def test_results_table_has_a_column_per_domain_when_domains_are_dealt_to_several
 def test_the_committed_ledger_is_what_results_give():
     """docs/CLAIMS.md, the per-paper pages and docs/results/*.md are generated: regenerate
     them with `fedshift claims` after changing claims/ or results/."""
-    from fedshift.eval.commits import commit_checker
+    from fedshift.claims.commits import commit_checker
 
     if commit_checker(ROOT) is None:  # the pages flag runs at commits the history lacks
         pytest.skip("needs the repository's git history (not a shallow clone) to regenerate")
@@ -499,7 +499,7 @@ def test_every_file_a_claim_names_exists():
 
 
 def test_per_domain_metrics_group_clients_by_their_main_domain(tmp_path):
-    from fedshift.eval.claims import ResultRun, metric_value
+    from fedshift.claims.evaluate import ResultRun, metric_value
 
     summary = {
         "test_per_client": {"c0": 0.9, "c1": 0.7, "c2": 0.4, "t": 0.1},
@@ -516,7 +516,7 @@ def test_per_domain_metrics_group_clients_by_their_main_domain(tmp_path):
 
 
 def test_new_site_metric_reads_the_protocols_score_of_that_run(tmp_path):
-    from fedshift.eval.claims import ResultRun, metric_value
+    from fedshift.claims.evaluate import ResultRun, metric_value
 
     proto = tmp_path / "protocols" / "ns"
     proto.mkdir(parents=True)
@@ -562,8 +562,8 @@ def test_a_score_out_of_range_is_refused_not_judged(tmp_path, field, value):
 
 
 def test_metric_rows_out_of_range_are_refused_by_the_ledger(tmp_path):
+    from fedshift.claims.evaluate import Results
     from fedshift.core.errors import FedshiftError
-    from fedshift.eval.claims import Results
 
     results = _tree(tmp_path, [0.04])
     path = results / "suite" / "rdn-s0" / "metrics.jsonl"
@@ -733,7 +733,7 @@ def test_protocol_outputs_record_their_commit_and_collect_keeps_it(tmp_path):
     """A protocol's JSON records its provenance (the fedshift commit, the command); collect
     writes that commit into source.json, and an output that records none gets commit null
     with a note, never a guessed commit."""
-    from fedshift.eval.collect import UNKNOWN_COMMIT, collect_protocol
+    from fedshift.claims.collect import UNKNOWN_COMMIT, collect_protocol
     from fedshift.protocols.common import save_outputs
 
     out = tmp_path / "out"

@@ -70,7 +70,7 @@ VERDICTS: tuple[str, ...] = (
 )
 
 RUBRIC = f"""\
-**The rubric** (one rule for every counted claim; `src/fedshift/eval/rubric.py`). A claim is
+**The rubric** (one rule for every counted claim; `src/fedshift/claims/rubric.py`). A claim is
 a set of comparisons between two groups of runs, `a` and `b`, on the metric the paper uses,
 paired by seed (d = a - b per seed; n seeds that both have). Each comparison expects
 `a > b`, `a < b`, or `a = b` within a stated margin m (default {100 * DEFAULT_MARGIN:g} point).

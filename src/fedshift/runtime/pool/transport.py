@@ -5,7 +5,7 @@ whose clients live in the processes of a :class:`WorkerPool` (``multiprocessing`
 context). It follows the Flower path's design (:mod:`fedshift.flower.node`): each worker
 builds the experiment itself from the resolved config (the same seeded initial model,
 algorithm, augments, input pipeline), loads the federation itself and keeps its clients'
-data and state between rounds (:mod:`fedshift.runtime.pool_worker`). Only messages cross the
+data and state between rounds (:mod:`fedshift.runtime.pool.worker`). Only messages cross the
 process boundary: the broadcast payloads and the replies, the evaluation requests (global
 weights, server views, held-out clients' records) and the scores, the setup records, and the
 client states at checkpoints and on resume.
@@ -57,7 +57,7 @@ from fedshift.core.seeding import set_rng_state
 from fedshift.data import run_federation
 from fedshift.data.base import Federation
 from fedshift.runtime.experiment import Experiment
-from fedshift.runtime.pool_worker import dumps, recv, send, worker_main
+from fedshift.runtime.pool.worker import dumps, recv, send, worker_main
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
 
 __all__ = ["PoolTransport", "WorkerPool", "assign"]

@@ -1,7 +1,7 @@
 """``fedshift data check``: the shift report of a federation, from config to files.
 
 :func:`check` loads a config's dataset (the loaders' own checks run first), builds the fixed
-model of the ``features`` axis, measures the sites (:func:`fedshift.eval.shift.measure`) and
+model of the ``features`` axis, measures the sites (:func:`fedshift.shift.measure.measure`) and
 writes, atomically, into one folder:
 
 * ``report.md``: the tables and the recommendation (also printed);
@@ -36,9 +36,9 @@ from fedshift.core.context import Normalize
 from fedshift.core.files import atomic_output, write_text_atomic
 from fedshift.core.seeding import seed_global
 from fedshift.data import load_dataset
-from fedshift.eval.data_files import files_meta, render_files
-from fedshift.eval.shift import AXES, FeatureProbe, Measurement, measure, spectral_centroid
 from fedshift.models import build_model
+from fedshift.shift.files import files_meta, render_files
+from fedshift.shift.measure import AXES, FeatureProbe, Measurement, measure, spectral_centroid
 
 #: effect sizes of eta^2 by Cohen's conventions (Statistical Power Analysis, 1988)
 SIZES = ((0.14, "large"), (0.06, "medium"), (0.01, "small"))
@@ -310,7 +310,7 @@ def _balance(fractions: list[float], classes: list[str]) -> str:
 def render_markdown(
     m: Measurement, rec: dict[str, Any], meta: dict[str, Any], files: dict | None = None
 ) -> str:
-    """``report.md``: sites, their files (``files``: :func:`~fedshift.eval.data_files.
+    """``report.md``: sites, their files (``files``: :func:`~fedshift.shift.files.
     files_meta`), channel statistics, scores, distances, the recommendation."""
     c, h, w = m.input_shape
     model = meta["model"]
@@ -433,18 +433,18 @@ def render_markdown(
 
 def write(out: Path, m: Measurement, data: dict[str, Any], text: str) -> None:
     """Write the report's files into ``out`` (created), each atomically."""
-    from fedshift.eval import shift_figures
+    from fedshift.shift import figures
 
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "report.md", text)
     with atomic_output(out / "shift.json") as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
-    shift_figures.montage(m, out / "montage.png")
+    figures.montage(m, out / "montage.png")
     for axis in m.axes:
-        shift_figures.axis_figure(m, axis, out / FIGURES[axis])
+        figures.axis_figure(m, axis, out / FIGURES[axis])
     mix = data["config"].get("domain_mix")
     if mix:
         lam = data["config"]["partition"].get("lam")
-        shift_figures.domain_mix_figure(
+        figures.domain_mix_figure(
             {f"lam = {lam}": mix}, out / "domains.png", f"{m.dataset}: training examples per domain"
         )

@@ -20,9 +20,9 @@ import torch
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Payload
-from fedshift.runtime.checkpoint_io import SELECTED, check_selected, read_run_state
 from fedshift.runtime.client import check_reply, train_client
 from fedshift.runtime.experiment import Experiment
+from fedshift.runtime.rundir.checkpoint_io import SELECTED, check_selected, read_run_state
 
 __all__ = ["SavedRun", "read_selected"]
 
@@ -36,9 +36,10 @@ def read_selected(
 ) -> dict:
     """``selected.pt`` of ``run_dir``, read without running code and checked to belong to
     the run whose ``checkpoint.pt`` holds ``run_key`` and whose config is ``cfg`` (a file
-    copied from another run is refused: :func:`~fedshift.runtime.checkpoint_io.check_selected`);
-    with ``like`` (the run's initial server and client state), its keys, shapes and dtypes
-    checked against them (:func:`~fedshift.runtime.checkpoint_io.check_like`)."""
+    copied from another run is refused:
+    :func:`~fedshift.runtime.rundir.checkpoint_io.check_selected`); with ``like`` (the run's
+    initial server and client state), its keys, shapes and dtypes checked against them
+    (:func:`~fedshift.runtime.rundir.checkpoint_io.check_like`)."""
     state = read_run_state(run_dir, SELECTED, map_location=device, like=like)
     check_selected(state, Path(run_dir) / SELECTED, run_key, cfg.to_dict())
     return state

@@ -1,6 +1,6 @@
 """Markdown of the claims ledger: docs/CLAIMS.md, one page per paper, and a table per
 committed results folder, all computed from ``claims/*.yaml`` and ``results/``
-(:mod:`fedshift.eval.claims`). The output depends on those files only (no dates, no absolute
+(:mod:`fedshift.claims.evaluate`). The output depends on those files only (no dates, no absolute
 paths), so regenerating it from the same files gives the same bytes."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from fedshift.eval import rubric
-from fedshift.eval.claims import (
+from fedshift.claims import rubric
+from fedshift.claims.commits import commit_checker, run_commit
+from fedshift.claims.evaluate import (
     ClaimResult,
     PaperResult,
     Results,
     fmt_p,
     metric_words,
 )
-from fedshift.eval.commits import commit_checker, run_commit
-from fedshift.eval.results_tables import GENERATED, machine_text, md_table, results_table
+from fedshift.claims.results_tables import GENERATED, machine_text, md_table, results_table
 
 __all__ = ["claims_page", "machine_text", "paper_page", "render", "results_table"]
 
@@ -279,7 +279,7 @@ def claims_page(papers: list[PaperResult], results_tables: list[str]) -> str:
         "the suite on the paper's data, the offline stand-in and its command, the metric and",
         "the comparisons, or the scope they are generated over). `fedshift claims` reads them",
         "with the committed runs under `results/` and writes this page and the per-paper",
-        "pages; `tests/eval/test_claims.py` fails when the committed pages differ from what",
+        "pages; `tests/claims/test_claims.py` fails when the committed pages differ from what",
         "the results give, and when a committed run in a claim's reach is left uncompared.",
         "The five seed papers are counted apart from the other methods' claims (federated",
         "domain generalisation, the new-site answers, the baselines). The stand-ins are",
@@ -325,9 +325,9 @@ def render(claims_dir: Path, results_root: Path, commits: bool = True) -> dict[s
     folder (``protocols`` and ``_``-prefixed folders, e.g. ``_incomplete``'s cells of suites
     still running, give none), each paper's claims page and docs/CLAIMS.md. ``commits``: flag
     the runs whose recorded commit the repository at ``claims_dir``'s parent does not hold
-    (:func:`~fedshift.eval.commits.commit_checker`; nothing is said where that repository's
+    (:func:`~fedshift.claims.commits.commit_checker`; nothing is said where that repository's
     history is not at hand: no git, a shallow clone)."""
-    from fedshift.eval.claims import evaluate
+    from fedshift.claims.evaluate import evaluate
 
     checker = commit_checker(Path(claims_dir).parent) if commits else None
     papers = evaluate(claims_dir, results_root, checker)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from fedshift.claims.spec import ClaimSpec, CompareSpec, Selector
 from fedshift.core.config import lookup
-from fedshift.eval.claim_spec import ClaimSpec, CompareSpec, Selector
 
 if TYPE_CHECKING:
-    from fedshift.eval.claims import ResultRun
+    from fedshift.claims.evaluate import ResultRun
 
 
 def _value_text(v: object) -> str:

@@ -16,13 +16,13 @@ The config key ``track`` lists the optional ones (``track=[tensorboard,wandb,mlf
   takes it). A resumed run (or one restarted from scratch) writes with ``purge_step`` at its
   first round, so the rounds logged after the checkpoint it resumes from are dropped: no
   step appears twice.
-* ``wandb/`` and ``mlflow/`` (:mod:`fedshift.runtime.track_services`: a W&B offline run, an
+* ``wandb/`` and ``mlflow/`` (:mod:`fedshift.runtime.tracking.services`: a W&B offline run, an
   MLflow run in a SQLite store): the same scalars, each round logged once the checkpoint
   that covers it is written (:meth:`Tracker.checkpointed`), since neither can drop steps.
 
 Adding a tracker: a :class:`Tracker` subclass (a :class:`~fedshift.runtime.hooks.Hook` of the
-round loop) in :data:`fedshift.runtime.tracking.TRACKERS` and its name in the ``track`` key's
-choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
+round loop) in :data:`fedshift.runtime.tracking.registry.TRACKERS` and its name in the ``track``
+key's choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
 imports it in ``open``, never at module level (``fedshift --help`` stays instant).
 
 :func:`provenance` is what produced a run: versions, the git commit of the fedshift source,

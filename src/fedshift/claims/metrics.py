@@ -1,7 +1,7 @@
 """The metrics a claim compares, each read from one committed run (its summary, metric rows,
 or a protocol's output beside it): ``test``, ``target``, curves at a round (``val_at``,
 ``test_at``) and their drops, per-domain means, cross-site, head finetuning and new-site
-scores (:data:`METRICS`; :mod:`fedshift.eval.claims` evaluates the claims with them)."""
+scores (:data:`METRICS`; :mod:`fedshift.claims.evaluate` evaluates the claims with them)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedshift.eval.claim_spec import ClaimsError
+from fedshift.claims.spec import ClaimsError
 from fedshift.eval.domains import domain_scores
 
 if TYPE_CHECKING:
-    from fedshift.eval.claims import ResultRun
+    from fedshift.claims.evaluate import ResultRun
 
 
 def curve(run: ResultRun, split: str = "val") -> dict[int, float]:
@@ -177,7 +177,7 @@ METRIC_WORDS = {
 
 
 #: metrics read at a fixed round of a curve, not at the selected round: a claim about that
-#: round, which the convergence rule does not apply to (:data:`fedshift.eval.rubric.RUBRIC`)
+#: round, which the convergence rule does not apply to (:data:`fedshift.claims.rubric.RUBRIC`)
 CURVE_METRICS = ("val_at", "val_drops", "test_at", "test_drops")
 #: metrics that are not a model's score: attacks on what a site sends (``privacy``), whose
 #: records computed from images do not depend on training and whose weights attack measures

@@ -399,7 +399,7 @@ def _batches(n: int, cap: int | None, seed: int, site: str, size: int) -> Iterat
 
 @dataclass
 class Measurement:
-    """The numbers :func:`measure` returns (rendered by :mod:`fedshift.eval.shift_report`)."""
+    """The numbers :func:`measure` returns (rendered by :mod:`fedshift.shift.report`)."""
 
     dataset: str
     task: str

@@ -1,16 +1,16 @@
 """A table per committed results folder (docs/results/<folder>.md): every run grouped by
 everything in its config but the seed, per-client (or per-domain) test scores, bytes on the
 wire, the command and machine that made it, and a flag on cells run at a fedshift commit
-the repository does not hold. Shared by the claims ledger (:mod:`fedshift.eval.ledger`)."""
+the repository does not hold. Shared by the claims ledger (:mod:`fedshift.claims.ledger`)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
 
+from fedshift.claims.commits import run_commit
+from fedshift.claims.evaluate import ResultRun, comm_numbers, unknown_commits
 from fedshift.core.identity import without_later_defaults
-from fedshift.eval.claims import ResultRun, comm_numbers, unknown_commits
-from fedshift.eval.commits import run_commit
 from fedshift.eval.domains import domain_scores, split_domains, training_domains
 
 GENERATED = (

@@ -1,7 +1,7 @@
 """A run's files: its directory name, ``metrics.jsonl`` (``metrics.csv`` and ``run.log``:
-:mod:`fedshift.runtime.track`, :mod:`fedshift.core.logs`), and at the end ``summary.json``,
-``ledger.json`` and ``convergence.png``. Result files are replaced atomically (written to a
-temporary file, then renamed), so a reader never sees half of one."""
+:mod:`fedshift.runtime.tracking.trackers`, :mod:`fedshift.core.logs`), and at the end
+``summary.json``, ``ledger.json`` and ``convergence.png``. Result files are replaced atomically
+(written to a temporary file, then renamed), so a reader never sees half of one."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import RunRecord
 from fedshift.runtime.hooks import Hook
-from fedshift.runtime.rundir import (
+from fedshift.runtime.rundir.ownership import (
     EXISTS,
     LOCK_FILE,
     RunDirExists,
@@ -41,8 +41,8 @@ class RunResult:
 def new_run_dir(cfg: RunConfig, out: str | Path | None = None, exists: str = "new") -> Path:
     """A new, empty directory ``<out>/<name>/<run_dir_name(cfg)>``, with ``-2``, ``-3``... if
     taken; created here, atomically, so two runs started together never get the same one
-    (:func:`~fedshift.runtime.rundir.claim_run_dir`, whose ``exists`` says what a taken name
-    does instead: ``error`` or ``overwrite``)."""
+    (:func:`~fedshift.runtime.rundir.ownership.claim_run_dir`, whose ``exists`` says what a taken
+    name does instead: ``error`` or ``overwrite``)."""
     root = Path(out or cfg.out) / cfg.name
     return claim_run_dir(root, run_dir_name(cfg), exists)
 
@@ -180,9 +180,9 @@ def claim_dirs(
     command: str = "fedshift run",
 ) -> list[Path]:
     """Claim every run's directory before any runs (``exists``: ``error``, ``overwrite`` or
-    ``new``, :func:`~fedshift.runtime.rundir.claim_run_dir`). With ``error``, every taken one
-    is named in one :class:`~fedshift.runtime.rundir.RunDirExists`, with how its stored
-    config differs from the new one (its advice names ``command``: ``fedshift run``,
+    ``new``, :func:`~fedshift.runtime.rundir.ownership.claim_run_dir`). With ``error``, every taken
+    one is named in one :class:`~fedshift.runtime.rundir.ownership.RunDirExists`, with how its
+    stored config differs from the new one (its advice names ``command``: ``fedshift run``,
     ``fedshift flower simulate``, ``fedshift.run``); ``overwrite`` deletes only run
     directories; ``new`` takes the next free ``-2``, ``-3``..."""
     if exists not in EXISTS:
@@ -193,7 +193,8 @@ def claim_dirs(
         raise RunDirExists([p for p, _ in taken], command, [c.to_dict() for _, c in taken])
     if exists == "overwrite":
         # only directories fedshift made, never through a symbolic link
-        # (:func:`~fedshift.runtime.rundir.check_clearable`): one that is not stops every run
+        # (:func:`~fedshift.runtime.rundir.ownership.check_clearable`): one that is not stops every
+        # run
         for p in planned:  # nothing is deleted unless every one of them may be
             if p.is_symlink() or (p.exists() and not is_empty(p)):
                 check_clearable(p)
@@ -248,7 +249,7 @@ class MetricsFile(Hook):
 class ResultFiles(Hook):
     """At the end of a run: ``summary.json`` (:attr:`RunRecord.summary
     <fedshift.eval.summary.RunRecord.summary>`; its ``provenance`` records what produced
-    the run, :func:`fedshift.runtime.track.provenance`, and is not a result),
+    the run, :func:`fedshift.runtime.tracking.trackers.provenance`, and is not a result),
     ``ledger.json`` and ``convergence.png``. ``summary.json`` is written last: its presence
     says every other result file is there (a full disk that stops the ledger or the figure
     leaves a run that resumes, never one that ``fedshift bench`` takes as finished)."""

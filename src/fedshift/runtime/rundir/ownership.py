@@ -203,7 +203,7 @@ def _parses_as_config(path: Path) -> bool:
 
 
 def _has_checkpoint_header(path: Path) -> bool:
-    from fedshift.runtime.checkpoint_io import MAGIC
+    from fedshift.runtime.rundir.checkpoint_io import MAGIC
 
     try:
         with open(path, "rb") as f:

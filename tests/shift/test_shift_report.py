@@ -19,7 +19,8 @@ from fedshift.cli import main
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.partition import degree_of_heterogeneity
-from fedshift.eval.shift import (
+from fedshift.models import build_model
+from fedshift.shift.measure import (
     FeatureProbe,
     Moments,
     amplitude_profile,
@@ -29,8 +30,7 @@ from fedshift.eval.shift import (
     separation,
     spectral_centroid,
 )
-from fedshift.eval.shift_report import recommend
-from fedshift.models import build_model
+from fedshift.shift.report import recommend
 
 SIDE = 28
 CLASSES = 4

@@ -1,7 +1,7 @@
 """Weights & Biases and MLflow trackers: ``track=[wandb]`` and ``track=[mlflow]``.
 
-Both log the scalars TensorBoard gets (:func:`~fedshift.runtime.track.round_scalars`: per
-round ``train_loss/mean`` and ``train_loss/<client>``, ``bytes/up`` and ``bytes/down``, and at
+Both log the scalars TensorBoard gets (:func:`~fedshift.runtime.tracking.trackers.round_scalars`:
+per round ``train_loss/mean`` and ``train_loss/<client>``, ``bytes/up`` and ``bytes/down``, and at
 evaluated rounds ``<kind>/<split>_<metric>/<client>`` and ``.../mean``), at step = the round,
 on this machine. Neither package is imported before a run opens its tracker (``fedshift
 --help`` stays instant); :meth:`check` only looks them up and names the fix
@@ -11,7 +11,7 @@ When a round is logged
     Once it is durable: when the checkpoint that holds it is written (every
     ``checkpoint.every`` rounds or ``checkpoint.minutes`` minutes, at the last round, and when
     SIGINT / SIGTERM stops the run), with those signals held off until the tracker is done,
-    as for the checkpoint write (:meth:`~fedshift.runtime.track.Tracker.checkpointed`).
+    as for the checkpoint write (:meth:`~fedshift.runtime.tracking.trackers.Tracker.checkpointed`).
     TensorBoard logs every round at once and, on resume, drops the rounds after the checkpoint
     with ``purge_step``; neither service can drop a logged step (MLflow metric histories are
     append-only, a W&B offline run is an append-only file per process), so these trackers
@@ -74,11 +74,11 @@ from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import ensure_dir, read_json, write_text_atomic
 from fedshift.core.searchpath import find_optional
 from fedshift.runtime.hooks import RoundRecord
-from fedshift.runtime.track import Tracker, flatten_row, round_scalars
+from fedshift.runtime.tracking.trackers import Tracker, flatten_row, round_scalars
 
 __all__ = ["DurableTracker", "MlflowTracker", "WandbTracker", "wandb_mode"]
 
-log = logging.getLogger("fedshift.runtime.track")
+log = logging.getLogger("fedshift.runtime.tracking")
 
 #: the tracker's state in its folder: backend run id, last round logged, what is missing
 STATE = "run.json"

@@ -1,6 +1,6 @@
 """The claims files (``claims/<paper>.yaml``) as typed, validated values: a paper, its
 claims, each claim's offline stand-in and the comparisons that test it (the format is
-described in claims/README.md; :mod:`fedshift.eval.claims` evaluates them)."""
+described in claims/README.md; :mod:`fedshift.claims.evaluate` evaluates them)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
+from fedshift.claims import rubric
 from fedshift.core.config import lookup
 from fedshift.core.errors import FedshiftError
-from fedshift.eval import rubric
 
 KINDS = ("claim", "design", "accounting", "qualitative")
 _CLAIM_KEYS = {
@@ -128,7 +128,7 @@ def _same(have: Any, want: Any) -> bool:
 class Scope:
     """What a claim is about, stated (``statement``: "every algorithm of the table") and
     made exact: its comparisons are templates, each generated once per value of the config
-    key ``each`` that the committed runs have (:func:`fedshift.eval.claims.expand_scope`),
+    key ``each`` that the committed runs have (:func:`fedshift.claims.scope.expand_scope`),
     so no value can be left out by hand."""
 
     each: str

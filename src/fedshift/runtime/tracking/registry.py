@@ -1,8 +1,8 @@
 """The trackers a run uses: the registry of ``track``'s names (:data:`TRACKERS`), the check
 that each can run here, and :func:`trackers`, a run's trackers (hooks of its loop).
 
-It sits above the trackers' modules (:mod:`fedshift.runtime.track`: the interface, CSV,
-TensorBoard; :mod:`fedshift.runtime.track_services`: W&B, MLflow), which import nothing of
+It sits above the trackers' modules (:mod:`fedshift.runtime.tracking.trackers`: the interface, CSV,
+TensorBoard; :mod:`fedshift.runtime.tracking.services`: W&B, MLflow), which import nothing of
 it, so no module imports one that imports it back.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fedshift.core.errors import ConfigError
-from fedshift.runtime.track import CsvTracker, TensorBoardTracker, Tracker
-from fedshift.runtime.track_services import MlflowTracker, WandbTracker
+from fedshift.runtime.tracking.services import MlflowTracker, WandbTracker
+from fedshift.runtime.tracking.trackers import CsvTracker, TensorBoardTracker, Tracker
 
 __all__ = ["TRACKERS", "check_trackers", "trackers"]
 

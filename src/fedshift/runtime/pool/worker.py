@@ -1,4 +1,4 @@
-"""The worker side of :mod:`fedshift.runtime.pool`: one long-lived process holding some
+"""The worker side of :mod:`fedshift.runtime.pool.transport`: one long-lived process holding some
 clients of a run.
 
 A worker builds the run's experiment itself from the resolved config (the same seeded

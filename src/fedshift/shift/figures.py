@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fedshift.core.files import atomic_output
-from fedshift.eval.shift import Measurement
+from fedshift.shift.measure import Measurement
 
 __all__ = ["axis_figure", "domain_mix_figure", "montage", "site_montage"]
 
