@@ -308,6 +308,7 @@ MARKS: dict[str, Mark] = {
     "apt-get update": Prose("what --apt-update runs"),
     "pip install 'fedshift[digits]'": NotRun(NETWORK),
     "pip install 'fedshift[privacy]'": NotRun(NETWORK),
+    "pip install 'fedshift[pretrained]'": NotRun(NETWORK),
     "fedshift data fetch opencv": NotRun(
         "downloads Debian's opencv-doc with apt-get; tests/data/test_digits.py runs the fetch with a "
         "stand-in apt-get"

@@ -354,7 +354,7 @@ class AmpNorm(Augment):
             mech = self.privacy.get(UP)
             amp = batch_amplitude(x) if mech is None else clipped_batch_amplitude(x, mech.clip)
             if mech is not None:
-                state["sizes"].append(int(x.shape[0]))
+                state["sizes"].append(x.shape[0])
             state["running"] = update_running(state["running"], amp, self._decay, self._init)
             state["batches"] += 1
             return rebuild(x, state["running"], self._dc_only), y

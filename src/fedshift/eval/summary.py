@@ -171,8 +171,7 @@ class RunRecord:
     stopped_at: int | None = None
     #: where ``train.patience`` stopped the run (:class:`~fedshift.eval.early_stop.Stop`)
     stop: Any = None
-    #: ``train.trainable`` other than ``all``: what trained and stayed frozen
-    #: (:meth:`fedshift.algorithms.trainable.Frozen.report`)
+    #: with ``train.trainable`` other than ``all``: what trained and stayed frozen (Frozen.report)
     trainable: dict | None = None
     #: the privacy budget and what the run spent (``privacy.epsilon``:
     #: :meth:`fedshift.runtime.privacy.Plan.summary`), or None

@@ -93,7 +93,7 @@ def stage_shapes(model: FedModel, input_shape: tuple[int, ...]) -> dict[str, tup
     as they were)."""
     shapes: dict[str, tuple[int, ...]] = {}
     was = model.training
-    x = torch.zeros(2, *input_shape)
+    x = torch.zeros(2, *input_shape, device=next(model.parameters()).device)
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             model.eval()
