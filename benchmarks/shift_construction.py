@@ -24,9 +24,9 @@ import torch
 from fedshift.catalog import resolve
 from fedshift.core.config import InputConfig, load_config
 from fedshift.core.context import Normalize
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.seeding import seed_global
 from fedshift.data import load_dataset
-from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.medical.brain_mri import render_slices, scanner_table
 from fedshift.models import build_model
 from fedshift.shift.measure import FeatureProbe, Measurement, measure, spectral_centroid

@@ -47,10 +47,10 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, TrainConfig, load_config
 from fedshift.core.context import ClientContext
 from fedshift.core.contract import AlgorithmSpec, FederatedAlgorithm, Reply, State
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator, rng_state, seed_global, set_rng_state
 from fedshift.data import load_dataset
-from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 from fedshift.runtime.rundir.checkpoint_io import state_departure

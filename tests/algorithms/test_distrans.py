@@ -30,7 +30,7 @@ from fedshift.algorithms.distrans import (
 from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.models.base import FedModel
 from fedshift.runtime.simulation import (
     Simulation,

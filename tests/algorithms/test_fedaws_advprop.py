@@ -35,8 +35,8 @@ from fedshift.algorithms.pfedhn import HyperNetwork, PFedHN, PFedHNParams
 from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Split
 from fedshift.core.seeding import generator
-from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.models.digits import SmallCNN
 from fedshift.runtime.rundir.checkpoint_io import read_checkpoint

@@ -24,9 +24,9 @@ from fedshift.augment.ampnorm import (
 from fedshift.core.config import FederationConfig, InputConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline, Normalize
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Split
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator
-from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.runtime.simulation import Simulation
 

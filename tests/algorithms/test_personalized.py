@@ -17,8 +17,8 @@ from fedshift.algorithms.pfedme import PFedMe, PFedMeParams, blend, inner_step, 
 from fedshift.core.config import FederationConfig, TrainConfig
 from fedshift.core.context import ClientContext, InputPipeline
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Split
 from fedshift.core.payload import Payload
-from fedshift.data.base import ClientData, Split
 from fedshift.models.base import FedModel
 from fedshift.runtime.simulation import (
     Simulation,

@@ -17,8 +17,8 @@ from fedshift.augment.fedrdn import (
     channel_statistics,
 )
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Split
 from fedshift.core.payload import Payload
-from fedshift.data.base import ClientData, Split
 from fedshift.data.domains.fedbn_pickles import DomainNetParams, OfficeParams, split_bounds
 from fedshift.runtime.simulation import run_experiment
 

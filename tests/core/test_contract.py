@@ -25,7 +25,7 @@ import torch
 from fedshift.algorithms import ALGORITHMS
 from fedshift.augment.compose import Composition
 from fedshift.core.contract import AlgorithmSpec, FederatedAlgorithm
-from fedshift.data.base import Federation
+from fedshift.core.federation import Federation
 from fedshift.testing import (
     ContractError,
     check_augment,

@@ -90,7 +90,7 @@ def test_dice_metrics_by_hand_including_a_skipped_empty_class():
 
 
 def test_segmentation_evaluate_reports_foreground_and_all_class_dice():
-    from fedshift.data.base import Split
+    from fedshift.core.federation import Split
 
     y = torch.tensor([[[0, 0, 1, 1]], [[0, 1, 1, 1]]])
     pred = torch.tensor([[[0, 1, 1, 1]], [[0, 1, 1, 1]]])

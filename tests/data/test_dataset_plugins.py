@@ -20,10 +20,10 @@ from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 from fedshift.core.datasets import DATASET_TASKS, TASK_FROM_PARAMS, DatasetSpec
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.federation import Federation
 from fedshift.core.federation import Federation as CoreFederation
 from fedshift.core.registry import Registry
 from fedshift.data import DATASETS, dataset_task, load_dataset
-from fedshift.data.base import Federation
 
 PLUGIN = Path(__file__).resolve().parent / "fsdataplug"
 SRC = Path(fedshift.__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from fedshift.core.errors import DataError, MissingSourceError
-from fedshift.data.base import SPLITS, Federation
+from fedshift.core.federation import SPLITS, Federation
 from fedshift.data.common import debian
 from fedshift.data.common.cache import cache_dir
 from fedshift.data.common.sampling import class_quota, split_indices

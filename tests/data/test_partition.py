@@ -11,7 +11,7 @@ import torch
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 from fedshift.core.errors import ConfigError, DataError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.domains.toy import ToyParams, load_toy
 from fedshift.data.partition import (
     apply_partition,

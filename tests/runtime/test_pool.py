@@ -23,8 +23,8 @@ from support.same_run import TINY, assert_runs_equal
 
 from fedshift.bench import config_digest, plan, run_suite
 from fedshift.core.errors import FedshiftError, TrainingError
+from fedshift.core.federation import Split
 from fedshift.data import load_dataset
-from fedshift.data.base import Split
 from fedshift.runtime.pool import transport as pool_mod
 from fedshift.runtime.pool import worker as pool_worker
 from fedshift.runtime.pool.transport import PoolTransport, assign

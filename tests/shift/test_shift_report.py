@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from fedshift.cli import main
 from fedshift.core.errors import ConfigError, DataError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.partition import degree_of_heterogeneity
 from fedshift.models import build_model
 from fedshift.shift.measure import (

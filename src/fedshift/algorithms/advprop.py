@@ -53,7 +53,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext, Normalize
 from fedshift.core.errors import ConfigError
-from fedshift.data.base import Federation
+from fedshift.core.federation import Federation
 from fedshift.models.base import FedModel
 
 

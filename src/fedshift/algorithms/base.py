@@ -57,8 +57,8 @@ from fedshift.core.disclosure import (
     tensor_bytes,
 )
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
 
 __all__ = [

@@ -8,7 +8,7 @@ the ledger records no traffic."""
 from __future__ import annotations
 
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.data.base import ClientData, Federation
+from fedshift.core.federation import ClientData, Federation
 
 
 class Centralised(FedAvg[None]):

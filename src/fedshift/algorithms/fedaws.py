@@ -64,8 +64,8 @@ from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.federation import Federation
 from fedshift.core.payload import Payload
-from fedshift.data.base import Federation
 from fedshift.models.base import FedModel
 
 RECORD = "class_embeddings"

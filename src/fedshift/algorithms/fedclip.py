@@ -33,7 +33,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
-from fedshift.data.base import Federation
+from fedshift.core.federation import Federation
 from fedshift.models.base import FedModel
 
 

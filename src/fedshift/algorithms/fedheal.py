@@ -50,8 +50,8 @@ from fedshift.algorithms.tensors import subset, weighted_average
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import UP, Disclosure, Kind, To, When, fixed, tensor_bytes
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 #: reply metric: the client's diversity distance D_i (step 3)

@@ -74,8 +74,8 @@ from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, TrainingError
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
 
 #: ``ctx.scratch`` key of the round's reference parameters (r_mu, r_sigma, C) as nn.Parameters

@@ -62,8 +62,8 @@ from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData, Federation
 from fedshift.models.base import FedModel
 
 #: ``ctx.scratch`` keys of the round's frozen models: the received global model (with the

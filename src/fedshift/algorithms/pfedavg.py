@@ -36,8 +36,8 @@ from fedshift.algorithms.local_train import build_optimizer
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 

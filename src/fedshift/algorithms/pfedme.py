@@ -57,8 +57,8 @@ from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 

@@ -27,8 +27,8 @@ from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 #: ``ctx.scratch`` key of the round's gradient correction c - c_i (per shared parameter)

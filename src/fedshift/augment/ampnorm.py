@@ -86,9 +86,9 @@ from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, sums_only
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.core.privacy import clip_rows
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel, tracking_bn
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from fedshift.algorithms import ALGORITHMS
 from fedshift.core.contract import State
 from fedshift.core.disclosure import Disclosure
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.privacy import Mechanism
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 Records = dict[str, Tensors]

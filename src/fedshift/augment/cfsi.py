@@ -51,9 +51,9 @@ from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator as derived_generator
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 UP = "cfsi_amplitudes"

@@ -17,9 +17,9 @@ from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, Reply, State
 from fedshift.core.contract_errors import ContractError, expect
 from fedshift.core.disclosure import UP, Disclosure, summed_records
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.privacy import Mechanism
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 #: what the hooks return, in the words of the contract (core/contract.py)

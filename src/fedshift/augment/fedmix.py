@@ -65,10 +65,10 @@ from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError, TrainingError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.core.privacy import clip_rows
 from fedshift.core.seeding import generator as derived_generator
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 

@@ -46,9 +46,9 @@ from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounds
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.core.privacy import clip_rows
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 

@@ -97,8 +97,8 @@ from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, fixed
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 Variant = Literal["fedfa", "fedfa-r", "fedfa-c", "direct"]

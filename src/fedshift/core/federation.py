@@ -1,7 +1,7 @@
 """In-memory federated datasets: one :class:`ClientData` per client (domain).
 
 These are the types the dataset contract (:mod:`fedshift.core.datasets`) and the algorithm
-contract (:mod:`fedshift.core.contract`) name, so they live in core; ``fedshift.data.base``
+contract (:mod:`fedshift.core.contract`) name, so they live in core; ``fedshift.core.federation``
 re-exports them (every loader builds them).
 
 Images are float tensors in ``[0, 1]`` of shape ``(N, C, H, W)`` once a benchmark is built,

@@ -1,10 +1,10 @@
-"""Datasets: name -> loader returning a :class:`~fedshift.data.base.Federation`.
+"""Datasets: name -> loader returning a :class:`~fedshift.core.federation.Federation`.
 
 The loaders live in subpackages: :mod:`~fedshift.data.digits` (the offline digits
 benchmark), :mod:`~fedshift.data.medical` (brain-mri, prostate, camelyon17, nuclei) and
 :mod:`~fedshift.data.domains` (FedBN's pickles, PACS/OfficeHome, CIFAR, DisTrans's folders,
 Fashion-MNIST, the synthetic toys); what they share is in :mod:`~fedshift.data.common`.
-:mod:`~fedshift.data.base` holds the federation types and :mod:`~fedshift.data.partition`
+:mod:`~fedshift.core.federation` holds the federation types and :mod:`~fedshift.data.partition`
 the label-skew partitions. This module keeps the registry :data:`DATASETS`,
 :func:`load_dataset` and :func:`dataset_task`. A dataset follows the contract of
 :mod:`fedshift.core.datasets` (name, Params, task, load); the federation types live in
@@ -25,8 +25,8 @@ from fedshift.core.datasets import (
     params_task,
 )
 from fedshift.core.errors import FedshiftError
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.registry import Registry
-from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.digits import DigitsParams, load_digits
 from fedshift.data.domains.arrays import ArraysParams, load_arrays
 from fedshift.data.domains.cifar import CifarParams, load_cifar10, load_cifar100

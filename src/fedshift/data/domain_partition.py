@@ -45,8 +45,8 @@ import torch
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.images import cat_images
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.sites import numbered_clients
 

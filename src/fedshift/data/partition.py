@@ -39,9 +39,9 @@ import torch
 from fedshift.core.bounds import bounded
 from fedshift.core.components import Component
 from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.registry import Registry
 from fedshift.core.tasks import LABEL_FREE_PARTITIONS
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.common.sites import numbered_clients
 from fedshift.data.domain_partition import DomainsParams, domains

@@ -46,9 +46,9 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, set_dotted
 from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.files import ensure_dir
 from fedshift.data import federation_key, run_federation
-from fedshift.data.base import ClientData, Federation
 from fedshift.flower.wire import (
     pack,
     payload_to_records,

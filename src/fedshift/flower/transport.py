@@ -40,8 +40,8 @@ from flwr.superlink.grid.http_grid import HttpGrid
 import fedshift
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.payload import Payload
-from fedshift.data.base import ClientData, Federation, Split
 from fedshift.flower.inprocess import InProcessGrid
 from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
 from fedshift.flower.supernodes import wait_for_nodes

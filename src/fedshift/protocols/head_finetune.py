@@ -12,7 +12,7 @@ Mapping to fedshift:
 
 * step 1 is an ordinary run of the config (normally ``algorithm.name: local``; any algorithm
   whose evaluated model is per-client or global works) with ``federation.data_fraction`` < 1
-  (the per-class subsample of :meth:`fedshift.data.base.Federation.with_train_fraction`); the
+  (the per-class subsample of :meth:`fedshift.core.federation.Federation.with_train_fraction`); the
   config may carry a ``sweep`` (e.g. ``seed: [0, 1, 2]``); cells run through
   :func:`fedshift.bench.run_suite` and are cached;
 * step 2, per finished run and client: the run's model of its evaluated kind at the selected round

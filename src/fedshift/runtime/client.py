@@ -13,9 +13,9 @@ import torch
 from fedshift.core.context import ClientContext
 from fedshift.core.contract import State
 from fedshift.core.errors import TrainingError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import generator, seed_global
-from fedshift.data.base import ClientData
 from fedshift.runtime.experiment import Experiment, score_client
 
 

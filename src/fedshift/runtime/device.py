@@ -25,7 +25,7 @@ import os
 import torch
 
 from fedshift.core.errors import ConfigError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 
 __all__ = ["data_bytes", "place_data", "resolve_device", "set_precision"]
 

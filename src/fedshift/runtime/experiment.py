@@ -29,9 +29,9 @@ from fedshift.core.config import RunConfig, TrainConfig
 from fedshift.core.context import InputPipeline, Normalize
 from fedshift.core.contract_errors import ContractError
 from fedshift.core.errors import ConfigError
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.seeding import seed_global
 from fedshift.core.tasks import Task, make_task
-from fedshift.data.base import ClientData, Federation
 from fedshift.data.common.sites import name_hint
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel

@@ -199,7 +199,7 @@ def export_model(
     to ``out`` with the suffix ``.pt2`` (see the module docstring); returns the paths and the
     description. Imports the run's plug-ins and reads its checkpoint: use it on run
     directories you trust (as ``fedshift.load_run(...).rebuild()``). ``federation``: the
-    loaded :class:`~fedshift.data.base.Federation` of a run whose data its config cannot
+    loaded :class:`~fedshift.core.federation.Federation` of a run whose data its config cannot
     load again (a run made with ``fedshift.run(..., federation=...)``). ``client``: also the
     site whose evaluation transform a global model's predictor applies, where that transform
     is each site's own (FedRDN); ``site_stats``: a folder of a new site's images (or those
@@ -342,7 +342,7 @@ def export_model(
 def _stub_federation(desc: dict) -> Any:
     """A federation without data that has the export's classes, input shape, task and
     client names: what the algorithms' ``wrap_model`` reads."""
-    from fedshift.data.base import ClientData, Federation, Split
+    from fedshift.core.federation import ClientData, Federation, Split
 
     shape = tuple(desc["input_shape"])
     task = desc["task"]

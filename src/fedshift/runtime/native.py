@@ -13,9 +13,9 @@ from collections.abc import Callable
 import torch
 
 from fedshift.core.config import RunConfig
+from fedshift.core.federation import Federation
 from fedshift.core.payload import Payload
 from fedshift.data import run_federation
-from fedshift.data.base import Federation
 from fedshift.runtime.client import evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, init_client_state
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state

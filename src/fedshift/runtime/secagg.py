@@ -63,7 +63,7 @@ from fedshift.runtime.client import check_reply
 if TYPE_CHECKING:
     from fedshift.algorithms.base import Algorithm
     from fedshift.augment.base import Augment
-    from fedshift.data.base import Federation
+    from fedshift.core.federation import Federation
     from fedshift.runtime.experiment import Experiment
     from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, Transport
 

@@ -28,10 +28,10 @@ from fedshift.catalog import resolve
 from fedshift.core.config import RunConfig, load_yaml
 from fedshift.core.consent import untrusted
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.federation import Federation
 from fedshift.core.files import check_folder
 from fedshift.core.identity import NOT_SET, config_diff, without_later_defaults
 from fedshift.core.seeding import set_rng_state
-from fedshift.data.base import Federation
 from fedshift.eval.summary import read_summary
 from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.experiment import start_experiment

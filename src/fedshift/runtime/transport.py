@@ -49,7 +49,7 @@ from fedshift.core.payload import Payload, Tensors
 
 if TYPE_CHECKING:
     from fedshift.core.config import RunConfig
-    from fedshift.data.base import Federation
+    from fedshift.core.federation import Federation
     from fedshift.runtime.experiment import Experiment
 
 #: scores of one client: ``{"global": {...}, "personal": {...}}``

@@ -53,9 +53,9 @@ import torch
 
 from fedshift.augment.ampnorm import amplitude_phase
 from fedshift.core.errors import ConfigError, DataError
+from fedshift.core.federation import SPLITS, Federation, Split
 from fedshift.core.images import ByteImages
 from fedshift.core.seeding import generator
-from fedshift.data.base import SPLITS, Federation, Split
 from fedshift.data.partition import degree_of_heterogeneity, tv_heterogeneity
 from fedshift.models.base import FedModel
 

@@ -33,9 +33,9 @@ from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, 
 from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
+from fedshift.core.federation import ClientData, Federation
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
-from fedshift.data.base import ClientData, Federation
 from fedshift.data.partition import degree_of_heterogeneity
 from fedshift.models.base import FedModel
 

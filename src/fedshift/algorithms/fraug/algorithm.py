@@ -39,8 +39,8 @@ from fedshift.core.disclosure import (
     tensor_bytes,
 )
 from fedshift.core.errors import ConfigError, TrainingError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 #: ``ctx.scratch`` key of the round's :class:`WorkingNets`

@@ -20,8 +20,8 @@ from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.data.base import ClientData
 from fedshift.models.base import FedModel
 
 

@@ -18,6 +18,6 @@
   installing it (OpenCV's digits sheet, Fashion-MNIST).
 
 The dataset subpackages (:mod:`~fedshift.data.digits`, :mod:`~fedshift.data.medical`,
-:mod:`~fedshift.data.domains`) import from here, from :mod:`fedshift.data.base` and from
+:mod:`~fedshift.data.domains`) import from here, from :mod:`fedshift.core.federation` and from
 :mod:`fedshift.core`, never from each other.
 """

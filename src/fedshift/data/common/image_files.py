@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.files import ensure_dir
 from fedshift.core.images import ByteImages, MemoryBudget, write_npy
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache, sealed
 from fedshift.data.common.images import (
     read_image,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedshift.core.errors import DataError
-from fedshift.data.base import SPLITS
+from fedshift.core.federation import SPLITS
 
 __all__ = [
     "class_quota",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fedshift.core.errors import ConfigError, DataError
-from fedshift.data.base import SPLITS
+from fedshift.core.federation import SPLITS
 from fedshift.data.common.checks import check_cap, check_fractions, check_seed
 
 __all__ = ["SPLIT_MODES", "check_split_keys", "find_split_lists", "read_split_lists"]

@@ -26,8 +26,8 @@ import torch
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.files import save_figure
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.sampling import class_quota, split_indices
 from fedshift.data.common.seeding import seeded_rng

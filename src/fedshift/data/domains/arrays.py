@@ -57,8 +57,8 @@ import torch
 
 from fedshift.core.datasets import MAX_CLASSES
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.memory import check_fits
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
     check_fractions,
     check_root_key,

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.common.checks import check_cap, check_root_key, check_seed, require_root
 from fedshift.data.common.pickles import read_array_pickle
 from fedshift.data.common.sampling import stratified_subsample

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from fedshift.core.errors import DataError
+from fedshift.core.federation import SPLITS, ClientData
 from fedshift.core.images import MemoryBudget
 from fedshift.core.memory import check_fits
-from fedshift.data.base import SPLITS, ClientData
 from fedshift.data.common.image_files import (
     READERS,
     ClientSource,

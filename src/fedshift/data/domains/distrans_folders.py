@@ -79,7 +79,7 @@ from pathlib import Path
 import numpy as np
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
-from fedshift.data.base import Federation
+from fedshift.core.federation import Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,

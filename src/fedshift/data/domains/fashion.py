@@ -34,8 +34,8 @@ import torch
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError, MissingSourceError
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.files import save_figure
-from fedshift.data.base import ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.debian import apt_download, extract_deb_members, require_tools
 from fedshift.data.common.sampling import class_quota, split_indices

@@ -78,8 +78,8 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.images import MemoryBudget
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,

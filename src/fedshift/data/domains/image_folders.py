@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from fedshift.core.errors import DataError, MissingSourceError
-from fedshift.data.base import Federation
+from fedshift.core.federation import Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,

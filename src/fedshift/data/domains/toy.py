@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import DataError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 
 
 @dataclass

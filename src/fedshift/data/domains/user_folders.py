@@ -56,7 +56,7 @@ from typing import Literal
 import numpy as np
 
 from fedshift.core.errors import ConfigError, DataError
-from fedshift.data.base import SPLITS, Federation
+from fedshift.core.federation import SPLITS, Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
     check_flag,

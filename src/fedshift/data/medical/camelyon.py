@@ -62,8 +62,8 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.core.federation import Federation
 from fedshift.core.images import MemoryBudget
-from fedshift.data.base import Federation
 from fedshift.data.common.checks import (
     check_cache_dir,
     check_flag,

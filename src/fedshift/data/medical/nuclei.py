@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import check_size, require_root
 from fedshift.data.common.images import (
     IMAGE_EXTENSIONS,

@@ -102,7 +102,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
-from fedshift.data.base import ClientData, Federation, Split
+from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.common.checks import check_fractions, check_size, require_root
 from fedshift.data.common.images import resize_images, resize_labels

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import ConfigError, DataError
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
     check_fractions,
     check_root_key,

@@ -52,10 +52,10 @@ from typing import Any
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.federation import Federation
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import set_rng_state
 from fedshift.data import run_federation
-from fedshift.data.base import Federation
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.pool.worker import dumps, recv, send, worker_main
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state

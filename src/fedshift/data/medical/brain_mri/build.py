@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import DataError
+from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.files import save_figure
-from fedshift.data.base import SPLITS, ClientData, Federation, Split
 from fedshift.data.common import cache
 from fedshift.data.medical.brain_mri.params import (
     DESCRIPTION,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fedshift.core.errors import ConfigError
-from fedshift.data.base import SPLITS
+from fedshift.core.federation import SPLITS
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.medical.brain_mri.params import ORIENTATIONS, BrainMRIParams
 from fedshift.data.medical.brain_mri.scanner import apply_scanner, noise_rng, scanner_table
