@@ -14,8 +14,9 @@ and the classifier with everything else frozen.
 * :class:`LoRA`: ``W x + (alpha / r) B A x`` (Hu et al., ICLR 2022, Eq. 3: ``A`` random,
   ``B`` zero, scale ``alpha / r``), for a convolution ``A`` a convolution to ``r`` channels
   with the base layer's kernel, stride, padding and dilation and ``B`` a 1x1 convolution
-  back; added to every linear layer and ungrouped convolution outside the classifier
-  (grouped / depthwise convolutions are left as they are), held in ``model.lora`` and
+  back; added to every plain ``nn.Linear`` and ungrouped ``nn.Conv2d`` outside the classifier
+  (grouped / depthwise convolutions and subclasses that pad in their forward, such as
+  EfficientNet's TF "SAME" convolutions, are left as they are), held in ``model.lora`` and
   applied by a forward hook on the base layer. ``alpha`` is ``r`` (scale 1).
 """
 
@@ -141,16 +142,25 @@ def add_adapters(
 def add_lora(model: FedModel, rank: int) -> int:
     """Add a :class:`LoRA` update to every linear layer and ungrouped convolution of
     ``model`` outside its classifier, as ``model.lora``; returns how many."""
-    targets = [
+    outside = [
         (name, m) for name, m in model.named_modules()
         if not (name == "classifier" or name.startswith("classifier."))
-        and (isinstance(m, nn.Linear) or (isinstance(m, nn.Conv2d) and m.groups == 1))
+    ]  # fmt: skip
+    # the layers' own classes only: a subclass that pads or transforms in its forward (TF
+    # "SAME" padding) would give the low-rank path another geometry than the layer's
+    targets = [
+        (name, m) for name, m in outside
+        if type(m) is nn.Linear or (type(m) is nn.Conv2d and m.groups == 1)
     ]  # fmt: skip
     if not targets:
+        own = sorted({type(m).__name__ for _, m in outside if isinstance(m, nn.Conv2d)})
         raise ConfigError(
-            f"config key 'train.trainable=lora': model {type(model).__name__} has no linear "
-            "layer or ungrouped convolution outside its classifier"
-        )
+            f"config key 'train.trainable=lora': model {type(model).__name__} has no plain "
+            "linear layer or ungrouped convolution outside its classifier"
+            + (f" (its convolutions are {', '.join(own)}, which compute their own padding)"
+               if own else "")
+            + "; use train.trainable=adapters or head"
+        )  # fmt: skip
     lora = nn.ModuleDict()
     for name, m in targets:
         update = LoRA(m, rank)
