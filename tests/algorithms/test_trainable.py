@@ -177,3 +177,14 @@ def test_adapters_name_their_stages(tmp_path):
     assert list(sim.model.adapters) == ["conv2"]
     with pytest.raises(ConfigError, match="'train.adapter_stages'.*nope"):
         Simulation(cfg("nope"), tmp_path / "bad", progress=False)
+
+
+def test_lora_leaves_layers_that_pad_in_their_forward():
+    """EfficientNet-Lite0's convolutions pad TF-"SAME" inside their forward: a low-rank path
+    beside them would see the unpadded input, so LoRA takes plain layers only and refuses a
+    model that has none, naming the layer class and the modes that work."""
+    from fedshift.models.efficientnet import EfficientNetLite0
+    from fedshift.models.peft import add_lora
+
+    with pytest.raises(ConfigError, match="Conv2dSame.*train.trainable=adapters"):
+        add_lora(EfficientNetLite0(num_classes=3), rank=2)
