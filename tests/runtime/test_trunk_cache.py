@@ -18,10 +18,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ROUNDS = 2
 #: algorithm -> a phrase of why its head trains on recomputed embeddings
 NOT_CACHED = {
-    "distrans": "computes its embedding or scores its own way",
-    "elcfs": "computes its embedding or scores its own way",
-    "fedclip": "computes its embedding or scores its own way",
-    "fedsr": "computes its embedding or scores its own way",
+    "distrans": "tensors other than the classifier's train",  # its offset
+    "elcfs": "augment",
+    "fedclip": "tensors other than the classifier's train",  # its adapter
+    "fedsr": "scores its inputs its own way",
     "fedfa": "augment",
     "fedrdn": "augment",
     "harmofl": "augment",
@@ -100,3 +100,19 @@ def test_the_summary_says_whether_the_trunk_was_cached(tmp_path):
     assert trainable()["trunk_cache"] == {"cached": True}
     off = trainable("train.trunk_cache=false")["trunk_cache"]
     assert off == {"cached": False, "why": "train.trunk_cache=false"}
+
+
+def test_a_model_with_its_own_features_and_head_is_cached():
+    """forward = head(features(x)) is all the cache needs: EfficientNet-Lite0 normalises its
+    input inside ``features`` and applies dropout inside ``head`` (which stays live)."""
+    from types import SimpleNamespace
+
+    from fedshift.algorithms.trainable import Frozen
+    from fedshift.core.config import TrainConfig
+    from fedshift.models.efficientnet import EfficientNetLite0
+
+    model = EfficientNetLite0(num_classes=3)
+    algo = SimpleNamespace(frozen=Frozen(model, "head"), trunk_cache_refusal=None, name="fedavg")
+    exp = SimpleNamespace(train=TrainConfig(trainable="head"), model=model, augments=[],
+                          algo=SimpleNamespace(algorithm=algo))  # fmt: skip
+    assert trunk_cache_refusal(exp) is None

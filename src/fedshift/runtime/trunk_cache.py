@@ -2,7 +2,8 @@
 of ``model.features`` is frozen and runs in evaluation mode, so an example's embedding is
 the same in every round; where nothing else varies it per round (no augment, no stage hook)
 each client's embeddings of its training examples are computed once, in this process, and
-its rounds train the head on them.
+its rounds train the head on them (the model's ``head``, live: EfficientNet-Lite0's is
+dropout, then the classifier).
 
 While a client trains with the cache (:meth:`TrunkCache.active`), its context holds a copy
 of its data whose training images are the cached embeddings, an input pipeline that passes
@@ -47,12 +48,8 @@ def trunk_cache_refusal(exp: Experiment) -> str | None:
     if train.trainable != "head":
         return f"train.trainable={train.trainable}: the trunk trains"
     model, algo = exp.model, cast("Algorithm", exp.algo.algorithm)
-    if (
-        type(model).features is not FedModel.features
-        or type(model).forward is not FedModel.forward
-        or type(model).head is not FedModel.head
-    ):
-        return f"model {type(model).__name__} computes its embedding or scores its own way"
+    if type(model).forward is not FedModel.forward:  # scores = head(features(x)) only
+        return f"model {type(model).__name__} scores its inputs its own way"
     trained = [k for k in model.state_dict() if k not in set(algo.frozen.keys)]
     if any(not k.startswith("classifier.") for k in trained):
         return "tensors other than the classifier's train"
