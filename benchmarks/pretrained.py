@@ -10,7 +10,8 @@ saves. Writes ``OUT/pretrained.json``, ``OUT/pretrained.md`` (the table) and
 ``OUT/pretrained.png`` (accuracy against bytes per round), and prints the table.
 
     # the committed table (~17 min on one core):
-    python benchmarks/pretrained.py --out results/pretrained_sites --seeds 3 --rounds 10 --images 40
+    python benchmarks/pretrained.py --out results/benchmarks/pretrained_sites \
+        --seeds 3 --rounds 10 --images 40
     python benchmarks/pretrained.py --out /tmp/p --seeds 1 --rounds 2 --images 10   # a try
 
 Not measured here (issue 54 item 5 asks for them too): ``digits`` upsampled to the

@@ -480,7 +480,7 @@ MARKS: dict[str, Mark] = {
     "fedshift flower simulate --resume": Prose(),
     # ------------------------------------------------------------------------- RESULTS.md
     "python benchmarks/faults.py --part inputs": Long("~9 min", "59 cases against real processes, 2 of them start Ray"),
-    "python benchmarks/pretrained.py --out results/pretrained_sites --seeds 3 --rounds 10 --images 40": Long(
+    "python benchmarks/pretrained.py --out results/benchmarks/pretrained_sites --seeds 3 --rounds 10 --images 40": Long(
         "~17 min", "21 runs of EfficientNet-Lite0 on three sites, 10 rounds each"
     ),
     "python benchmarks/data_scale.py": Long(

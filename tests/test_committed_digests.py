@@ -25,7 +25,7 @@ RESULTS = ROOT / "results"
 FOLDERS = sorted(
     p.name
     for p in RESULTS.iterdir()
-    if p.is_dir() and p.name != "protocols" and not p.name.startswith("_")
+    if p.is_dir() and p.name not in ("protocols", "benchmarks") and not p.name.startswith("_")
 )
 
 

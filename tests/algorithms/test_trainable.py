@@ -35,7 +35,6 @@ REFUSED = {
     ("fedbn", "adapters"): "freezes them all",
     ("fedbn", "lora"): "freezes them all",
     ("fedwon", "adapters"): "not weight-standardised",
-    ("fedwon", "lora"): "not weight-standardised",
     ("elcfs", "adapters"): "not stage after stage",
     ("fedclip", "adapters"): "trains its adapter and the head on a frozen trunk",
     ("fedclip", "lora"): "trains its adapter and the head on a frozen trunk",
