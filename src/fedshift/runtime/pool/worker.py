@@ -376,6 +376,11 @@ def worker_main(conn: Any, parent: int, index: int, cancel: Any) -> None:
                 worker.cancellable = False
             reply: tuple = ("ok", value)
         except Cancelled:
+            # raised by a signal anywhere, also between a no_grad block's entry and its
+            # guard: the next request starts with autograd on, as a fresh worker would
+            import torch
+
+            torch.set_grad_enabled(True)
             reply = ("cancelled", None)
         except Exception as e:  # noqa: BLE001 - every error goes back to the parent
             reply = ("error", _describe(e))
