@@ -201,18 +201,29 @@ class CUBParams:
 
 
 def _carve(
-    labels: np.ndarray, pool: np.ndarray, n: int | None, seed: int, tag: str
+    labels: np.ndarray,
+    pool: np.ndarray,
+    dataset: str,
+    params: CHMNISTParams | CUBParams,
+    key: str,
+    what: str,
+    *,
+    keep_one: bool = False,
+    fix: str = "lower it",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded class-stratified subset of ``n`` of the indices ``pool`` (``None``: all) and
-    the indices of ``pool`` left over, both sorted."""
-    pick = pool[stratified_subsample(labels[pool], n, seeded_rng(seed, tag))]
+    """A seeded class-stratified subset of ``dataset.<key>`` of the indices ``pool`` (``None``:
+    all) and the indices of ``pool`` left over, both sorted. A size larger than ``pool`` (or
+    leaving none of it with ``keep_one``) is refused, naming the key, the ``what`` it asks for
+    and the ``fix``."""
+    n: int | None = getattr(params, key)
+    available = len(pool) - 1 if keep_one else len(pool)
+    if n is not None and n > available:
+        raise ConfigError(
+            f"config key 'dataset.{key}'={n} asks for more than the {available} {what}; {fix}"
+        )
+    tag = f"{dataset}/{key.removesuffix('_size')}"
+    pick = pool[stratified_subsample(labels[pool], n, seeded_rng(params.seed, tag))]
     return pick, np.setdiff1d(pool, pick)
-
-
-def _too_many(key: str, value: int, available: int, what: str, fix: str) -> ConfigError:
-    return ConfigError(
-        f"config key 'dataset.{key}'={value} asks for more than the {available} {what}; {fix}"
-    )
 
 
 def _source(paths: list[Path], labels: np.ndarray, idx: np.ndarray, origins=None) -> SplitSource:
@@ -310,30 +321,29 @@ def load_chmnist(params: CHMNISTParams, *, progress: bool = True) -> Federation:
     folder = locate_chmnist(root)
     paths, labels, skipped = list_chmnist(folder, params.tiles_per_class)
     n = len(labels)
-    if params.test_size >= n:
-        raise _too_many(
-            "test_size", params.test_size, n - 1, "tiles (one must stay for training)", "lower it"
-        )
-    test_idx, rest = _carve(labels, np.arange(n), params.test_size, params.seed, "chmnist/test")
-    if params.val_size >= len(rest):
-        raise _too_many(
-            "val_size",
-            params.val_size,
-            len(rest) - 1,
-            f"tiles left after dataset.test_size={params.test_size} (one must stay for training)",
-            "lower it",
-        )
-    val_idx, rest = _carve(labels, rest, params.val_size, params.seed, "chmnist/val")
-    if params.train_size is not None and params.train_size > len(rest):
-        raise _too_many(
-            "train_size",
-            params.train_size,
-            len(rest),
-            f"tiles left after dataset.test_size={params.test_size} and "
-            f"dataset.val_size={params.val_size}",
-            "lower one of them",
-        )
-    train_idx, _ = _carve(labels, rest, params.train_size, params.seed, "chmnist/train")
+    one_left = "(one must stay for training)"
+    test_idx, rest = _carve(
+        labels, np.arange(n), "chmnist", params, "test_size", f"tiles {one_left}", keep_one=True
+    )
+    val_idx, rest = _carve(
+        labels,
+        rest,
+        "chmnist",
+        params,
+        "val_size",
+        f"tiles left after dataset.test_size={params.test_size} {one_left}",
+        keep_one=True,
+    )
+    train_idx, _ = _carve(
+        labels,
+        rest,
+        "chmnist",
+        params,
+        "train_size",
+        f"tiles left after dataset.test_size={params.test_size} and "
+        f"dataset.val_size={params.val_size}",
+        fix="lower one of them",
+    )
     splits = {
         "train": _source(paths, labels, train_idx),
         "val": _source(paths, labels, val_idx),
@@ -475,33 +485,33 @@ def load_cub200(params: CUBParams, *, progress: bool = True) -> Federation:
     for what, pool in (("training", pool_train), ("test", pool_test)):
         if len(pool) == 0:
             raise DataError(f"{f_split} marks no image as {what}; restore it from CUB_200_2011.tgz")
-    if params.val_size >= len(pool_train):
-        raise _too_many(
-            "val_size",
-            params.val_size,
-            len(pool_train) - 1,
-            "official training images (one must stay for training)",
-            "lower it",
-        )
-    val_idx, rest = _carve(labels, pool_train, params.val_size, params.seed, "cub200/val")
-    if params.train_size is not None and params.train_size > len(rest):
-        raise _too_many(
-            "train_size",
-            params.train_size,
-            len(rest),
-            f"training images left after dataset.val_size={params.val_size}",
-            "lower one of them",
-        )
-    train_idx, _ = _carve(labels, rest, params.train_size, params.seed, "cub200/train")
-    if params.test_size is not None and params.test_size > len(pool_test):
-        raise _too_many(
-            "test_size",
-            params.test_size,
-            len(pool_test),
-            "official test images",
-            "lower it or set it to null (all)",
-        )
-    test_idx, _ = _carve(labels, pool_test, params.test_size, params.seed, "cub200/test")
+    val_idx, rest = _carve(
+        labels,
+        pool_train,
+        "cub200",
+        params,
+        "val_size",
+        "official training images (one must stay for training)",
+        keep_one=True,
+    )
+    train_idx, _ = _carve(
+        labels,
+        rest,
+        "cub200",
+        params,
+        "train_size",
+        f"training images left after dataset.val_size={params.val_size}",
+        fix="lower one of them",
+    )
+    test_idx, _ = _carve(
+        labels,
+        pool_test,
+        "cub200",
+        params,
+        "test_size",
+        "official test images",
+        fix="lower it or set it to null (all)",
+    )
     splits = {
         "train": _source(paths, labels, train_idx, origins),
         "val": _source(paths, labels, val_idx, origins),
