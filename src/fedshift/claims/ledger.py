@@ -35,36 +35,7 @@ def _claim_section(c: ClaimResult) -> str:
         out += ["", f"**On the paper's data.** `{s.real_suite}` (the data on your disk)"]
     if s.needs:
         out += ["", f"**Offline.** Not runnable: {s.needs}"]
-    st = s.stand_in
-    if st is not None:
-        line = "**Offline stand-in.** " + "; ".join(f"`{cmd}`" for cmd in st.commands)
-        if st.minutes:
-            line += f" (about {st.minutes:g} min on 2 cores)"
-        facts = []
-        if c.rounds:
-            ratio = f"{c.rounds} rounds"
-            if st.paper_rounds:
-                share = c.rounds / st.paper_rounds
-                ratio += f" (the paper {st.paper_rounds}: {share:.2f} of its length)"
-            facts.append(ratio)
-        where = ", ".join(f"`results/{r}`" for r in st.results)
-        if c.measured:
-            made = (c.source or {}).get("command")
-            if made and made not in st.commands:
-                # e.g. a GPU machine's run: name the command that really made the results
-                facts.append(f"results in {where}, made by `{made}` on {machine_text(c.source)}")
-            else:
-                facts.append(f"results in {where}, measured on {machine_text(c.source)}")
-        elif st.results:
-            facts.append(
-                f"no results in {where} yet: run the commands, then "
-                "`fedshift claims collect` and `fedshift claims`"
-            )
-        out += [
-            "",
-            line
-            + (". " + "; ".join(facts)[:1].upper() + "; ".join(facts)[1:] + "." if facts else "."),
-        ]
+    out += _stand_in_lines(c)
     if s.scope is not None:
         out += [
             "",
@@ -79,54 +50,7 @@ def _claim_section(c: ClaimResult) -> str:
             f"**Re-test** of claim {cid} of `claims/{paper}.yaml`: listed under it there, "
             "not counted again.",
         ]
-    if c.comparisons:
-        metrics = [r.spec.metric for r in c.comparisons] + [r.spec.metric_b for r in c.comparisons]
-        one = len(set(metrics)) == 1
-        if one:
-            out += ["", f"**Metric.** {metric_words(metrics[0])} (%, mean ± std over seeds)."]
-        else:
-            out += ["", "**Metric.** per comparison below (%, mean ± std over seeds)."]
-        rows = []
-        for r in c.comparisons:
-            res = r.result
-            diff = "—" if res.n == 0 else f"{_signed(res.mean)} ± {100 * res.std:.2f}"
-            want = {"greater": "a > b", "less": "a < b"}.get(
-                r.spec.expect, f"a = b (± {100 * r.spec.margin:g})"
-            )
-            label = r.spec.label
-            if not one:
-                m = metric_words(r.spec.metric)
-                if r.spec.metric_b != r.spec.metric:
-                    m = f"a: {m}; b: {metric_words(r.spec.metric_b)}"
-                label += f" [{m}]"
-            rows.append(
-                [
-                    label,
-                    r.a.cell(),
-                    r.b.cell(),
-                    diff,
-                    want,
-                    str(res.n),
-                    fmt_p(res.p),
-                    r.converged_text(),
-                    res.text(),
-                ]
-            )
-        header = [
-            "comparison (a vs b)",
-            "a",
-            "b",
-            "a − b",
-            "expected",
-            "n",
-            "p",
-            "converged",
-            "verdict",
-        ]
-        out += ["", md_table(header, rows)]
-        line = _convergence_line(c)
-        if line:
-            out += ["", line]
+    out += _comparison_lines(c)
     if c.uncompared:
         out += [
             "",
@@ -160,6 +84,98 @@ def _claim_section(c: ClaimResult) -> str:
     if s.notes:
         out += ["", s.notes]
     return "\n".join(out)
+
+
+def _stand_in_lines(c: ClaimResult) -> list[str]:
+    """The claim's offline stand-in: its commands, rounds against the paper's, and where
+    its results are (or that there are none yet)."""
+    st = c.spec.stand_in
+    if st is None:
+        return []
+    out: list[str] = []
+    line = "**Offline stand-in.** " + "; ".join(f"`{cmd}`" for cmd in st.commands)
+    if st.minutes:
+        line += f" (about {st.minutes:g} min on 2 cores)"
+    facts = []
+    if c.rounds:
+        ratio = f"{c.rounds} rounds"
+        if st.paper_rounds:
+            share = c.rounds / st.paper_rounds
+            ratio += f" (the paper {st.paper_rounds}: {share:.2f} of its length)"
+        facts.append(ratio)
+    where = ", ".join(f"`results/{r}`" for r in st.results)
+    if c.measured:
+        made = (c.source or {}).get("command")
+        if made and made not in st.commands:
+            # e.g. a GPU machine's run: name the command that really made the results
+            facts.append(f"results in {where}, made by `{made}` on {machine_text(c.source)}")
+        else:
+            facts.append(f"results in {where}, measured on {machine_text(c.source)}")
+    elif st.results:
+        facts.append(
+            f"no results in {where} yet: run the commands, then "
+            "`fedshift claims collect` and `fedshift claims`"
+        )
+    out += [
+        "",
+        line + (". " + "; ".join(facts)[:1].upper() + "; ".join(facts)[1:] + "." if facts else "."),
+    ]
+    return out
+
+
+def _comparison_lines(c: ClaimResult) -> list[str]:
+    """The metric line, the table of the claim's comparisons and the convergence line."""
+    if not c.comparisons:
+        return []
+    out: list[str] = []
+    metrics = [r.spec.metric for r in c.comparisons] + [r.spec.metric_b for r in c.comparisons]
+    one = len(set(metrics)) == 1
+    if one:
+        out += ["", f"**Metric.** {metric_words(metrics[0])} (%, mean ± std over seeds)."]
+    else:
+        out += ["", "**Metric.** per comparison below (%, mean ± std over seeds)."]
+    rows = []
+    for r in c.comparisons:
+        res = r.result
+        diff = "—" if res.n == 0 else f"{_signed(res.mean)} ± {100 * res.std:.2f}"
+        want = {"greater": "a > b", "less": "a < b"}.get(
+            r.spec.expect, f"a = b (± {100 * r.spec.margin:g})"
+        )
+        label = r.spec.label
+        if not one:
+            m = metric_words(r.spec.metric)
+            if r.spec.metric_b != r.spec.metric:
+                m = f"a: {m}; b: {metric_words(r.spec.metric_b)}"
+            label += f" [{m}]"
+        rows.append(
+            [
+                label,
+                r.a.cell(),
+                r.b.cell(),
+                diff,
+                want,
+                str(res.n),
+                fmt_p(res.p),
+                r.converged_text(),
+                res.text(),
+            ]
+        )
+    header = [
+        "comparison (a vs b)",
+        "a",
+        "b",
+        "a − b",
+        "expected",
+        "n",
+        "p",
+        "converged",
+        "verdict",
+    ]
+    out += ["", md_table(header, rows)]
+    line = _convergence_line(c)
+    if line:
+        out += ["", line]
+    return out
 
 
 def _convergence_line(c: ClaimResult) -> str:
