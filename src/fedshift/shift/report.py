@@ -307,6 +307,81 @@ def _balance(fractions: list[float], classes: list[str]) -> str:
     )
 
 
+def _domain_mix_lines(meta: dict[str, Any]) -> list[str]:
+    """The training examples per client and domain of a ``domains`` partition (none for
+    other partitions)."""
+    mix = meta.get("domain_mix")
+    if not mix:
+        return []
+    part = meta["partition"]
+    doms = list(dict.fromkeys(d for c in mix.values() for d in c))
+    lines = [
+        "## Domains per client",
+        "",
+        f"partition 'domains' (Bai et al., arXiv 2307.04942): {len(mix)} clients from "
+        f"{len(doms)} domains, lam = {part.get('lam')} (0: one domain per client, 1: equal "
+        "shares); training examples per domain (figure: domains.png).",
+        "",
+    ]
+    lines += _table(
+        ["client", *doms, "total"],
+        [[c, *(str(mix[c].get(d, 0)) for d in doms), str(sum(mix[c].values()))] for c in mix],
+    )
+    return lines
+
+
+def _score_lines(m: Measurement) -> list[str]:
+    """The score of every axis, the label mix and the feature score per stage."""
+    lines = ["## Shift scores", ""]
+    lines += _table(
+        ["axis", "score", "effect", "measures", "sites, farthest first", "methods"],
+        [
+            [
+                a,
+                _fmt(shift.score),
+                effect_size(shift.score),
+                MEANING[a],
+                ", ".join(shift.order(m.site_names)),
+                ", ".join(n for n, _ in METHODS[a]),
+            ]
+            for a, shift in m.axes.items()
+        ],
+    )
+    lines += [
+        f"Label mix: DH = {m.dh:.1f} % (DisTrans Eq. 3-4), mean pairwise total variation "
+        f"{m.tv:.1f} %.",
+        "",
+    ]
+    if m.layer_scores:
+        lines += [
+            "Feature score per stage: "
+            + ", ".join(f"{k} {_fmt(v)}" for k, v in m.layer_scores.items())
+            + ".",
+            "",
+        ]
+    return lines
+
+
+def _how_to_read(m: Measurement, meta: dict[str, Any]) -> list[str]:
+    """What the scores and distances mean, and the figures beside the report."""
+    return [
+        "## How to read the scores",
+        "",
+        "Each axis turns every image into a vector of statistics. Per statistic, the score is "
+        "the share of its variance (over the sites, weighted equally) explained by which site "
+        "an image comes from, eta^2 = B / (B + W), with the between-site variance B corrected "
+        "for sampling; the axis's score is the mean over its statistics (features: over the "
+        "model's stages too). 0: the sites are alike; 1: they do not overlap; 0.01, 0.06 and "
+        "0.14 are small, medium and large effects by Cohen's conventions. Distances are "
+        "differences of site means in units of the statistic's total standard deviation. "
+        "Figures: montage.png, "
+        + ", ".join(FIGURES[a] for a in m.axes)
+        + (", domains.png" if meta.get("domain_mix") else "")
+        + ".",
+        "",
+    ]
+
+
 def render_markdown(
     m: Measurement, rec: dict[str, Any], meta: dict[str, Any], files: dict | None = None
 ) -> str:
@@ -342,22 +417,7 @@ def render_markdown(
     )
     if files is not None:
         lines += render_files(files)
-    mix = meta.get("domain_mix")
-    if mix:
-        part = meta["partition"]
-        doms = list(dict.fromkeys(d for c in mix.values() for d in c))
-        lines += [
-            "## Domains per client",
-            "",
-            f"partition 'domains' (Bai et al., arXiv 2307.04942): {len(mix)} clients from "
-            f"{len(doms)} domains, lam = {part.get('lam')} (0: one domain per client, 1: equal "
-            "shares); training examples per domain (figure: domains.png).",
-            "",
-        ]
-        lines += _table(
-            ["client", *doms, "total"],
-            [[c, *(str(mix[c].get(d, 0)) for d in doms), str(sum(mix[c].values()))] for c in mix],
-        )
+    lines += _domain_mix_lines(meta)
     lines += ["## Intensity and spectrum per site", ""]
     lines += _table(
         ["site", "channel mean", "channel std", "spectral centroid (cycles/px)"],
@@ -371,33 +431,7 @@ def render_markdown(
             for s in m.sites
         ],
     )
-    lines += ["## Shift scores", ""]
-    lines += _table(
-        ["axis", "score", "effect", "measures", "sites, farthest first", "methods"],
-        [
-            [
-                a,
-                _fmt(shift.score),
-                effect_size(shift.score),
-                MEANING[a],
-                ", ".join(shift.order(m.site_names)),
-                ", ".join(n for n, _ in METHODS[a]),
-            ]
-            for a, shift in m.axes.items()
-        ],
-    )
-    lines += [
-        f"Label mix: DH = {m.dh:.1f} % (DisTrans Eq. 3-4), mean pairwise total variation "
-        f"{m.tv:.1f} %.",
-        "",
-    ]
-    if m.layer_scores:
-        lines += [
-            "Feature score per stage: "
-            + ", ".join(f"{k} {_fmt(v)}" for k, v in m.layer_scores.items())
-            + ".",
-            "",
-        ]
+    lines += _score_lines(m)
     lines += ["## Distance of each site to the federation", ""]
     lines += _table(
         ["site", *m.axes],
@@ -407,22 +441,7 @@ def render_markdown(
         ],
     )
     lines += ["## Recommendation", "", rec["text"], ""]
-    lines += [
-        "## How to read the scores",
-        "",
-        "Each axis turns every image into a vector of statistics. Per statistic, the score is "
-        "the share of its variance (over the sites, weighted equally) explained by which site "
-        "an image comes from, eta^2 = B / (B + W), with the between-site variance B corrected "
-        "for sampling; the axis's score is the mean over its statistics (features: over the "
-        "model's stages too). 0: the sites are alike; 1: they do not overlap; 0.01, 0.06 and "
-        "0.14 are small, medium and large effects by Cohen's conventions. Distances are "
-        "differences of site means in units of the statistic's total standard deviation. "
-        "Figures: montage.png, "
-        + ", ".join(FIGURES[a] for a in m.axes)
-        + (", domains.png" if meta.get("domain_mix") else "")
-        + ".",
-        "",
-    ]
+    lines += _how_to_read(m, meta)
     return "\n".join(lines)
 
 
