@@ -263,6 +263,86 @@ def _warnings(runs: list[dict]) -> dict[str, list[str]]:
     return found
 
 
+def _group_head(group: list[dict]) -> str:
+    """One dataset's line under its heading: task, clients (held-out ones named), models,
+    rounds and seeds."""
+    first = group[0]
+    seeds = sorted({s["seed"] for s in group})
+    task = first.get("task", "classification")
+    model = sorted({s.get("model", "?") for s in group})
+    rounds = sorted({s["rounds"] for s in group})
+    held = [c for c in first["clients"] if c in (first.get("holdout") or [])]
+    return (
+        f"{task}; clients: {', '.join(first['clients'])}"
+        + (f" ({', '.join(held)} held out: never trained, not in avg ± std)" if held else "")
+        + f"; model {', '.join(model)}; "
+        f"rounds {', '.join(map(str, rounds))}; seeds {', '.join(map(str, seeds))}"
+    )
+
+
+def _metric_tables(group: list[dict], reference: str | None) -> tuple[list[str], list[str]]:
+    """One dataset's table per metric (the selection metric first), as markdown lines and
+    HTML elements."""
+    first = group[0]
+    seeds = sorted({s["seed"] for s in group})
+    rule = selection_rule(first.get("metric_label", "accuracy"))
+    by_domain = domain_columns(group) is not None
+    md: list[str] = []
+    body: list[str] = []
+    for metric in [None, *first.get("metrics", {})]:
+        header, rows = flows_rows(group, metric, reference)
+        per_row = {int(r[header.index("seeds")]) for r in rows}
+        over = f"{len(seeds)} seed(s)" if len(per_row) == 1 else "each row's seeds"
+        caption = f"{metric_caption(group, metric)}, mean over {over}"
+        shown = (
+            ""
+            if metric is None
+            else (f" This table shows the {metric_caption(group, metric)[5:-4]} at that round.")
+        )
+        note = (
+            f"Model selection: {rule}.{shown} Δ: change of the average against the same "
+            "algorithm's base flow (percentage points); p: two-sided paired t-test over "
+            "seeds."
+            + (
+                " Clients dealt from domains, several to a domain: a column per training "
+                "domain, the mean over the clients holding mostly that domain."
+                if by_domain
+                else ""
+            )
+        )
+        md += ["", f"### {caption}", "", _md_table(header, rows), "", f"_{note}_"]
+        body += [
+            f"<h3>{html.escape(caption)}</h3>",
+            _html_table(header, rows, header.index("avg ± std")),
+            f'<p class="note">{html.escape(note)}</p>',
+        ]
+    return md, body
+
+
+def _csv_rows(name: str, group: list[dict]) -> list[dict]:
+    """``report.csv``'s rows of one dataset: each run's test score per client and their
+    mean, per metric."""
+    rows: list[dict] = []
+    for s in group:
+        for metric in [s.get("metric", "acc"), *s.get("metrics", {})]:
+            sc = scores(s, metric)
+            base = {
+                "dataset": name,
+                "algorithm": s["algorithm"],
+                "flow": s["_flow"].label,
+                "seed": s["seed"],
+                "metric": metric,
+                "model": s["evaluated_model"],
+                "best_round": s["best_round"],
+                "run_dir": s["_dir"],
+            }
+            for c in s["clients"]:
+                if c in sc["test_per_client"]:  # a held-out site the run did not score
+                    rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
+            rows.append({**base, "client": "mean", "test": sc["test_mean"]})
+    return rows
+
+
 def build_report(
     roots: list[str | Path],
     out: str | Path,
@@ -287,49 +367,12 @@ def build_report(
     for name, group in sorted(_datasets(runs).items(), key=lambda kv: natural_key(kv[0])):
         _check_same_clients(name, group)
         group_flows(group)  # the rows: runs of one config over seeds (every table below)
-        first = group[0]
-        seeds = sorted({s["seed"] for s in group})
-        rule = selection_rule(first.get("metric_label", "accuracy"))
-        task = first.get("task", "classification")
-        model = sorted({s.get("model", "?") for s in group})
-        rounds = sorted({s["rounds"] for s in group})
-        held = [c for c in first["clients"] if c in (first.get("holdout") or [])]
-        by_domain = domain_columns(group) is not None
-        head = (
-            f"{task}; clients: {', '.join(first['clients'])}"
-            + (f" ({', '.join(held)} held out: never trained, not in avg ± std)" if held else "")
-            + f"; model {', '.join(model)}; "
-            f"rounds {', '.join(map(str, rounds))}; seeds {', '.join(map(str, seeds))}"
-        )
+        head = _group_head(group)
         md += ["", f"## {name}", "", head]
         body += [f"<h2>{html.escape(name)}</h2>", f'<p class="meta">{html.escape(head)}</p>']
-        for metric in [None, *first.get("metrics", {})]:
-            header, rows = flows_rows(group, metric, reference)
-            per_row = {int(r[header.index("seeds")]) for r in rows}
-            over = f"{len(seeds)} seed(s)" if len(per_row) == 1 else "each row's seeds"
-            caption = f"{metric_caption(group, metric)}, mean over {over}"
-            shown = (
-                ""
-                if metric is None
-                else (f" This table shows the {metric_caption(group, metric)[5:-4]} at that round.")
-            )
-            note = (
-                f"Model selection: {rule}.{shown} Δ: change of the average against the same "
-                "algorithm's base flow (percentage points); p: two-sided paired t-test over "
-                "seeds."
-                + (
-                    " Clients dealt from domains, several to a domain: a column per training "
-                    "domain, the mean over the clients holding mostly that domain."
-                    if by_domain
-                    else ""
-                )
-            )
-            md += ["", f"### {caption}", "", _md_table(header, rows), "", f"_{note}_"]
-            body += [
-                f"<h3>{html.escape(caption)}</h3>",
-                _html_table(header, rows, header.index("avg ± std")),
-                f'<p class="note">{html.escape(note)}</p>',
-            ]
+        tmd, tbody = _metric_tables(group, reference)
+        md += tmd
+        body += tbody
         png = convergence_png(group)
         fig_path = out / f"convergence-{_slug(name)}.png"
         write_bytes_atomic(fig_path, png)
@@ -344,23 +387,7 @@ def build_report(
         note = "Bytes per client per round from the ledger (setup exchange of round 0 apart)."
         md += ["", "### Communication", "", _md_table(header, rows), "", f"_{note}_"]
         body += ["<h3>Communication</h3>", _html_table(header, rows), f'<p class="note">{note}</p>']
-        for s in group:
-            for metric in [s.get("metric", "acc"), *s.get("metrics", {})]:
-                sc = scores(s, metric)
-                base = {
-                    "dataset": name,
-                    "algorithm": s["algorithm"],
-                    "flow": s["_flow"].label,
-                    "seed": s["seed"],
-                    "metric": metric,
-                    "model": s["evaluated_model"],
-                    "best_round": s["best_round"],
-                    "run_dir": s["_dir"],
-                }
-                for c in s["clients"]:
-                    if c in sc["test_per_client"]:  # a held-out site the run did not score
-                        csv_rows.append({**base, "client": c, "test": sc["test_per_client"][c]})
-                csv_rows.append({**base, "client": "mean", "test": sc["test_mean"]})
+        csv_rows += _csv_rows(name, group)
     warned = _warnings(runs)
     if warned:  # what the runs logged as warnings (their run.log), once each
         items = [f"{m} [{', '.join(r)}]" for m, r in warned.items()]
