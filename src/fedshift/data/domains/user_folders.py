@@ -143,7 +143,6 @@ class FoldersParams:
         check_flag(self.cache, f"{prefix}.cache")
         check_cache_dir(self.cache_dir, f"{prefix}.cache_dir")
 
-
     def input_shape(self) -> tuple[int, int, int] | None:
         """The images' shape, known before any is read (None while ``size`` follows the
         model, before the config is resolved)."""
@@ -221,13 +220,73 @@ def _check_layout(root: Path, listed: dict[str, SiteListing], sites_given: bool)
                 f"give dataset.root={site.folder}"
             )
     if len(listed) == 1 and not sites_given:
-        (client, site), = listed.items()
+        ((client, site),) = listed.items()
         raise DataError(
             f"{NAME}: dataset.root={root} holds one site folder ({site.folder.name}); a "
             f"federation needs one folder per site ({LAYOUT}). Give the folder that holds "
             f"the site folders as dataset.root, or load this one site on purpose (a "
             f"SuperNode's) with dataset.sites=[{site.folder.name}]"
         )
+
+
+def _site_classes(
+    params: FoldersParams, listed: dict, folders: dict[str, Path], hint: str
+) -> list[str]:
+    """The federation's classes: ``dataset.classes`` checked against every site's class
+    folders, else the union of the sites' (``allow_missing_classes``), else the one set
+    every site has (refused when they differ)."""
+    allow = params.allow_missing_classes
+    files = {c: site.files for c, site in listed.items()}
+    if params.classes is not None:
+        classes = list(params.classes)
+        for client, site in listed.items():
+            extra = sorted((set(site.files) | set(site.empty)) - set(classes))
+            lacks = sorted(set(classes) - set(site.files))
+            if extra:
+                raise DataError(
+                    f"{NAME}: site {client!r} ({folders[client]}) has the class folder(s) "
+                    f"{extra}, which dataset.classes does not list; add them to it or move "
+                    "the folders out"
+                )
+            if lacks and not allow:
+                raise DataError(
+                    f"{NAME}: site {client!r} ({folders[client]}) lacks {lacks} of "
+                    f"dataset.classes; every site needs every class folder{hint}"
+                )
+        return classes
+    if allow:
+        return sorted({cls for site in files.values() for cls in site})
+    also = f"; if one of the folders is not a site, list the sites: {_sites_key(folders)}"
+    return check_same_classes(NAME, files, folders, unit="site", hint=hint + also)
+
+
+def _plan_splits(
+    params: FoldersParams,
+    folders: dict[str, Path],
+    listed: dict,
+    classes: list[str],
+    fractions: tuple[float, ...],
+) -> tuple[dict, dict[str, str], dict[str, str], dict]:
+    """Each site's train/val/test files: from its split lists where it has them, else cut
+    per class by ``dataset.fractions``; with how each was made (for ``info``), the rule an
+    empty split's error names, and the files no list names."""
+    planned: dict = {}
+    how: dict[str, str] = {}
+    rules: dict[str, str] = {}
+    unlisted: dict = {}
+    for client, folder in folders.items():
+        lists = find_split_lists(folder, params.splits)
+        if lists is None:
+            planned[client] = split_by_class(
+                listed[client].files, classes, fractions, fraction_rng(NAME, client, params.seed)
+            )
+            how[client] = f"fractions {list(fractions)}, per class"
+            rules[client] = f"dataset.fractions={list(fractions)} (cut per class at int(f0 n))"
+        else:
+            planned[client], unlisted[client] = _listed_splits(listed[client], lists, classes)
+            how[client] = "lists " + ", ".join(str(p) for p in lists.values())
+            rules[client] = "its split lists"
+    return planned, how, rules, unlisted
 
 
 def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
@@ -246,27 +305,7 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
     }
     _check_layout(root, listed, sites_given=params.sites is not None)
     files = {c: site.files for c, site in listed.items()}
-    if params.classes is not None:
-        classes = list(params.classes)
-        for client, site in listed.items():
-            extra = sorted((set(site.files) | set(site.empty)) - set(classes))
-            lacks = sorted(set(classes) - set(site.files))
-            if extra:
-                raise DataError(
-                    f"{NAME}: site {client!r} ({folders[client]}) has the class folder(s) "
-                    f"{extra}, which dataset.classes does not list; add them to it or move "
-                    "the folders out"
-                )
-            if lacks and not allow:
-                raise DataError(
-                    f"{NAME}: site {client!r} ({folders[client]}) lacks {lacks} of "
-                    f"dataset.classes; every site needs every class folder{hint}"
-                )
-    elif allow:
-        classes = sorted({cls for site in files.values() for cls in site})
-    else:
-        also = f"; if one of the folders is not a site, list the sites: {_sites_key(folders)}"
-        classes = check_same_classes(NAME, files, folders, unit="site", hint=hint + also)
+    classes = _site_classes(params, listed, folders, hint)
     missing = {c: sorted(set(classes) - set(f)) for c, f in files.items()}
     options = ReadOptions(
         params.size,
@@ -278,20 +317,8 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
         skip_unreadable=params.skip_unreadable,
         skip_key="dataset.skip_unreadable",
     )
-    clients, available, how, unlisted, cache_info = [], {}, {}, {}, {}
-    planned, rules = {}, {}
-    for client, folder in folders.items():
-        lists = find_split_lists(folder, params.splits)
-        if lists is None:
-            planned[client] = split_by_class(
-                files[client], classes, fractions, fraction_rng(NAME, client, params.seed)
-            )
-            how[client] = f"fractions {list(fractions)}, per class"
-            rules[client] = f"dataset.fractions={list(fractions)} (cut per class at int(f0 n))"
-        else:
-            planned[client], unlisted[client] = _listed_splits(listed[client], lists, classes)
-            how[client] = "lists " + ", ".join(str(p) for p in lists.values())
-            rules[client] = "its split lists"
+    planned, how, rules, unlisted = _plan_splits(params, folders, listed, classes, fractions)
+    clients, available, cache_info = [], {}, {}
     check_decode_fits(NAME, planned, options)  # dataset.size x the images: before decoding
     for client, splits in planned.items():
         available[client] = {s: len(src) for s, src in splits.items()}
@@ -332,9 +359,7 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
             else "Pillow gray; colour to luma (convert('L'))"
         )
         + "; antialiased bilinear resize, rounded to 8 bits",
-        "skipped_files": {
-            c: len(skipped[c]) + len(stray[c]) + len(unreadable[c]) for c in folders
-        },
+        "skipped_files": {c: len(skipped[c]) + len(stray[c]) + len(unreadable[c]) for c in folders},
         "skipped": {"not_images": skipped, "stray_images": stray, "unreadable": unreadable},
         "cache": None if options.cache_dir is None else _without(cache_info, "unreadable"),
         **federation_info(fed, params.size),
