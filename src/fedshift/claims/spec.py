@@ -228,6 +228,68 @@ def _commands(raw: str | list) -> tuple[str, ...]:
     return tuple(" ".join(str(c).split()) for c in ([raw] if isinstance(raw, str) else raw))
 
 
+def _stand_in(s: Any, where: str) -> StandIn | None:
+    """A claim's ``stand_in`` mapping (``None`` when it has none)."""
+    if s is None:
+        return None
+    if not isinstance(s, dict):
+        raise ClaimsError(f"{where}: stand_in is a mapping")
+    _only(s, _STAND_IN_KEYS, f"{where} stand_in")
+    res = s.get("results", [])
+    res = [res] if isinstance(res, str) else list(res)
+    return StandIn(
+        suite=str(_need(s, "suite", f"{where} stand_in")),
+        commands=_commands(_need(s, "command", f"{where} stand_in", (str, list))),
+        results=tuple(str(r) for r in res),
+        minutes=s.get("minutes"),
+        paper_rounds=s.get("paper_rounds"),
+        protocol=s.get("protocol"),
+    )
+
+
+def _compare(c: Any, cw: str, metric: str) -> CompareSpec:
+    """One entry of a claim's ``compare`` list (``metric``: the claim's, its default)."""
+    if not isinstance(c, dict):
+        raise ClaimsError(f"{cw}: a comparison is a mapping")
+    _only(c, _COMPARE_KEYS, cw)
+    expect = c.get("expect", "greater")
+    if expect not in rubric.EXPECTS:
+        raise ClaimsError(f"{cw}: expect must be one of {rubric.EXPECTS}, got {expect!r}")
+    return CompareSpec(
+        label=str(_need(c, "label", cw)),
+        a=Selector.of(c.get("a"), f"{cw} a"),
+        b=Selector.of(c.get("b"), f"{cw} b"),
+        expect=expect,
+        margin=float(c.get("margin", rubric.DEFAULT_MARGIN)),
+        metric=str(c.get("metric", metric)),
+        metric_b=str(c.get("metric_b", c.get("metric", metric))),
+        mean_over=c.get("mean_over"),
+    )
+
+
+def _scope(sc: Any, where: str, comps: list[CompareSpec]) -> Scope | None:
+    """A claim's ``scope`` (``None`` when it has none); no comparison may name the key the
+    scope generates comparisons over."""
+    if sc is None:
+        return None
+    if not isinstance(sc, dict):
+        raise ClaimsError(f"{where}: scope is a mapping with 'each' and 'statement'")
+    _only(sc, _SCOPE_KEYS, f"{where} scope")
+    scope = Scope(
+        each=str(_need(sc, "each", f"{where} scope")),
+        statement=str(_need(sc, "statement", f"{where} scope")).strip(),
+    )
+    for i, c in enumerate(comps):
+        named = [k for sel in (c.a, c.b) for k, _ in sel.values if k == scope.each]
+        if named:
+            raise ClaimsError(
+                f"{where} compare[{i}]: names {scope.each}, the key its scope generates "
+                f"the comparisons over; leave it out (each value of {scope.each} the "
+                "results hold gets its own comparison)"
+            )
+    return scope
+
+
 def _claim(raw: Any, where: str) -> ClaimSpec:
     if not isinstance(raw, dict):
         raise ClaimsError(f"{where}: a claim is a mapping")
@@ -237,62 +299,12 @@ def _claim(raw: Any, where: str) -> ClaimSpec:
     kind = raw.get("kind", "claim")
     if kind not in KINDS:
         raise ClaimsError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
-    stand = None
-    if raw.get("stand_in") is not None:
-        s = raw["stand_in"]
-        if not isinstance(s, dict):
-            raise ClaimsError(f"{where}: stand_in is a mapping")
-        _only(s, _STAND_IN_KEYS, f"{where} stand_in")
-        res = s.get("results", [])
-        res = [res] if isinstance(res, str) else list(res)
-        stand = StandIn(
-            suite=str(_need(s, "suite", f"{where} stand_in")),
-            commands=_commands(_need(s, "command", f"{where} stand_in", (str, list))),
-            results=tuple(str(r) for r in res),
-            minutes=s.get("minutes"),
-            paper_rounds=s.get("paper_rounds"),
-            protocol=s.get("protocol"),
-        )
+    stand = _stand_in(raw.get("stand_in"), where)
     metric = str(raw.get("metric", "test"))
-    comps = []
-    for i, c in enumerate(raw.get("compare") or []):
-        cw = f"{where} compare[{i}]"
-        if not isinstance(c, dict):
-            raise ClaimsError(f"{cw}: a comparison is a mapping")
-        _only(c, _COMPARE_KEYS, cw)
-        expect = c.get("expect", "greater")
-        if expect not in rubric.EXPECTS:
-            raise ClaimsError(f"{cw}: expect must be one of {rubric.EXPECTS}, got {expect!r}")
-        comps.append(
-            CompareSpec(
-                label=str(_need(c, "label", cw)),
-                a=Selector.of(c.get("a"), f"{cw} a"),
-                b=Selector.of(c.get("b"), f"{cw} b"),
-                expect=expect,
-                margin=float(c.get("margin", rubric.DEFAULT_MARGIN)),
-                metric=str(c.get("metric", metric)),
-                metric_b=str(c.get("metric_b", c.get("metric", metric))),
-                mean_over=c.get("mean_over"),
-            )
-        )
-    scope = None
-    if raw.get("scope") is not None:
-        sc = raw["scope"]
-        if not isinstance(sc, dict):
-            raise ClaimsError(f"{where}: scope is a mapping with 'each' and 'statement'")
-        _only(sc, _SCOPE_KEYS, f"{where} scope")
-        scope = Scope(
-            each=str(_need(sc, "each", f"{where} scope")),
-            statement=str(_need(sc, "statement", f"{where} scope")).strip(),
-        )
-        for i, c in enumerate(comps):
-            named = [k for sel in (c.a, c.b) for k, _ in sel.values if k == scope.each]
-            if named:
-                raise ClaimsError(
-                    f"{where} compare[{i}]: names {scope.each}, the key its scope generates "
-                    f"the comparisons over; leave it out (each value of {scope.each} the "
-                    "results hold gets its own comparison)"
-                )
+    comps = [
+        _compare(c, f"{where} compare[{i}]", metric) for i, c in enumerate(raw.get("compare") or [])
+    ]
+    scope = _scope(raw.get("scope"), where, comps)
     retests = raw.get("retests")
     if retests is not None and (not isinstance(retests, str) or retests.count("/") != 1):
         raise ClaimsError(
