@@ -119,6 +119,54 @@ def flow_key(cfg: dict, summary: dict, short: bool = False) -> dict[str, str]:
     return out
 
 
+def _caption(metric: str, by_domain: bool, held: bool) -> str:
+    """What a results table's numbers are: the metric, the model selection, the columns."""
+    return (
+        f"Test {metric} (%) at the round model selection picked (mean validation over the "
+        "training clients), mean over seeds per "
+        + (
+            "domain (clients dealt from domains, several to a domain: a domain's column is "
+            "the mean over the training clients that hold mostly that domain, — where none "
+            "does); the mean over the training clients"
+            if by_domain
+            else "client; their mean"
+        )
+        + " as mean ± std over seeds"
+        + (
+            "; held-out: the clients that never trained (federation.holdout), not in the mean"
+            if held
+            else ""
+        )
+        + ". KB: what one client uploads per round (all records; the setup exchange apart), "
+        "and once at setup."
+    )
+
+
+def _row_scores(rs: list[ResultRun], columns: list[str], by_domain: bool, held: bool) -> list[str]:
+    """One group's cells after its label: seeds, each column's mean over seeds, the mean ±
+    std, the held-out score, the bytes per round and at setup."""
+    # each run's score by column: its clients', or its training domains' means
+    views = [(domain_scores(r.summary) or {}) if by_domain
+             else r.summary.get("test_per_client", {}) for r in rs]  # fmt: skip
+    per_column = []
+    for c in columns:
+        vals = [v[c] for v in views if c in v]
+        per_column.append(f"{100 * statistics.fmean(vals):.2f}" if vals else "—")
+    row = [str(len(rs)), *per_column, _pm([float(r.summary["test_mean"]) for r in rs])]
+    if held:
+        row.append(
+            _pm(
+                [
+                    float(r.summary["target_test_mean"])
+                    for r in rs
+                    if r.summary.get("target_test_mean") is not None
+                ]
+            )
+        )
+    row += list(_bytes_per_round(rs[0].summary))
+    return row
+
+
 def results_table(
     folder: str, runs: list[ResultRun], source: dict | None, missing: set[str] | None = None
 ) -> str:
@@ -155,51 +203,13 @@ def results_table(
     columns = _columns(runs, by_domain)
     metric = runs[0].summary.get("metric_label", "accuracy") if runs else "accuracy"
     held = any(r.summary.get("target_test_mean") is not None for r in runs)
-    out += [
-        f"Test {metric} (%) at the round model selection picked (mean validation over the "
-        "training clients), mean over seeds per "
-        + (
-            "domain (clients dealt from domains, several to a domain: a domain's column is "
-            "the mean over the training clients that hold mostly that domain, — where none "
-            "does); the mean over the training clients"
-            if by_domain
-            else "client; their mean"
-        )
-        + " as mean ± std over seeds"
-        + (
-            "; held-out: the clients that never trained (federation.holdout), not in the mean"
-            if held
-            else ""
-        )
-        + ". KB: what one client uploads per round (all records; the setup exchange apart), "
-        "and once at setup.",
-        "",
-    ]
+    out += [_caption(metric, by_domain, held), ""]
     rows = []
     for t in sorted(groups, key=lambda g: [keys[g].get(k, "") for k in varying]):
         rs = sorted(groups[t], key=lambda r: r.seed)
         # a key a group lacks is at its "off" value there (a key added later): not named
         label = " ".join(f"{k}={shown[t][k]}" for k in varying if k in shown[t]) or "(all runs)"
-        # each run's score by column: its clients', or its training domains' means
-        views = [(domain_scores(r.summary) or {}) if by_domain
-                 else r.summary.get("test_per_client", {}) for r in rs]  # fmt: skip
-        per_column = []
-        for c in columns:
-            vals = [v[c] for v in views if c in v]
-            per_column.append(f"{100 * statistics.fmean(vals):.2f}" if vals else "—")
-        row = [label, str(len(rs)), *per_column, _pm([float(r.summary["test_mean"]) for r in rs])]
-        if held:
-            row.append(
-                _pm(
-                    [
-                        float(r.summary["target_test_mean"])
-                        for r in rs
-                        if r.summary.get("target_test_mean") is not None
-                    ]
-                )
-            )
-        row += list(_bytes_per_round(rs[0].summary))
-        rows.append(row)
+        rows.append([label, *_row_scores(rs, columns, by_domain, held)])
     header = ["runs", "seeds", *columns, "mean"] + (["held-out"] if held else [])
     out.append(md_table(header + ["KB up / round", "KB setup"], rows))
     return "\n".join(out).rstrip() + "\n"
