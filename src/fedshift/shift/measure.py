@@ -419,6 +419,59 @@ class Measurement:
         return [s.name for s in self.sites]
 
 
+def _measure_site(
+    fed: Federation,
+    name: str,
+    splits: list,
+    probe: FeatureProbe | None,
+    rings: tuple[torch.Tensor, int],
+    max_per_site: int | None,
+    seed: int,
+    batch_size: int,
+    preview: int,
+) -> tuple[dict[str, Moments], dict[str, Moments], SiteData]:
+    """One site's moments per axis (intensity, amplitude, labels) and per probed layer, and
+    what the report shows of it (:class:`SiteData`): one pass over its sampled images, one
+    over all its labels."""
+    c, h, w = fed.input_shape
+    layers = [] if probe is None else probe.layers
+    total = sum(len(sp) for sp in splits)
+    inten, ampl, lab, pix = Moments(), Moments(), Moments(), Moments()
+    feats = {layer: Moments() for layer in layers}
+    shown: list[torch.Tensor] = []
+    # the montage's images: evenly spread over the sample (neighbours are often alike)
+    n = total if max_per_site is None else min(total, max_per_site)
+    wanted = torch.linspace(0, n - 1, min(preview, n)).round().long().unique()
+    seen = 0
+    for idx in _batches(total, max_per_site, seed, name, batch_size):
+        x = _take(splits, idx)
+        here = wanted[(wanted >= seen) & (wanted < seen + len(idx))] - seen
+        shown.append(x[here].clone())
+        seen += len(idx)
+        inten.add(intensity_statistics(x))
+        ampl.add(amplitude_profile(x, rings))
+        xd = x.to(torch.float64)
+        pix.add_sums(x.shape[0] * h * w, xd.sum((0, 2, 3)), (xd * xd).sum((0, 2, 3)))
+        if probe is not None:
+            for layer, d in probe(x.float()).items():
+                feats[layer].add(d)
+    for sp in splits:
+        for idx in torch.split(torch.arange(len(sp)), batch_size):
+            lab.add(label_descriptor(sp.y[idx], fed.num_classes))
+    profile = ampl.mean.reshape(c, rings[1]).tolist()
+    site = SiteData(
+        name=name,
+        counts={sp: len(fed.client(name).split(sp)) for sp in SPLITS},
+        sampled=inten.n,
+        class_fractions=lab.mean.tolist(),
+        channel_mean=pix.mean.tolist(),
+        channel_std=pix.var.sqrt().tolist(),
+        profile=profile,
+        preview=torch.cat(shown),
+    )
+    return {"intensity": inten, "amplitude": ampl, "labels": lab}, feats, site
+
+
 def measure(
     fed: Federation,
     probe: FeatureProbe | None = None,
@@ -443,46 +496,14 @@ def measure(
     kept: list[SiteData] = []
     layers = [] if probe is None else probe.layers
     for name, splits in sites:
-        total = sum(len(sp) for sp in splits)
-        inten, ampl, lab, pix = Moments(), Moments(), Moments(), Moments()
-        feats = {layer: Moments() for layer in layers}
-        shown: list[torch.Tensor] = []
-        # the montage's images: evenly spread over the sample (neighbours are often alike)
-        n = total if max_per_site is None else min(total, max_per_site)
-        wanted = torch.linspace(0, n - 1, min(preview, n)).round().long().unique()
-        seen = 0
-        for idx in _batches(total, max_per_site, seed, name, batch_size):
-            x = _take(splits, idx)
-            here = wanted[(wanted >= seen) & (wanted < seen + len(idx))] - seen
-            shown.append(x[here].clone())
-            seen += len(idx)
-            inten.add(intensity_statistics(x))
-            ampl.add(amplitude_profile(x, rings))
-            xd = x.to(torch.float64)
-            pix.add_sums(x.shape[0] * h * w, xd.sum((0, 2, 3)), (xd * xd).sum((0, 2, 3)))
-            if probe is not None:
-                for layer, d in probe(x.float()).items():
-                    feats[layer].add(d)
-        for sp in splits:
-            for idx in torch.split(torch.arange(len(sp)), batch_size):
-                lab.add(label_descriptor(sp.y[idx], fed.num_classes))
-        for key, mom in (("intensity", inten), ("amplitude", ampl), ("labels", lab)):
-            per_axis[key].append(mom)
+        moms, feats, site = _measure_site(
+            fed, name, splits, probe, rings, max_per_site, seed, batch_size, preview
+        )
+        for key in per_axis:
+            per_axis[key].append(moms[key])
         for layer in layers:
             per_layer.setdefault(layer, []).append(feats[layer])
-        profile = ampl.mean.reshape(c, rings[1]).tolist()
-        kept.append(
-            SiteData(
-                name=name,
-                counts={sp: len(fed.client(name).split(sp)) for sp in SPLITS},
-                sampled=inten.n,
-                class_fractions=lab.mean.tolist(),
-                channel_mean=pix.mean.tolist(),
-                channel_std=pix.var.sqrt().tolist(),
-                profile=profile,
-                preview=torch.cat(shown),
-            )
-        )
+        kept.append(site)
 
     def axis(moms: list[Moments]) -> AxisShift:
         means = torch.stack([m.mean for m in moms])
