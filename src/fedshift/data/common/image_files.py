@@ -271,6 +271,39 @@ def _write_cache(folder: Path, arrays: dict[str, np.ndarray], kept: dict[str, np
     sealed.seal(folder, [*(f"{split}.npy" for split in arrays), KEPT])
 
 
+def _decode_client(
+    dataset: str,
+    client: ClientSource,
+    size: int,
+    mode: str,
+    progress: bool,
+    skip_unreadable: bool,
+    exact: str | None,
+    skip_key: str | None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Decode every split's files (a progress bar over the client): the uint8 arrays and,
+    per split, the indices of the files kept (all but the unreadable ones when skipping)."""
+    from tqdm import tqdm
+
+    arrays: dict[str, np.ndarray] = {}
+    kept: dict[str, np.ndarray] = {}
+    total = sum(len(s) for s in client.splits.values())
+    with tqdm(
+        total=total,
+        desc=f"reading {dataset}/{client.name}",
+        unit="img",
+        disable=not progress or total < PROGRESS_FROM,
+    ) as bar:
+        for split, src in client.splits.items():
+            bad: list[tuple[int, str]] | None = [] if skip_unreadable else None
+            arrays[split] = read_images(src.paths, size, mode, bar, bad, exact, skip_key)
+            dropped = {j for j, _ in bad or []}
+            kept[split] = np.asarray(
+                [j for j in range(len(src)) if j not in dropped], dtype=np.int64
+            )
+    return arrays, kept
+
+
 def materialize_client(
     dataset: str,
     client: ClientSource,
@@ -298,8 +331,6 @@ def materialize_client(
     Returns the client and ``{"path", "hit"}`` of its cache entry (plus ``unreadable`` when
     skipping).
     """
-    from tqdm import tqdm
-
     for src in client.splits.values():
         _check_exist(src, fix)
     budget = MemoryBudget() if budget is None else budget
@@ -318,21 +349,9 @@ def materialize_client(
                 info["rebuilt"] = problem
                 log.warning("decode cache: %s; reading the images again", problem)
     if found is None:
-        total = sum(len(s) for s in client.splits.values())
-        arrays, kept = {}, {}
-        with tqdm(
-            total=total,
-            desc=f"reading {dataset}/{client.name}",
-            unit="img",
-            disable=not progress or total < PROGRESS_FROM,
-        ) as bar:
-            for split, src in client.splits.items():
-                bad: list[tuple[int, str]] | None = [] if skip_unreadable else None
-                arrays[split] = read_images(src.paths, size, mode, bar, bad, exact, skip_key)
-                dropped = {j for j, _ in bad or []}
-                kept[split] = np.asarray(
-                    [j for j in range(len(src)) if j not in dropped], dtype=np.int64
-                )
+        arrays, kept = _decode_client(
+            dataset, client, size, mode, progress, skip_unreadable, exact, skip_key
+        )
         if target is not None:
             _write_cache(target, arrays, kept)
             found, problem = _read_cached(target, client, size, channels, skip_unreadable, budget)
