@@ -139,8 +139,7 @@ def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
     assert [row["status"] for row in manifest] == ["ran", "ran"]
     assert [{k: s[k] for k in keys} for s in fresh] == [{k: s[k] for k in keys} for s in first]
     # another config (a changed key) is another digest: nothing is taken
-    other = run_suite(suite, ["train.lr=0.02"], out=str(tmp_path / "d"), workers=1,
-                      progress=False)
+    other = run_suite(suite, ["train.lr=0.02"], out=str(tmp_path / "d"), workers=1, progress=False)
     assert all((Path(s["run_dir"]) / "checkpoint.pt").is_file() for s in other)
 
 
@@ -444,9 +443,9 @@ def _grid_task(name: str) -> str:
 
 def test_one_grid_runner_reports_each_cell_and_the_failed(capsys):
     """`fedshift bench`, the studies' grids and `fedshift run --jobs` run their cells through
-    bench.run_grid: every cell of args runs (a failed one stops none), on_done sees each
+    parallel.run_grid: every cell of args runs (a failed one stops none), on_done sees each
     outcome, the failures come back by key, and a row without args is shown, not run."""
-    from fedshift.bench import run_grid
+    from fedshift.runtime.parallel import run_grid
 
     seen = []
     rows = [("a", "A", 3), ("bad", "B", 3), ("c", "C", 3), ("kept", "K", 3)]

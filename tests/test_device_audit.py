@@ -368,8 +368,10 @@ def _gpu_cases() -> list[tuple[str, ...]]:
     from fedshift.augment import AUGMENTS
 
     return [
-        *[(f"algorithm.name={a}", *seg_overrides(a), *ALGORITHMS.get(a).requires)
-          for a in ALGORITHMS.names()],
+        *[
+            (f"algorithm.name={a}", *seg_overrides(a), *ALGORITHMS.get(a).requires)
+            for a in ALGORITHMS.names()
+        ],
         *[("algorithm.name=fedavg", f"augment=[{a}]") for a in AUGMENTS.names()],
         ("algorithm.name=fedavg", "augment=[{name: fedrdn, draw: released}]"),
         ("algorithm.name=fedbn", "augment=[ffa,mixstyle]", "federation.sample_fraction=0.67"),

@@ -69,8 +69,8 @@ from fedshift.core.files import check_folder
 from fedshift.core.identity import number_digest
 from fedshift.eval.cells import CELL_FILE, foreign_cell
 from fedshift.runtime.cores import share_cores
-from fedshift.runtime.parallel import RoundReport, Stopped, report, run_cells
-from fedshift.runtime.progress import EVERY_S, CellProgress
+from fedshift.runtime.parallel import RoundReport, Stopped, report, run_grid
+from fedshift.runtime.progress import EVERY_S
 from fedshift.runtime.rundir.ownership import (
     NotClearable,
     check_clearable,
@@ -327,40 +327,6 @@ def _run_cell(
     return "resumed" if status == "partial" else "ran"
 
 
-# ---------------------------------------------------------------------- the grid runner
-def run_grid(
-    title: str,
-    rows: list[tuple[str, str, int]],
-    task: Callable[..., str],
-    args: dict[str, tuple],
-    workers: int,
-    progress: bool = True,
-    every_s: float = EVERY_S,
-    on_done: Callable[[str, dict], None] | None = None,
-) -> dict[str, str]:
-    """The grid runner of ``fedshift bench`` (and so of the studies) and ``fedshift run
-    --jobs``: ``task(*args[key])`` per key (a cell's run directory) in ``workers`` processes
-    (:func:`~fedshift.runtime.parallel.run_cells`), the live progress of every ``(key, label,
-    rounds)`` row (one not in ``args``: shown done), ``on_done(key, outcome)`` as each ends.
-    Returns ``{key: reason}`` of the failed cells; a signal raises ``Stopped``."""
-    finished = {key for key, _, _ in rows} - set(args)
-    display = CellProgress(title, rows, finished, enabled=progress, every_s=every_s)
-    failed: dict[str, str] = {}
-
-    def done(key: str, res: dict) -> None:
-        if on_done is not None:
-            on_done(key, res)
-        if res["status"] == "failed":
-            failed[key] = res["reason"]
-        display.finish(key, res["status"])
-
-    try:
-        run_cells(list(args), task, args, workers, done, display.handle)
-    finally:
-        display.close()
-    return failed
-
-
 # ---------------------------------------------------------------------- the suite
 class SuiteStopped(RunSignal):  # noqa: N818 - a signal, like RunSignal
     """SIGINT / SIGTERM stopped a suite; every running cell saved its last whole round."""
@@ -459,17 +425,8 @@ def run_suite(
     with hold_lock(root / SUITE_LOCK, f"suite folder {root}", advice):
         check_folder(root, "a suite folder")  # a planted link (bench.json...): refused first
         todo = [c for c in cells if cell_status(c) != "done"]
-        committed = []
-        if reuse and todo:
-            where = results_root(results)
-            for c in todo:
-                src = committed_cell(c, where)
-                if src is not None and (reuse is True or reuse(c, src)):
-                    with hold_run(c.run_dir):
-                        clear_run_dir(c.run_dir)
-                        take_committed(c, src)
-                    committed.append(c)
-            todo = [c for c in todo if c not in committed]
+        committed = _take_committed(todo, reuse, results) if reuse and todo else []
+        todo = [c for c in todo if c not in committed]
         n_workers, cell_workers = share_cores(todo, workers, oversubscribe)
         manifest = _Manifest(root, cells, todo, committed)
         rows = [(str(c.run_dir), f"{c.label} s{c.cfg.seed}", c.cfg.train.rounds) for c in cells]
@@ -489,6 +446,28 @@ def run_suite(
             f"{root / MANIFEST} lists every cell; fix the cause and run the suite again: "
             "only unfinished cells run):\n  " + "\n  ".join(errors)
         )
+    return _summaries(cells)
+
+
+def _take_committed(
+    todo: list[Cell], reuse: bool | Callable[[Cell, Path], bool], results: str | Path | None
+) -> list[Cell]:
+    """Copy into their run folders the cells of ``todo`` committed under ``results`` that
+    ``reuse`` accepts (:func:`run_suite`); returns them."""
+    where = results_root(results)
+    committed = []
+    for c in todo:
+        src = committed_cell(c, where)
+        if src is not None and (reuse is True or reuse(c, src)):
+            with hold_run(c.run_dir):
+                clear_run_dir(c.run_dir)
+                take_committed(c, src)
+            committed.append(c)
+    return committed
+
+
+def _summaries(cells: list[Cell]) -> list[dict]:
+    """Every cell's summary.json (plan order), labelled with its cell's label."""
     summaries = []
     for c in cells:
         s = _checked_summary(c.run_dir / "summary.json")[0]

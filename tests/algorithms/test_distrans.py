@@ -288,9 +288,7 @@ def test_avg_aggregation_by_hand_and_clients_continue_from_it(weighting):
     down = algo.broadcast(server, 1, "c0")
     assert "offset" not in down.records and down.config["upload_offset"] == 1
     ta, tb = torch.full(SHAPE, 1.0), torch.full(SHAPE, -2.0)
-    algo.aggregate(
-        server, 1, [_reply("c0", algo, model, ta, 3), _reply("c1", algo, model, tb, 1)]
-    )
+    algo.aggregate(server, 1, [_reply("c0", algo, model, ta, 3), _reply("c1", algo, model, tb, 1)])
     want = (3 * ta + tb) / 4 if weighting == "samples" else (ta + tb) / 2
     assert torch.allclose(server["offset_avg"], want)
     for cid in ("c0", "c1"):

@@ -42,11 +42,12 @@ REFUSED = {
 #: the methods that wrap, replace or constrain the model, and the seed methods
 ADDED = ("fedavg", "fedbn", "fedfa", "harmofl", "distrans", "fedsr", "fedwon", "elcfs",
          "pfedhn", "moon", "scaffold", "fedrdn", "fedclip")  # fmt: skip
-CASES = [(a, "head") for a in ALGORITHMS.names()] + [
-    (a, "bn+head") for a in ("fedavg", "fedbn", "fedfa", "harmofl", "distrans", "fraug")
-] + [("fedavg", "bn"), ("fedbn", "bn"), ("fedwon", "bn"), ("pfedhn", "bn")] + [
-    (a, m) for m in ("adapters", "lora") for a in ADDED
-]
+CASES = (
+    [(a, "head") for a in ALGORITHMS.names()]
+    + [(a, "bn+head") for a in ("fedavg", "fedbn", "fedfa", "harmofl", "distrans", "fraug")]
+    + [("fedavg", "bn"), ("fedbn", "bn"), ("fedwon", "bn"), ("pfedhn", "bn")]
+    + [(a, m) for m in ("adapters", "lora") for a in ADDED]
+)
 
 
 def _cfg(algorithm: str, mode: str):

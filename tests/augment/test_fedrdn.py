@@ -222,6 +222,7 @@ def test_flows_table_delta_against_the_same_algorithm_settings():
     runs = [s([], k, 0.80 + 0.01 * k) for k in range(3)]
     runs += [s(["fedrdn"], k, 0.85 + 0.01 * k + 0.001 * k * k) for k in range(3)]
     assert flow_label(runs[0]) == "mu=0.001" and flow_label(runs[3]) == "mu=0.001 +fedrdn"
+
     def bases(*variant: str, context: tuple[str, ...] = ()) -> list[str]:
         return Flow("fedprox", context, variant).bases()
 

@@ -667,8 +667,9 @@ def test_a_retest_is_listed_under_its_claim_and_not_counted_twice(tmp_path):
     (target,) = toy.claims
     assert [c.spec.id for _, c in target.retested_by] == ["T1-again"]
     pages = render(claims, results)
-    assert "- [Other T1-again](other-claims.md), Table 1, another stand-in: reproduces" in (
-        pages["docs/parts/toy-claims.md"]
+    assert (
+        "- [Other T1-again](other-claims.md), Table 1, another stand-in: reproduces"
+        in (pages["docs/parts/toy-claims.md"])
     )
     assert "| **all** | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 |" in pages["docs/CLAIMS.md"]
     doc["claims"][0]["retests"] = "toy/T9"
@@ -681,8 +682,11 @@ def test_seed_papers_are_counted_apart_from_other_methods(tmp_path):
     results = _tree(tmp_path, [0.040, 0.041, 0.042])
     claims = _claims(tmp_path)
     doc = yaml.safe_load((claims / "toy.yaml").read_text())
-    (claims / "seed.yaml").write_text(yaml.safe_dump(
-        {**doc, "paper": "Seed", "page": "docs/parts/seed-claims.md", "seed_paper": True}))
+    (claims / "seed.yaml").write_text(
+        yaml.safe_dump(
+            {**doc, "paper": "Seed", "page": "docs/parts/seed-claims.md", "seed_paper": True}
+        )
+    )
     top = render(claims, results)["docs/CLAIMS.md"]
     assert top.startswith("# Claims ledger: the five seed papers' claims")
     rows = [line for line in top.splitlines() if line.startswith("| ") and "|---" not in line]
@@ -721,8 +725,9 @@ def test_runs_at_a_commit_the_repository_does_not_hold_are_flagged(tmp_path):
     pages = render(claims, results)
     flag = "2 of 6 runs were run at a fedshift commit this repository does not hold (0123456)"
     assert flag in pages["docs/parts/toy-claims.md"]
-    assert "**Provenance.** 2 of 6 cells were run at a fedshift commit" in (
-        pages["docs/results/suite.md"]
+    assert (
+        "**Provenance.** 2 of 6 cells were run at a fedshift commit"
+        in (pages["docs/results/suite.md"])
     )
     # without the repository's history nothing is said of any commit
     quiet = render(claims, results, commits=False)

@@ -70,8 +70,10 @@ def test_every_page_a_message_names_opens_with_fedshift_docs(ref, capsys):
     assert main(["docs", ref]) == 0
     out = capsys.readouterr().out
     if path.is_dir():  # `fedshift docs parts`: the folder's pages, each one to open
-        assert ref in FOLDERS and out.splitlines() and all(
-            resolve_page(line.strip()).is_file() for line in out.splitlines()
+        assert (
+            ref in FOLDERS
+            and out.splitlines()
+            and all(resolve_page(line.strip()).is_file() for line in out.splitlines())
         )
     else:
         assert out.lstrip().startswith("#")  # the page's Markdown

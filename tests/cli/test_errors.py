@@ -201,7 +201,7 @@ def test_csv_cells_are_escaped_against_formulas(tmp_path):
     spreadsheet ran them; now such text gets a leading apostrophe; numbers stay numbers."""
     from fedshift.runtime.tracking.trackers import CsvTracker
 
-    evil = ["=HYPERLINK(\"http://x\",\"a\")", "+1+1", "@SUM(A1)", "-2+3"]
+    evil = ['=HYPERLINK("http://x","a")', "+1+1", "@SUM(A1)", "-2+3"]
     tracker = CsvTracker(tmp_path)
     rows = [{"round": 1, "client": c, "global": {"test_acc": -0.5}} for c in [*evil, "-0.25"]]
     tracker.open(0, rows, False)

@@ -152,9 +152,7 @@ def test_stratified_subsample_hand_quota():
     # quotas 4*6/9 = 2.67 -> 3 (largest remainder), 4*3/9 = 1.33 -> 1
     assert np.bincount(labels[idx]).tolist() == [3, 1]
     assert list(idx) == sorted(set(idx.tolist()))
-    assert stratified_subsample(labels, None, np.random.default_rng(0)).tolist() == list(
-        range(9)
-    )
+    assert stratified_subsample(labels, None, np.random.default_rng(0)).tolist() == list(range(9))
 
 
 def test_read_image_modes(tmp_path):

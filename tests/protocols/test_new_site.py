@@ -411,9 +411,7 @@ def test_a_stopped_new_site_adapts_only_the_runs_it_had_not(tmp_path, monkeypatc
     assert len(calls) == 3
 
 
-def test_each_run_adapts_as_it_trains_and_a_committed_table_needs_no_model(
-    tmp_path, monkeypatch
-):
+def test_each_run_adapts_as_it_trains_and_a_committed_table_needs_no_model(tmp_path, monkeypatch):
     """A cell the protocol trains is adapted at once (bench's hook), so a machine lost
     mid-suite keeps each finished run as numbers; with the cells and their adaptations
     committed (``fedshift claims collect``), the command re-renders the same tables in a

@@ -80,7 +80,6 @@ def test_privacy_protocol_over_a_grid_attacks_what_each_method_sends(tmp_path):
 
 
 def test_privacy_protocol_over_run_directories_names_what_it_does_not_attack(tmp_path):
-
     run = run_experiment(toy_cfg("algorithm.name=scaffold", rounds=2), run_dir=tmp_path / "r",
                          progress=False)  # fmt: skip
     res = privacy(None, [run.run_dir], sizes=[2], trials=2, out=tmp_path / "p")

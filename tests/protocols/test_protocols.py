@@ -43,6 +43,8 @@ from fedshift.runtime.simulation import (
 from fedshift.testing import canon
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "name=test"]
+
+
 def cfg_of(base: list[str], *over: str, rounds: int = 2):
     return resolve(load_config(None, [*base, f"train.rounds={rounds}", *over]))
 

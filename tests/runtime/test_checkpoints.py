@@ -296,9 +296,7 @@ def test_truncated_or_empty_checkpoint_is_a_clear_error(finished, tmp_path, caps
 
 
 @pytest.mark.parametrize("where", ["write", "fsync"])
-def test_disk_full_during_a_checkpoint_keeps_the_previous_one(
-    tmp_path, capsys, monkeypatch, where
-):
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, capsys, monkeypatch, where):
     """ENOSPC while checkpoint.pt of round 3 is written (during the write, or when it is
     flushed to disk): `fedshift: error:` naming the file, the round still on disk and the
     fix; no .tmp left; the resumed run equals an uninterrupted one."""

@@ -295,9 +295,7 @@ def test_export_and_predict_a_run_made_with_arrays(tmp_path, capsys, one_thread)
     [("fedbn", ()), ("fedavg", ("augment=[fedrdn]",))],
     ids=["fedbn", "fedrdn"],
 )
-def test_export_adabn_is_protocol_new_sites_answer(
-    tmp_path, capsys, one_thread, algorithm, over
-):
+def test_export_adabn_is_protocol_new_sites_answer(tmp_path, capsys, one_thread, algorithm, over):
     """--adabn: the model a held-out site takes (FedBN: shared layers + the sources' mean BN
     tensors; a global model as it is) with its BN statistics re-estimated on the site's
     training images, through the site's input pipeline (FedRDN: the site's own statistics):

@@ -198,7 +198,9 @@ def _sgd_per_client(model, starts, batches, train: TrainConfig):
         model.load_state_dict(start)
         model.train()
         opt = torch.optim.SGD(
-            model.parameters(), lr=train.lr, momentum=train.momentum,
+            model.parameters(),
+            lr=train.lr,
+            momentum=train.momentum,
             weight_decay=train.weight_decay,
         )
         total = 0.0

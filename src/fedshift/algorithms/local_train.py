@@ -38,7 +38,9 @@ def build_optimizer(params: list, train: TrainConfig) -> torch.optim.Optimizer:
             params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
         )
     return torch.optim.Adam(
-        params, lr=train.lr, betas=(train.betas[0], train.betas[1]),  # two: checked at load
+        params,
+        lr=train.lr,
+        betas=(train.betas[0], train.betas[1]),  # two: checked at load
         weight_decay=train.weight_decay,
     )
 

@@ -97,7 +97,11 @@ def group_means(
 
 
 def clipped_group_means(
-    x: torch.Tensor, y: torch.Tensor, m: int | None, num_classes: int, g: torch.Generator,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: int | None,
+    num_classes: int,
+    g: torch.Generator,
     bound: float,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """:func:`group_means` with each example's (image, one-hot label) vector clipped to L2

@@ -449,20 +449,44 @@ class FFA(Augment):
             return []
         size = fixed(2 * sum(layer.channels for layer in self.layers.values()) * 4)
         out = [
-            Disclosure(UP, "up", Kind.STATISTIC, When.ROUND, size,
-                       "the site's momentum mean and std of instance feature statistics per "
-                       "FFA layer (Eq. 4) over the round's batches where the layer fired",
-                       to=To.AGGREGATE, over=Over.BATCH, exact=False,
-                       unprotectable="computed with the model the site trained on its own "
-                       "data, which privacy.epsilon does not protect: clipping each example's "
-                       "features cannot bound the record's sensitivity (issue 53 item 2, DP "
-                       "training, is not built)"),
-            Disclosure(DOWN, "down", Kind.STATISTIC, When.ROUND, size,
-                       "the variances over sites of those statistics (Eq. 5)", carries=(UP,)),
+            Disclosure(
+                UP,
+                "up",
+                Kind.STATISTIC,
+                When.ROUND,
+                size,
+                "the site's momentum mean and std of instance feature statistics per "
+                "FFA layer (Eq. 4) over the round's batches where the layer fired",
+                to=To.AGGREGATE,
+                over=Over.BATCH,
+                exact=False,
+                unprotectable="computed with the model the site trained on its own "
+                "data, which privacy.epsilon does not protect: clipping each example's "
+                "features cannot bound the record's sensitivity (issue 53 item 2, DP "
+                "training, is not built)",
+            ),
+            Disclosure(
+                DOWN,
+                "down",
+                Kind.STATISTIC,
+                When.ROUND,
+                size,
+                "the variances over sites of those statistics (Eq. 5)",
+                carries=(UP,),
+            ),
         ]
         if self.params.ema == "average":
-            out.append(Disclosure(RUNNING, "down", Kind.STATISTIC, When.ROUND, size,
-                                  "the sites' momentum statistics averaged", carries=(UP,)))
+            out.append(
+                Disclosure(
+                    RUNNING,
+                    "down",
+                    Kind.STATISTIC,
+                    When.ROUND,
+                    size,
+                    "the sites' momentum statistics averaged",
+                    carries=(UP,),
+                )
+            )
         return out  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Records:

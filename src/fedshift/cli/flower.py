@@ -276,9 +276,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     # each SuperNode computes with the config's run.threads (as a native run does: the same
     # numbers) and keeps its client's state on disk (what --resume continues from)
     threads = cfg.run.threads
-    nodes = [
-        {"client": n, "state-dir": str(base / "state" / n), "threads": threads} for n in names
-    ]
+    nodes = [{"client": n, "state-dir": str(base / "state" / n), "threads": threads} for n in names]
     options = _options(args)
     options.continue_with = _continue_command(args, base)
     dep = LocalDeployment(base, nodes, tls=not args.insecure, allow_plugins=mine)

@@ -123,10 +123,9 @@ def _jobs(jobs: int | str, todo: list[_Job]) -> int:
 
 def _parallel(todo: list[_Job], overwrite: bool, jobs: int | str, progress: bool) -> list[dict]:
     """The runs in worker processes, through the grid runner ``fedshift bench`` uses
-    (:func:`fedshift.bench.run_grid`)."""
-    from fedshift.bench import run_grid
+    (:func:`fedshift.runtime.parallel.run_grid`)."""
     from fedshift.runtime.cores import share_cores
-    from fedshift.runtime.parallel import Stopped, run_job
+    from fedshift.runtime.parallel import Stopped, run_grid, run_job
 
     n_jobs, cell_workers = share_cores(todo, _jobs(jobs, todo))
     keys = [str(j.run_dir) for j in todo]

@@ -88,4 +88,3 @@ class Component(Generic[P, T]):
     def defaults(self) -> dict[str, Any]:
         """The default keys of this component's ``Params`` (``{}``: it takes none)."""
         return dataclasses.asdict(type(self.params)()) if self.params is not None else {}
-

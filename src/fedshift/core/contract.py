@@ -263,6 +263,7 @@ class AlgorithmSpec(Protocol):
 # break is a :class:`ContractError` naming the class, the member and what was expected,
 # not a traceback from deep inside a round.
 
+
 def _kind(member: Any) -> str:
     if isinstance(member, classmethod):
         return "classmethod"

@@ -312,7 +312,9 @@ class Disclosure:
         """An ``up`` record of data (a statistic, examples, representations): what
         ``privacy.epsilon`` must protect or refuse (weights and updates are not covered)."""
         return self.direction == UP and self.kind in (
-            Kind.STATISTIC, Kind.EXAMPLES, Kind.REPRESENTATION
+            Kind.STATISTIC,
+            Kind.EXAMPLES,
+            Kind.REPRESENTATION,
         )
 
     def privacy(self) -> str:
@@ -349,9 +351,9 @@ class Disclosure:
             "carries": list(self.carries),
             "secure_aggregation": self.secure_aggregation(),
             "privacy": self.privacy(),
-            "clip": None if self.clip is None or not sites else float(
-                self.clip(sites[0].input_shape)
-            ),
+            "clip": None
+            if self.clip is None or not sites
+            else float(self.clip(sites[0].input_shape)),
         }
 
 

@@ -60,9 +60,7 @@ def shipped_hint(path: str | Path) -> str:
     out = "" if p.is_absolute() else f" (looked for {p.absolute()})"
     shipped = packaged_configs().get(p.stem)
     if p.suffix.lower() in SUFFIXES and shipped is not None:
-        use = (
-            f"`fedshift bench {p.stem}`" if shipped.parent.name == "suites" else f"`-c {p.stem}`"
-        )
+        use = f"`fedshift bench {p.stem}`" if shipped.parent.name == "suites" else f"`-c {p.stem}`"
         out += (
             f"; fedshift ships a config of that name: give the name, {use} (an installed "
             "fedshift has its configs by name, not the repository's configs/ folder)"

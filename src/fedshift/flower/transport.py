@@ -159,9 +159,7 @@ class GridTransport:
             messages.append(
                 Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
             )
-        replies = send_and_receive(
-            self.grid, messages, self.options.round_timeout, self.stop_check
-        )
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout, self.stop_check)
         by_cid = _match_replies(messages, replies, {c.node: n for n, c in self.clients.items()})
         out: dict[str, Message] = {}
         for cid in contents:

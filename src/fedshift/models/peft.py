@@ -168,4 +168,3 @@ def add_lora(model: FedModel, rank: int) -> int:
         m.register_forward_hook(update.hook)
     model.lora = lora
     return len(targets)
-

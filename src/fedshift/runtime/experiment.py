@@ -81,6 +81,7 @@ class Experiment:
         """The run record's ``trainable`` (``trunk_cache.trainable_summary``) and
         ``privacy`` after ``rounds`` rounds (:meth:`privacy_spent`)."""
         return {"trainable": trainable_summary(self, server), "privacy": self.privacy_spent(rounds)}
+
     #: the privacy budget (``privacy.epsilon``; :mod:`fedshift.runtime.privacy`), or None
     privacy: Plan | None = None
 

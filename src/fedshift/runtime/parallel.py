@@ -33,6 +33,7 @@ from fedshift.catalog import resolve
 from fedshift.core.errors import FedshiftError
 from fedshift.core.lifeline import die_with_parent
 from fedshift.runtime.hooks import Hook, RoundRecord
+from fedshift.runtime.progress import EVERY_S, CellProgress
 from fedshift.runtime.rundir.ownership import LOCK_FILE, clear_run_dir, hold_run, lock_holder
 from fedshift.runtime.simulation import Simulation, make_transport
 from fedshift.runtime.stopping import RunSignal
@@ -45,6 +46,7 @@ __all__ = [
     "install",
     "report",
     "run_cells",
+    "run_grid",
     "run_job",
 ]
 
@@ -250,7 +252,9 @@ def _in_pool(
     drain = threading.Thread(target=_drain, args=(messages, sink, lock, stop_drain), daemon=True)
     drain.start()
     pool = ProcessPoolExecutor(
-        n_workers, mp_context=ctx, initializer=_worker_init,
+        n_workers,
+        mp_context=ctx,
+        initializer=_worker_init,
         initargs=(os.getpid(), messages, stopping),
     )
     futs: dict[Future, str] = {}
@@ -336,3 +340,36 @@ def run_job(cfg_dict: dict, run_dir: str, workers: int, overwrite: bool) -> str:
         finally:
             transport.close()
     return "ran"
+
+
+def run_grid(
+    title: str,
+    rows: list[tuple[str, str, int]],
+    task: Callable[..., str],
+    args: dict[str, tuple],
+    workers: int,
+    progress: bool = True,
+    every_s: float = EVERY_S,
+    on_done: Callable[[str, dict], None] | None = None,
+) -> dict[str, str]:
+    """The grid runner of ``fedshift bench`` (:mod:`fedshift.bench`, and so of the studies)
+    and ``fedshift run --jobs``: ``task(*args[key])`` per key (a cell's run directory) in
+    ``workers`` processes (:func:`run_cells`), the live progress of every ``(key, label,
+    rounds)`` row (one not in ``args``: shown done), ``on_done(key, outcome)`` as each ends.
+    Returns ``{key: reason}`` of the failed cells; a signal raises ``Stopped``."""
+    finished = {key for key, _, _ in rows} - set(args)
+    display = CellProgress(title, rows, finished, enabled=progress, every_s=every_s)
+    failed: dict[str, str] = {}
+
+    def done(key: str, res: dict) -> None:
+        if on_done is not None:
+            on_done(key, res)
+        if res["status"] == "failed":
+            failed[key] = res["reason"]
+        display.finish(key, res["status"])
+
+    try:
+        run_cells(list(args), task, args, workers, done, display.handle)
+    finally:
+        display.close()
+    return failed

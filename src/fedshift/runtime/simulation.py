@@ -232,8 +232,9 @@ def resume_config(
     changed = [
         f"{k}: {was} -> {now}"
         # a key added later at its "off" value is what a run started before it did
-        for k, was, now in config_diff(without_later_defaults(started),
-                                       without_later_defaults(cfg.to_dict()))  # fmt: skip
+        for k, was, now in config_diff(
+            without_later_defaults(started), without_later_defaults(cfg.to_dict())
+        )  # fmt: skip
         if k not in (*RESUME_FREE, "train.rounds")
         # a run started before the ``run`` section existed: its threads were never recorded
         and not (k.startswith("run.") and was == NOT_SET)

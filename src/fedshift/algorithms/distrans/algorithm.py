@@ -134,18 +134,39 @@ class DisTrans(Algorithm[DisTransParams]):
         when = "while the offsets are aggregated (aggregation avg or nn; auto: decided by DH)"
         out = [
             *self.weights_disclosures(model),
-            Disclosure(OFFSET_RECORD, UP, Kind.PARAMETERS, When.ROUND, offset,
-                       "the site's trained input offset (an image-shaped tensor)",
-                       to=To.AGGREGATE, maybe=when),
-            Disclosure(OFFSET_RECORD, DOWN, Kind.PARAMETERS, When.ROUND, offset,
-                       "the aggregated offset for this site", carries=(OFFSET_RECORD,),
-                       maybe=when),
+            Disclosure(
+                OFFSET_RECORD,
+                UP,
+                Kind.PARAMETERS,
+                When.ROUND,
+                offset,
+                "the site's trained input offset (an image-shaped tensor)",
+                to=To.AGGREGATE,
+                maybe=when,
+            ),
+            Disclosure(
+                OFFSET_RECORD,
+                DOWN,
+                Kind.PARAMETERS,
+                When.ROUND,
+                offset,
+                "the aggregated offset for this site",
+                carries=(OFFSET_RECORD,),
+                maybe=when,
+            ),
         ]
         if self.wants_label_dist():
             out.append(
-                Disclosure(LABEL_RECORD, UP, Kind.STATISTIC, When.ONCE,
-                           fixed(self.num_classes * 4), "the site's examples per class",
-                           to=To.SERVER, over=Over.SITE)
+                Disclosure(
+                    LABEL_RECORD,
+                    UP,
+                    Kind.STATISTIC,
+                    When.ONCE,
+                    fixed(self.num_classes * 4),
+                    "the site's examples per class",
+                    to=To.SERVER,
+                    over=Over.SITE,
+                )
             )
         return out  # fmt: skip
 

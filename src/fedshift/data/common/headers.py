@@ -119,8 +119,7 @@ def _header(fh: BinaryIO, where: str) -> ArrayHeader:
             shape, _, dtype = fmt._read_array_header(fh, version)  # noqa: SLF001
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(
-            f"{where}: not a readable .npy array header ({exc}); save it with np.save / "
-            "np.savez"
+            f"{where}: not a readable .npy array header ({exc}); save it with np.save / np.savez"
         ) from exc
     return ArrayHeader(tuple(int(s) for s in shape), np.dtype(dtype))
 

@@ -65,4 +65,3 @@ def read_nifti(path: str | os.PathLike) -> np.ndarray:
     if data.dtype == np.float64 and img.get_data_dtype() != np.float64:
         data = data.astype(np.float32)
     return np.ascontiguousarray(data.transpose(2, 1, 0))
-

@@ -136,4 +136,3 @@ class BrainMRIParams:
                 f"config key '{key('nifti_dir')}' must be a folder path or null, "
                 f"got {self.nifti_dir!r}"
             )
-

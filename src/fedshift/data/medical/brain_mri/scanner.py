@@ -100,7 +100,6 @@ def scanner_table(sites: int) -> list[Scanner]:
     return rows
 
 
-
 # --------------------------------------------------------------------------------------------
 # the scanner model
 # --------------------------------------------------------------------------------------------
@@ -195,4 +194,3 @@ def apply_scanner(
 def noise_rng(seed: int, site: int) -> np.random.Generator:
     """The Rician noise generator of ``site`` (0-based), fixed by the data seed."""
     return seeded_rng(seed, "brain-mri/noise", site)
-

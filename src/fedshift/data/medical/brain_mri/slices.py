@@ -148,7 +148,6 @@ def deal(usable: dict[str, np.ndarray], p: BrainMRIParams) -> list[dict[str, lis
     return sites
 
 
-
 def site_names(sites: int) -> list[str]:
     """``site1`` .. ``site<sites>``."""
     return [f"site{k + 1}" for k in range(sites)]
@@ -170,4 +169,3 @@ def site_volume(template: Template, p: BrainMRIParams, site: int) -> np.ndarray:
     """Site ``site`` (0-based)'s scanner-transformed, normalised cube."""
     scanner = scanner_table(site + 1)[site].scaled(p.scanner_strength)
     return apply_scanner(template.t1, scanner, noise_rng(p.seed, site), template.mask)
-

@@ -150,4 +150,3 @@ def class_probabilities(gm: np.ndarray, wm: np.ndarray, labels: str) -> np.ndarr
     # integer shares first, then one division: a tie stays an exact tie in float32
     stack = np.stack([bg, g, w] if labels == "tissue" else [bg, g + w])
     return stack.astype(np.float32) / np.float32(255.0)
-
