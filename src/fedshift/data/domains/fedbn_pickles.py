@@ -558,6 +558,35 @@ DOMAINNET_FEDFA_RELEASED = (
 )
 
 
+def _domain_splits(
+    params: PickleParams, d: str, lists: dict[str, tuple], base: Path, min_len: int
+) -> dict[str, SplitSource]:
+    """Domain ``d``'s train/val (cut from its train pickle by ``dataset.split``'s rule) and
+    test (its test pickle) files, each file labelled with its pickle entry."""
+    spec = params.SPEC
+    splits: dict[str, SplitSource] = {}
+    train_pkl, rel, y = lists["train"]
+    fedfa_train = params.fedfa_train if isinstance(params, DomainNetParams) else "paper"
+    bounds = split_bounds(spec.name, params.split, len(y), min_len, fedfa_train)
+    for split, (start, stop) in bounds.items():
+        if stop - start < 1:
+            raise DataError(
+                f"{spec.name} {d}: the {params.split} rule leaves the {split} split empty "
+                f"({len(y)} entries in {train_pkl}, smallest train pickle {min_len}); "
+                f"these pickles are too small for it"
+            )
+        splits[split] = SplitSource(
+            [base / p for p in rel[start:stop]],
+            y[start:stop].copy(),
+            [f"{train_pkl}, entry {i}" for i in range(start, stop)],
+        )
+    test_pkl, rel_t, y_t = lists["test"]
+    splits["test"] = SplitSource(
+        [base / p for p in rel_t], y_t, [f"{test_pkl}, entry {i}" for i in range(len(y_t))]
+    )
+    return splits
+
+
 def load_pickled_federation(params: PickleParams, progress: bool = True) -> Federation:
     """The federation of FedBN's path pickles (``office-caltech10``, ``domainnet``)."""
     params.validate()
@@ -577,26 +606,7 @@ def load_pickled_federation(params: PickleParams, progress: bool = True) -> Fede
     clients, available, cache_info = [], {}, {}
     budget = MemoryBudget()  # one for the whole federation (core/images.py)
     for d in domains:
-        splits: dict[str, SplitSource] = {}
-        train_pkl, rel, y = lists[d]["train"]
-        fedfa_train = params.fedfa_train if isinstance(params, DomainNetParams) else "paper"
-        bounds = split_bounds(spec.name, params.split, len(y), min_len, fedfa_train)
-        for split, (start, stop) in bounds.items():
-            if stop - start < 1:
-                raise DataError(
-                    f"{spec.name} {d}: the {params.split} rule leaves the {split} split empty "
-                    f"({len(y)} entries in {train_pkl}, smallest train pickle {min_len}); "
-                    f"these pickles are too small for it"
-                )
-            splits[split] = SplitSource(
-                [base / p for p in rel[start:stop]],
-                y[start:stop].copy(),
-                [f"{train_pkl}, entry {i}" for i in range(start, stop)],
-            )
-        test_pkl, rel_t, y_t = lists[d]["test"]
-        splits["test"] = SplitSource(
-            [base / p for p in rel_t], y_t, [f"{test_pkl}, entry {i}" for i in range(len(y_t))]
-        )
+        splits = _domain_splits(params, d, lists[d], base, min_len)
         available[d] = {s: len(src) for s, src in splits.items()}
         for split in SPLITS:
             tag = f"{spec.name}/{d}/{split}/cap"
