@@ -29,11 +29,11 @@ loader, the client and split, and the fix; the label range is read with one
 that calls ``sys.exit`` (:class:`SystemExit`) is the same kind of error
 (:func:`loader_failed`), and so is any other exception a plug-in's loader raises.
 
-:class:`DatasetSpec` states it as a typing protocol. Built-in datasets are registered with
-these four facts by one ``DATASETS.add(name, load, Params, description, task=...)`` call each
-(:mod:`fedshift.data`); a plug-in is a class (or an object) with these attributes, found by
-an entry point in group ``fedshift.datasets`` or named ``module:Class``, checked by
-:func:`dataset_entry` when it is registered and by :func:`check_loaded` when it loads.
+:class:`DatasetSpec` states it as a typing protocol. A dataset is a class (or an object)
+with these attributes (and an optional one-line ``description``): a built-in one is defined
+in its loader's module and listed in :data:`fedshift.data.BUILT_IN`; a plug-in is found by
+an entry point in group ``fedshift.datasets`` or named ``module:Class``. Both are checked by
+:func:`dataset_entry` when they are registered and by :func:`check_loaded` when they load.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Name -> component registries (algorithms, datasets, models) with helpful lookup errors.
 
-Every built-in component is registered the same way, by one :meth:`Registry.add` call in its
-kind's package ``__init__`` (``ALGORITHMS.add(name, cls, Params)``, ``MODELS.add(name, cls,
-Params, description)``, ``DATASETS.add(name, load, Params, description, task=...)``): the
-name, the implementation, its parameter dataclass, a one-line description and, for a
-registry made with ``tasks`` (datasets), the task, which lives on the :class:`Entry`.
+Every built-in component is registered by one :meth:`Registry.add` in its kind's package
+``__init__`` (``ALGORITHMS.add(name, cls, Params)``, ``MODELS.add(name, cls, Params,
+description)``; datasets: each built-in dataset class, shaped as a plug-in, through the
+plug-ins' check and then ``DATASETS.add``): the name, the implementation, its parameter
+dataclass, a one-line description and, for a registry made with ``tasks`` (datasets), the
+task, which lives on the :class:`Entry`.
 
 A registry that accepts plug-ins (:meth:`Registry.accept_plugins`; the catalog switches it on
 for algorithms, augments, models and datasets) also finds components that are not built in,

@@ -19,190 +19,62 @@ from fedshift.core.components import Component
 from fedshift.core.config import RunConfig
 from fedshift.core.datasets import (
     DATASET_TASKS,
-    TASK_FROM_PARAMS,
     check_loaded,
+    dataset_entry,
     loader_failed,
     params_task,
 )
 from fedshift.core.errors import FedshiftError
 from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.registry import Registry
-from fedshift.data.digits import DigitsParams, load_digits
-from fedshift.data.domains.arrays import ArraysParams, load_arrays
-from fedshift.data.domains.cifar import CifarParams, load_cifar10, load_cifar100
-from fedshift.data.domains.distrans_folders import (
-    CHMNISTParams,
-    CUBParams,
-    load_chmnist,
-    load_cub200,
-)
-from fedshift.data.domains.fashion import FashionParams, load_fashion
+from fedshift.data.digits import DigitsDataset
+from fedshift.data.domains.arrays import ArraysDataset
+from fedshift.data.domains.cifar import CIFAR10Dataset, CIFAR100Dataset
+from fedshift.data.domains.distrans_folders import CHMNISTDataset, CUB200Dataset
+from fedshift.data.domains.fashion import FashionMNISTDataset
 from fedshift.data.domains.fedbn_pickles import (
-    Digits5Params,
-    DomainNetParams,
-    OfficeParams,
-    load_digits5,
-    load_domainnet,
-    load_office,
+    Digits5Dataset,
+    DomainNetDataset,
+    OfficeCaltech10Dataset,
 )
-from fedshift.data.domains.image_folders import (
-    OfficeHomeParams,
-    PACSParams,
-    load_officehome,
-    load_pacs,
-)
-from fedshift.data.domains.toy import ToyParams, ToySegParams, load_toy, load_toyseg
-from fedshift.data.domains.user_folders import FoldersParams, load_folders
-from fedshift.data.medical.brain_mri import BrainMRIParams, load_brain_mri
-from fedshift.data.medical.camelyon import CamelyonParams, load_camelyon
-from fedshift.data.medical.nuclei import NucleiParams, load_nuclei
-from fedshift.data.medical.prostate import ProstateParams, load_prostate
-from fedshift.data.medical.segfolders import SegFoldersParams, load_segfolders
+from fedshift.data.domains.image_folders import OfficeHomeDataset, PACSDataset
+from fedshift.data.domains.toy import ToysegDataset, ToyshiftDataset
+from fedshift.data.domains.user_folders import FoldersDataset
+from fedshift.data.medical.brain_mri.build import BrainMRIDataset
+from fedshift.data.medical.camelyon import Camelyon17Dataset
+from fedshift.data.medical.nuclei import NucleiDataset
+from fedshift.data.medical.prostate import ProstateDataset
+from fedshift.data.medical.segfolders import SegFoldersDataset
 
-#: every built-in dataset, by one ``DATASETS.add(name, load, Params, description, task=...)``
-#: call: the dataset contract (:mod:`fedshift.core.datasets`) with ``load`` as the entry's
-#: object; plug-ins come in through :func:`fedshift.core.datasets.dataset_entry`
+#: every built-in dataset: a class in its own module with the four facts of the dataset
+#: contract (:mod:`fedshift.core.datasets`: name, Params, task, load) and a description,
+#: the shape a plug-in has, checked by the same :func:`~fedshift.core.datasets.dataset_entry`
+BUILT_IN: tuple[type, ...] = (
+    DigitsDataset,
+    FashionMNISTDataset,
+    BrainMRIDataset,
+    ProstateDataset,
+    Camelyon17Dataset,
+    NucleiDataset,
+    Digits5Dataset,
+    OfficeCaltech10Dataset,
+    DomainNetDataset,
+    PACSDataset,
+    OfficeHomeDataset,
+    CIFAR10Dataset,
+    CIFAR100Dataset,
+    CHMNISTDataset,
+    CUB200Dataset,
+    FoldersDataset,
+    SegFoldersDataset,
+    ArraysDataset,
+    ToyshiftDataset,
+    ToysegDataset,
+)
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset", tasks=DATASET_TASKS)
-DATASETS.add(
-    "digits",
-    load_digits,
-    DigitsParams,
-    "offline Digits: mnist, mnistm, optdigits, synth, opencv (real data from packages)",
-    task="classification",
-)
-DATASETS.add(
-    "fashion-mnist",
-    load_fashion,
-    FashionParams,
-    "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition",
-    task="classification",
-)
-DATASETS.add(
-    "brain-mri",
-    load_brain_mri,
-    BrainMRIParams,
-    "offline segmentation: real MNI152 brain anatomy (nilearn), K sites with simulated scanners",
-    task="segmentation",
-)
-DATASETS.add(
-    "prostate",
-    load_prostate,
-    ProstateParams,
-    "multi-site prostate MRI segmentation (your NIfTI files: BIDMC, HK, I2CVB, BMC, RUNMC, UCL)",
-    task="segmentation",
-)
-DATASETS.add(
-    "camelyon17",
-    load_camelyon,
-    CamelyonParams,
-    "Camelyon17 histology patches, five hospitals (your WILDS or HarmoFL data.pkl folder)",
-    task="classification",
-)
-DATASETS.add(
-    "nuclei",
-    load_nuclei,
-    NucleiParams,
-    "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})",
-    task="segmentation",
-)
-DATASETS.add(
-    "digits5",
-    load_digits5,
-    Digits5Params,
-    "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)",
-    task="classification",
-)
-DATASETS.add(
-    "office-caltech10",
-    load_office,
-    OfficeParams,
-    "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)",
-    task="classification",
-)
-DATASETS.add(
-    "domainnet",
-    load_domainnet,
-    DomainNetParams,
-    "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)",
-    task="classification",
-)
-DATASETS.add(
-    "pacs",
-    load_pacs,
-    PACSParams,
-    "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)",
-    task="classification",
-)
-DATASETS.add(
-    "officehome",
-    load_officehome,
-    OfficeHomeParams,
-    "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)",
-    task="classification",
-)
-DATASETS.add(
-    "cifar10",
-    load_cifar10,
-    CifarParams,
-    "CIFAR-10 (your python batches); partition it",
-    task="classification",
-)
-DATASETS.add(
-    "cifar100",
-    load_cifar100,
-    CifarParams,
-    "CIFAR-100 (your python batches); partition it",
-    task="classification",
-)
-DATASETS.add(
-    "chmnist",
-    load_chmnist,
-    CHMNISTParams,
-    "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it",
-    task="classification",
-)
-DATASETS.add(
-    "cub200",
-    load_cub200,
-    CUBParams,
-    "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
-    task="classification",
-)
-DATASETS.add(
-    "folders",
-    load_folders,
-    FoldersParams,
-    "your images: <root>/<site>/<class>/<image>, one client per site (`fedshift docs datasets`)",
-    task="classification",
-)
-DATASETS.add(
-    "segfolders",
-    load_segfolders,
-    SegFoldersParams,
-    "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)",
-    task="segmentation",
-)
-DATASETS.add(
-    "arrays",
-    load_arrays,
-    ArraysParams,
-    "your numpy arrays: <root>/<site>.npz (x, y[, split]) or fedshift.run(federation=...)",
-    task=TASK_FROM_PARAMS,
-)
-DATASETS.add(
-    "toyshift",
-    load_toy,
-    ToyParams,
-    "tiny synthetic feature-shift data for smoke tests",
-    task="classification",
-)
-DATASETS.add(
-    "toyseg",
-    load_toyseg,
-    ToySegParams,
-    "tiny synthetic segmentation data with feature shift (tests)",
-    task="segmentation",
-)
+for _spec in BUILT_IN:
+    _entry = dataset_entry(_spec.name, _spec, f"built-in dataset {_spec.__name__}")
+    DATASETS.add(_entry.name, _entry.obj, _entry.params, _entry.description, task=_entry.task)
 
 
 def dataset_task(name: str, params: object = None) -> str:

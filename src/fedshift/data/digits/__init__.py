@@ -10,6 +10,7 @@
 from fedshift.data.digits.benchmark import (
     CLASSES,
     DOMAINS,
+    DigitsDataset,
     DigitsParams,
     build_digits,
     load_digits,
@@ -21,6 +22,7 @@ from fedshift.data.digits.sources import fetch_opencv
 __all__ = [
     "CLASSES",
     "DOMAINS",
+    "DigitsDataset",
     "DigitsParams",
     "build_digits",
     "fetch_opencv",

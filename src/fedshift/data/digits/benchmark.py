@@ -43,6 +43,7 @@ REBUILD_CMD = "fedshift data build digits --force"
 SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 __all__ = [
+    "DigitsDataset",
     "CLASSES",
     "DOMAINS",
     "DigitsParams",
@@ -368,3 +369,16 @@ def show_digits(params: DigitsParams, out_png: Path, per_domain: int = 10) -> di
     fig.subplots_adjust(left=0.12, right=0.99, top=0.95, bottom=0.02, wspace=0.05, hspace=0.3)
     save_figure(fig, out_png)
     return fed.counts()
+
+
+class DigitsDataset:
+    """The ``digits`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "digits"
+    Params = DigitsParams
+    task = "classification"
+    description = (
+        "offline Digits: mnist, mnistm, optdigits, synth, opencv (real data from packages)"
+    )
+    load = staticmethod(load_digits)

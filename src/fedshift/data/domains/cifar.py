@@ -266,3 +266,25 @@ def load_cifar10(params: CifarParams) -> Federation:
 def load_cifar100(params: CifarParams) -> Federation:
     """The ``cifar100`` federation: one client, fine or coarse labels (module docstring)."""
     return load_cifar(CIFAR_SPECS["cifar100"], params)
+
+
+class CIFAR10Dataset:
+    """The ``cifar10`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "cifar10"
+    Params = CifarParams
+    task = "classification"
+    description = "CIFAR-10 (your python batches); partition it"
+    load = staticmethod(load_cifar10)
+
+
+class CIFAR100Dataset:
+    """The ``cifar100`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "cifar100"
+    Params = CifarParams
+    task = "classification"
+    description = "CIFAR-100 (your python batches); partition it"
+    load = staticmethod(load_cifar100)

@@ -101,6 +101,8 @@ from fedshift.data.common.sampling import stratified_subsample
 from fedshift.data.common.seeding import seeded_rng
 
 __all__ = [
+    "CHMNISTDataset",
+    "CUB200Dataset",
     "CHMNIST_CLASSES",
     "CHMNISTParams",
     "CUBParams",
@@ -535,3 +537,27 @@ def load_cub200(params: CUBParams, *, progress: bool = True) -> Federation:
         **federation_info(fed, params.image_size),
     }
     return fed
+
+
+class CHMNISTDataset:
+    """The ``chmnist`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "chmnist"
+    Params = CHMNISTParams
+    task = "classification"
+    description = (
+        "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it"
+    )
+    load = staticmethod(load_chmnist)
+
+
+class CUB200Dataset:
+    """The ``cub200`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "cub200"
+    Params = CUBParams
+    task = "classification"
+    description = "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it"
+    load = staticmethod(load_cub200)

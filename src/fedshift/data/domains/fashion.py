@@ -72,6 +72,7 @@ IDX_LABELS = 0x00000801  # unsigned bytes, 1 dimension
 SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 __all__ = [
+    "FashionMNISTDataset",
     "CLASSES",
     "FashionParams",
     "apt_download",
@@ -323,3 +324,16 @@ def show_fashion(params: FashionParams, out_png: Path, per_class: int = 10) -> d
             for s in ("train", "val", "test")
         },
     }
+
+
+class FashionMNISTDataset:
+    """The ``fashion-mnist`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "fashion-mnist"
+    Params = FashionParams
+    task = "classification"
+    description = (
+        "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition"
+    )
+    load = staticmethod(load_fashion)

@@ -105,6 +105,9 @@ from fedshift.data.common.sampling import stratified_subsample
 from fedshift.data.common.seeding import seeded_rng
 
 __all__ = [
+    "Digits5Dataset",
+    "OfficeCaltech10Dataset",
+    "DomainNetDataset",
     "DIGITS5_CLASSES",
     "DIGITS5_DOMAINS",
     "DOMAINNET_CLASSES",
@@ -659,3 +662,42 @@ def load_office(params: OfficeParams, *, progress: bool = True) -> Federation:
 def load_domainnet(params: DomainNetParams, *, progress: bool = True) -> Federation:
     """The ``domainnet`` federation (FedBN's pickles; module docstring)."""
     return load_pickled_federation(params, progress)
+
+
+class Digits5Dataset:
+    """The ``digits5`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "digits5"
+    Params = Digits5Params
+    task = "classification"
+    description = (
+        "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)"
+    )
+    load = staticmethod(load_digits5)
+
+
+class OfficeCaltech10Dataset:
+    """The ``office-caltech10`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "office-caltech10"
+    Params = OfficeParams
+    task = "classification"
+    description = (
+        "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)"
+    )
+    load = staticmethod(load_office)
+
+
+class DomainNetDataset:
+    """The ``domainnet`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "domainnet"
+    Params = DomainNetParams
+    task = "classification"
+    description = (
+        "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)"
+    )
+    load = staticmethod(load_domainnet)

@@ -79,6 +79,8 @@ from fedshift.data.domains.class_folders import (
 )
 
 __all__ = [
+    "PACSDataset",
+    "OfficeHomeDataset",
     "OFFICEHOME_DOMAINS",
     "PACS_DOMAINS",
     "OfficeHomeParams",
@@ -284,3 +286,25 @@ def load_pacs(params: PACSParams, *, progress: bool = True) -> Federation:
 def load_officehome(params: OfficeHomeParams, *, progress: bool = True) -> Federation:
     """The ``officehome`` federation: one client per domain (module docstring)."""
     return load_folder_federation(params, progress)
+
+
+class PACSDataset:
+    """The ``pacs`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "pacs"
+    Params = PACSParams
+    task = "classification"
+    description = "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)"
+    load = staticmethod(load_pacs)
+
+
+class OfficeHomeDataset:
+    """The ``officehome`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "officehome"
+    Params = OfficeHomeParams
+    task = "classification"
+    description = "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)"
+    load = staticmethod(load_officehome)

@@ -140,3 +140,25 @@ def load_toyseg(p: ToySegParams) -> Federation:
         {"synthetic": True},
         task="segmentation",
     )
+
+
+class ToyshiftDataset:
+    """The ``toyshift`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "toyshift"
+    Params = ToyParams
+    task = "classification"
+    description = "tiny synthetic feature-shift data for smoke tests"
+    load = staticmethod(load_toy)
+
+
+class ToysegDataset:
+    """The ``toyseg`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "toyseg"
+    Params = ToySegParams
+    task = "segmentation"
+    description = "tiny synthetic segmentation data with feature shift (tests)"
+    load = staticmethod(load_toyseg)

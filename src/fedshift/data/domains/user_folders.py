@@ -365,3 +365,16 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
         **federation_info(fed, params.size),
     }
     return fed
+
+
+class FoldersDataset:
+    """The ``folders`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "folders"
+    Params = FoldersParams
+    task = "classification"
+    description = (
+        "your images: <root>/<site>/<class>/<image>, one client per site (`fedshift docs datasets`)"
+    )
+    load = staticmethod(load_folders)

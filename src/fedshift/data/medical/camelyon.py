@@ -99,6 +99,7 @@ WILDS (camelyon17_v1.0):            HarmoFL:
 SIZE_KEYS = {"train": "train_size", "val": "val_size", "test": "test_size"}
 
 __all__ = [
+    "Camelyon17Dataset",
     "CLASSES",
     "HOSPITALS",
     "CamelyonParams",
@@ -464,3 +465,16 @@ def load_camelyon(params: CamelyonParams) -> Federation:
         **split_info,
     }
     return fed
+
+
+class Camelyon17Dataset:
+    """The ``camelyon17`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "camelyon17"
+    Params = CamelyonParams
+    task = "classification"
+    description = (
+        "Camelyon17 histology patches, five hospitals (your WILDS or HarmoFL data.pkl folder)"
+    )
+    load = staticmethod(load_camelyon)

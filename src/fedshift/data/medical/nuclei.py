@@ -201,3 +201,16 @@ def load_nuclei(params: NucleiParams) -> Federation:
         },
     }
     return fed
+
+
+class NucleiDataset:
+    """The ``nuclei`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "nuclei"
+    Params = NucleiParams
+    task = "segmentation"
+    description = (
+        "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})"
+    )
+    load = staticmethod(load_nuclei)

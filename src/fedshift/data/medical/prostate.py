@@ -129,6 +129,7 @@ TREE = """\
   RUNMC/  or ISBI_1.5/        (masks may be CaseXX_Segmentation.nii.gz)"""
 
 __all__ = [
+    "ProstateDataset",
     "CLASSES",
     "SITES",
     "ProstateParams",
@@ -579,3 +580,16 @@ def load_prostate(params: ProstateParams) -> Federation:
         "cache": cache_info if params.cache else None,
     }
     return fed
+
+
+class ProstateDataset:
+    """The ``prostate`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "prostate"
+    Params = ProstateParams
+    task = "segmentation"
+    description = (
+        "multi-site prostate MRI segmentation (your NIfTI files: BIDMC, HK, I2CVB, BMC, RUNMC, UCL)"
+    )
+    load = staticmethod(load_prostate)

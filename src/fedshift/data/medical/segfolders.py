@@ -406,3 +406,16 @@ def load_segfolders(params: SegFoldersParams) -> Federation:
         },
     }
     return fed
+
+
+class SegFoldersDataset:
+    """The ``segfolders`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "segfolders"
+    Params = SegFoldersParams
+    task = "segmentation"
+    description = (
+        "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)"
+    )
+    load = staticmethod(load_segfolders)

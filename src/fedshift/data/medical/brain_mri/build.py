@@ -213,3 +213,16 @@ def scanner_preview(params: BrainMRIParams, path: str | Path, slice_id: str | No
     fig.subplots_adjust(left=0.12, right=0.99, top=0.96, bottom=0.01, wspace=0.04, hspace=0.04)
     path = save_figure(fig, path)
     return {"slices": ids, "path": str(path)}
+
+
+class BrainMRIDataset:
+    """The ``brain-mri`` dataset as fedshift registers it (the dataset contract,
+    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
+
+    name = "brain-mri"
+    Params = BrainMRIParams
+    task = "segmentation"
+    description = (
+        "offline segmentation: real MNI152 brain anatomy (nilearn), K sites with simulated scanners"
+    )
+    load = staticmethod(load_brain_mri)
