@@ -153,10 +153,10 @@ class PrivacyConfig:
     # give, so no valid example is clipped: `fedshift privacy show` prints it)
     clip: dict[str, float] = field(default_factory=dict)
     # differential privacy for the model updates too (fedshift.core.dp_updates,
-    # docs/PRIVACY.md): "off" (the weights are not covered), "client" (DP-FedAvg: each site's
+    # docs/PRIVACY.md): "none" (the weights are not covered), "client" (DP-FedAvg: each site's
     # update clipped to update_clip, Gaussian noise on the server's mean; the unit is one
     # site, under privacy.epsilon); "example" (example-level DP-SGD): not available yet
-    updates: Literal["off", "client", "example"] = "off"
+    updates: Literal["none", "client", "example"] = "none"
     # the L2 bound of one site's update of the shared weights in one round (updates=client)
     update_clip: float = bounded(1.0, gt=0)
 
@@ -555,10 +555,10 @@ def check_ranges(cfg: RunConfig) -> None:
 def _check_privacy(cfg: RunConfig) -> None:
     """``privacy.updates`` spends ``privacy.epsilon``: it needs one."""
     p = cfg.privacy
-    if p.updates != "off" and p.epsilon is None:
+    if p.updates != "none" and p.epsilon is None:
         raise ConfigError(
             f"config key 'privacy.updates' ({p.updates}) needs a budget: set privacy.epsilon "
-            "(e.g. privacy.epsilon=8), or privacy.updates=off"
+            "(e.g. privacy.epsilon=8), or privacy.updates=none"
         )
 
 

@@ -95,7 +95,7 @@ class UpdatePrivacy:
         if reference is None or not set(up[WEIGHTS]) <= set(reference):
             raise FedshiftError(
                 f"round {rnd}: client {cid!r} sent weights that are not the ones it received, "
-                f"so {KEY} cannot clip its update; use privacy.updates=off with this method"
+                f"so {KEY} cannot clip its update; use privacy.updates=none with this method"
             )
         clipped, _ = clip_update(up[WEIGHTS], reference, self.mechanism.clip)
         records = {**up.records, WEIGHTS: clipped}

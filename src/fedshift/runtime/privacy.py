@@ -230,7 +230,7 @@ def updates_refusal(algo: Composition, model: FedModel) -> str | None:
                     f"{UK}: {d.source}'s server reads each site's weights, not only their "
                     "mean (its aggregate is not declared sums_only), so the noise on the mean "
                     "does not cover it; choose a method that averages the weights, or "
-                    "privacy.updates=off"
+                    "privacy.updates=none"
                 )
             continue
         if d.needs_protection and d.clip is not None and d.summed:
@@ -239,7 +239,7 @@ def updates_refusal(algo: Composition, model: FedModel) -> str | None:
             f"{UK}: {d.source or 'the method'} sends record {d.record!r} ({d.kind}) besides "
             "the weights, which DP-FedAvg's clipping does not bound and privacy.epsilon does "
             "not protect; choose a method whose replies are its weights (and protected "
-            "statistics), or privacy.updates=off"
+            "statistics), or privacy.updates=none"
         )
     return None
 
@@ -265,13 +265,13 @@ def plan_privacy(
         raise ConfigError(
             "config key 'privacy.updates': example-level DP-SGD (privacy.updates=example) is "
             "not available yet; use privacy.updates=client (DP-FedAvg, one site the unit) "
-            "or privacy.updates=off"
+            "or privacy.updates=none"
         )
     data = [d for d in declared if d.needs_protection]
     for d in data:
         if d.clip is None:
             raise ConfigError(_refusal(d))
-    if not data and p.updates == "off":
+    if not data and p.updates == "none":
         raise ConfigError(
             f"config key 'privacy.epsilon': {cfg.algorithm.name} shares no statistic of a "
             "site's examples beyond model weights, and privacy.epsilon protects shared "
