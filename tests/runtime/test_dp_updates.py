@@ -267,3 +267,25 @@ def test_every_algorithm_runs_a_protected_round_or_refuses_in_one_line(name, tmp
     assert name not in REFUSED
     p = _summary(tmp_path / "r")["privacy"]
     assert p["records"]["weights"]["releases"] == 1
+
+
+@needs_opacus
+def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
+    """Replies are clipped as they arrive from the workers; the noise is the server's."""
+    cfg = toy_cfg("algorithm.name=fedbn", *DP, "privacy.epsilon=4", rounds=2)
+    one = run_experiment(cfg, run_dir=tmp_path / "one", progress=False)
+    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
+    assert_runs_equal(tmp_path / "two", one.run_dir)
+
+
+@needs_opacus
+def test_privacy_show_says_the_weights_are_protected_and_their_noise():
+    from fedshift.runtime.disclosure import disclose, render
+
+    report = disclose(toy_cfg(*DP, "privacy.epsilon=2", "privacy.update_clip=0.5"))
+    text = render(report)
+    assert "weights: yes: privacy.updates=client" in text
+    z = report["privacy"]["records"]["weights"]["noise_multiplier"]
+    assert f"update clip 0.5, noise multiplier {z:.4g}" in text
+    with pytest.raises(ConfigError, match=r"'privacy.updates'.*'generator'"):
+        disclose(toy_cfg("algorithm.name=fraug", *DP, "privacy.epsilon=2"))

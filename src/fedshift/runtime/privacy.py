@@ -220,7 +220,12 @@ def updates_refusal(algo: Composition, model: FedModel) -> str | None:
         )
     ups = [d for d in algo.disclosures(model) if d.direction == UP]
     if not any(d.record == WEIGHTS for d in ups):
-        return f"{UK}: {algo.algorithm.name} sends no shared weights: nothing to clip"
+        sent = ", ".join(sorted({repr(d.record) for d in ups})) or "nothing"
+        return (
+            f"{UK}: {algo.algorithm.name} sends no shared weights (it sends {sent}), and "
+            "DP-FedAvg clips the weights record only; choose a method that sends its weights, "
+            "or privacy.updates=none"
+        )
     for d in ups:
         if d.when is When.SETUP:  # the setup exchange: privacy.epsilon's records or refused
             continue
