@@ -289,3 +289,23 @@ def test_privacy_show_says_the_weights_are_protected_and_their_noise():
     assert f"update clip 0.5, noise multiplier {z:.4g}" in text
     with pytest.raises(ConfigError, match=r"'privacy.updates'.*'generator'"):
         disclose(toy_cfg("algorithm.name=fraug", *DP, "privacy.epsilon=2"))
+
+
+@needs_opacus
+def test_the_server_adds_the_planned_noise_in_a_run(tmp_path):
+    """Updates clipped to 1e-6 move the weights by at most 1e-6; the rest of the move is the
+    server's noise: its mean square per value is (z C / m)^2 within 10 % (tens of thousands
+    of values)."""
+    from fedshift.runtime.simulation import Simulation
+
+    cfg = toy_cfg(*DP, "privacy.epsilon=1", "privacy.update_clip=1e-6", rounds=1)
+    sim = Simulation(cfg, tmp_path / "r", progress=False)
+    start = {k: t.clone() for k, t in sim.server["weights"].items()}
+    sim.run()
+    plan = sim.exp.privacy
+    assert plan is not None and plan.updates is not None
+    std = plan.updates.mechanism(0).std(len(sim.exp.train_clients))
+    floats = [k for k, t in start.items() if t.is_floating_point() and "running_var" not in k]
+    d = sum(start[k].numel() for k in floats)
+    moved = update_norm({k: sim.server["weights"][k] for k in floats}, start)
+    assert moved**2 / (d * std**2) == pytest.approx(1.0, rel=0.1), (d, moved, std)
