@@ -110,7 +110,7 @@ class UpdateMechanism:
         for k in sorted(reference):
             ref = reference[k]
             if not ref.is_floating_point():
-                acc = sum(c[k].double().cpu() for c in clipped) / len(clipped)
+                acc = torch.stack([c[k].double().cpu() for c in clipped]).mean(dim=0)
                 out[k] = acc.round().to(device=ref.device, dtype=ref.dtype)
                 continue
             r = ref.detach().double().cpu()
