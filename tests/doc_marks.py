@@ -138,6 +138,14 @@ MARKS: dict[str, Mark] = {
         "tests/runtime/test_privacy_budget.py::test_privacy_show_says_what_is_protected_and_its_noise",
         "the report and its text for the same config; needs Opacus (the privacy extra)",
     ),
+    "fedshift run dataset.name=toyshift privacy.epsilon=8 privacy.updates=client federation.weighting=uniform": ByTest(
+        "tests/runtime/test_dp_updates.py::test_a_protected_fedavg_run_reports_the_weights_epsilon",
+        "the same run (toyshift, FedAvg, DP-FedAvg, uniform weights) through the Python API; needs Opacus (the privacy extra)",
+    ),
+    "fedshift privacy show dataset.name=toyshift privacy.epsilon=8 privacy.updates=client federation.weighting=uniform": ByTest(
+        "tests/runtime/test_dp_updates.py::test_privacy_show_says_the_weights_are_protected_and_their_noise",
+        "the report and its text for the same config; needs Opacus (the privacy extra)",
+    ),
     "fedshift privacy show -c CONFIG": Synopsis("CONFIG: any run config"),
     "fedshift protocol privacy -c CONFIG": Synopsis("CONFIG: a config or suite whose cells are trained and attacked"),
     "fedshift protocol privacy -c configs/suites/privacy_digits.yaml --sizes 10,50,200,350 --workers 1 --threads 1": Long("about 21 min", "measured 2026-11-29: 27 LeNet-5 runs of 10 rounds (~14 min) + the attacks (~7 min), one worker beside another suite; results/protocols/privacy_digits"),

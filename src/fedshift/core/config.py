@@ -152,6 +152,13 @@ class PrivacyConfig:
     # named keeps its component's default (the largest contribution an image in [0, 1] can
     # give, so no valid example is clipped: `fedshift privacy show` prints it)
     clip: dict[str, float] = field(default_factory=dict)
+    # differential privacy for the model updates too (fedshift.core.dp_updates,
+    # docs/PRIVACY.md): "none" (the weights are not covered), "client" (DP-FedAvg: each site's
+    # update clipped to update_clip, Gaussian noise on the server's mean; the unit is one
+    # site, under privacy.epsilon); "example" (example-level DP-SGD): not available yet
+    updates: Literal["none", "client", "example"] = "none"
+    # the L2 bound of one site's update of the shared weights in one round (updates=client)
+    update_clip: float = bounded(1.0, gt=0)
 
 
 @dataclass
@@ -532,6 +539,7 @@ def check_ranges(cfg: RunConfig) -> None:
                 f"config key 'privacy.clip.{record}' must be a number > 0 (the L2 bound of one "
                 f"example's contribution), got {short_repr(bound)}"
             )
+    _check_privacy(cfg)
     if t.min_rounds and t.patience is None:
         raise ConfigError(
             f"config key 'train.min_rounds' ({t.min_rounds}) acts with early stopping only; "
@@ -541,6 +549,16 @@ def check_ranges(cfg: RunConfig) -> None:
         raise ConfigError(
             f"config key 'train.min_rounds' ({t.min_rounds}) exceeds train.rounds "
             f"({t.rounds}): lower it, or raise train.rounds"
+        )
+
+
+def _check_privacy(cfg: RunConfig) -> None:
+    """``privacy.updates`` spends ``privacy.epsilon``: it needs one."""
+    p = cfg.privacy
+    if p.updates != "none" and p.epsilon is None:
+        raise ConfigError(
+            f"config key 'privacy.updates' ({p.updates}) needs a budget: set privacy.epsilon "
+            "(e.g. privacy.epsilon=8), or privacy.updates=none"
         )
 
 

@@ -50,6 +50,7 @@ LATER_DEFAULTS: dict[str, Any] = {
     "model.weights_format": "auto",
     "model.pretrained": False,  # efficientnet_lite0 from scratch (issue 54)
     "privacy.epsilon": None,  # differential privacy off (issue 53)
+    "privacy.updates": "none",  # model updates not covered (issue 53 item 2)
 }
 #: sections added later whose every key is in LATER_DEFAULTS or ONLY_WITH: left out when
 #: they are empty once those keys are dropped
@@ -67,6 +68,8 @@ ONLY_WITH = {
     "train.trunk_cache": "train.trainable",
     "privacy.delta": "privacy.epsilon",
     "privacy.clip": "privacy.epsilon",
+    "privacy.updates": "privacy.epsilon",
+    "privacy.update_clip": "privacy.updates",
 }
 
 

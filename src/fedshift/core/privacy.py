@@ -25,7 +25,8 @@ The guarantee covers the records the method's components protect (their declarat
 :attr:`fedshift.core.disclosure.Disclosure.clip`): each is a function of the site's images
 alone, so per-example clipping bounds its sensitivity (a statistic of features under a model
 trained on the same data is not: replacing one example changes the model). Model weights and
-updates are not protected by ``privacy.epsilon`` (docs/PRIVACY.md).
+updates are protected only with ``privacy.updates`` (:mod:`fedshift.core.dp_updates`), under
+the same ``privacy.epsilon`` (docs/PRIVACY.md).
 Imports only torch, the standard library and ``core`` (Opacus when a budget is planned).
 """
 
@@ -43,6 +44,7 @@ __all__ = [
     "ALPHAS",
     "Mechanism",
     "clip_rows",
+    "epsilon_composed",
     "epsilon_spent",
     "noise_multiplier",
 ]
@@ -82,7 +84,21 @@ def epsilon_spent(sigma: float, releases: int, delta: float) -> float:
     return float(acc.get_epsilon(delta=delta, alphas=list(ALPHAS)))
 
 
-def noise_multiplier(epsilon: float, delta: float, releases: int) -> float:
+def epsilon_composed(history: list[tuple[float, float, int]], delta: float) -> float:
+    """The epsilon (at ``delta``) of mechanisms of different noise multipliers composed by
+    Opacus's RDP accountant: ``history`` holds (noise multiplier, sampling rate, releases)
+    entries, as ``RDPAccountant.history`` does; entries of no release are left out."""
+    entries = [(float(s), float(q), int(k)) for s, q, k in history if k > 0]
+    if not entries:
+        return 0.0
+    acc = _accountant()
+    acc.history = entries
+    return float(acc.get_epsilon(delta=delta, alphas=list(ALPHAS)))
+
+
+def noise_multiplier(
+    epsilon: float, delta: float, releases: int, what: str = "the protected records"
+) -> float:
     """The smallest noise multiplier (to :data:`TOLERANCE`) at which ``releases`` Gaussian
     mechanisms compose to at most ``(epsilon, delta)``: Opacus's ``get_noise_multiplier``
     with its RDP accountant (sampling rate 1). A budget no noise can meet is a
@@ -100,7 +116,7 @@ def noise_multiplier(epsilon: float, delta: float, releases: int) -> float:
     except ValueError as e:  # Opacus: "The privacy budget is too low."
         raise ConfigError(
             f"config key 'privacy.epsilon': {epsilon:g} at delta {delta:g} cannot cover "
-            f"{releases} release(s) of the protected records at any noise level (Opacus: {e}); "
+            f"{releases} release(s) of {what} at any noise level (Opacus: {e}); "
             "raise privacy.epsilon or privacy.delta, or run fewer rounds"
         ) from e
 

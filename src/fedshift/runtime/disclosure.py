@@ -124,17 +124,31 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
     the noise std of one value at the site where it summarises the fewest examples, and the
     epsilon it spends."""
     lines = ["does differential privacy (privacy.epsilon) protect it?"]
+    weights = None if plan is None else plan["records"].get("weights")
     for r in up:
-        lines.append(f"  {r['record']}: {r['privacy']}")
+        said = r["privacy"]
+        if weights is not None and r["record"] == "weights":
+            said = "yes: privacy.updates=client, each site's update clipped, noise on the mean"
+        lines.append(f"  {r['record']}: {said}")
     if plan is None:
         return lines
     sigma = plan["noise_multiplier"]
     lines.append(
         f"privacy.epsilon={plan['epsilon']:g}, delta {plan['delta']:g}, over "
-        f"{plan['planned_rounds']} round(s): noise multiplier {sigma:.4g} ({plan['accountant']}); "
-        f"epsilon spent in all {plan['epsilon_spent']:.4g} over {plan['releases']} release(s)"
+        f"{plan['planned_rounds']} round(s): "
+        + ("" if sigma is None else f"statistics' noise multiplier {sigma:.4g} ")
+        + f"({plan['accountant']}); epsilon spent in all at the example level "
+        f"{plan['epsilon_spent']:.4g} over {plan['releases']} release(s)"
     )
     for name, rec in plan["records"].items():
+        if name == "weights" and weights is not None:
+            lines.append(
+                f"  weights: one site the unit, update clip {rec['clip']:.4g}, noise "
+                f"multiplier {rec['noise_multiplier']:.4g} (std {rec['noise_multiplier']:.4g} x "
+                f"clip / clients in the round), {rec['releases']} release(s), client-level "
+                f"epsilon {rec['epsilon_spent']:.4g}"
+            )
+            continue
         row = next(r for r in up if r["record"] == name)
         few = row["fewest_examples"] or 1
         lines.append(

@@ -37,7 +37,7 @@ from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.models.peft import add_adapters, add_lora, added_layers_rng
 from fedshift.runtime.device import place_data, resolve_device, set_precision
-from fedshift.runtime.privacy import Plan, plan_privacy
+from fedshift.runtime.privacy import Plan, plan_privacy, updates_refusal
 from fedshift.runtime.trunk_cache import TrunkCache, trainable_summary
 
 if TYPE_CHECKING:
@@ -166,6 +166,9 @@ def build_experiment(
     if cfg.privacy.epsilon is not None:  # the budget, before any client state: runtime/privacy
         privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape)
         assert privacy is not None
+        why = None if privacy.updates is None else updates_refusal(composed, model)
+        if why is not None:  # privacy.updates: a method DP-FedAvg cannot protect
+            raise ConfigError(why)
         composed.protect(model, privacy.mechanisms)
     normalize = Normalize(cfg.input, fed.input_shape[0], device)
     kinds = [

@@ -22,7 +22,9 @@ SIGINT / SIGTERM: the round in progress is rolled back and the last whole round 
 :class:`~fedshift.runtime.stopping.RunSignal` propagates (the CLI exits 130 / 143).
 Everything else a run does is a hook (:mod:`fedshift.runtime.hooks`; every run's:
 :func:`~fedshift.runtime.lifecycle.run_hooks`). With ``federation.secure_aggregation`` the
-algorithm aggregates the replies' secure sum only (:mod:`fedshift.runtime.secagg`).
+algorithm aggregates the replies' secure sum only (:mod:`fedshift.runtime.secagg`); with
+``privacy.updates=client`` the noisy mean of the clipped updates
+(:mod:`fedshift.runtime.dp_updates`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from fedshift.core.seeding import generator, rng_state
 from fedshift.eval.early_stop import Stop, stop_of
 from fedshift.runtime.checkpointing import Checkpointing, restore
 from fedshift.runtime.client import check_reply
+from fedshift.runtime.dp_updates import UpdatePrivacy
 from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import Hook, Hooks, RoundRecord
 from fedshift.runtime.lifecycle import run_to_end
@@ -103,6 +106,8 @@ class RoundLoop:
         self.progress = progress
         self.options = options or LoopOptions()
         self.identity = RunIdentity(key=uuid.uuid4().hex)
+        self.dp = UpdatePrivacy.of(cfg)  # privacy.updates=client: clipped replies, noisy mean
+        transport = transport if self.dp is None else self.dp.wrap(transport)
         self.secure = SecureAggregation.of(cfg)  # federation.secure_aggregation: masked replies
         self.transport = transport if self.secure is None else self.secure.wrap(transport)
         exp, self.server = start_experiment(cfg, self.transport, self.identity)
@@ -168,6 +173,8 @@ class RoundLoop:
                 self._receive(rnd, cid, replies[cid])
                 ups.append((cid, replies[cid]))
         sums = ups if self.secure is None else self.secure.combine(rnd, sampled, ups)
+        if self.dp is not None:  # privacy.updates: the noisy mean of the clipped updates
+            sums = self.dp.combine(rnd, sampled, sums)
         self.algo.aggregate(self.server, rnd, sums)  # secure: the masked replies' sum only
         return {cid: up.metrics for cid, up in ups}
 

@@ -14,7 +14,13 @@ the composition's declarations (:mod:`fedshift.core.disclosure`) it
 * calibrates one noise multiplier for all of them with Opacus's RDP accountant
   (:func:`fedshift.core.privacy.noise_multiplier`): a budget no noise meets fails here, with
   one line naming ``privacy.epsilon``;
-* gives each protecting component its records' :class:`~fedshift.core.privacy.Mechanism`.
+* gives each protecting component its records' :class:`~fedshift.core.privacy.Mechanism`;
+* with ``privacy.updates=client``, plans the weights' DP-FedAvg mechanism too
+  (:class:`UpdatePlan`, :mod:`fedshift.core.dp_updates`; applied by
+  :mod:`fedshift.runtime.dp_updates`): one release a round, its noise multiplier calibrated
+  by the same accountant to the same ``(privacy.epsilon, privacy.delta)`` at its own unit,
+  one site. The statistics' unit is one example; the two guarantees are reported separately
+  and, at the example level, composed in one accountant history (:meth:`Plan.summary`).
 
 The plan is a function of the config alone, so a resumed run plans the same noise and
 spends the same budget as an uninterrupted one; an extension (``--resume DIR
@@ -26,13 +32,46 @@ epsilon spent per record and in all (:meth:`Plan.summary`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedshift.core.config import RunConfig
-from fedshift.core.disclosure import Disclosure, When
+from fedshift.core.disclosure import UP, Disclosure, Kind, When
+from fedshift.core.dp_updates import UpdateMechanism
 from fedshift.core.errors import ConfigError
-from fedshift.core.privacy import Mechanism, epsilon_spent, noise_multiplier
+from fedshift.core.privacy import Mechanism, epsilon_composed, epsilon_spent, noise_multiplier
 
-__all__ = ["Plan", "RecordPlan", "plan_privacy"]
+if TYPE_CHECKING:
+    from fedshift.augment.compose import Composition
+    from fedshift.models.base import FedModel
+
+__all__ = ["Plan", "RecordPlan", "UpdatePlan", "plan_privacy", "updates_refusal"]
+
+#: the record ``privacy.updates`` protects
+WEIGHTS = "weights"
+UK = "config key 'privacy.updates'"  # the start of its refusals
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """DP-FedAvg on the ``weights`` record (``privacy.updates=client``): one release a round
+    (:mod:`fedshift.core.dp_updates`)."""
+
+    unit: str
+    clip: float
+    #: the noise multiplier at the unit's sensitivity (``clip / m``): std ``z clip / m``
+    noise_multiplier: float
+    #: the releases the budget covers (``train.rounds``)
+    releases: int
+
+    def mechanism(self, seed: int) -> UpdateMechanism:
+        return UpdateMechanism(self.clip, self.noise_multiplier, seed)
+
+    @property
+    def example_multiplier(self) -> float:
+        """The noise multiplier of one release at the example level: replacing one example
+        of a site moves its clipped update anywhere in the ball of radius ``clip``, so the
+        mean by at most ``2 clip / m``: half the client-level multiplier."""
+        return self.noise_multiplier / 2.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +106,8 @@ class Plan:
     rounds: int
     records: tuple[RecordPlan, ...]
     seed: int
+    #: the weights' plan (``privacy.updates``), or None: weights not covered
+    updates: UpdatePlan | None = None
 
     @property
     def mechanisms(self) -> dict[str, Mechanism]:
@@ -79,42 +120,133 @@ class Plan:
     def check_rounds(self, rounds: int) -> None:
         """Refuse to run to ``rounds`` when a record would then be released more often than
         the budget was planned for (an extension of a run that protects a per-round record)."""
-        over = [r for r in self.records if r.released_after(rounds) > r.releases]
+        over = [r.record for r in self.records if r.released_after(rounds) > r.releases]
+        if self.updates is not None and rounds > self.updates.releases:
+            over.append(WEIGHTS)
         if over:
-            spent = epsilon_spent(self.sigma, sum(r.released_after(rounds) for r in self.records),
-                                  self.delta)  # fmt: skip
+            spent = self._spent(rounds)
             raise ConfigError(
                 f"train.rounds={rounds}: the privacy budget (privacy.epsilon={self.epsilon:g}, "
                 f"delta {self.delta:g}) was planned for {self.rounds} rounds; record(s) "
-                f"{', '.join(repr(r.record) for r in over)} would be released again and the "
+                f"{', '.join(map(repr, over))} would be released again and the "
                 f"run would spend epsilon {spent:.3g}: the run stops before round "
                 f"{self.rounds + 1}. Start a new run with the rounds and budget you want"
             )
 
+    def _history(self, rounds: int, weights: bool) -> list[tuple[float, float, int]]:
+        """The example-level accountant history after ``rounds`` rounds: the statistics'
+        releases and, with ``weights``, the weights' at their example-level multiplier."""
+        history = [(self.sigma, 1.0, sum(r.released_after(rounds) for r in self.records))]
+        if weights and self.updates is not None:
+            history.append((self.updates.example_multiplier, 1.0, rounds))
+        return history
+
+    def _spent(self, rounds: int) -> float:
+        """What the budget covers at its unit after ``rounds`` rounds: the statistics at the
+        example level; with ``privacy.updates=client`` the larger of that and the weights'
+        client-level epsilon (each budgeted by ``privacy.epsilon`` on its own)."""
+        spent = epsilon_composed(self._history(rounds, weights=False), self.delta)
+        if self.updates is not None:
+            spent = max(spent, epsilon_spent(self.updates.noise_multiplier, rounds, self.delta))
+        return spent
+
     def summary(self, rounds: int) -> dict:
         """``summary.json``'s ``privacy``: the plan and the epsilon spent after ``rounds``
-        rounds by a site that took part in every round (an upper bound for sampled sites)."""
+        rounds by a site that took part in every round (an upper bound for sampled sites):
+        per record (``weights`` too, with ``privacy.updates``, at its unit) and in all at the
+        example level, every release in one accountant history."""
         per = {r.record: r.released_after(rounds) for r in self.records}
-        return {
+        records: dict[str, dict] = {
+            r.record: {
+                "component": r.source,
+                "unit": "example",
+                "clip": r.clip,
+                "clip_default": r.default_clip,
+                "releases": per[r.record],
+                "epsilon_spent": epsilon_spent(self.sigma, per[r.record], self.delta),
+            }
+            for r in self.records
+        }
+        out = {
             "epsilon": self.epsilon,
             "delta": self.delta,
             "accountant": "opacus rdp (sampling rate 1)",
-            "noise_multiplier": self.sigma,
+            "noise_multiplier": self.sigma if self.records else None,
             "planned_rounds": self.rounds,
-            "records": {
-                r.record: {
-                    "component": r.source,
-                    "clip": r.clip,
-                    "clip_default": r.default_clip,
-                    "releases": per[r.record],
-                    "epsilon_spent": epsilon_spent(self.sigma, per[r.record], self.delta),
-                }
-                for r in self.records
-            },
+            "records": records,
             "releases": sum(per.values()),
-            "epsilon_spent": epsilon_spent(self.sigma, sum(per.values()), self.delta),
+            "unit": "example",
+            "epsilon_spent": epsilon_composed(self._history(rounds, False), self.delta),
             "not_covered": "model weights and updates",
         }
+        u = self.updates
+        if u is not None:
+            client = epsilon_spent(u.noise_multiplier, rounds, self.delta)
+            example = epsilon_spent(u.example_multiplier, rounds, self.delta)
+            records[WEIGHTS] = {
+                "component": "privacy.updates",
+                "unit": u.unit,
+                "clip": u.clip,
+                "noise_multiplier": u.noise_multiplier,
+                "noise_std": "noise_multiplier * clip / (clients sampled in the round)",
+                "releases": rounds,
+                "epsilon_spent": client,
+                "example_level_epsilon_spent": example,
+            }
+            out["releases"] = sum(per.values()) + rounds
+            # privacy.epsilon budgets each unit: the weights at the client level (here), the
+            # statistics at the example level ("epsilon_spent" above)
+            out["client_level"] = {"records": [WEIGHTS], "epsilon_spent": client}
+            # what the client-level guarantee implies for one example, composed with the
+            # statistics in one accountant history (not budgeted: it may exceed epsilon)
+            out["example_level_all_records"] = {
+                "records": sorted([*records]),
+                "epsilon_spent": epsilon_composed(self._history(rounds, True), self.delta),
+            }
+            out["not_covered"] = "the training metrics (loss, steps) sent each round"
+        return out
+
+
+def updates_refusal(algo: Composition, model: FedModel) -> str | None:
+    """Why ``privacy.updates=client`` cannot protect the composition ``algo``
+    (:mod:`fedshift.runtime.dp_updates`' docstring), or None: one line naming the key."""
+    weighting = algo.algorithm.weighting
+    if weighting != "uniform":
+        return (
+            f"{UK} (DP-FedAvg) needs federation.weighting=uniform: the noise is calibrated "
+            f"to the mean's sensitivity clip / (clients in the round), which weighting by "
+            f"sample size ({weighting}) would raise to the largest site's share; set "
+            "federation.weighting=uniform"
+        )
+    ups = [d for d in algo.disclosures(model) if d.direction == UP]
+    if not any(d.record == WEIGHTS for d in ups):
+        sent = ", ".join(sorted({repr(d.record) for d in ups})) or "nothing"
+        return (
+            f"{UK}: {algo.algorithm.name} sends no shared weights (it sends {sent}), and "
+            "DP-FedAvg clips the weights record only; choose a method that sends its weights, "
+            "or privacy.updates=none"
+        )
+    for d in ups:
+        if d.when is When.SETUP:  # the setup exchange: privacy.epsilon's records or refused
+            continue
+        if d.record == WEIGHTS and d.kind is Kind.PARAMETERS:
+            if not d.summed:
+                return (
+                    f"{UK}: {d.source}'s server reads each site's weights, not only their "
+                    "mean (its aggregate is not declared sums_only), so the noise on the mean "
+                    "does not cover it; choose a method that averages the weights, or "
+                    "privacy.updates=none"
+                )
+            continue
+        if d.needs_protection and d.clip is not None and d.summed:
+            continue  # a statistic privacy.epsilon protects, averaged by the server
+        return (
+            f"{UK}: {d.source or 'the method'} sends record {d.record!r} ({d.kind}) besides "
+            "the weights, which DP-FedAvg's clipping does not bound and privacy.epsilon does "
+            "not protect; choose a method whose replies are its weights (and protected "
+            "statistics), or privacy.updates=none"
+        )
+    return None
 
 
 def _refusal(d: Disclosure) -> str:
@@ -134,15 +266,22 @@ def plan_privacy(
     p = cfg.privacy
     if p.epsilon is None:
         return None
+    if p.updates == "example":
+        raise ConfigError(
+            "config key 'privacy.updates': example-level DP-SGD (privacy.updates=example) is "
+            "not available yet; use privacy.updates=client (DP-FedAvg, one site the unit) "
+            "or privacy.updates=none"
+        )
     data = [d for d in declared if d.needs_protection]
     for d in data:
         if d.clip is None:
             raise ConfigError(_refusal(d))
-    if not data:
+    if not data and p.updates == "none":
         raise ConfigError(
             f"config key 'privacy.epsilon': {cfg.algorithm.name} shares no statistic of a "
             "site's examples beyond model weights, and privacy.epsilon protects shared "
-            "statistics, not weights: it would protect nothing; remove it"
+            "statistics, not weights: it would protect nothing; remove it, or protect the "
+            "weights too with privacy.updates=client"
         )
     names = {d.record for d in data}
     unknown = sorted(set(p.clip) - names)
@@ -162,5 +301,9 @@ def plan_privacy(
         for d in data
     )  # fmt: skip
     releases = sum(r.releases for r in records)
-    sigma = noise_multiplier(p.epsilon, p.delta, releases)
-    return Plan(p.epsilon, p.delta, sigma, rounds, records, cfg.seed)
+    sigma = noise_multiplier(p.epsilon, p.delta, releases) if releases else 0.0
+    updates = None
+    if p.updates == "client":
+        z = noise_multiplier(p.epsilon, p.delta, rounds, "the weights (privacy.updates)")
+        updates = UpdatePlan("client", float(p.update_clip), z, rounds)
+    return Plan(p.epsilon, p.delta, sigma, rounds, records, cfg.seed, updates)
