@@ -40,8 +40,12 @@ Where masking runs: :class:`SecureTransport` wraps the run's transport and masks
 as it arrives from the client code (in-process, vectorised or pool worker processes), after
 the client's own check for non-finite values and before the round loop, its ledger or the
 algorithm see it; the ledger counts the masked integers.
-Training metrics (loss, steps) still reach the server per client. Flower runs are refused
-(its SecAgg+ mods are not wired to fedshift's records yet).
+Training metrics (loss, steps) still reach the server per client.
+
+On Flower the transport masks and sums itself, with Flower's own SecAgg+ protocol
+(:mod:`fedshift.flower.secagg`: its ``secure_train``): :class:`SecureTransport` hands it the
+round and keeps the sum it returns for :meth:`SecureAggregation.combine`; the refusals of
+:meth:`SecureAggregation.check` are the same.
 """
 
 from __future__ import annotations
@@ -245,19 +249,16 @@ class SecureAggregation:
         self.weight: Callable[[Payload], float] = lambda p: 1.0
         #: records whose declared mean is uniform (not weighted by ``reply_weight``)
         self.uniform: frozenset[str] = frozenset()
+        #: a transport that sums itself (Flower's SecAgg+): each round's sum, until combined
+        self.summed: dict[int, Payload] = {}
 
     @classmethod
     def of(cls, cfg: RunConfig) -> SecureAggregation | None:
         return cls(cfg) if cfg.federation.secure_aggregation else None
 
     def wrap(self, transport: Transport) -> SecureTransport:
-        """``transport`` with every reply masked on arrival; Flower is refused."""
-        if transport.name == "flower":
-            raise ConfigError(
-                "config key 'federation.secure_aggregation': not available on Flower yet "
-                "(its SecAgg+ mods are not wired to fedshift's records); run it with "
-                "`fedshift run` (native engine) or set federation.secure_aggregation=false"
-            )
+        """``transport`` with every reply masked on arrival (on Flower: summed by its
+        SecAgg+, the transport's own ``secure_train``)."""
         return SecureTransport(transport, self)
 
     def check(self, exp: Experiment) -> None:
@@ -305,7 +306,10 @@ class SecureAggregation:
 
     def combine(self, rnd: int, cohort: list[str], replies: list[Reply]) -> list[Reply]:
         """The one reply the algorithm's ``aggregate`` receives: the securely summed mean
-        of the masked ``replies`` of every client of ``cohort``."""
+        of the masked ``replies`` of every client of ``cohort`` (on Flower: the sum its
+        SecAgg+ gave for the round, over the clients that sent a vector)."""
+        if rnd in self.summed:
+            return [(SUM_CLIENT, self.summed.pop(rnd))]
         summed = unmask_sum(self.fp, rnd, cohort, dict(replies), self.device, self.uniform)
         return [(SUM_CLIENT, summed)]
 
@@ -338,6 +342,10 @@ class SecureTransport:
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
+        own = getattr(self.inner, "secure_train", None)
+        if own is not None:  # Flower: the nodes mask, its SecAgg+ workflow sums
+            replies, lost, self.secure.summed[rnd] = own(rnd, cids, down, self.secure)
+            return replies, lost
         replies, lost = self.inner.train(rnd, cids, down)
         for cid, up in replies.items():  # the loop cannot see a NaN once it is masked
             check_reply(rnd, cid, up)
@@ -366,8 +374,9 @@ class SecureTransport:
         if info is None:
             return None
         fp = self.secure.fp
-        return {**info, "secure_aggregation": {"frac_bits": fp.frac_bits,
-                                               "modulus_bits": fp.modulus_bits}}  # fmt: skip
+        extra = info.pop("secure_aggregation", {})  # Flower's: its protocol and key bytes
+        keys = {"frac_bits": fp.frac_bits, "modulus_bits": fp.modulus_bits, **extra}
+        return {**info, "secure_aggregation": keys}
 
     def close(self) -> None:
         self.inner.close()
