@@ -247,20 +247,6 @@ def test_privacy_show_says_what_secure_aggregation_can_hide():
     assert "fedrdn_stats: no: other clients receive it as sent" in render(report)
 
 
-def test_flower_is_refused():
-    class Grid:
-        name = "flower"
-
-    secure = SecureAggregation.of(toy_cfg(SECURE))
-    assert secure is not None and SecureAggregation.of(toy_cfg()) is None
-    with pytest.raises(ConfigError, match="not available on Flower"):
-        secure.wrap(Grid())  # type: ignore[arg-type]
-    from fedshift.flower.server import FlowerServer
-
-    with pytest.raises(ConfigError, match="secure_aggregation': not available on Flower"):
-        FlowerServer(toy_cfg(SECURE), "unused")  # refused before any node starts
-
-
 def test_the_keys_leave_the_digest_of_a_plain_run_alone():
     plain = number_config(toy_cfg().to_dict())["federation"]
     assert "secure_aggregation" not in plain and "secagg_frac_bits" not in plain

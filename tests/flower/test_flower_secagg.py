@@ -1,0 +1,125 @@
+"""Secure aggregation on Flower (``federation.secure_aggregation``,
+:mod:`fedshift.flower.secagg`): fedshift's records summed by Flower's own SecAgg+ (its
+``secaggplus_mod`` on the ClientApp, its ``SecAggPlusWorkflow`` stages in the ServerApp),
+in-process, against the plain and the native masked runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import toy_cfg
+
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.core.payload import Payload
+from fedshift.flower.inprocess import InProcessGrid
+from fedshift.flower.node import build_client_app
+from fedshift.flower.secagg import KEYS, decode, encode, mean_error, workflow_params
+from fedshift.flower.server import FlowerOptions, FlowerServer
+from fedshift.runtime.secagg import META, FixedPoint
+from fedshift.runtime.simulation import Simulation
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
+SECURE = "federation.secure_aggregation=true"
+FP = FixedPoint()  # the defaults: 2**-16 steps, modulus 2**62
+
+
+def _runs(tmp_path, algorithm: str):
+    """One round of ``algorithm``: plain (native), masked (native), and on Flower in-process
+    with its SecAgg+; the three servers' states and the Flower run's loop."""
+    plain = Simulation(toy_cfg(f"algorithm.name={algorithm}", rounds=1), tmp_path / "plain",
+                       progress=False)  # fmt: skip
+    plain.run()
+    cfg = toy_cfg(f"algorithm.name={algorithm}", SECURE, rounds=1)
+    native = Simulation(cfg, tmp_path / "native", progress=False)
+    native.run()
+    server = FlowerServer(cfg, tmp_path / "flower", FlowerOptions(nodes=3, mode="test"),
+                          progress=False)  # fmt: skip
+    server.run(InProcessGrid(build_client_app(), 3))
+    assert server.loop is not None
+    return plain, native, server.loop
+
+
+def test_fedavg_on_flower_secagg_equals_the_native_masked_run(tmp_path):
+    plain, native, flower = _runs(tmp_path, "fedavg")
+    n = len(native.train_clients)
+    sizes = [len(d.train) for d in native.train_clients.values()]
+    weighted_mean = float(np.mean(sizes)) / max(sizes)  # the mean of w / W
+    worst = 0.0
+    for k, p in plain.server["weights"].items():
+        if not p.is_floating_point():
+            assert torch.equal(flower.server["weights"][k], p)  # BN counters: rounded means
+            continue
+        f, m, p = (s["weights"][k].double() for s in (flower.server, native.server, plain.server))
+        bound = mean_error(FP, weighted_mean, 0.0) * (1 + p.abs())  # per element
+        assert bool(((f - p).abs() <= bound).all()), k
+        # the native masked run: within both stated quantisations
+        assert bool(((f - m).abs() <= bound + FP.mean_error(n)).all()), k
+        worst = max(worst, float((f - p).abs().max()))
+    assert 0 < worst  # the sum did go through the quantisation
+    # the server received masked integers: the same bytes as the native masked run's, and
+    # the key exchange; each client's training metrics still reach it
+    up, native_up = flower.ledger.by_record()["up"], native.ledger.by_record()["up"]
+    assert up["weights"] == native_up["weights"] and up[META] == native_up[META] == n * 24
+    assert up[KEYS] > 0
+    assert [r["train_loss"] for r in flower.records if "train_loss" in r] == [
+        r["train_loss"] for r in native.records if "train_loss" in r]  # fmt: skip
+    info = flower.transport.info()
+    assert info["secure_aggregation"]["protocol"] == "flower SecAgg+"
+    assert info["secure_aggregation"]["key_bytes_down"] > 0
+
+
+def test_harmofl_amplitude_on_flower_secagg_is_the_plain_mean_within_one_step(tmp_path):
+    """HarmoFL's amplitude (its server takes the plain mean over sites) and its weights
+    (the weighted mean) go through one SecAgg+ vector."""
+    plain, native, flower = _runs(tmp_path, "harmofl")
+    key = next(k for k in plain.server if k.startswith("aug/"))
+    a, m, f = (s[key]["amplitude"].double() for s in (plain.server, native.server, flower.server))
+    err = float((f - a).abs().max())
+    assert 0 < err <= mean_error(FP)  # a plain mean: within 2**-16
+    assert float((f - m).abs().max()) <= mean_error(FP) + FP.mean_error(len(native.train_clients))
+
+
+def test_flowers_quantisation_matches_the_native_step():
+    params = workflow_params(FixedPoint(frac_bits=16, modulus_bits=62))
+    step = 2 * params["clipping_range"] / params["quantization_range"]
+    assert step == 2.0**-16 and params["modulus_range"] == 2**62
+    with pytest.raises(ConfigError, match="secagg_frac_bits' = 30: on Flower at most 29"):
+        workflow_params(FixedPoint(frac_bits=30))
+    with pytest.raises(ConfigError, match="secagg_frac_bits"):  # before any node starts
+        FlowerServer(toy_cfg(SECURE, "federation.secagg_frac_bits=35"), "unused")
+
+
+def test_a_value_flower_would_clip_is_refused_not_clipped():
+    fp = FixedPoint(frac_bits=29)  # clipping range 1
+    up = Payload({"weights": {"a": torch.tensor([0.5, -2.0])}}, num_examples=10)
+    with pytest.raises(FedshiftError, match=r"would clip tensor weights/a.*-2.*lower"):
+        encode(fp, 1, "c0", up, 10.0, frozenset(), 10.0, 10.0)
+
+
+def test_the_vector_is_weighted_inside_and_decoded_to_the_weighted_mean():
+    """Two clients' vectors, their mean as SecAgg+ returns it (here exact), decoded: the
+    weighted mean of a weighted record, the plain mean of a uniform one, the example sum."""
+    ups = [Payload({"weights": {"w": torch.tensor([1.0, 3.0])}, "amp": {"a": torch.tensor([2.0])}},
+                   num_examples=n) for n in (10, 30)]  # fmt: skip
+    vectors = []
+    for up in ups:
+        v, layout = encode(FP, 1, "c", up, float(up.num_examples), frozenset({"amp"}), 30.0, 30.0)
+        vectors.append(v)
+    import json
+
+    scales = {"weight_scale": 30.0, "examples_scale": 30.0}
+    got = decode(np.mean(vectors, axis=0), json.loads(layout), 2, scales, frozenset({"amp"}))
+    assert torch.allclose(got.records["weights"]["w"], torch.tensor([1.0, 3.0]))
+    assert torch.allclose(got.records["amp"]["a"], torch.tensor([2.0]))
+    assert got.num_examples == 40
+
+
+def test_a_record_secure_aggregation_cannot_hide_is_refused_on_flower(tmp_path):
+    cfg = toy_cfg("algorithm.name=fedrdn", SECURE, rounds=1)
+    grid = InProcessGrid(build_client_app(), 3)
+    server = FlowerServer(cfg, tmp_path / "r", FlowerOptions(nodes=3), progress=False)
+    with pytest.raises(ConfigError, match="'fedrdn_stats'.*other clients receive it as sent"):
+        server.run(grid)
+    assert not any(kind.startswith("train") for _, kind in grid.delivered)  # before any round
