@@ -16,7 +16,8 @@ from fedshift.flower.inprocess import InProcessGrid
 from fedshift.flower.node import build_client_app
 from fedshift.flower.secagg import KEYS, decode, encode, mean_error, workflow_params
 from fedshift.flower.server import FlowerOptions, FlowerServer
-from fedshift.runtime.secagg import META, FixedPoint
+from fedshift.runtime.disclosure import check_ledger, sites_of
+from fedshift.runtime.secagg import META, FixedPoint, secure_disclosures
 from fedshift.runtime.simulation import Simulation
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
@@ -38,6 +39,10 @@ def _runs(tmp_path, algorithm: str):
                           progress=False)  # fmt: skip
     server.run(InProcessGrid(build_client_app(), 3))
     assert server.loop is not None
+    for run in (native, server.loop):  # the ledger counted the declared records only
+        declared = secure_disclosures(cfg, run.algo.disclosures(run.model))
+        problems, _ = check_ledger(declared, run.ledger.rows, sites_of(native.exp), 1)
+        assert not problems, problems
     return plain, native, server.loop
 
 
@@ -57,7 +62,7 @@ def test_fedavg_on_flower_secagg_equals_the_native_masked_run(tmp_path):
         # the native masked run: within both stated quantisations
         assert bool(((f - m).abs() <= bound + FP.mean_error(n)).all()), k
         worst = max(worst, float((f - p).abs().max()))
-    assert 0 < worst  # the sum did go through the quantisation
+    assert worst > 0  # the sum did go through the quantisation
     # the server received masked integers: the same bytes as the native masked run's, and
     # the key exchange; each client's training metrics still reach it
     up, native_up = flower.ledger.by_record()["up"], native.ledger.by_record()["up"]

@@ -58,7 +58,15 @@ import torch
 
 from fedshift.core.config import RunConfig
 from fedshift.core.contract import Reply
-from fedshift.core.disclosure import UP, When, summed_records
+from fedshift.core.disclosure import (
+    UP,
+    Disclosure,
+    Kind,
+    Site,
+    To,
+    When,
+    summed_records,
+)
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed, generator
@@ -233,6 +241,51 @@ def unmask_sum(
                 mean = mean.round()  # integer tensors (BN counters), as weighted_average does
             records[r][k] = mean.to(device=device, dtype=dtype)
     return Payload(records, num_examples=meta["examples"])
+
+
+#: bytes of Flower's SecAgg+ key exchange a client sends (flwr 1.41: SECP384R1 public keys
+#: of 215 bytes, an encrypted share pair of 612 bytes to every other client, a seed share of
+#: 52 bytes (a dropped client's key share: 324) per client to unmask, node ids of 8 bytes)
+FLOWER_KEYS = {"public_keys": 2 * 215, "per_other": 612 + 8, "per_unmask": 324 + 8}
+
+
+def secure_disclosures(cfg: RunConfig, declared: list[Disclosure]) -> list[Disclosure]:
+    """``declared`` as a run with ``federation.secure_aggregation`` sends them (unchanged
+    when it is off): each record the server only sums goes masked, as int64 residues (8
+    bytes an element: at most twice a record of 4-byte elements), and two records are
+    added: ``secagg`` (the masked weight, count and example count; on Flower its weight
+    factor, the masked weight and example count) and, on Flower, ``secagg+`` (its SecAgg+
+    key exchange, which grows with the round's clients)."""
+    if not cfg.federation.secure_aggregation:
+        return declared
+    out = []
+    for d in declared:
+        if d.hideable:
+            size = d.size
+            d = Disclosure(**{**d.__dict__, "size": lambda s, size=size: 2 * size(s),
+                              "exact": False, "what": f"{d.what}; masked: int64 residues, "
+                              "8 bytes an element"})  # fmt: skip
+        out.append(d)
+
+    def keys(site: Site) -> int:
+        n = site.num_sites
+        k = FLOWER_KEYS
+        return k["public_keys"] + k["per_other"] * (n - 1) + k["per_unmask"] * n
+
+    where = "secure aggregation"
+    out.append(Disclosure(
+        META, UP, Kind.PROTOCOL, When.ROUND, lambda s: 24,
+        "the site's aggregation weight, a count of 1 (on Flower: SecAgg+'s weight factor) and "
+        "its example count, masked: the server learns only their sums",
+        to=To.SERVER,
+    ).with_source(where, summed=True))  # fmt: skip
+    out.append(Disclosure(
+        "secagg+", UP, Kind.PROTOCOL, When.ROUND, keys,
+        "Flower's SecAgg+ key exchange: two public keys, an encrypted share of the site's "
+        "mask seed and key for every other client of the round, the shares that unmask",
+        to=To.SERVER, maybe="on Flower only (fedshift flower ...)", exact=False,
+    ).with_source(where))  # fmt: skip
+    return out
 
 
 class SecureAggregation:
