@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import toy_cfg
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload
@@ -17,6 +18,8 @@ from fedshift.flower.node import build_client_app
 from fedshift.flower.secagg import KEYS, decode, encode, mean_error, workflow_params
 from fedshift.flower.server import FlowerOptions, FlowerServer
 from fedshift.runtime.disclosure import check_ledger, sites_of
+from fedshift.runtime.loop import LoopOptions
+from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.secagg import META, FixedPoint, secure_disclosures
 from fedshift.runtime.simulation import Simulation
 
@@ -128,3 +131,48 @@ def test_a_record_secure_aggregation_cannot_hide_is_refused_on_flower(tmp_path):
     with pytest.raises(ConfigError, match="'fedrdn_stats'.*other clients receive it as sent"):
         server.run(grid)
     assert not any(kind.startswith("train") for _, kind in grid.delivered)  # before any round
+
+
+class _Killing(InProcessGrid):
+    """Kills node 1002 (client2) when SecAgg+'s ``stage`` message of round 1 is pushed."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(build_client_app(), 3)
+        self.stage = stage
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            rec = m.content.config_records.get(RECORD_KEY_CONFIGS)
+            if m.metadata.group_id == "1" and rec is not None and rec.get(Key.STAGE) == self.stage:
+                self.kill(1002)
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("stage", ["setup", "collect_masked_vectors"])
+def test_a_client_lost_in_the_protocol_leaves_the_survivors_mean(tmp_path, stage):
+    """SecAgg+ recovers a client lost before it masked (setup) or after (its pairwise
+    masks removed with the others' shares of its key): the sum is the survivors'."""
+
+    class Losing(InProcessTransport):  # the plain reference: client2's reply never comes
+        def train(self, rnd, cids, down):
+            replies, _ = super().train(rnd, cids, down)
+            del replies["client2"]
+            return replies, ["client2"]
+
+    opts = LoopOptions(min_clients=2)
+    plain = Simulation(toy_cfg(rounds=1), tmp_path / "p", progress=False, options=opts,
+                       transport=Losing())  # fmt: skip
+    plain.run()
+    cfg = toy_cfg(SECURE, rounds=1)
+    server = FlowerServer(cfg, tmp_path / "f", FlowerOptions(nodes=3, min_clients=2),
+                          progress=False)  # fmt: skip
+    result = server.run(_Killing(stage))
+    assert result.summary["runtime"]["lost"] == {"client2": 1}
+    assert server.loop is not None
+    sizes = [len(plain.train_clients[c].train) for c in ("client0", "client1")]
+    bound = mean_error(FP, float(np.mean(sizes)) / max(sizes))
+    for k, p in plain.server["weights"].items():
+        if p.is_floating_point():
+            f = server.loop.server["weights"][k].double()
+            assert bool(((f - p.double()).abs() <= bound * (1 + p.double().abs())).all()), k

@@ -387,6 +387,12 @@ def _stages(
     for i, stage in enumerate(stages):
         if i == 1:  # the FitIns SecAgg+ forwards in its collect stage: fedshift's message
             state.nid_to_fitins = {n: contents[n] for n in state.nid_to_fitins}
+        if i == 2:
+            # a client lost before its encrypted shares went out masks with nobody: it is no
+            # part of the sum. Flower's workflow would still list it as dropped at the unmask
+            # stage, where the others hold no share of its key (their mod fails with a
+            # KeyError): the clients of the protocol are those still there now
+            state.sampled_node_ids = set(state.active_node_ids)
         if not stage(tap, context, state):  # type: ignore[arg-type]
             name = stage.__name__.removesuffix("_stage")
             lost = [c for c in cids if transport.clients[c].node not in tap.up]
