@@ -29,13 +29,17 @@ SECURE = "federation.secure_aggregation=true"
 FP = FixedPoint()  # the defaults: 2**-16 steps, modulus 2**62
 
 
-def _runs(tmp_path, algorithm: str):
+#: three sites of 95, 54 and 31 training examples: the weighted mean is not the plain one
+UNEQUAL = ("partition.name=dirichlet", "partition.clients=3")
+
+
+def _runs(tmp_path, algorithm: str, *over: str):
     """One round of ``algorithm``: plain (native), masked (native), and on Flower in-process
     with its SecAgg+; the three servers' states and the Flower run's loop."""
-    plain = Simulation(toy_cfg(f"algorithm.name={algorithm}", rounds=1), tmp_path / "plain",
-                       progress=False)  # fmt: skip
+    plain = Simulation(toy_cfg(f"algorithm.name={algorithm}", *over, rounds=1),
+                       tmp_path / "plain", progress=False)  # fmt: skip
     plain.run()
-    cfg = toy_cfg(f"algorithm.name={algorithm}", SECURE, rounds=1)
+    cfg = toy_cfg(f"algorithm.name={algorithm}", SECURE, *over, rounds=1)
     native = Simulation(cfg, tmp_path / "native", progress=False)
     native.run()
     server = FlowerServer(cfg, tmp_path / "flower", FlowerOptions(nodes=3, mode="test"),
@@ -50,9 +54,10 @@ def _runs(tmp_path, algorithm: str):
 
 
 def test_fedavg_on_flower_secagg_equals_the_native_masked_run(tmp_path):
-    plain, native, flower = _runs(tmp_path, "fedavg")
+    plain, native, flower = _runs(tmp_path, "fedavg", *UNEQUAL)
     n = len(native.train_clients)
     sizes = [len(d.train) for d in native.train_clients.values()]
+    assert len(set(sizes)) == 3  # weights w / W of 1 and less
     weighted_mean = float(np.mean(sizes)) / max(sizes)  # the mean of w / W
     worst = 0.0
     for k, p in plain.server["weights"].items():
