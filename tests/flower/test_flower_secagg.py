@@ -195,3 +195,14 @@ def test_a_resumed_secure_flower_run_is_the_uninterrupted_one(tmp_path):
                  stop_after=1)  # fmt: skip
     simulate(cfg, run_dir=tmp_path / "cut", engine="in-process", progress=False, resume=True)
     assert_runs_equal(tmp_path / "cut", full.run_dir)
+
+
+def test_a_client_that_fails_inside_secagg_plus_stops_the_run(tmp_path):
+    """A client's error under ``secaggplus_mod`` stops the run with its reason (SecAgg+
+    alone would count the client as dropped and sum the others): here a BN step counter
+    beyond Flower's clipping range of 1 (frac_bits 29)."""
+    cfg = toy_cfg(SECURE, "federation.secagg_frac_bits=29", rounds=1)
+    server = FlowerServer(cfg, tmp_path / "r", FlowerOptions(nodes=3), progress=False)
+    with pytest.raises(FedshiftError, match=r"round 1: client 'client0' .*failed in Flower's "
+                       r"SecAgg\+: .*would clip tensor weights/.*num_batches_tracked"):  # fmt: skip
+        server.run(InProcessGrid(build_client_app(), 3))

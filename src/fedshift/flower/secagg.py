@@ -276,24 +276,15 @@ class _Tap:
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> list[Message]:
-        from fedshift.flower.transport import LOST, send_and_receive
-
-        t = self.transport
         messages = list(messages)
         for m in messages:
             node = m.metadata.dst_node_id
             self.down[node] = self.down.get(node, 0) + _key_bytes(m.content)
-        replies = send_and_receive(t.grid, messages, t.options.round_timeout, t.stop_check)
-        client_of = {c.node: name for name, c in t.clients.items()}
+        replies = self.transport.deliver(self.rnd, messages, "Flower's SecAgg+")
         for r in replies:
             node = r.metadata.src_node_id
-            if r.has_error():
-                if r.error.code in LOST:
-                    continue
-                raise FedshiftError(
-                    f"round {self.rnd}: client {client_of.get(node, node)!r} (SuperNode "
-                    f"{node}) failed in Flower's SecAgg+: {r.error.reason}"
-                )
+            if r.has_error():  # a node lost (deliver raised for any other error)
+                continue
             self.up[node] = self.up.get(node, 0) + _key_bytes(r.content)
             rec = r.content.config_records.get(RECORD_KEY_CONFIGS, {})
             if Key.MASKED_PARAMETERS in rec:
@@ -317,18 +308,16 @@ class SecureRound:
 
 def secure_round(
     transport: GridTransport, secure: SecureAggregation, rnd: int, cids: list[str],
-    down: Callable[[str], Payload], weight_of: Callable[[str], float],
+    contents: dict[str, RecordDict], weight_of: Callable[[str], float],
     examples_of: Callable[[str], int],
 ) -> SecureRound:  # fmt: skip
-    """Round ``rnd`` of ``cids`` through Flower's SecAgg+ workflow (module docstring)."""
-    from fedshift.flower.node import RUN
-    from fedshift.flower.wire import payload_to_records
-
+    """Round ``rnd`` of ``cids`` through Flower's SecAgg+ workflow (module docstring);
+    ``contents``: the ``train`` message of each client whose node is there (the others are
+    lost)."""
     fp = secure.fp
     params = workflow_params(fp)
-    alive = set(transport.grid.get_node_ids())
-    gone = [c for c in cids if transport.clients[c].node not in alive]
-    sent = [c for c in cids if c not in gone]
+    gone = [c for c in cids if c not in contents]
+    sent = [c for c in cids if c in contents]
     if len(sent) < 2:
         raise FedshiftError(
             f"round {rnd}: Flower's SecAgg+ needs at least 2 clients a round, "
@@ -345,13 +334,11 @@ def secure_round(
         "weight_scale": float(max(weight_of(c) for c in sent)),
         "examples_scale": float(max(max(examples_of(c) for c in sent), 1)),
     })  # fmt: skip
-    contents: dict[int, RecordDict] = {}
+    by_node: dict[int, RecordDict] = {}
     for cid in sent:
-        content = payload_to_records(down(cid))
-        content[SCALES] = scales
-        content[RUN] = transport.run_record(rnd, cid)
-        contents[transport.clients[cid].node] = content
-    strategy = _Round(list(contents))
+        contents[cid][SCALES] = scales
+        by_node[transport.clients[cid].node] = contents[cid]
+    strategy = _Round(list(by_node))
     context = LegacyContext(Context(0, 0, {}, RecordDict(), {}), strategy=strategy)
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
         {WorkflowKey.CURRENT_ROUND: rnd}
@@ -369,7 +356,7 @@ def secure_round(
     level = flwr_log.level
     flwr_log.setLevel(logging.WARNING)  # its per-stage lines (and an empty client manager's
     try:  # "out of 0"): fedshift's round line says what happened
-        _stages(workflow, tap, context, state, contents, rnd, cids, transport)
+        _stages(workflow, tap, context, state, by_node, rnd, cids, transport)
     finally:
         flwr_log.setLevel(level)
     if strategy.summed is None:

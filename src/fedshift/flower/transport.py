@@ -188,6 +188,21 @@ class GridTransport:
             self.lost.setdefault(cid, rnd)
         return out, lost
 
+    def deliver(self, rnd: int, messages: list[Message], what: str) -> list[Message]:
+        """Send ``messages`` and return their replies (those of lost nodes with their error);
+        a client whose code raised stops the run with its reason (``what``: the exchange)."""
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout,
+                                   self.stop_check)  # fmt: skip
+        client_of = {c.node: name for name, c in self.clients.items()}
+        for r in replies:
+            if r.has_error() and r.error.code not in LOST:
+                node = r.metadata.src_node_id
+                raise FedshiftError(
+                    f"round {rnd}: client {client_of.get(node, node)!r} (SuperNode {node}) "
+                    f"failed in {what}: {r.error.reason}"
+                )
+        return replies
+
     def wait_for_nodes(self) -> list[int]:
         """The run's SuperNodes (:func:`fedshift.flower.supernodes.wait_for_nodes`)."""
         return wait_for_nodes(self.grid, self.options, self.stop_check)
@@ -293,7 +308,13 @@ class GridTransport:
         def weight(cid: str) -> float:
             return float(secure.weight(Payload({}, num_examples=num_train(cid))))
 
-        done = secure_round(self, secure, rnd, cids, down, weight, num_train)
+        alive = set(self.grid.get_node_ids())
+        contents = {}
+        for cid in cids:
+            if self.clients[cid].node in alive:
+                contents[cid] = payload_to_records(down(cid))
+                contents[cid][RUN] = self.run_record(rnd, cid)
+        done = secure_round(self, secure, rnd, cids, contents, weight, num_train)
         for cid in done.lost:
             self.lost.setdefault(cid, rnd)
         self.key_bytes_down += done.key_bytes_down
