@@ -129,7 +129,7 @@ MARKS: dict[str, Mark] = {
     "fedshift run dataset.name=toyshift algorithm.name=fedavg federation.secure_aggregation=true": Run(
         ("train.rounds=1",)
     ),
-    "fedshift flower simulate dataset.name=toyshift algorithm.name=fedavg federation.secure_aggregation=true --engine in-process": Run(
+    "fedshift flower simulate dataset.name=toyshift algorithm.name=harmofl federation.secure_aggregation=true --engine in-process": Run(
         ("train.rounds=1",)
     ),
     "fedshift protocol privacy dataset.name=toyshift 'augment=[fedrdn]' train.rounds=2 --sizes 2,4 --trials 10": Run(),
