@@ -129,6 +129,9 @@ MARKS: dict[str, Mark] = {
     "fedshift run dataset.name=toyshift algorithm.name=fedavg federation.secure_aggregation=true": Run(
         ("train.rounds=1",)
     ),
+    "fedshift flower simulate dataset.name=toyshift algorithm.name=harmofl federation.secure_aggregation=true --engine in-process": Run(
+        ("train.rounds=1",)
+    ),
     "fedshift protocol privacy dataset.name=toyshift 'augment=[fedrdn]' train.rounds=2 --sizes 2,4 --trials 10": Run(),
     "fedshift run dataset.name=toyshift 'augment=[fedrdn]' privacy.epsilon=1": ByTest(
         "tests/runtime/test_privacy_budget.py::test_the_released_statistics_differ_from_the_plain_ones_by_noise_of_the_stated_scale",

@@ -247,18 +247,23 @@ def test_privacy_show_says_what_secure_aggregation_can_hide():
     assert "fedrdn_stats: no: other clients receive it as sent" in render(report)
 
 
-def test_flower_is_refused():
-    class Grid:
-        name = "flower"
-
-    secure = SecureAggregation.of(toy_cfg(SECURE))
-    assert secure is not None and SecureAggregation.of(toy_cfg()) is None
-    with pytest.raises(ConfigError, match="not available on Flower"):
-        secure.wrap(Grid())  # type: ignore[arg-type]
-    from fedshift.flower.server import FlowerServer
-
-    with pytest.raises(ConfigError, match="secure_aggregation': not available on Flower"):
-        FlowerServer(toy_cfg(SECURE), "unused")  # refused before any node starts
+def test_privacy_show_declares_what_secure_aggregation_sends():
+    """With secure aggregation the summed records go masked (8 bytes an element) and the
+    protocol's own records are declared: ``secagg`` (masked weight and counts, both engines)
+    and ``secagg+`` (Flower's SecAgg+ key exchange), so the ledger counts only declared
+    records (tests/flower/test_flower_secagg.py checks both runs' ledgers)."""
+    plain = {r["record"]: r for r in disclose(toy_cfg())["records"] if r["direction"] == "up"}
+    rows = {r["record"]: r for r in disclose(toy_cfg(SECURE))["records"]
+            if r["direction"] == "up"}  # fmt: skip
+    assert set(plain) == {"weights"} and set(rows) == {"weights", META, "secagg+"}
+    assert rows["weights"]["bytes_max"] == 2 * plain["weights"]["bytes_max"]
+    assert not rows["weights"]["bytes_exact"]
+    assert (rows[META]["bytes_max"], rows[META]["bytes_exact"]) == (24, True)
+    assert rows[META]["secure_aggregation"].startswith("yes")
+    assert rows["secagg+"]["secure_aggregation"].startswith("not needed")
+    assert "on Flower only" in rows["secagg+"]["maybe"]
+    # three sites: two keys, a share pair to each of two others, three unmask shares
+    assert rows["secagg+"]["bytes_max"] == 430 + 2 * 620 + 3 * 332
 
 
 def test_the_keys_leave_the_digest_of_a_plain_run_alone():

@@ -61,6 +61,9 @@ class Kind(StrEnum):
     EXAMPLES = "examples"
     #: representations (features) of single examples
     REPRESENTATION = "representation"
+    #: a protocol's key material (public keys, secret shares of mask seeds): nothing of the
+    #: data (Flower's SecAgg+ key exchange)
+    PROTOCOL = "protocol"
 
 
 class To(StrEnum):
@@ -302,6 +305,8 @@ class Disclosure:
             return "no: other clients receive it as sent; secure aggregation cannot hide it"
         if self.hideable:
             return "yes: the server reads only its sum over the round's sites"
+        if self.kind is Kind.PROTOCOL:
+            return "not needed: the protocol's own key material, nothing of the data"
         return (
             "no: the server's aggregate reads each site's value (it is not declared sums_only "
             f"by {self.source or 'its component'}'s aggregate)"
@@ -322,6 +327,8 @@ class Disclosure:
         cannot ("" for ``down``)."""
         if self.direction != UP:
             return ""
+        if self.kind is Kind.PROTOCOL:
+            return "not covered: a record of the secure aggregation protocol itself"
         if not self.needs_protection:
             return "not covered: privacy.epsilon protects shared statistics, not model weights"
         if self.clip is not None:

@@ -48,7 +48,9 @@ from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
 from fedshift.core.federation import ClientData, Federation
 from fedshift.core.files import ensure_dir
+from fedshift.core.payload import Payload
 from fedshift.data import federation_key, run_federation
+from fedshift.flower.secagg import SCALES, encode, fit_reply, secure_mod, seed_quantiser
 from fedshift.flower.wire import (
     pack,
     payload_to_records,
@@ -59,6 +61,7 @@ from fedshift.flower.wire import (
 from fedshift.runtime.client import check_reply, evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, build_experiment, init_client_state
 from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
+from fedshift.runtime.secagg import SecureAggregation
 
 log = logging.getLogger("fedshift.flower")
 
@@ -343,6 +346,9 @@ def train(msg: Message, context: Context) -> Message:
     up = train_client(exp, cfg.seed, rt.cid, rt.data, rnd, down, state)
     check_reply(rnd, rt.cid, up)
     save_state(rt, context, run, state)
+    if SCALES in msg.content.config_records:  # under Flower's SecAgg+ (secure_mod)
+        return Message(secure_reply(rt, rnd, up, msg.content.config_records[SCALES]),
+                       reply_to=msg)  # fmt: skip
     sent = up.nbytes()
     log.info(
         "client %s round %d: loss %.4f in %.1fs; sends %s",
@@ -353,6 +359,20 @@ def train(msg: Message, context: Context) -> Message:
         ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sent.items()),
     )
     return Message(payload_to_records(up), reply_to=msg)
+
+
+def secure_reply(rt: NodeRuntime, rnd: int, up: Payload, scales: ConfigRecord) -> RecordDict:
+    """The reply that Flower's ``secaggplus_mod`` masks: the client's records as one vector
+    (:func:`fedshift.flower.secagg.encode`), with its stochastic quantisation seeded."""
+    secure = SecureAggregation(rt.cfg)
+    secure.check(rt.exp)  # the same refusals as the server's; the weighting and means
+    vector, layout = encode(
+        secure.fp, rnd, rt.cid, up, float(secure.weight(up)), secure.uniform,
+        float(scales["weight_scale"]), float(scales["examples_scale"]),
+    )  # fmt: skip
+    seed_quantiser(rt.cfg.seed, rnd, rt.cid)
+    log.info("client %s round %d: sends its records masked (Flower SecAgg+)", rt.cid, rnd)
+    return fit_reply(vector, layout, dict(up.metrics))
 
 
 def evaluate(msg: Message, context: Context) -> Message:
@@ -394,6 +414,7 @@ def build_client_app(threads: int | None = None, trust_server: bool = False) -> 
     app.query("hello")(with_threads(hello))
     app.train("setup_reply")(with_threads(setup_reply))
     app.train("setup_receive")(with_threads(setup_receive))
-    app.train()(with_threads(train))
+    # Flower's SecAgg+ on the round's train messages (federation.secure_aggregation)
+    app.train(mods=[secure_mod])(with_threads(train))
     app.evaluate()(with_threads(evaluate))
     return app

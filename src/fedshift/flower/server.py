@@ -42,11 +42,11 @@ class FlowerServer:
                 "between clients and server; run it with `fedshift run`, not on Flower"
             )
         if cfg.federation.secure_aggregation:  # before any node starts
-            raise ConfigError(
-                "config key 'federation.secure_aggregation': not available on Flower yet (its "
-                "SecAgg+ workflow drives a Strategy's FitIns/FitRes rounds, not fedshift's "
-                "round loop and records); run it with `fedshift run` or set it to false"
-            )
+            from fedshift.flower.secagg import workflow_params
+            from fedshift.runtime.secagg import FixedPoint
+
+            fed = cfg.federation
+            workflow_params(FixedPoint(fed.secagg_frac_bits, fed.secagg_modulus_bits))
         if cfg.privacy.epsilon is not None:
             raise ConfigError(
                 "config key 'privacy.epsilon': not available on Flower yet (untested there); "

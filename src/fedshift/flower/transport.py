@@ -47,6 +47,7 @@ from fedshift.flower.node import GLOBAL, HELLO, RUN, VIEW
 from fedshift.flower.supernodes import wait_for_nodes
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, tensors_to_record
 from fedshift.runtime.experiment import Experiment
+from fedshift.runtime.secagg import SecureAggregation
 from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
 
 log = logging.getLogger("fedshift.flower")
@@ -124,6 +125,8 @@ class GridTransport:
         self.num_clients: int | None = None
         self.config_text = ""
         self.run: RunIdentity | None = None
+        #: bytes of SecAgg+'s key exchange sent down (federation.secure_aggregation)
+        self.key_bytes_down = 0
 
     # ------------------------------------------------------------------ messaging
     def run_record(self, rnd: int, cid: str, cfg: RunConfig | None = None) -> ConfigRecord:
@@ -182,6 +185,21 @@ class GridTransport:
         for cid in lost:
             self.lost.setdefault(cid, rnd)
         return out, lost
+
+    def deliver(self, rnd: int, messages: list[Message], what: str) -> list[Message]:
+        """Send ``messages`` and return their replies (those of lost nodes with their error);
+        a client whose code raised stops the run with its reason (``what``: the exchange)."""
+        replies = send_and_receive(self.grid, messages, self.options.round_timeout,
+                                   self.stop_check)  # fmt: skip
+        client_of = {c.node: name for name, c in self.clients.items()}
+        for r in replies:
+            if r.has_error() and r.error.code not in LOST:
+                node = r.metadata.src_node_id
+                raise FedshiftError(
+                    f"round {rnd}: client {client_of.get(node, node)!r} (SuperNode {node}) "
+                    f"failed in {what}: {r.error.reason}"
+                )
+        return replies
 
     def wait_for_nodes(self) -> list[int]:
         """The run's SuperNodes (:func:`fedshift.flower.supernodes.wait_for_nodes`)."""
@@ -274,6 +292,32 @@ class GridTransport:
         dev = self.exp.device
         return {cid: records_to_payload(r.content, dev) for cid, r in replies.items()}, lost
 
+    def secure_train(
+        self, rnd: int, cids: list[str], down: Callable[[str], Payload], secure: SecureAggregation
+    ) -> tuple[dict[str, Payload], list[str], Payload]:
+        """``train`` with federation.secure_aggregation: the round through Flower's SecAgg+
+        (:func:`fedshift.flower.secagg.secure_round`); what the server received from each
+        client (masked), the clients lost, and the round's secure mean."""
+        from fedshift.flower.secagg import secure_round
+
+        def num_train(cid: str) -> int:
+            return int(self.clients[cid].info["num_train"])
+
+        def weight(cid: str) -> float:
+            return float(secure.weight(Payload({}, num_examples=num_train(cid))))
+
+        alive = set(self.grid.get_node_ids())
+        contents = {}
+        for cid in cids:
+            if self.clients[cid].node in alive:
+                contents[cid] = payload_to_records(down(cid))
+                contents[cid][RUN] = self.run_record(rnd, cid)
+        done = secure_round(self, secure, rnd, cids, contents, weight, num_train)
+        for cid in done.lost:
+            self.lost.setdefault(cid, rnd)
+        self.key_bytes_down += done.key_bytes_down
+        return done.replies, done.lost, done.total
+
     def evaluate(
         self, rnd: int, cids: list[str], request: EvalRequest
     ) -> tuple[dict[str, Scores], list[str]]:
@@ -319,7 +363,10 @@ class GridTransport:
             "lost": self.lost,
             "min_clients": self.options.min_clients,
             "eval_bytes": self.eval_bytes,
-        }
+            **({"secure_aggregation": {"protocol": "flower SecAgg+",
+                                       "key_bytes_down": self.key_bytes_down}}
+               if self.key_bytes_down else {}),
+        }  # fmt: skip
 
     def close(self) -> None:
         """Nothing to stop: the Grid (and its SuperNodes) belong to the ServerApp."""

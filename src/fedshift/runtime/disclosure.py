@@ -20,6 +20,7 @@ from fedshift.core.config import RunConfig
 from fedshift.core.disclosure import UP, Disclosure, Site, To, When, site_of
 from fedshift.data import run_federation
 from fedshift.runtime.experiment import Experiment, build_experiment
+from fedshift.runtime.secagg import secure_disclosures
 
 __all__ = ["check_ledger", "disclose", "render", "sites_of"]
 
@@ -40,7 +41,7 @@ def disclose(cfg: RunConfig) -> dict:
     cfg = dataclasses.replace(cfg, device="cpu")
     exp = build_experiment(cfg, run_federation(cfg, None))
     sites = sites_of(exp)
-    declared = exp.algo.disclosures(exp.model)
+    declared = secure_disclosures(cfg, exp.algo.disclosures(exp.model))
     rows = [d.row(list(sites.values())) for d in declared]
     counted = [r for r in rows if r["direction"] == UP and r["fewest_examples"] is not None]
     fewest = min(counted, key=lambda r: r["fewest_examples"], default=None)

@@ -40,8 +40,12 @@ Where masking runs: :class:`SecureTransport` wraps the run's transport and masks
 as it arrives from the client code (in-process, vectorised or pool worker processes), after
 the client's own check for non-finite values and before the round loop, its ledger or the
 algorithm see it; the ledger counts the masked integers.
-Training metrics (loss, steps) still reach the server per client. Flower runs are refused
-(its SecAgg+ mods are not wired to fedshift's records yet).
+Training metrics (loss, steps) still reach the server per client.
+
+On Flower the transport masks and sums itself, with Flower's own SecAgg+ protocol
+(:mod:`fedshift.flower.secagg`: its ``secure_train``): :class:`SecureTransport` hands it the
+round and keeps the sum it returns for :meth:`SecureAggregation.combine`; the refusals of
+:meth:`SecureAggregation.check` are the same.
 """
 
 from __future__ import annotations
@@ -54,7 +58,15 @@ import torch
 
 from fedshift.core.config import RunConfig
 from fedshift.core.contract import Reply
-from fedshift.core.disclosure import UP, When, summed_records
+from fedshift.core.disclosure import (
+    UP,
+    Disclosure,
+    Kind,
+    Site,
+    To,
+    When,
+    summed_records,
+)
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed, generator
@@ -231,6 +243,51 @@ def unmask_sum(
     return Payload(records, num_examples=meta["examples"])
 
 
+#: bytes of Flower's SecAgg+ key exchange a client sends (flwr 1.41: SECP384R1 public keys
+#: of 215 bytes, an encrypted share pair of 612 bytes to every other client, a seed share of
+#: 52 bytes (a dropped client's key share: 324) per client to unmask, node ids of 8 bytes)
+FLOWER_KEYS = {"public_keys": 2 * 215, "per_other": 612 + 8, "per_unmask": 324 + 8}
+
+
+def secure_disclosures(cfg: RunConfig, declared: list[Disclosure]) -> list[Disclosure]:
+    """``declared`` as a run with ``federation.secure_aggregation`` sends them (unchanged
+    when it is off): each record the server only sums goes masked, as int64 residues (8
+    bytes an element: at most twice a record of 4-byte elements), and two records are
+    added: ``secagg`` (the masked weight, count and example count; on Flower its weight
+    factor, the masked weight and example count) and, on Flower, ``secagg+`` (its SecAgg+
+    key exchange, which grows with the round's clients)."""
+    if not cfg.federation.secure_aggregation:
+        return declared
+    out = []
+    for d in declared:
+        if d.hideable:
+            size = d.size
+            d = Disclosure(**{**d.__dict__, "size": lambda s, size=size: 2 * size(s),
+                              "exact": False, "what": f"{d.what}; masked: int64 residues, "
+                              "8 bytes an element"})  # fmt: skip
+        out.append(d)
+
+    def keys(site: Site) -> int:
+        n = site.num_sites
+        k = FLOWER_KEYS
+        return k["public_keys"] + k["per_other"] * (n - 1) + k["per_unmask"] * n
+
+    where = "secure aggregation"
+    out.append(Disclosure(
+        META, UP, Kind.PROTOCOL, When.ROUND, lambda s: 24,
+        "the site's aggregation weight, a count of 1 (on Flower: SecAgg+'s weight factor) and "
+        "its example count, masked: the server learns only their sums",
+        to=To.SERVER,
+    ).with_source(where, summed=True))  # fmt: skip
+    out.append(Disclosure(
+        "secagg+", UP, Kind.PROTOCOL, When.ROUND, keys,
+        "Flower's SecAgg+ key exchange: two public keys, an encrypted share of the site's "
+        "mask seed and key for every other client of the round, the shares that unmask",
+        to=To.SERVER, maybe="on Flower only (fedshift flower ...)", exact=False,
+    ).with_source(where))  # fmt: skip
+    return out
+
+
 class SecureAggregation:
     """A run's secure aggregation (module docstring): refusals, client-side masking,
     server-side sum. Built by :meth:`of` (None when ``federation.secure_aggregation`` is
@@ -245,19 +302,16 @@ class SecureAggregation:
         self.weight: Callable[[Payload], float] = lambda p: 1.0
         #: records whose declared mean is uniform (not weighted by ``reply_weight``)
         self.uniform: frozenset[str] = frozenset()
+        #: a transport that sums itself (Flower's SecAgg+): each round's sum, until combined
+        self.summed: dict[int, Payload] = {}
 
     @classmethod
     def of(cls, cfg: RunConfig) -> SecureAggregation | None:
         return cls(cfg) if cfg.federation.secure_aggregation else None
 
     def wrap(self, transport: Transport) -> SecureTransport:
-        """``transport`` with every reply masked on arrival; Flower is refused."""
-        if transport.name == "flower":
-            raise ConfigError(
-                "config key 'federation.secure_aggregation': not available on Flower yet "
-                "(its SecAgg+ mods are not wired to fedshift's records); run it with "
-                "`fedshift run` (native engine) or set federation.secure_aggregation=false"
-            )
+        """``transport`` with every reply masked on arrival (on Flower: summed by its
+        SecAgg+, the transport's own ``secure_train``)."""
         return SecureTransport(transport, self)
 
     def check(self, exp: Experiment) -> None:
@@ -305,7 +359,10 @@ class SecureAggregation:
 
     def combine(self, rnd: int, cohort: list[str], replies: list[Reply]) -> list[Reply]:
         """The one reply the algorithm's ``aggregate`` receives: the securely summed mean
-        of the masked ``replies`` of every client of ``cohort``."""
+        of the masked ``replies`` of every client of ``cohort`` (on Flower: the sum its
+        SecAgg+ gave for the round, over the clients that sent a vector)."""
+        if rnd in self.summed:
+            return [(SUM_CLIENT, self.summed.pop(rnd))]
         summed = unmask_sum(self.fp, rnd, cohort, dict(replies), self.device, self.uniform)
         return [(SUM_CLIENT, summed)]
 
@@ -338,6 +395,10 @@ class SecureTransport:
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
+        own = getattr(self.inner, "secure_train", None)
+        if own is not None:  # Flower: the nodes mask, its SecAgg+ workflow sums
+            replies, lost, self.secure.summed[rnd] = own(rnd, cids, down, self.secure)
+            return replies, lost
         replies, lost = self.inner.train(rnd, cids, down)
         for cid, up in replies.items():  # the loop cannot see a NaN once it is masked
             check_reply(rnd, cid, up)
@@ -366,8 +427,9 @@ class SecureTransport:
         if info is None:
             return None
         fp = self.secure.fp
-        return {**info, "secure_aggregation": {"frac_bits": fp.frac_bits,
-                                               "modulus_bits": fp.modulus_bits}}  # fmt: skip
+        extra = info.pop("secure_aggregation", {})  # Flower's: its protocol and key bytes
+        keys = {"frac_bits": fp.frac_bits, "modulus_bits": fp.modulus_bits, **extra}
+        return {**info, "secure_aggregation": keys}
 
     def close(self) -> None:
         self.inner.close()
