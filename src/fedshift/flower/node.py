@@ -195,7 +195,9 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
             "this SuperNode does not say which client it is: start it with "
             "--node-config \"client='<name>'\" (and dataset.root=... for its data)"
         )
-    exp = build_experiment(cfg, fed, num_clients=num_clients, check_holdout=False)
+    exp = build_experiment(  # the algorithm's client half only (algorithms/halves.py)
+        cfg, fed, num_clients=num_clients, check_holdout=False, client_only=True
+    )
     data = exp.train_clients.get(cid) or exp.fed.client(cid)
     for k in [k for k in _RUNTIMES if k[0] != context.run_id]:  # an earlier run's runtimes
         del _RUNTIMES[k]

@@ -237,7 +237,7 @@ class _Worker:
         self.exp = None  # the previous run's, if any, goes first
         self.states, self.undo = {}, None
         self.cfg, self.fed = cfg, fed
-        self.exp = build_experiment(cfg, fed)
+        self.exp = build_experiment(cfg, fed, client_only=True)  # no server machinery
         self.exp.algo.register_clients(list(self.exp.train_clients))
         self.initial = {k: v.detach().clone() for k, v in self.exp.model.state_dict().items()}
 
