@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from fedshift.algorithms.base import Algorithm, ParamsT
 from fedshift.core.context import ClientContext
@@ -156,6 +156,10 @@ class ClientHalf(Algorithm[ParamsT]):
 class ServerHalf(Algorithm[ParamsT]):
     """Base class of a server half (:class:`ServerRule`): the server side of a method whose
     spec and client side are its :class:`ClientHalf` (the registered class joins both)."""
+
+    #: the client half, declared (assigned) by the registered class that joins both halves
+    #: (:func:`client_class` reads it from that class's own body only)
+    client_half: ClassVar[type[Algorithm[Any]]]
 
 
 def client_class(cls: type[Algorithm]) -> type[Algorithm]:
