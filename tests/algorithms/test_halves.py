@@ -6,9 +6,12 @@ half (the adapter)."""
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 
 import pytest
 import torch
+from doc_commands import find_commands
 
 from fedshift.algorithms import ALGORITHMS
 from fedshift.algorithms.distrans.aggregator import OffsetAggregator
@@ -30,7 +33,7 @@ from fedshift.algorithms.pfedhn.hypernet import HyperNetwork
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.client import train_client
 from fedshift.runtime.experiment import build_experiment, init_client_state
-from fedshift.testing import start, tiny_cfg, tiny_federation
+from fedshift.testing import check_algorithm, full_round, start, tiny_cfg, tiny_federation
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 
@@ -194,3 +197,27 @@ def test_client_disclosures_say_what_the_server_only_sums():
 
     assert shown(client) == shown(server)
     assert any(summed for *_, summed in shown(client))
+
+
+def test_the_architecture_example_is_a_working_algorithm():
+    """docs/ARCHITECTURE.md's "An algorithm in two halves" snippet, executed as written: its
+    one registration makes `algorithm.name=mine` run (the contract checks), and a client
+    process builds its client half only."""
+    (snippet,) = [f for f in find_commands() if f.text == "example: new-algorithm"]
+    assert "ALGORITHMS.add(" in snippet.context
+    module = types.ModuleType("doc_new_algorithm")  # as the file it stands for is a module
+    sys.modules[module.__name__] = module
+    try:
+        code = compile(snippet.context, "ARCHITECTURE.md:new-algorithm", "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+        cls = ALGORITHMS.get("mine")
+        assert client_class(cls) is module.MineClient and is_split(cls)
+        check_algorithm("mine")
+        cfg, fed = tiny_cfg("mine"), tiny_federation()
+        assert type(_client_exp(cfg, fed).algo.algo) is module.MineClient
+        run = start(cfg, fed)
+        full_round(run, 1)
+        assert run.server["replies"] == len(run.cids)
+        _same_round(cfg, fed)
+    finally:
+        del sys.modules[module.__name__]
