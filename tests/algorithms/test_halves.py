@@ -14,6 +14,7 @@ import torch
 from doc_commands import find_commands
 
 from fedshift.algorithms import ALGORITHMS
+from fedshift.algorithms.adcol import ADCOLClient
 from fedshift.algorithms.distrans.aggregator import OffsetAggregator
 from fedshift.algorithms.distrans.algorithm import DisTransClient
 from fedshift.algorithms.fedavg import FedAvgClient
@@ -44,6 +45,7 @@ SPLIT = {
     "fedbn": FedBNClient,
     "pfedhn": PFedHNClient,
     "distrans": DisTransClient,
+    "adcol": ADCOLClient,
 }
 
 
@@ -105,6 +107,17 @@ def _same_round(cfg, fed) -> None:
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedbn"])
 def test_client_half_trains_as_the_one_class_algorithm(name):
     _same_round(tiny_cfg(name), tiny_federation())
+
+
+@pytest.mark.parametrize("averaging", ["none", "fedavg"])
+def test_adcol_client_half_holds_no_server_discriminator(averaging):
+    """ADCOL's client half has no server discriminator (nor its party rows): only D's shape,
+    whose values it never reads, and it trains as the whole algorithm does."""
+    cfg, fed = tiny_cfg("adcol", f"algorithm.averaging={averaging}"), tiny_federation()
+    half = _client_exp(cfg, fed).algo.algo
+    assert type(half) is ADCOLClient
+    assert not hasattr(half, "disc") and not hasattr(half, "_rows")
+    _same_round(cfg, fed)
 
 
 def test_pfedhn_client_half_builds_no_hypernetwork(monkeypatch):
