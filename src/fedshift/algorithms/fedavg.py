@@ -45,6 +45,8 @@ class FedAvgServer(ServerHalf[ParamsT]):
 
 
 class FedAvg(FedAvgServer[ParamsT], FedAvgClient[ParamsT]):
-    """Federated averaging of model weights (both halves)."""
+    """Federated averaging of model weights.
+
+    Both halves: :class:`FedAvgServer` and :class:`FedAvgClient`."""
 
     client_half = FedAvgClient

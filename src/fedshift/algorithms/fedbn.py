@@ -37,6 +37,8 @@ class FedBNClient(FedAvgClient[FedBNParams]):
 
 
 class FedBN(FedAvg[FedBNParams], FedBNClient):
-    """FedAvg with every BN tensor kept local (both halves)."""
+    """FedAvg with every BN tensor kept local.
+
+    Both halves: FedAvg's server half and :class:`FedBNClient`."""
 
     client_half = FedBNClient

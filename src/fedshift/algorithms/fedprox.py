@@ -62,6 +62,9 @@ class FedProxClient(FedAvgClient[ProxParamsT]):
 
 
 class FedProx(FedAvg[ProxParamsT], FedProxClient[ProxParamsT]):
-    """FedProx (Li et al., MLSys 2020): FedAvg's server half with :class:`FedProxClient`."""
+    """FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds the proximal term
+    h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2 (Eq. 2), over the shared trainable tensors.
+
+    Both halves: FedAvg's server half and :class:`FedProxClient`."""
 
     client_half = FedProxClient
