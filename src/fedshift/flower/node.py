@@ -4,8 +4,8 @@ Every message from the ServerApp carries the run's resolved config (``fedshift.r
 SuperNode needs no config file of its own, only its identity and where its data is
 (``--node-config``, see :func:`node_settings`). On the first message of a run the node loads
 its data, builds the experiment exactly as the native engine does (same seeded initial
-model, same algorithm, augments and input pipeline: :func:`~fedshift.runtime.experiment.
-build_experiment`) and keeps it for the following messages of the run in this process.
+model, augments and input pipeline, the algorithm's client half only:
+:func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``) and keeps it for the following messages of the run in this process.
 
 Client state (local BN layers, persisted optimizer state, SCAFFOLD's ``c_i``, DisTrans's
 offset, FRAug's RTNet, the augments' statistics) is whatever the algorithm's ``init_client``
