@@ -5,7 +5,8 @@ SuperNode needs no config file of its own, only its identity and where its data 
 (``--node-config``, see :func:`node_settings`). On the first message of a run the node loads
 its data, builds the experiment exactly as the native engine does (same seeded initial
 model, augments and input pipeline, the algorithm's client half only:
-:func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``) and keeps it for the following messages of the run in this process.
+:func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``) and keeps it for the
+following messages of the run in this process.
 
 Client state (local BN layers, persisted optimizer state, SCAFFOLD's ``c_i``, DisTrans's
 offset, FRAug's RTNet, the augments' statistics) is whatever the algorithm's ``init_client``

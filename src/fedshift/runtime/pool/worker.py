@@ -3,11 +3,11 @@ clients of a run.
 
 A worker builds the run's experiment itself from the resolved config (the same seeded
 initial model, augments and input pipeline as the server's, and the algorithm's client half
-only: :func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``), loads the federation itself (or
-takes a preloaded one once per run), and keeps its clients' state between rounds, exactly
-like a Flower SuperNode (:mod:`fedshift.flower.node`). It then answers one request at a
-time, in order, on its pipe (:func:`send` / :func:`recv`: tensors' bytes out of band);
-every request is ``(seq, op, args)`` pickled, every reply
+only: :func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``), loads the
+federation itself (or takes a preloaded one once per run), and keeps its clients' state
+between rounds, exactly like a Flower SuperNode (:mod:`fedshift.flower.node`). It then
+answers one request at a time, in order, on its pipe (:func:`send` / :func:`recv`: tensors'
+bytes out of band); every request is ``(seq, op, args)`` pickled, every reply
 ``(seq, (status, value))`` with status ``ok``, ``error`` (the exception, pickled when it
 can be, with the worker's traceback) or ``cancelled``.
 
