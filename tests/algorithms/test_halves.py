@@ -234,3 +234,20 @@ def test_the_architecture_example_is_a_working_algorithm():
         _same_round(cfg, fed)
     finally:
         del sys.modules[module.__name__]
+
+
+def test_pool_worker_builds_the_client_half_only(monkeypatch):
+    """A pool worker's build request (run in this process) builds pFedHN's client half: no
+    hypernetwork, a composition that refuses the server side."""
+    from fedshift.runtime.pool.worker import _Worker
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the pool worker built the server's hypernetwork")
+
+    monkeypatch.setattr(HyperNetwork, "__init__", refuse)
+    cfg = tiny_cfg("pfedhn")
+    worker = _Worker(0, None)
+    worker.build(cfg.to_dict(), None, torch.get_num_threads())
+    assert type(worker.exp.algo.algo) is PFedHNClient and worker.exp.algo.client_only
+    worker.clients(list(worker.exp.train_clients))
+    assert set(worker.states) == set(worker.exp.train_clients)
