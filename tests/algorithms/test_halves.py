@@ -18,7 +18,9 @@ from fedshift.algorithms.adcol import ADCOLClient
 from fedshift.algorithms.distrans.aggregator import OffsetAggregator
 from fedshift.algorithms.distrans.algorithm import DisTransClient
 from fedshift.algorithms.fedavg import FedAvgClient
+from fedshift.algorithms.fedavgm import FedAvgMClient
 from fedshift.algorithms.fedbn import FedBNClient
+from fedshift.algorithms.fedopt import FedAdagradClient, FedAdamClient, FedYogiClient
 from fedshift.algorithms.fedprox import FedProxClient
 from fedshift.algorithms.fedsam import FedSAM
 from fedshift.algorithms.halves import (
@@ -46,6 +48,10 @@ SPLIT = {
     "pfedhn": PFedHNClient,
     "distrans": DisTransClient,
     "adcol": ADCOLClient,
+    "fedavgm": FedAvgMClient,
+    "fedadam": FedAdamClient,
+    "fedyogi": FedYogiClient,
+    "fedadagrad": FedAdagradClient,
 }
 
 
@@ -104,7 +110,9 @@ def _same_round(cfg, fed) -> None:
             assert torch.equal(state["local"][k], t), (cid, k)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedbn"])
+@pytest.mark.parametrize(
+    "name", ["fedavg", "fedprox", "fedbn", "fedavgm", "fedadam", "fedyogi", "fedadagrad"]
+)
 def test_client_half_trains_as_the_one_class_algorithm(name):
     _same_round(tiny_cfg(name), tiny_federation())
 
