@@ -357,6 +357,10 @@ MARKS: dict[str, Mark] = {
     "fedshift protocol ...": Synopsis(),
     "fedshift protocol <name>": Synopsis(),
     "fedshift protocol <study>": Synopsis(),
+    "example: new-algorithm": ByTest(
+        "tests/algorithms/test_halves.py::test_the_architecture_example_is_a_working_algorithm",
+        "the snippet executed as written, registered in-process, then checked and built",
+    ),
     "example: new-study": ByTest(
         "tests/studies/test_studies.py::test_the_architecture_example_is_a_working_study",
         "the snippet executed as written, registered in-process, then its generated command run",

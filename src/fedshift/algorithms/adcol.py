@@ -52,7 +52,7 @@ from torch import nn
 
 from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.bn import bn_keys
-from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedshift.algorithms.local_train import last_epoch_start
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
@@ -142,8 +142,21 @@ def train_discriminator(
     return float(last)
 
 
-class ADCOL(FedAvg[ADCOLParams]):
-    """Personalised parties trained against a server discriminator of their representations."""
+def _representation_dim(model: FedModel) -> int:
+    """The width of the representation the classifier reads (what D takes)."""
+    head = getattr(model, "classifier", None)
+    if not isinstance(head, nn.Linear):
+        raise ConfigError(
+            "algorithm 'adcol' needs a model whose classifier is a torch.nn.Linear "
+            "(the discriminator reads the classifier's input)"
+        )
+    return int(head.in_features)
+
+
+class ADCOLClient(FedAvgClient[ADCOLParams]):
+    """ADCOL's client half: the party's encoder and predictor trained against the received
+    discriminator; uploads its last epoch's representations. It holds D's shape only
+    (``client_disc``, whose own values are never read: the received tensors are)."""
 
     name = "adcol"
     tasks = ("classification",)
@@ -160,43 +173,23 @@ class ADCOL(FedAvg[ADCOLParams]):
             )
 
     def setup(self, model: FedModel) -> None:
-        head = getattr(model, "classifier", None)
-        if not isinstance(head, nn.Linear):
-            raise ConfigError(
-                "algorithm 'adcol' needs a model whose classifier is a torch.nn.Linear "
-                "(the discriminator reads the classifier's input)"
-            )
         p = self.params
-        dim = int(head.in_features)
-        self.disc = discriminator(dim, p.dis_hidden, self.num_clients).eval()
+        dim = _representation_dim(model)
         self.client_disc = discriminator(dim, p.dis_hidden, self.num_clients).eval()
-        self._rows: dict[str, int] = {}
 
     def compute_local_keys(self, model: FedModel) -> list[str]:
         if self.params.averaging == "fedavg":
             return bn_keys(model, self.params.bn_policy)
         return list(model.state_dict())
 
-    def register_clients(self, cids: list[str]) -> None:
-        self._rows = {cid: i for i, cid in enumerate(cids)}
-
-    # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        return {
-            "weights": clone(model.state_dict()),
-            "disc": clone(self.disc.state_dict()),
-            "disc_opt": None,
-            "disc_seed": int(torch.randint(0, 2**62, ())),
-            "disc_loss": None,  # mean CE of its last training epoch
-        }
-
     def disclosures(self, model: FedModel) -> list[Disclosure]:
-        dim = self.disc.state_dict()[next(iter(self.disc.state_dict()))].shape[1]
+        shapes = self.client_disc.state_dict()  # D's shapes: the server's D is built alike
+        dim = shapes[next(iter(shapes))].shape[1]
         weights = self.weights_disclosures(model) if self.params.averaging == "fedavg" else []
         return [
             *weights,
             Disclosure("discriminator", DOWN, Kind.PARAMETERS, When.ROUND,
-                       fixed(tensor_bytes(self.disc.state_dict())),
+                       fixed(tensor_bytes(shapes)),
                        "the discriminator the server trained on the sites' representations",
                        carries=("features",)),
             Disclosure("features", UP, Kind.REPRESENTATION, When.ROUND,
@@ -206,37 +199,6 @@ class ADCOL(FedAvg[ADCOLParams]):
                        unprotectable="one example's representation per value: noise large "
                        "enough to hide an example leaves nothing of it"),
         ]  # fmt: skip
-
-    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
-        records: dict[str, Tensors] = {"discriminator": server["disc"]}
-        if self.params.averaging == "fedavg":
-            records["weights"] = subset(server["weights"], self.shared_keys)
-        return Payload(records)
-
-    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        if self.params.averaging == "fedavg":
-            server["weights"].update(self.average_record(replies, "weights"))
-        zs, parties = [], []
-        for cid, pl in replies:
-            if cid not in self._rows:
-                raise FedshiftError(f"adcol: unknown client {cid!r} (no discriminator class)")
-            z = pl["features"]["z"].float().cpu()
-            zs.append(z)
-            parties.append(
-                torch.full((z.shape[0],), self._rows[cid], dtype=torch.long, device=z.device)
-            )
-        p = self.params
-        self.disc.load_state_dict(server["disc"])
-        opt = torch.optim.SGD(self.disc.parameters(), lr=p.dis_lr, momentum=p.dis_momentum)
-        if server["disc_opt"] is not None:
-            opt.load_state_dict(server["disc_opt"])
-        gen = generator(server["disc_seed"], "adcol/discriminator", rnd)
-        server["disc_loss"] = train_discriminator(
-            self.disc, opt, torch.cat(zs), torch.cat(parties), p.dis_epochs,
-            self.train.batch_size, gen,
-        )  # fmt: skip
-        server["disc"] = clone(self.disc.state_dict())
-        server["disc_opt"] = opt.state_dict()
 
     # -- client ----------------------------------------------------------------------------
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
@@ -280,3 +242,66 @@ class ADCOL(FedAvg[ADCOLParams]):
             loss = loss + self.params.mu * kl_to_uniform(self.discriminate(disc, z.flatten(1)))
         extra = self.penalty(ctx)
         return loss if extra is None else loss + extra
+
+
+class ADCOLServer(FedAvgServer[ADCOLParams]):
+    """ADCOL's server half: the discriminator D, trained on the pooled representations
+    (each labelled with its party's row), sent down every round."""
+
+    def setup(self, model: FedModel) -> None:
+        p = self.params
+        dim = _representation_dim(model)
+        # D first, then the client half's copy: the draws of the one-class algorithm
+        self.disc = discriminator(dim, p.dis_hidden, self.num_clients).eval()
+        super().setup(model)
+        self._rows: dict[str, int] = {}
+
+    def register_clients(self, cids: list[str]) -> None:
+        self._rows = {cid: i for i, cid in enumerate(cids)}
+
+    # -- server ----------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        return {
+            "weights": clone(model.state_dict()),
+            "disc": clone(self.disc.state_dict()),
+            "disc_opt": None,
+            "disc_seed": int(torch.randint(0, 2**62, ())),
+            "disc_loss": None,  # mean CE of its last training epoch
+        }
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        records: dict[str, Tensors] = {"discriminator": server["disc"]}
+        if self.params.averaging == "fedavg":
+            records["weights"] = subset(server["weights"], self.shared_keys)
+        return Payload(records)
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        if self.params.averaging == "fedavg":
+            server["weights"].update(self.average_record(replies, "weights"))
+        zs, parties = [], []
+        for cid, pl in replies:
+            if cid not in self._rows:
+                raise FedshiftError(f"adcol: unknown client {cid!r} (no discriminator class)")
+            z = pl["features"]["z"].float().cpu()
+            zs.append(z)
+            parties.append(
+                torch.full((z.shape[0],), self._rows[cid], dtype=torch.long, device=z.device)
+            )
+        p = self.params
+        self.disc.load_state_dict(server["disc"])
+        opt = torch.optim.SGD(self.disc.parameters(), lr=p.dis_lr, momentum=p.dis_momentum)
+        if server["disc_opt"] is not None:
+            opt.load_state_dict(server["disc_opt"])
+        gen = generator(server["disc_seed"], "adcol/discriminator", rnd)
+        server["disc_loss"] = train_discriminator(
+            self.disc, opt, torch.cat(zs), torch.cat(parties), p.dis_epochs,
+            self.train.batch_size, gen,
+        )  # fmt: skip
+        server["disc"] = clone(self.disc.state_dict())
+        server["disc_opt"] = opt.state_dict()
+
+
+class ADCOL(ADCOLServer, ADCOLClient):
+    """Personalised parties trained against a server discriminator of their representations."""
+
+    client_half = ADCOLClient

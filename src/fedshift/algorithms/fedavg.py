@@ -7,20 +7,24 @@ code does).
 
 With ``bn_policy`` other than ``global`` the BN tensors named by the policy stay on the
 client (see :func:`fedshift.algorithms.base.bn_keys`); FedBN is that with ``local``.
+
+Written in two halves (:mod:`fedshift.algorithms.halves`): :class:`FedAvgClient` (the local
+update) and :class:`FedAvgServer` (the weighted mean), joined by :class:`FedAvg`.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from fedshift.algorithms.base import Algorithm, ParamsT, Reply, State, Weighting
+from fedshift.algorithms.base import ParamsT, Reply, State, Weighting
+from fedshift.algorithms.halves import ClientHalf, ServerHalf
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Payload
 
 
-class FedAvg(Algorithm[ParamsT]):
-    """Federated averaging of model weights."""
+class FedAvgClient(ClientHalf[ParamsT]):
+    """FedAvg's client half: local steps from the received shared tensors."""
 
     name = "fedavg"
     paper_weighting: ClassVar[Weighting] = "samples"  # Alg. 1: w_{t+1} = sum_k (n_k / n) w_{t+1}^k
@@ -31,6 +35,18 @@ class FedAvg(Algorithm[ParamsT]):
         self.keep_local(ctx, state)
         return self.reply(ctx, state, steps, loss)
 
+
+class FedAvgServer(ServerHalf[ParamsT]):
+    """FedAvg's server half: the weighted mean of the replied shared tensors."""
+
     @sums_only("weights")  # the weighted mean only: secure aggregation can hide each site
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         server["weights"].update(self.average_record(replies, "weights"))
+
+
+class FedAvg(FedAvgServer[ParamsT], FedAvgClient[ParamsT]):
+    """Federated averaging of model weights.
+
+    Both halves: :class:`FedAvgServer` and :class:`FedAvgClient`."""
+
+    client_half = FedAvgClient

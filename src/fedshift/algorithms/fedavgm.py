@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.fedavg import FedAvgClient
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
 from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
@@ -24,12 +25,16 @@ class FedAvgMParams(FLParams):
     server_momentum: float = bounded(0.9, ge=0, lt=1)
 
 
-class FedAvgM(ServerOptAlgorithm[FedAvgMParams]):
-    """FedAvg with server momentum."""
+class FedAvgMClient(FedAvgClient[FedAvgMParams]):
+    """FedAvgM's client half: FedAvg's local update (the method is its server step)."""
 
     name = "fedavgm"
     paper_weighting = "samples"  # Hsu et al. 2019: the FedAvg pseudo-gradient, n_k-weighted
     Params = FedAvgMParams
+
+
+class FedAvgMServer(ServerOptAlgorithm[FedAvgMParams]):
+    """FedAvgM's server half: momentum on the pseudo-gradient."""
 
     def server_step(self, server: State, delta: Tensors) -> None:
         p = self.params
@@ -37,3 +42,9 @@ class FedAvgM(ServerOptAlgorithm[FedAvgMParams]):
         for k, d in delta.items():
             v[k].mul_(p.server_momentum).add_(d)
             server["weights"][k] = server["weights"][k] + p.server_lr * v[k]
+
+
+class FedAvgM(FedAvgMServer, FedAvgMClient):
+    """FedAvg with server momentum."""
+
+    client_half = FedAvgMClient

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fedshift.algorithms.base import FLParams
 from fedshift.algorithms.bn import BNPolicy
-from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.fedavg import FedAvg, FedAvgClient
 
 
 @dataclass
@@ -25,11 +25,20 @@ class FedBNParams(FLParams):
     bn_policy: BNPolicy = "local"
 
 
-class FedBN(FedAvg[FedBNParams]):
-    """FedAvg with every BN tensor kept local."""
+class FedBNClient(FedAvgClient[FedBNParams]):
+    """FedBN's client half: FedAvg's local update with every BN tensor kept local (the
+    server half is FedAvg's weighted mean of the shared, non-BN tensors)."""
 
     name = "fedbn"
     #: Algorithm 1 averages the shared layers over the K clients with 1/K, and the released
     #: code's ``client_weights`` are uniform (shared/reference/official-code-notes.md)
     paper_weighting = "uniform"
     Params = FedBNParams
+
+
+class FedBN(FedAvg[FedBNParams], FedBNClient):
+    """FedAvg with every BN tensor kept local.
+
+    Both halves: FedAvg's server half and :class:`FedBNClient`."""
+
+    client_half = FedBNClient

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from fedshift.algorithms.base import FLParams, State
+from fedshift.algorithms.fedavg import FedAvgClient
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
 from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
@@ -30,14 +31,31 @@ class FedOptParams(FLParams):
     tau: float = bounded(1e-3, gt=0)  # the adaptivity (v_{-1} = tau^2, the denominator's +tau)
 
 
-class FedAdam(ServerOptAlgorithm[FedOptParams]):
-    """FedAvg clients, Adam on the server."""
+class FedAdamClient(FedAvgClient[FedOptParams]):
+    """FedAdam's client half: FedAvg's local update (the FedOpt methods differ on the
+    server only)."""
 
     name = "fedadam"
     #: Reddi et al., ICLR 2021, Algorithm 2: Delta_t = (1/|S|) sum_{i in S} Delta_i^t (the
-    #: FedYogi / FedAdagrad subclasses inherit it)
+    #: FedYogi / FedAdagrad client halves inherit it)
     paper_weighting = "uniform"
     Params = FedOptParams
+
+
+class FedYogiClient(FedAdamClient):
+    """FedYogi's client half: FedAvg's local update."""
+
+    name = "fedyogi"
+
+
+class FedAdagradClient(FedAdamClient):
+    """FedAdagrad's client half: FedAvg's local update."""
+
+    name = "fedadagrad"
+
+
+class FedAdamServer(ServerOptAlgorithm[FedOptParams]):
+    """The FedOpt server step: Adam's second moment (FedYogi and FedAdagrad change it)."""
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         b2 = self.params.beta2
@@ -53,19 +71,33 @@ class FedAdam(ServerOptAlgorithm[FedOptParams]):
             server["weights"][k] = server["weights"][k] + p.server_lr * m[k] / (v[k].sqrt() + p.tau)
 
 
-class FedYogi(FedAdam):
-    """FedAvg clients, Yogi on the server."""
-
-    name = "fedyogi"
+class FedYogiServer(FedAdamServer):
+    """Yogi's second moment."""
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         return v - (1 - self.params.beta2) * d2 * torch.sign(v - d2)
 
 
-class FedAdagrad(FedAdam):
-    """FedAvg clients, Adagrad on the server."""
-
-    name = "fedadagrad"
+class FedAdagradServer(FedAdamServer):
+    """Adagrad's second moment."""
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         return v + d2
+
+
+class FedAdam(FedAdamServer, FedAdamClient):
+    """FedAvg clients, Adam on the server."""
+
+    client_half = FedAdamClient
+
+
+class FedYogi(FedYogiServer, FedYogiClient):
+    """FedAvg clients, Yogi on the server."""
+
+    client_half = FedYogiClient
+
+
+class FedAdagrad(FedAdagradServer, FedAdagradClient):
+    """FedAvg clients, Adagrad on the server."""
+
+    client_half = FedAdagradClient

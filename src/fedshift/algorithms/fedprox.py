@@ -8,7 +8,7 @@ from typing import ClassVar, Literal, TypeVar
 import torch
 
 from fedshift.algorithms.base import FLParams, State, Weighting
-from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.fedavg import FedAvg, FedAvgClient
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
@@ -29,9 +29,10 @@ class FedProxParams(FLParams):
 ProxParamsT = TypeVar("ProxParamsT", bound=FedProxParams)
 
 
-class FedProx(FedAvg[ProxParamsT]):
-    """FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds the proximal term
-    h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2 (Eq. 2), over the shared trainable tensors."""
+class FedProxClient(FedAvgClient[ProxParamsT]):
+    """FedProx's client half (Li et al., MLSys 2020): FedAvg's local update whose objective
+    adds the proximal term h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2 (Eq. 2), over the
+    shared trainable tensors. The server half is FedAvg's (the weighted mean)."""
 
     name = "fedprox"
     #: Sec. 5.1: devices are sampled uniformly and their updates averaged with weights
@@ -58,3 +59,12 @@ class FedProx(FedAvg[ProxParamsT]):
         if self.params.form == "sqrt":
             sq = sq.sqrt()
         return 0.5 * self.params.mu * sq
+
+
+class FedProx(FedAvg[ProxParamsT], FedProxClient[ProxParamsT]):
+    """FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds the proximal term
+    h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2 (Eq. 2), over the shared trainable tensors.
+
+    Both halves: FedAvg's server half and :class:`FedProxClient`."""
+
+    client_half = FedProxClient

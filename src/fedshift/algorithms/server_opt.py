@@ -4,18 +4,24 @@ After averaging the clients' weights, the server treats Delta_t = avg_k(w_{t+1}^
 pseudo-gradient and updates w_t with its own optimiser. Only trainable parameters go through
 the optimiser; buffers (BN running statistics, counters) take the plain average, since a
 momentum or adaptive step on a running variance could drive it negative.
+
+:class:`ServerOptAlgorithm` is a server half (:mod:`fedshift.algorithms.halves`): each method
+joins it (with its ``server_step``) to a client half that is FedAvg's local update under the
+method's own spec (name, ``Params``, weighting), so a pool worker or SuperNode builds that
+client half only.
 """
 
 from __future__ import annotations
 
 from fedshift.algorithms.base import ParamsT, Reply, State
-from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.fedavg import FedAvgServer
 from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Tensors
 
 
-class ServerOptAlgorithm(FedAvg[ParamsT]):
-    """FedAvg clients; subclasses implement ``server_step`` on the pseudo-gradient."""
+class ServerOptAlgorithm(FedAvgServer[ParamsT]):
+    """The server half of FedAvg clients with a server optimiser; subclasses implement
+    ``server_step`` on the pseudo-gradient."""
 
     @sums_only("weights")  # the server step reads the weighted mean only
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:

@@ -17,6 +17,7 @@ from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, Reply, State
 from fedshift.core.contract_errors import ContractError, expect
 from fedshift.core.disclosure import UP, Disclosure, summed_records
+from fedshift.core.errors import FedshiftError
 from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.privacy import Mechanism
@@ -43,11 +44,35 @@ def _merge(into: dict[str, Tensors], extra: Records, who: str) -> None:
 
 class Composition:
     """``algorithm x [augments]`` behind the runtime's interface
-    (:class:`fedshift.core.contract.FederatedAlgorithm`)."""
+    (:class:`fedshift.core.contract.FederatedAlgorithm`).
 
-    def __init__(self, algo: Algorithm, augments: list[Augment]) -> None:
+    ``rule``: None when ``algo`` is the registered class, both halves (the in-process
+    runtime, the server process); in a client process (pool worker, Flower SuperNode)
+    ``algo`` is only the client half (:func:`fedshift.algorithms.halves.client_class`) and
+    ``rule`` the registered class, whose server side this composition then refuses to run
+    (:meth:`client_only`)."""
+
+    def __init__(
+        self, algo: Algorithm, augments: list[Augment], rule: type[Algorithm] | None = None
+    ) -> None:
         self.algo = algo
         self.augments = augments
+        #: the registered algorithm class when this process holds the client half only
+        self.rule = rule
+
+    @property
+    def client_only(self) -> bool:
+        """True in a client process: the server half was not built here."""
+        return self.rule is not None
+
+    def _server_side(self, what: str) -> None:
+        """Refuse a server-side call in a client process (a runtime bug, not a config)."""
+        if self.rule is not None:
+            raise FedshiftError(
+                f"algorithm {self.algo.name!r}: {what} is the server's (its ServerRule), but "
+                "this process built only the client half (a pool worker or Flower SuperNode: "
+                "fedshift.algorithms.halves); call it on the server's composition"
+            )
 
     # -- passthrough -------------------------------------------------------------------------
     @property
@@ -72,6 +97,7 @@ class Composition:
         return self.algo
 
     def global_weights(self, server: State) -> Tensors | None:
+        self._server_side("global_weights")
         w = self.algo.global_weights(server)
         return w if w is None else expect(w, dict, self.algo, "global_weights", WEIGHTS)
 
@@ -80,6 +106,7 @@ class Composition:
         return w if w is None else expect(w, dict, self.algo, "personal_weights", WEIGHTS)
 
     def server_view(self, server: State, cid: str) -> State:
+        self._server_side("server_view")
         return self.algo.server_view(server, cid)
 
     def register_clients(self, cids: list[str]) -> None:
@@ -92,7 +119,9 @@ class Composition:
         (:func:`~fedshift.core.disclosure.sums_only`)."""
         out: list[Disclosure] = []
         for component in (self.algo, *self.augments):
-            summed = summed_records(type(component).aggregate)
+            # the server half's aggregate says what it only sums, also in a client process
+            rule = self.rule if component is self.algo and self.rule is not None else None
+            summed = summed_records((rule or type(component)).aggregate)
             out += [
                 d.with_source(component.name, d.direction == UP and d.record in summed)
                 for d in component.disclosures(model)
@@ -114,6 +143,7 @@ class Composition:
 
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
+        self._server_side("init_server")
         server = expect(self.algo.init_server(model), dict, self.algo, "init_server", STATE)
         for a in self.augments:
             server[aug_key(a)] = expect(a.init_server(model), dict, a, "init_server", STATE)
@@ -136,10 +166,12 @@ class Composition:
         return up
 
     def setup_aggregate(self, server: State, replies: list[Reply]) -> None:
+        self._server_side("setup_aggregate")
         for a in self.augments:
             a.setup_aggregate(server[aug_key(a)], [(cid, p.records) for cid, p in replies])
 
     def setup_broadcast(self, server: State, cid: str) -> Payload:
+        self._server_side("setup_broadcast")
         down = Payload()
         for a in self.augments:
             _merge(down.records, a.setup_broadcast(server[aug_key(a)], cid), a.name)
@@ -151,6 +183,7 @@ class Composition:
 
     # -- rounds ------------------------------------------------------------------------------
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        self._server_side("broadcast")
         down = expect(self.algo.broadcast(server, rnd, cid), Payload, self.algo, "broadcast", PAY)
         for a in self.augments:
             _merge(down.records, a.broadcast(server[aug_key(a)], rnd, cid), a.name)
@@ -180,6 +213,7 @@ class Composition:
     # -- evaluation of clients that never train ----------------------------------------------
     def eval_broadcast(self, server: State, cid: str) -> Payload:
         """The augments' records a held-out client needs to evaluate (``eval_broadcast``)."""
+        self._server_side("eval_broadcast")
         down = Payload()
         for a in self.augments:
             _merge(down.records, a.eval_broadcast(server[aug_key(a)], cid), a.name)
@@ -190,6 +224,7 @@ class Composition:
             a.receive(down, state[aug_key(a)], 0)
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        self._server_side("aggregate")
         self.algo.aggregate(server, rnd, replies)
         for a in self.augments:
             a.aggregate(server[aug_key(a)], rnd, replies)

@@ -4,8 +4,9 @@ Every message from the ServerApp carries the run's resolved config (``fedshift.r
 SuperNode needs no config file of its own, only its identity and where its data is
 (``--node-config``, see :func:`node_settings`). On the first message of a run the node loads
 its data, builds the experiment exactly as the native engine does (same seeded initial
-model, same algorithm, augments and input pipeline: :func:`~fedshift.runtime.experiment.
-build_experiment`) and keeps it for the following messages of the run in this process.
+model, augments and input pipeline, the algorithm's client half only:
+:func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``) and keeps it for the
+following messages of the run in this process.
 
 Client state (local BN layers, persisted optimizer state, SCAFFOLD's ``c_i``, DisTrans's
 offset, FRAug's RTNet, the augments' statistics) is whatever the algorithm's ``init_client``
@@ -198,7 +199,9 @@ def runtime(run: ConfigRecord, context: Context) -> NodeRuntime:
             "this SuperNode does not say which client it is: start it with "
             "--node-config \"client='<name>'\" (and dataset.root=... for its data)"
         )
-    exp = build_experiment(cfg, fed, num_clients=num_clients, check_holdout=False)
+    exp = build_experiment(  # the algorithm's client half only (algorithms/halves.py)
+        cfg, fed, num_clients=num_clients, check_holdout=False, client_only=True
+    )
     data = exp.train_clients.get(cid) or exp.fed.client(cid)
     for k in [k for k in _RUNTIMES if k[0] != context.run_id]:  # an earlier run's runtimes
         del _RUNTIMES[k]

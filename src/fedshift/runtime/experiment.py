@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedshift.algorithms import ALGORITHMS, Algorithm
+from fedshift.algorithms.halves import client_class
 from fedshift.augment import build_augments
 from fedshift.augment.base import Augment
 from fedshift.augment.compose import Composition
@@ -95,13 +96,17 @@ def build_experiment(
     fed: Federation,
     num_clients: int | None = None,
     check_holdout: bool = True,
+    client_only: bool = False,
 ) -> Experiment:
     """The parts of one run over ``fed`` (already partitioned and fraction-reduced), built
     from ``cfg``'s resolved components as they are (no registry lookup, no second check).
 
     ``num_clients`` overrides the number of training clients the algorithm is built for (a
     Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
-    that ``federation.holdout`` names clients of ``fed`` (the same SuperNode)."""
+    that ``federation.holdout`` names clients of ``fed`` (the same SuperNode).
+    ``client_only=True`` (a pool worker, a SuperNode) builds the algorithm's client half
+    only (:func:`fedshift.algorithms.halves.client_class`: no server machinery such as
+    pFedHN's hypernetwork), composed so that the server side refuses to run."""
     device = resolve_device(cfg.device)
     placement = set_precision(device, cfg.run.deterministic, cfg.run.tf32)
     fed, where = place_data(fed, device, cfg.run.data)
@@ -145,8 +150,9 @@ def build_experiment(
     source_fed = dataclasses.replace(fed, clients=sources)
     train_clients = {c.name: c for c in algo_cls.training_data(source_fed)}
     n = len(train_clients) if num_clients is None else num_clients
-    algo: Algorithm = algo_cls(algo_params, cfg.train, fed_cfg, model, n)
-    composed = Composition(algo, augments)
+    built = client_class(algo_cls) if client_only else algo_cls
+    algo: Algorithm = built(algo_params, cfg.train, fed_cfg, model, n)
+    composed = Composition(algo, augments, rule=algo_cls if client_only else None)
     if holdout and composed.has_personal_model and not algo.has_new_site_answer():
         raise ConfigError(
             f"config key 'federation.holdout': algorithm {cfg.algorithm.name!r} keeps "

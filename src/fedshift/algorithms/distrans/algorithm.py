@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from fedshift.algorithms.base import Algorithm, Reply, State
+from fedshift.algorithms.base import Reply, State
 from fedshift.algorithms.bn import FrozenBNStats, bn_keys
 from fedshift.algorithms.distrans.aggregator import (
     AggPair,
@@ -29,6 +29,7 @@ from fedshift.algorithms.distrans.params import (
     OFFSET_RECORD,
     DisTransParams,
 )
+from fedshift.algorithms.halves import ClientHalf, ServerHalf
 from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, run_steps
 from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.context import ClientContext
@@ -56,9 +57,38 @@ def _model(ctx: ClientContext) -> DisTransModel:
     return cast(DisTransModel, ctx.model)
 
 
-# ----------------------------------------------------------------------------- the algorithm
-class DisTrans(Algorithm[DisTransParams]):
-    """Per-client offsets + a double-input-channel model averaged FedAvg-style."""
+# ----------------------------------------------------------------------------- offset mode
+def offset_mode(params: DisTransParams, server: State) -> str:
+    """``none`` / ``avg`` / ``nn`` now; ``pending`` while ``auto`` does not know DH."""
+    agg = params.aggregation
+    if agg != "auto":
+        return agg
+    dh = server.get("dh")
+    if dh is None:
+        return "pending"
+    return params.auto_aggregator if dh < params.dh_threshold else "none"
+
+
+def wants_label_dist(params: DisTransParams) -> bool:
+    """Whether the clients upload their label counts (the NN aggregator or DH need them)."""
+    return params.aggregation in ("nn", "auto")
+
+
+def aggregated_offset(params: DisTransParams, server: State, cid: str) -> torch.Tensor | None:
+    """The offset the server gives client ``cid`` now (None: it keeps its own); ``server``
+    is the server state or the client's server view."""
+    mode = offset_mode(params, server)
+    if mode == "avg":
+        return server.get("offset_avg")
+    if mode == "nn":
+        return server.get("offset_nn", {}).get(cid)
+    return None
+
+
+# ----------------------------------------------------------------------------- the client half
+class DisTransClient(ClientHalf[DisTransParams]):
+    """DisTrans's client half: the offset and the double-input-channel model trained
+    jointly, the offset and label counts uploaded when the server asks; no NN aggregator."""
 
     #: the offset trains whatever train.trainable freezes (it is the method)
     always_trained = (OFFSET,)
@@ -67,16 +97,13 @@ class DisTrans(Algorithm[DisTransParams]):
     Params = DisTransParams
     paper_weighting = "uniform"  # Alg. 1 averages the local models uniformly
 
+    # -- config / model --------------------------------------------------------------------
     def setup(self, model: FedModel) -> None:
         if not isinstance(model, DisTransModel):
             raise TypeError("distrans trains a DisTransModel: build it with DisTrans.wrap_model")
         self.input_shape = model.input_shape
         self.num_classes = int(model.classifier.out_features)
-        #: the server's working copy of the NN aggregator, created on first use; its weights
-        #: are loaded from the server state every time (it carries nothing between calls)
-        self._aggregator: OffsetAggregator | None = None
 
-    # -- config / model --------------------------------------------------------------------
     @classmethod
     def wrap_model(
         cls, params: DisTransParams, model: FedModel, federation: Federation
@@ -95,39 +122,6 @@ class DisTrans(Algorithm[DisTransParams]):
 
     def compute_local_keys(self, model: FedModel) -> list[str]:
         return [OFFSET, *bn_keys(model, self.params.bn_policy)]
-
-    # -- offset aggregation mode -----------------------------------------------------------
-    def offset_mode(self, server: State) -> str:
-        """``none`` / ``avg`` / ``nn`` now; ``pending`` while ``auto`` does not know DH."""
-        agg = self.params.aggregation
-        if agg != "auto":
-            return agg
-        dh = server.get("dh")
-        if dh is None:
-            return "pending"
-        return self.params.auto_aggregator if dh < self.params.dh_threshold else "none"
-
-    def wants_label_dist(self) -> bool:
-        return self.params.aggregation in ("nn", "auto")
-
-    def aggregated_offset(self, server: State, cid: str) -> torch.Tensor | None:
-        """The offset the server gives client ``cid`` now (None: it keeps its own)."""
-        mode = self.offset_mode(server)
-        if mode == "avg":
-            return server.get("offset_avg")
-        if mode == "nn":
-            return server.get("offset_nn", {}).get(cid)
-        return None
-
-    # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        server.update(
-            label_dist={}, dh=None, offset_avg=None, offset_nn={}, offset_in={}, nn_loss=[]
-        )
-        if self.wants_label_dist():
-            server["aggregator"] = clone(self._new_aggregator().state_dict())
-        return server
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         offset = fixed(tensor_bytes(model.state_dict(), [OFFSET]))
@@ -170,83 +164,17 @@ class DisTrans(Algorithm[DisTransParams]):
             )
         return out  # fmt: skip
 
-    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
-        down = Payload({"weights": subset(server["weights"], self.shared_keys)})
-        offset = self.aggregated_offset(server, cid)
-        if offset is not None:
-            down.records[OFFSET_RECORD] = {OFFSET: offset}
-        down.config["upload_offset"] = int(self.offset_mode(server) in ("avg", "nn"))
-        return down
+    # -- offset aggregation mode -----------------------------------------------------------
+    def offset_mode(self, server: State) -> str:
+        """``none`` / ``avg`` / ``nn`` now; ``pending`` while ``auto`` does not know DH."""
+        return offset_mode(self.params, server)
 
-    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        server["weights"].update(self.average_record(replies, "weights"))
-        for cid, p in replies:
-            if LABEL_RECORD in p.records:
-                server["label_dist"][cid] = p[LABEL_RECORD]["counts"].detach().cpu().clone()
-        if self.params.aggregation == "auto" and server["label_dist"]:
-            ids = sorted(server["label_dist"])
-            server["dh"] = degree_of_heterogeneity(
-                torch.stack([server["label_dist"][c] for c in ids])
-            )
-        uploads = [(cid, p) for cid, p in replies if OFFSET_RECORD in p.records]
-        mode = self.offset_mode(server)
-        if not uploads or mode not in ("avg", "nn"):
-            return
-        if mode == "avg":
-            avg = weighted_average([(self.reply_weight(p), p[OFFSET_RECORD]) for _, p in uploads])
-            server["offset_avg"] = avg[OFFSET].detach().cpu()
-            return
-        self._aggregate_nn(server, uploads)
+    def wants_label_dist(self) -> bool:
+        return wants_label_dist(self.params)
 
-    def aggregator(self, server: State) -> OffsetAggregator:
-        """The server's NN aggregator loaded from the server state."""
-        if self._aggregator is None:
-            self._aggregator = self._new_aggregator()
-        self._aggregator.load_state_dict(server["aggregator"])
-        return self._aggregator
-
-    def _new_aggregator(self) -> OffsetAggregator:
-        p = self.params
-        return OffsetAggregator(
-            self.num_classes,
-            self.input_shape,
-            p.nn_hidden,
-            p.nn_width,
-            offset_input=p.nn_input == "paper",
-        )
-
-    def _embeddings(self, server: State) -> dict[str, torch.Tensor]:
-        """Each known client's aggregator embedding (``nn_input``): its class share among
-        the clients whose label counts the server has, or its own label distribution."""
-        ids = sorted(server["label_dist"])
-        counts = torch.stack([server["label_dist"][c] for c in ids])
-        emb = class_share(counts) if self.params.nn_input == "paper" else label_proportions(counts)
-        return {c: emb[i] for i, c in enumerate(ids)}
-
-    def _aggregate_nn(self, server: State, uploads: list[Reply]) -> None:
-        agg = self.aggregator(server)
-        emb = self._embeddings(server)
-        paper = self.params.nn_input == "paper"
-        fed_in: dict[str, torch.Tensor] = server.setdefault("offset_in", {})  # old checkpoints
-        pairs: list[AggPair] = []
-        for cid, p in uploads:
-            if cid not in emb:
-                continue
-            t = p[OFFSET_RECORD][OFFSET].detach().float().cpu()
-            pairs.append((emb[cid], fed_in.get(cid, t) if paper else None, t))
-            if paper:
-                fed_in[cid] = t
-        if not pairs:
-            return
-        server["nn_loss"] = train_aggregator(agg, pairs, self.params.nn_steps, self.params.nn_lr)
-        server["aggregator"] = clone(agg.state_dict())
-        # every client the network can serve: known embedding (and, for the paper's input,
-        # an offset it has uploaded at least once)
-        ids = [c for c in sorted(emb) if not paper or c in fed_in]
-        with torch.no_grad():
-            e = torch.stack([emb[c] for c in ids])
-            out = agg(e, torch.stack([fed_in[c] for c in ids]) if paper else None)
-        server["offset_nn"] = {c: out[i].clone() for i, c in enumerate(ids)}
+    def aggregated_offset(self, server: State, cid: str) -> torch.Tensor | None:
+        """The offset the server gives client ``cid`` now (None: it keeps its own)."""
+        return aggregated_offset(self.params, server, cid)
 
     # -- client ----------------------------------------------------------------------------
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
@@ -372,6 +300,111 @@ class DisTrans(Algorithm[DisTransParams]):
         local[OFFSET] = agg if agg is not None else self.client_offset(state)
         return {**subset(server["weights"], self.shared_keys), **local}
 
+
+# ----------------------------------------------------------------------------- the server half
+class DisTransServer(ServerHalf[DisTransParams]):
+    """DisTrans's server half: FedAvg-style averaging of the model, the DH rule and the
+    offsets' aggregation (their mean or the Sec. 4.4 NN aggregator, built here only)."""
+
+    #: set by the client half's ``setup`` (a server half is joined with its client half)
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    def setup(self, model: FedModel) -> None:
+        super().setup(model)  # the client half's: input shape, number of classes
+        #: the server's working copy of the NN aggregator, created on first use; its weights
+        #: are loaded from the server state every time (it carries nothing between calls)
+        self._aggregator: OffsetAggregator | None = None
+
+    # -- server ----------------------------------------------------------------------------
+    def init_server(self, model: FedModel) -> State:
+        server = super().init_server(model)
+        server.update(
+            label_dist={}, dh=None, offset_avg=None, offset_nn={}, offset_in={}, nn_loss=[]
+        )
+        if wants_label_dist(self.params):
+            server["aggregator"] = clone(self._new_aggregator().state_dict())
+        return server
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        down = Payload({"weights": subset(server["weights"], self.shared_keys)})
+        offset = aggregated_offset(self.params, server, cid)
+        if offset is not None:
+            down.records[OFFSET_RECORD] = {OFFSET: offset}
+        down.config["upload_offset"] = int(offset_mode(self.params, server) in ("avg", "nn"))
+        return down
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        server["weights"].update(self.average_record(replies, "weights"))
+        for cid, p in replies:
+            if LABEL_RECORD in p.records:
+                server["label_dist"][cid] = p[LABEL_RECORD]["counts"].detach().cpu().clone()
+        if self.params.aggregation == "auto" and server["label_dist"]:
+            ids = sorted(server["label_dist"])
+            server["dh"] = degree_of_heterogeneity(
+                torch.stack([server["label_dist"][c] for c in ids])
+            )
+        uploads = [(cid, p) for cid, p in replies if OFFSET_RECORD in p.records]
+        mode = offset_mode(self.params, server)
+        if not uploads or mode not in ("avg", "nn"):
+            return
+        if mode == "avg":
+            avg = weighted_average([(self.reply_weight(p), p[OFFSET_RECORD]) for _, p in uploads])
+            server["offset_avg"] = avg[OFFSET].detach().cpu()
+            return
+        self._aggregate_nn(server, uploads)
+
+    def aggregator(self, server: State) -> OffsetAggregator:
+        """The server's NN aggregator loaded from the server state."""
+        if self._aggregator is None:
+            self._aggregator = self._new_aggregator()
+        self._aggregator.load_state_dict(server["aggregator"])
+        return self._aggregator
+
+    def _new_aggregator(self) -> OffsetAggregator:
+        p = self.params
+        return OffsetAggregator(
+            self.num_classes,
+            self.input_shape,
+            p.nn_hidden,
+            p.nn_width,
+            offset_input=p.nn_input == "paper",
+        )
+
+    def _embeddings(self, server: State) -> dict[str, torch.Tensor]:
+        """Each known client's aggregator embedding (``nn_input``): its class share among
+        the clients whose label counts the server has, or its own label distribution."""
+        ids = sorted(server["label_dist"])
+        counts = torch.stack([server["label_dist"][c] for c in ids])
+        emb = class_share(counts) if self.params.nn_input == "paper" else label_proportions(counts)
+        return {c: emb[i] for i, c in enumerate(ids)}
+
+    def _aggregate_nn(self, server: State, uploads: list[Reply]) -> None:
+        agg = self.aggregator(server)
+        emb = self._embeddings(server)
+        paper = self.params.nn_input == "paper"
+        fed_in: dict[str, torch.Tensor] = server.setdefault("offset_in", {})  # old checkpoints
+        pairs: list[AggPair] = []
+        for cid, p in uploads:
+            if cid not in emb:
+                continue
+            t = p[OFFSET_RECORD][OFFSET].detach().float().cpu()
+            pairs.append((emb[cid], fed_in.get(cid, t) if paper else None, t))
+            if paper:
+                fed_in[cid] = t
+        if not pairs:
+            return
+        server["nn_loss"] = train_aggregator(agg, pairs, self.params.nn_steps, self.params.nn_lr)
+        server["aggregator"] = clone(agg.state_dict())
+        # every client the network can serve: known embedding (and, for the paper's input,
+        # an offset it has uploaded at least once)
+        ids = [c for c in sorted(emb) if not paper or c in fed_in]
+        with torch.no_grad():
+            e = torch.stack([emb[c] for c in ids])
+            out = agg(e, torch.stack([fed_in[c] for c in ids]) if paper else None)
+        server["offset_nn"] = {c: out[i].clone() for i, c in enumerate(ids)}
+
+    # -- evaluation ------------------------------------------------------------------------
     def server_view(self, server: State, cid: str) -> State:
         """The shared weights plus what ``aggregated_offset`` reads for ``cid``."""
         view = super().server_view(server, cid)
@@ -380,3 +413,9 @@ class DisTrans(Algorithm[DisTransParams]):
         if nn is not None:
             view["offset_nn"] = {cid: nn[cid]} if cid in nn else {}
         return view
+
+
+class DisTrans(DisTransServer, DisTransClient):
+    """Per-client offsets + a double-input-channel model averaged FedAvg-style."""
+
+    client_half = DisTransClient

@@ -4,11 +4,11 @@
 whose clients live in the processes of a :class:`WorkerPool` (``multiprocessing``'s spawn
 context). It follows the Flower path's design (:mod:`fedshift.flower.node`): each worker
 builds the experiment itself from the resolved config (the same seeded initial model,
-algorithm, augments, input pipeline), loads the federation itself and keeps its clients'
-data and state between rounds (:mod:`fedshift.runtime.pool.worker`). Only messages cross the
-process boundary: the broadcast payloads and the replies, the evaluation requests (global
-weights, server views, held-out clients' records) and the scores, the setup records, and the
-client states at checkpoints and on resume.
+augments, input pipeline; the algorithm's client half only), loads the federation itself and
+keeps its clients' data and state between rounds (:mod:`fedshift.runtime.pool.worker`). Only
+messages cross the process boundary: the broadcast payloads and the replies, the evaluation
+requests (global weights, server views, held-out clients' records) and the scores, the setup
+records, and the client states at checkpoints and on resume.
 
 **Assignment.** Clients are assigned once per run, deterministically: the training clients,
 largest training split first (ties: federation order), each to the worker with the fewest

@@ -2,12 +2,12 @@
 clients of a run.
 
 A worker builds the run's experiment itself from the resolved config (the same seeded
-initial model, algorithm, augments and input pipeline as the server's:
-:func:`~fedshift.runtime.experiment.build_experiment`), loads the federation itself (or
-takes a preloaded one once per run), and keeps its clients' state between rounds, exactly
-like a Flower SuperNode (:mod:`fedshift.flower.node`). It then answers one request at a
-time, in order, on its pipe (:func:`send` / :func:`recv`: tensors' bytes out of band);
-every request is ``(seq, op, args)`` pickled, every reply
+initial model, augments and input pipeline as the server's, and the algorithm's client half
+only: :func:`~fedshift.runtime.experiment.build_experiment`, ``client_only``), loads the
+federation itself (or takes a preloaded one once per run), and keeps its clients' state
+between rounds, exactly like a Flower SuperNode (:mod:`fedshift.flower.node`). It then
+answers one request at a time, in order, on its pipe (:func:`send` / :func:`recv`: tensors'
+bytes out of band); every request is ``(seq, op, args)`` pickled, every reply
 ``(seq, (status, value))`` with status ``ok``, ``error`` (the exception, pickled when it
 can be, with the worker's traceback) or ``cancelled``.
 
@@ -237,7 +237,7 @@ class _Worker:
         self.exp = None  # the previous run's, if any, goes first
         self.states, self.undo = {}, None
         self.cfg, self.fed = cfg, fed
-        self.exp = build_experiment(cfg, fed)
+        self.exp = build_experiment(cfg, fed, client_only=True)  # no server machinery
         self.exp.algo.register_clients(list(self.exp.train_clients))
         self.initial = {k: v.detach().clone() for k, v in self.exp.model.state_dict().items()}
 
