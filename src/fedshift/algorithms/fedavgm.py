@@ -14,6 +14,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.algorithms.state import ABSENT, StateVar, server_var
 from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
@@ -30,6 +31,12 @@ class FedAvgM(ServerOptAlgorithm[FedAvgMParams]):
     name = "fedavgm"
     paper_weighting = "samples"  # Hsu et al. 2019: the FedAvg pseudo-gradient, n_k-weighted
     Params = FedAvgMParams
+
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *super().server_vars(),
+            server_var("momentum", ABSENT, doc="the server momentum (from the first step)"),
+        ]
 
     def server_step(self, server: State, delta: Tensors) -> None:
         p = self.params

@@ -18,6 +18,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.algorithms.state import ABSENT, StateVar, server_var
 from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
@@ -38,6 +39,13 @@ class FedAdam(ServerOptAlgorithm[FedOptParams]):
     #: FedYogi / FedAdagrad subclasses inherit it)
     paper_weighting = "uniform"
     Params = FedOptParams
+
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *super().server_vars(),
+            server_var("m", ABSENT, doc="Adam's first moment (from the first server step)"),
+            server_var("v", ABSENT, doc="the second moment (from the first server step)"),
+        ]
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         b2 = self.params.beta2

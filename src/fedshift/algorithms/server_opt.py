@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from fedshift.algorithms.base import ParamsT, Reply, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import StateVar, replaced
 from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Tensors
 
 
 class ServerOptAlgorithm(FedAvg[ParamsT]):
     """FedAvg clients; subclasses implement ``server_step`` on the pseudo-gradient."""
+
+    def server_vars(self) -> list[StateVar]:
+        """``weights``: updated by the server step (its buffers: the replies' mean)."""
+        return replaced(super().server_vars(), "weights", reduce="none")
 
     @sums_only("weights")  # the server step reads the weighted mean only
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:

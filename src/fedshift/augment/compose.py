@@ -12,6 +12,7 @@ overwrite). The data path (raw batch -> augments -> normalisation) is
 from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm
+from fedshift.algorithms.state import declared
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, Reply, State
@@ -44,6 +45,12 @@ def _merge(into: dict[str, Tensors], extra: Records, who: str) -> None:
 class Composition:
     """``algorithm x [augments]`` behind the runtime's interface
     (:class:`fedshift.core.contract.FederatedAlgorithm`)."""
+
+    #: wrap every state ``init_server`` / ``init_client`` builds in a
+    #: :class:`~fedshift.algorithms.state.DeclaredState`: a key its component did not declare
+    #: is a ContractError (tests/algorithms/test_state.py; off in runs: states stay plain
+    #: dicts, checkpointed with ``torch.save``)
+    check_state: bool = False
 
     def __init__(self, algo: Algorithm, augments: list[Augment]) -> None:
         self.algo = algo
@@ -117,7 +124,16 @@ class Composition:
         server = expect(self.algo.init_server(model), dict, self.algo, "init_server", STATE)
         for a in self.augments:
             server[aug_key(a)] = expect(a.init_server(model), dict, a, "init_server", STATE)
+            if self.check_state:
+                server[aug_key(a)] = declared(server[aug_key(a)], a.server_vars(),
+                                              f"augment {a.name!r} server")
+        if self.check_state:
+            server = declared(server, self.algo.server_vars(),
+                              f"algorithm {self.algo.name!r} server", *self._aug_keys())
         return server
+
+    def _aug_keys(self) -> list[str]:
+        return [aug_key(a) for a in self.augments]
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         state = self.algo.init_client(cid, data, model)
@@ -126,6 +142,12 @@ class Composition:
             state[aug_key(a)] = expect(
                 a.init_client(cid, data, model), dict, a, "init_client", STATE
             )
+            if self.check_state:
+                state[aug_key(a)] = declared(state[aug_key(a)], a.client_vars(),
+                                             f"augment {a.name!r} client")
+        if self.check_state:
+            state = declared(state, self.algo.client_vars(),
+                             f"algorithm {self.algo.name!r} client", *self._aug_keys())
         return state
 
     # -- setup exchange ----------------------------------------------------------------------
