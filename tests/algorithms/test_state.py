@@ -48,6 +48,10 @@ OPTIONS = [
     ("algorithm.name=fedavg", "augment=[cfsi]", "federation.holdout=[client2]"),
     ("algorithm.name=fedbn", "augment=[ffa,mixstyle]"),
     ("algorithm.name=fedprox", "augment=[fedrdn,fedmix]"),
+    # privacy.epsilon: the clipped statistics and batch sizes the augments keep
+    ("algorithm.name=fedavg", "augment=[fedrdn]", "privacy.epsilon=50"),
+    ("algorithm.name=fedavg", "augment=[fedmix]", "privacy.epsilon=50"),
+    ("algorithm.name=harmofl", "privacy.epsilon=50"),
 ]  # fmt: skip
 
 CASES = [
