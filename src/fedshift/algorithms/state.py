@@ -226,11 +226,11 @@ class DeclaredState(dict[str, Any]):
         self._check(key)
         return super().__contains__(key)
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]  # dict's overloads
+    def get(self, key: str, default: Any = None) -> Any:
         self._check(key)
         return super().get(key, default)
 
-    def pop(self, key: str, *default: Any) -> Any:  # type: ignore[override]  # dict's overloads
+    def pop(self, key: str, *default: Any) -> Any:
         self._check(key)
         return super().pop(key, *default)
 
