@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Ledger
 from fedshift.core.rows import MetricRow, as_kind
 from fedshift.core.tasks import TASKS, Task
@@ -249,8 +250,6 @@ def load_summaries(roots) -> list[dict[str, Any]]:
     """Every ``summary.json`` below the given folders, in path order, each checked
     (:func:`read_summary`) and with ``_dir`` = its folder (where the run's ``config.yaml``
     is)."""
-    from pathlib import Path
-
     return [
         {**read_summary(p), "_dir": str(p.parent)}
         for r in roots
@@ -325,8 +324,6 @@ def check_summary(s: Any, path: Any) -> dict[str, Any]:
     of the right types and consistent (the selected round within the run's rounds, a score
     for every client): one :class:`~fedshift.core.errors.FedshiftError` names the file and
     the first field that is not. Returns ``s``."""
-    from fedshift.core.errors import FedshiftError
-
     end = (
         "; it was not written by fedshift or was edited. Write it again from the run's "
         f"checkpoint (fedshift run --resume {Path(str(path)).parent}), or leave that run out"
@@ -365,8 +362,6 @@ def check_scores(s: Any, path: Any, end: str = "") -> dict[str, Any]:
     the per-client scores, the other metrics' blocks and the ``models`` blocks. A
     :class:`~fedshift.core.errors.FedshiftError` names the file and the dotted field; what
     the claims ledger reads is checked this way. Returns ``s``."""
-    from fedshift.core.errors import FedshiftError
-
     end = end or "; it was not written by fedshift or was edited"
     if not isinstance(s, dict):
         raise FedshiftError(f"{path}: expected a JSON object, got {type(s).__name__}{end}")
@@ -444,8 +439,6 @@ def check_metric_row(row: Any, path: Any, line: int) -> MetricRow:
     ``personal``) scores that are finite and in their metric's range (accuracy and Dice in
     [0, 1]). A :class:`~fedshift.core.errors.FedshiftError` names the file, line and key.
     Returns ``row``."""
-    from fedshift.core.errors import FedshiftError
-
     where = f"{path}, line {line}"
     end = "; it was not written by fedshift or was edited"
     if not isinstance(row, dict):
@@ -475,9 +468,6 @@ def read_metric_rows(path: Any) -> list[MetricRow]:
     """The rows of a ``metrics.jsonl``, each checked (:func:`check_metric_row`); a line that
     is not JSON is an error naming the file and line."""
     import json
-    from pathlib import Path
-
-    from fedshift.core.errors import FedshiftError
 
     try:
         text = Path(path).read_text()
