@@ -33,7 +33,7 @@ from fedshift.augment.compose import Composition
 from fedshift.core.contract_errors import ContractError
 from fedshift.core.payload import Payload
 from fedshift.runtime.simulation import run_experiment
-from fedshift.testing import tiny_cfg
+from fedshift.testing import check_declared_state, tiny_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -160,3 +160,39 @@ def test_default_state_is_read_from_the_declarations():
     assert list(algo.init_client("c", None, model)) == ["local"]  # optimizer: ABSENT
     counted = Counted(algo.params, algo.train, algo.federation, model, algo.num_clients)
     assert counted.init_client("c", None, model)["rounds"] == 0
+
+
+class _Counting(FedAvg):
+    """FedAvg that counts each client's rounds in its state (``rounds``)."""
+
+    name = "test-state-counting"
+
+    def local_update(self, ctx, down, state):
+        state["rounds"] = state.get("rounds", 0) + 1
+        return super().local_update(ctx, down, state)
+
+
+class _CountingDeclared(_Counting):
+    name = "test-state-counting-declared"
+
+    def client_vars(self):
+        return [*super().client_vars(), client_var("rounds", ABSENT, doc="rounds trained")]
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    """The two classes registered for the test only."""
+    from fedshift.algorithms import ALGORITHMS as registry
+
+    for cls in (_Counting, _CountingDeclared):
+        registry.add(cls.name, cls, cls.Params)
+    yield
+    for cls in (_Counting, _CountingDeclared):
+        registry._entries.pop(cls.name)
+
+
+def test_check_declared_state_names_an_undeclared_key(counting):
+    """fedshift.testing.check_declared_state: the undeclared key fails, declared it passes."""
+    with pytest.raises(ContractError, match="'test-state-counting' client state key 'rounds'"):
+        check_declared_state(_Counting.name)
+    check_declared_state(_CountingDeclared.name)
