@@ -26,6 +26,8 @@ augment: FedAvg with it; a model: FedAvg on it):
   ``forward(x) == head(features(x))`` with an embedding per image and a logit per class.
 
 tests/core/test_contract.py runs these checks on every built-in algorithm.
+:func:`check_declared_state` (apart, for a class that declares its state) runs two rounds in
+which a state key read or written without a declaration is an error.
 """
 
 from __future__ import annotations
