@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -241,9 +241,6 @@ class DeclaredState(dict[str, Any]):
     def update(self, *args: Any, **kwargs: Any) -> None:
         for k, v in dict(*args, **kwargs).items():
             self[k] = v
-
-    def __iter__(self) -> Iterator[str]:
-        return super().__iter__()
 
     def __reduce__(self) -> Any:  # copies (the loop's undo copy) keep the check
         return (DeclaredState, (dict(self), self.names, self.who))
