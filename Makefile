@@ -32,7 +32,8 @@ data: $(STAMP)
 demo: data
 	$(BIN)/fedshift run -c configs/demo.yaml --new --jobs 2
 
-# mypy: the type checker on core/, runtime/ and algorithms/ ([tool.mypy] in pyproject.toml);
+# mypy: the type checker on core/, runtime/, algorithms/ and eval's metric-row readers
+# ([tool.mypy] in pyproject.toml);
 # its cache (.mypy_cache) makes a second run take seconds (the first reads torch's stubs)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -26,6 +26,8 @@ augment: FedAvg with it; a model: FedAvg on it):
   ``forward(x) == head(features(x))`` with an embedding per image and a logit per class.
 
 tests/core/test_contract.py runs these checks on every built-in algorithm.
+:func:`check_declared_state` (apart, for a class that declares its state) runs two rounds in
+which a state key read or written without a declaration is an error.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ __all__ = [
     "ContractError",
     "check_algorithm",
     "check_augment",
+    "check_declared_state",
     "check_model",
     "check_one_round",
     "check_reentrancy",
@@ -414,6 +417,33 @@ def check_algorithm(algorithm: str | type, *overrides: str) -> None:
     fed = tiny_federation(cfg)
     check_one_round(cfg, fed)
     check_reentrancy(cfg, fed)
+
+
+def check_declared_state(algorithm: str | type = "fedavg", *overrides: str) -> None:
+    """Every key two rounds of ``algorithm`` (and the augments ``overrides`` name) read or
+    write in a server or client state is declared (``server_vars()`` / ``client_vars()``,
+    :mod:`fedshift.algorithms.state`): each state is a
+    :class:`~fedshift.algorithms.state.DeclaredState`, and an undeclared key raises
+    :class:`ContractError` naming the component and the key. Not part of
+    :func:`check_algorithm`: a class that overrides ``init_server`` / ``init_client``
+    without declaring its keys still runs; this is for one that declares them."""
+    cfg = tiny_cfg(algorithm, *overrides)
+    fed = tiny_federation(cfg)
+    before = Composition.check_state
+    Composition.check_state = True
+    try:
+        run = start(cfg, fed)
+        for rnd in (1, 2):
+            full_round(run, rnd)
+        comp = run.exp.algo
+        if comp.has_global_model:
+            comp.global_weights(run.server)
+        if comp.has_personal_model:
+            for cid, state in run.states.items():
+                comp.personal_weights(run.server, state)
+                comp.personal_weights(comp.server_view(run.server, cid), state)
+    finally:
+        Composition.check_state = before
 
 
 def check_augment(augment: str | type, *overrides: str, algorithm: str = "fedavg") -> None:

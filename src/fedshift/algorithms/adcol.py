@@ -54,6 +54,7 @@ from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedshift.algorithms.local_train import last_epoch_start
+from fedshift.algorithms.state import StateVar, replaced, server_var
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
@@ -260,14 +261,17 @@ class ADCOLServer(FedAvgServer[ADCOLParams]):
         self._rows = {cid: i for i, cid in enumerate(cids)}
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        return {
-            "weights": clone(model.state_dict()),
-            "disc": clone(self.disc.state_dict()),
-            "disc_opt": None,
-            "disc_seed": int(torch.randint(0, 2**62, ())),
-            "disc_loss": None,  # mean CE of its last training epoch
-        }
+    def server_vars(self) -> list[StateVar]:
+        fedavg = self.params.averaging == "fedavg"
+        return [
+            *replaced(super().server_vars(), "weights", reduce="mean" if fedavg else "none"),
+            server_var("disc", lambda at: clone(self.disc.state_dict()),
+                       doc="the discriminator the server trains"),
+            server_var("disc_opt", None, doc="its optimiser's state"),
+            server_var("disc_seed", lambda at: int(torch.randint(0, 2**62, ())),
+                       doc="the seed of its training batches"),
+            server_var("disc_loss", None, doc="mean CE of its last training epoch"),
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         records: dict[str, Tensors] = {"discriminator": server["disc"]}
@@ -276,8 +280,7 @@ class ADCOLServer(FedAvgServer[ADCOLParams]):
         return Payload(records)
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        if self.params.averaging == "fedavg":
-            server["weights"].update(self.average_record(replies, "weights"))
+        self.aggregate_declared(server, replies)  # averaging=fedavg: the weights' mean
         zs, parties = [], []
         for cid, pl in replies:
             if cid not in self._rows:

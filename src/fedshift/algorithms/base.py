@@ -39,6 +39,16 @@ import torch
 from fedshift.algorithms.bn import BN_STATS, BNPolicy, bn_keys, require_bn_tensors
 from fedshift.algorithms.local_train import build_optimizer, restore_optimizer, sam_second_pass
 from fedshift.algorithms.local_train import sgd_steps as _sgd_steps
+from fedshift.algorithms.state import (
+    ABSENT,
+    StateInit,
+    StateVar,
+    check_vars,
+    client_var,
+    init_state,
+    reduce_replies,
+    server_var,
+)
 from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.algorithms.trainable import Frozen
 from fedshift.core.config import FederationConfig, TrainConfig
@@ -278,16 +288,46 @@ class Algorithm(Generic[ParamsT]):
         """The clients that train (the centralised oracle overrides this with one pool)."""
         return federation.clients
 
+    # -- declared state (fedshift.algorithms.state) ----------------------------------------
+    def server_vars(self) -> list[StateVar]:
+        """The server state, declared: ``weights``, the server model (every tensor at its
+        initial weights), the weighted mean of the replies' ``weights`` records. A subclass
+        adds its own (``[*super().server_vars(), server_var(...)]``)."""
+        return [
+            server_var("weights", lambda at: clone(at.model.state_dict()), "mean",
+                       doc="the server model's state dict (shared keys: the replies' mean)"),
+        ]  # fmt: skip
+
+    def client_vars(self) -> list[StateVar]:
+        """The client state, declared: ``local``, the client's own tensors (``local_keys``)
+        from the initial model; ``optimizer``, the optimiser state kept between rounds with
+        ``train.optimizer_state=persist`` (written by the local step)."""
+        return [
+            client_var("local", lambda at: clone(subset(at.model.state_dict(), self.local_keys)),
+                       doc="the client's local tensors (local_keys)"),
+            client_var("optimizer", ABSENT, doc="train.optimizer_state=persist: the optimiser"),
+        ]  # fmt: skip
+
     # -- server ----------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
-        return {"weights": clone(model.state_dict())}
+        """The server state built from :meth:`server_vars`."""
+        vars = self.server_vars()
+        check_vars(vars, "server", f"algorithm {self.name!r}")
+        return init_state(vars, StateInit(model))
+
+    def aggregate_declared(self, server: State, replies: list[Reply]) -> None:
+        """The declared reduction: every ``mean`` server variable <- the ``reply_weight``
+        mean of the replies' record, every ``sum`` one <- their sum."""
+        reduce_replies(server, self.server_vars(), replies, self.reply_weight)
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         """The down payload: the shared tensors of the server model (record ``weights``)."""
         return Payload({"weights": subset(server["weights"], self.shared_keys)})
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        raise NotImplementedError
+        """Fold round ``rnd``'s replies into ``server``: by default the declared reduction
+        (:meth:`aggregate_declared`)."""
+        self.aggregate_declared(server, replies)
 
     @property
     def weighting(self) -> Weighting:
@@ -307,8 +347,11 @@ class Algorithm(Generic[ParamsT]):
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         """Client ``cid``'s initial state: its copy of the local tensors (``local_keys``) of
         ``model`` at its initial weights. ``data`` is the client's data (unused here;
-        the same signature as the augments' ``init_client``)."""
-        return {"local": clone(subset(model.state_dict(), self.local_keys))}
+        the same signature as the augments' ``init_client``): built from
+        :meth:`client_vars`."""
+        vars = self.client_vars()
+        check_vars(vars, "client", f"algorithm {self.name!r}")
+        return init_state(vars, StateInit(model, cid, data))
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         raise NotImplementedError

@@ -41,7 +41,7 @@ class FedAvgServer(ServerHalf[ParamsT]):
 
     @sums_only("weights")  # the weighted mean only: secure aggregation can hide each site
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        server["weights"].update(self.average_record(replies, "weights"))
+        self.aggregate_declared(server, replies)  # weights <- the replies' weighted mean
 
 
 class FedAvg(FedAvgServer[ParamsT], FedAvgClient[ParamsT]):

@@ -15,6 +15,7 @@ import torch
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvgClient
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.algorithms.state import ABSENT, StateVar, server_var
 from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
@@ -35,6 +36,12 @@ class FedAvgMClient(FedAvgClient[FedAvgMParams]):
 
 class FedAvgMServer(ServerOptAlgorithm[FedAvgMParams]):
     """FedAvgM's server half: momentum on the pseudo-gradient."""
+
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *super().server_vars(),
+            server_var("momentum", ABSENT, doc="the server momentum (from the first step)"),
+        ]
 
     def server_step(self, server: State, delta: Tensors) -> None:
         p = self.params

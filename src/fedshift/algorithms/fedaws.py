@@ -229,7 +229,7 @@ class FedAwS(FedAvg[FedAwSParams]):
         )
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        server["weights"].update(self.average_record(replies, "weights"))
+        self.aggregate_declared(server, replies)  # the encoder: the replies' mean
         w = server["weights"][self.w_key]
         sums = torch.zeros_like(w)
         totals = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)

@@ -50,6 +50,7 @@ from typing import Literal
 
 from fedshift.algorithms.base import Reply, State
 from fedshift.algorithms.prox_base import FedAvgOrProxClient, ProxBaseParams
+from fedshift.algorithms.state import StateVar, replaced, server_var
 from fedshift.algorithms.tensors import weighted_average
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
@@ -126,11 +127,13 @@ class FedDGGA(FedAvgOrProxClient[FedDGGAParams]):
                 f"{self.federation.sample_fraction})"
             )
 
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        # a_k, and each client's local-model score with the round it was measured in
-        server["ga"] = {"weights": {}, "local_score": {}, "local_round": {}}
-        return server
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *replaced(super().server_vars(), "weights", reduce="none"),  # the a_k-weighted mean
+            server_var("ga", {"weights": {}, "local_score": {}, "local_round": {}},
+                       doc="a_k, and each client's local-model score with the round it was "
+                       "measured in"),
+        ]  # fmt: skip
 
     def _val_score(self, ctx: ClientContext) -> float:
         """The working model's ``fair`` metric on the client's validation split: for ``acc``

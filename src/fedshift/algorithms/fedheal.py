@@ -46,11 +46,11 @@ import torch
 
 from fedshift.algorithms.base import Reply, State
 from fedshift.algorithms.prox_base import FedAvgOrProxClient, ProxBaseParams
+from fedshift.algorithms.state import StateVar, client_var, replaced, server_var
 from fedshift.algorithms.tensors import subset, weighted_average
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import UP, Disclosure, Kind, To, When, fixed, tensor_bytes
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
@@ -140,15 +140,19 @@ class FedHEAL(FedAvgOrProxClient[FedHEALParams]):
         #: shared integer buffers (BN batch counters): averaged with the weights p
         self.count_keys = [k for k in self.shared_keys if not state[k].is_floating_point()]
 
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        server["heal"] = {"p": {}, "delta": {}, "distance": {}}
-        return server
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *replaced(super().server_vars(), "weights", reduce="none"),  # the masked aggregate
+            server_var("heal", {"p": {}, "delta": {}, "distance": {}},
+                       doc="the momentum weights p, their last change and each site's distance"),
+        ]  # fmt: skip
 
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["heal"] = {"rounds": 0, "history": {}}
-        return state
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var("heal", {"rounds": 0, "history": {}},
+                       doc="the rounds trained and the history of update signs (the mask)"),
+        ]
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         state = model.state_dict()

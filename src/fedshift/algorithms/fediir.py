@@ -55,6 +55,7 @@ from torch import nn
 from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.bn import FrozenBNStats
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import StateInit, StateVar, server_var
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
@@ -126,11 +127,15 @@ class FedIIR(FedAvg[FedIIRParams]):
             )
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        state = model.state_dict()
-        server["grad_mean"] = {k: torch.zeros_like(state[k]).cpu() for k in self.cls_keys}
-        return server
+    def server_vars(self) -> list[StateVar]:
+        def zeros(at: StateInit) -> Tensors:
+            state = at.model.state_dict()
+            return {k: torch.zeros_like(state[k]).cpu() for k in self.cls_keys}
+
+        return [
+            *super().server_vars(),
+            server_var("grad_mean", zeros, doc="the EMA of the sites' classifier gradients"),
+        ]
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         grads = fixed(tensor_bytes(model.state_dict(), self.cls_keys))

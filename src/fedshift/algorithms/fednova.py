@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from fedshift.algorithms.base import Reply, State, require_sgd
 from fedshift.algorithms.fedprox import FedProx, FedProxParams
+from fedshift.algorithms.state import StateVar, replaced
 from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
@@ -88,6 +89,10 @@ class FedNova(FedProx[FedNovaParams]):
             metrics=up.metrics,
             config={"a_norm": norm},
         )
+
+    def server_vars(self) -> list[StateVar]:
+        """``weights``: the normalised-gradient step (its buffers: the replies' mean)."""
+        return replaced(super().server_vars(), "weights", reduce="none")
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         w = [self.reply_weight(p) for _, p in replies]

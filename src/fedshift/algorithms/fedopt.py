@@ -19,6 +19,7 @@ import torch
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvgClient
 from fedshift.algorithms.server_opt import ServerOptAlgorithm
+from fedshift.algorithms.state import ABSENT, StateVar, server_var
 from fedshift.core.bounds import bounded
 from fedshift.core.payload import Tensors
 
@@ -56,6 +57,13 @@ class FedAdagradClient(FedAdamClient):
 
 class FedAdamServer(ServerOptAlgorithm[FedOptParams]):
     """The FedOpt server step: Adam's second moment (FedYogi and FedAdagrad change it)."""
+
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *super().server_vars(),
+            server_var("m", ABSENT, doc="Adam's first moment (from the first server step)"),
+            server_var("v", ABSENT, doc="the second moment (from the first server step)"),
+        ]
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         b2 = self.params.beta2

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State
 from fedshift.algorithms.bn import bn_keys
-from fedshift.algorithms.tensors import clone, subset
+from fedshift.algorithms.state import StateVar, replaced, server_var
+from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
@@ -144,8 +145,13 @@ class FedProto(Algorithm[FedProtoParams]):
         return bool(self.local_keys)
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        return {"weights": clone(model.state_dict()), "protos": None, "proto_weight": None}
+    def server_vars(self) -> list[StateVar]:
+        share = self.params.share_weights
+        return [
+            *replaced(super().server_vars(), "weights", reduce="mean" if share else "none"),
+            server_var("protos", None, doc="the global prototype of each class (after round 1)"),
+            server_var("proto_weight", None, doc="the examples behind each class's prototype"),
+        ]  # fmt: skip
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         k, d = prototype_shape(model)
@@ -178,8 +184,7 @@ class FedProto(Algorithm[FedProtoParams]):
         return Payload(records)
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        if self.params.share_weights:
-            server["weights"].update(self.average_record(replies, "weights"))
+        self.aggregate_declared(server, replies)  # share_weights: the weights' mean
         items = [(p["prototypes"]["protos"], p["prototypes"]["counts"]) for _, p in replies]
         protos, weight = aggregate_prototypes(items, self.params.aggregation)
         if server["protos"] is None:

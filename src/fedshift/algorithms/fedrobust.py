@@ -49,6 +49,7 @@ import torch
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import ABSENT, StateVar, client_var
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
@@ -130,6 +131,12 @@ class FedRobust(FedAvg[FedRobustParams]):
         else:
             lam = torch.eye(c, device=device, dtype=dtype)
         return {"lambda": lam, "delta": torch.zeros(shape, device=device, dtype=dtype)}
+
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var(AFFINE, ABSENT, doc="the adversarial affine transform (after round 1)"),
+        ]
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         adv = None

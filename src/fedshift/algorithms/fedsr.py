@@ -68,13 +68,14 @@ from torch import nn
 
 from fedshift.algorithms.base import FLParams, Reply, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import StateVar, client_var, server_var
 from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, To, When, fixed, tensor_bytes
 from fedshift.core.errors import ConfigError, TrainingError
-from fedshift.core.federation import ClientData, Federation
+from fedshift.core.federation import Federation
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
@@ -301,11 +302,14 @@ class FedSR(FedAvg[FedSRParams]):
         }
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        if self.reference == "averaged":
-            server["reference"] = self.initial_reference(torch.device("cpu"))
-        return server
+    def server_vars(self) -> list[StateVar]:
+        if self.reference != "averaged":
+            return super().server_vars()
+        return [
+            *super().server_vars(),
+            server_var("reference", lambda at: self.initial_reference(torch.device("cpu")),
+                       "mean", doc="reference=averaged: the sites' mean reference distribution"),
+        ]  # fmt: skip
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         out = self.weights_disclosures(model)
@@ -327,16 +331,20 @@ class FedSR(FedAvg[FedSRParams]):
         return down
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        super().aggregate(server, rnd, replies)
-        if self.reference == "averaged":
-            server["reference"] = self.average_record(replies, "reference")
+        """The declared means: the weights and, with ``reference=averaged``, the reference
+        distribution (an override of its own: FedAvg's ``sums_only`` mark names the weights
+        only)."""
+        self.aggregate_declared(server, replies)
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        if self.reference == "local":
-            state["reference"] = self.initial_reference(torch.device("cpu"))
-        return state
+    def client_vars(self) -> list[StateVar]:
+        if self.reference != "local":
+            return super().client_vars()
+        return [
+            *super().client_vars(),
+            client_var("reference", lambda at: self.initial_reference(torch.device("cpu")),
+                       doc="reference=local: the client's own reference distribution"),
+        ]  # fmt: skip
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         if self.reference is None:

@@ -56,6 +56,7 @@ from fedshift.algorithms.fedproto import (
     rarest_class_seen,
 )
 from fedshift.algorithms.local_train import last_epoch_start
+from fedshift.algorithms.state import StateVar, server_var
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed
@@ -191,10 +192,12 @@ class FPL(FedAvg[FPLParams]):
     Params = FPLParams
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        state = super().init_server(model)
-        state["clusters"] = None  # {"protos": (M, d), "labels": (M,)} after the first round
-        return state
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *super().server_vars(),
+            server_var("clusters", None,
+                       doc='{"protos": (M, d), "labels": (M,)} after the first round'),
+        ]
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         k, d = prototype_shape(model)

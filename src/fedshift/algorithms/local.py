@@ -5,6 +5,7 @@ evaluated as its personalised model. All clients start from the same seeded init
 from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm, Reply, State
+from fedshift.algorithms.state import StateVar, replaced
 from fedshift.core.context import ClientContext
 from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
@@ -19,6 +20,10 @@ class LocalOnly(Algorithm[None]):
 
     def compute_local_keys(self, model: FedModel) -> list[str]:
         return list(model.state_dict())
+
+    def server_vars(self) -> list[StateVar]:
+        """``weights``: the initial model, never aggregated (nothing is sent)."""
+        return replaced(super().server_vars(), "weights", reduce="none")
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         return Payload()

@@ -58,11 +58,12 @@ from torch import nn
 
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import StateVar, client_var
 from fedshift.algorithms.tensors import clone
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
-from fedshift.core.federation import ClientData, Federation
+from fedshift.core.federation import Federation
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
@@ -164,10 +165,11 @@ class MOON(FedAvg[MOONParams]):
             )
         return ProjectedModel(model, params.projection_dim, federation.num_classes)
 
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["prev"] = None  # the client's whole model after its last local update
-        return state
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var("prev", None, doc="the client's whole model after its last update"),
+        ]
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         dev = ctx.device

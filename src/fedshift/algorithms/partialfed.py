@@ -19,12 +19,12 @@ import torch
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.bn import bn_keys
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import StateVar, client_var
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
@@ -119,13 +119,18 @@ class PartialFed(FedAvg[PartialFedParams]):
     def has_personal_model(self) -> bool:
         return True
 
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["model"] = None  # the client's whole model after its last local update
+    def client_vars(self) -> list[StateVar]:
+        out = [
+            *super().client_vars(),
+            client_var("model", None, doc="the client's whole model after its last update"),
+        ]
         if self.params.strategy == "adaptive":
-            state["alpha"] = torch.zeros(len(self.units), dtype=torch.float64)
-            state["gates"] = None  # the last hard gates (1: layer loaded from w_global)
-        return state
+            out += [
+                client_var("alpha", lambda at: torch.zeros(len(self.units), dtype=torch.float64),
+                           doc="the gate logits of each layer"),
+                client_var("gates", None, doc="the last hard gates (1: loaded from w_global)"),
+            ]  # fmt: skip
+        return out
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         prev = state.get("model")

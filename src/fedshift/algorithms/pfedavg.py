@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from fedshift.algorithms.base import FLParams, State
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.local_train import build_optimizer
+from fedshift.algorithms.state import StateVar, client_var
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.context import ClientContext
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.models.base import FedModel
 
 
 @dataclass
@@ -58,10 +57,11 @@ class FedAvgFT(FedAvg[PFedAvgParams]):
     def has_personal_model(self) -> bool:
         return True
 
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["personal"] = None  # FT(received global model), full state dict
-        return state
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var("personal", None, doc="FT(received global model), full state dict"),
+        ]
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         received = self.frozen.complete({**down["weights"], **clone(state["local"])})

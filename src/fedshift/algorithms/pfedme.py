@@ -52,14 +52,13 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, FLParams, Reply, State, require_sgd
 from fedshift.algorithms.local_train import run_steps
+from fedshift.algorithms.state import StateVar, client_var, replaced
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.errors import ConfigError
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
-from fedshift.models.base import FedModel
 
 
 @dataclass
@@ -137,6 +136,10 @@ class PFedMe(Algorithm[PFedMeParams]):
         return True
 
     # -- server ----------------------------------------------------------------------------
+    def server_vars(self) -> list[StateVar]:
+        """``weights``: blended with the replies' mean (beta)."""
+        return replaced(super().server_vars(), "weights", reduce="none")
+
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         weights = server["weights"]
         avg = self.average_record(replies, "weights")
@@ -146,10 +149,11 @@ class PFedMe(Algorithm[PFedMeParams]):
             weights[k] = avg[k]
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["personal"] = None  # theta_i (full state dict) after the client's last round
-        return state
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var("personal", None, doc="theta_i (full state dict) after its last round"),
+        ]
 
     def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
         p = self.params

@@ -22,12 +22,12 @@ import torch
 
 from fedshift.algorithms.base import FLParams, Reply, State, require_sgd
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.state import StateVar, client_var, replaced, server_var
 from fedshift.algorithms.tensors import subset
 from fedshift.core.bounds import bounded
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
 
@@ -54,15 +54,20 @@ class Scaffold(FedAvg[ScaffoldParams]):
     def _zeros(self, model_state: dict) -> dict:
         return {k: torch.zeros_like(model_state[k]) for k in self.shared_param_keys}
 
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        server["control"] = self._zeros(server["weights"])
-        return server
+    def server_vars(self) -> list[StateVar]:
+        return [
+            # x <- x + eta_g * avg(Delta y) (its buffers: the replies' mean)
+            *replaced(super().server_vars(), "weights", reduce="none"),
+            server_var("control", lambda at: self._zeros(at.model.state_dict()),
+                       doc="the server control variate c (0 at start)"),
+        ]  # fmt: skip
 
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["control"] = self._zeros(model.state_dict())
-        return state
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var("control", lambda at: self._zeros(at.model.state_dict()),
+                       doc="the client's control variate c_i (0 at start, never sent)"),
+        ]  # fmt: skip
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         state = model.state_dict()

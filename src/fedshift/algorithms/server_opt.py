@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from fedshift.algorithms.base import ParamsT, Reply, State
 from fedshift.algorithms.fedavg import FedAvgServer
+from fedshift.algorithms.state import StateVar, replaced
 from fedshift.core.disclosure import sums_only
 from fedshift.core.payload import Tensors
 
@@ -22,6 +23,10 @@ from fedshift.core.payload import Tensors
 class ServerOptAlgorithm(FedAvgServer[ParamsT]):
     """The server half of FedAvg clients with a server optimiser; subclasses implement
     ``server_step`` on the pseudo-gradient."""
+
+    def server_vars(self) -> list[StateVar]:
+        """``weights``: updated by the server step (its buffers: the replies' mean)."""
+        return replaced(super().server_vars(), "weights", reduce="none")
 
     @sums_only("weights")  # the server step reads the weighted mean only
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:

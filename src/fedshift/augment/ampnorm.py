@@ -82,11 +82,11 @@ from typing import Any, Literal
 
 import torch
 
+from fedshift.algorithms.state import StateVar, client_var, server_var
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, sums_only
 from fedshift.core.errors import ConfigError
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.core.privacy import clip_rows
 from fedshift.models.base import FedModel, tracking_bn
@@ -263,15 +263,27 @@ class AmpNorm(Augment):
         return self.params.amplitude == "released"
 
     # -- state -------------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        return {"amplitude": None, "sent": []}
+    def server_vars(self) -> list[StateVar]:
+        return [
+            server_var("amplitude", None, doc="the global amplitude A (the sites' mean, once)"),
+            server_var("sent", [], doc="the clients A was sent to"),
+        ]
 
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        # running: the client's own A_k (Eq. 3); global: the server's A once received.
-        state = {"running": None, "batches": 0, "uploaded": False, "global": None, "cid": cid}
+    def client_vars(self) -> list[StateVar]:
+        out = [
+            client_var("running", None, doc="the client's own amplitude A_k (Eq. 3)"),
+            client_var("batches", 0, doc="the batches in A_k"),
+            client_var("uploaded", False, doc="A_k was sent"),
+            client_var("global", None, doc="the server's A once received"),
+            client_var("cid", lambda at: at.cid, doc="the client's id"),
+        ]
         if UP in self.privacy:  # privacy.epsilon: the batch sizes bound an image's weight
-            state["sizes"], state["n"] = [], int(data.train.x.shape[0])
-        return state
+            out += [
+                client_var("sizes", [], doc="privacy.epsilon: the batch sizes in A_k"),
+                client_var("n", lambda at: int(at.data.train.x.shape[0]),
+                           doc="privacy.epsilon: the client's training images"),
+            ]  # fmt: skip
+        return out
 
     def protected(self, augments: list[Augment]) -> None:
         """Under ``privacy.epsilon`` the per-example bound needs the site's own images: an

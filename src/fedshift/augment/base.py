@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from fedshift.algorithms import ALGORITHMS
+from fedshift.algorithms.state import StateInit, StateVar, check_vars, init_state
 from fedshift.core.contract import State
 from fedshift.core.disclosure import Disclosure
 from fedshift.core.errors import ConfigError
@@ -83,12 +84,28 @@ class Augment:
     def attach(self, model: FedModel) -> None:
         """Modify the model once, before the initial weights are taken."""
 
-    # -- state -------------------------------------------------------------------------------
+    # -- state (declared: fedshift.algorithms.state) ----------------------------------------
+    def server_vars(self) -> list[StateVar]:
+        """The augment's server state (under ``"aug/<name>"`` of the server state),
+        declared; none by default."""
+        return []
+
+    def client_vars(self) -> list[StateVar]:
+        """The augment's client state (under ``"aug/<name>"`` of each client's state),
+        declared; none by default."""
+        return []
+
     def init_server(self, model: FedModel) -> State:
-        return {}
+        """The augment's server state built from :meth:`server_vars`."""
+        vars = self.server_vars()
+        check_vars(vars, "server", f"augment {self.name!r}")
+        return init_state(vars, StateInit(model))
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        return {}
+        """Client ``cid``'s augment state built from :meth:`client_vars`."""
+        vars = self.client_vars()
+        check_vars(vars, "client", f"augment {self.name!r}")
+        return init_state(vars, StateInit(model, cid, data))
 
     # -- setup exchange (before round 1, every client) ----------------------------------------
     def setup_reply(self, cid: str, state: State) -> Records:

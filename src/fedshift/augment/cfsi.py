@@ -46,12 +46,12 @@ from typing import Any
 
 import torch
 
+from fedshift.algorithms.state import ABSENT, StateInit, StateVar, client_var, server_var
 from fedshift.augment.ampnorm import amplitude_phase, from_amplitude_phase
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
 from fedshift.core.errors import ConfigError
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.core.seeding import generator as derived_generator
 from fedshift.models.base import FedModel
@@ -120,7 +120,18 @@ class CFSI(Augment):
             )
 
     # -- state -------------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+    def server_vars(self) -> list[StateVar]:
+        return [server_var("bank", ABSENT, doc="every site's amplitudes (the setup exchange)")]
+
+    def client_vars(self) -> list[StateVar]:
+        return [
+            client_var("own", self._own_amplitudes, doc="the client's own amplitude bank"),
+            client_var("bank", {}, doc="the other sites' amplitudes (the setup exchange)"),
+        ]
+
+    def _own_amplitudes(self, at: StateInit) -> torch.Tensor:
+        assert at.data is not None and at.cid is not None  # client state
+        cid, data = at.cid, at.data
         x = data.train.x
         n = x.shape[0]
         keep = max(1, round(self.params.bank_fraction * n)) if n else 0
@@ -129,8 +140,7 @@ class CFSI(Augment):
             perm = torch.randperm(n, generator=g).to(x.device)  # CPU draw: same on any device
             x = x[perm[:keep].sort().values]
         amps = [amplitude_phase(x[s : s + 256].float())[0].float() for s in range(0, keep, 256)]
-        own = torch.cat(amps).cpu() if amps else torch.zeros(0, *x.shape[1:])
-        return {"own": own, "bank": {}}
+        return torch.cat(amps).cpu() if amps else torch.zeros(0, *x.shape[1:])
 
     # -- setup exchange ----------------------------------------------------------------------
     def disclosures(self, model: FedModel) -> list[Disclosure]:

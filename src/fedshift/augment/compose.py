@@ -12,6 +12,7 @@ overwrite). The data path (raw batch -> augments -> normalisation) is
 from __future__ import annotations
 
 from fedshift.algorithms.base import Algorithm
+from fedshift.algorithms.state import declared
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, Reply, State
@@ -51,6 +52,12 @@ class Composition:
     ``algo`` is only the client half (:func:`fedshift.algorithms.halves.client_class`) and
     ``rule`` the registered class, whose server side this composition then refuses to run
     (:meth:`client_only`)."""
+
+    #: wrap every state ``init_server`` / ``init_client`` builds in a
+    #: :class:`~fedshift.algorithms.state.DeclaredState`: a key its component did not declare
+    #: is a ContractError (tests/algorithms/test_state.py; off in runs: states stay plain
+    #: dicts, checkpointed with ``torch.save``)
+    check_state: bool = False
 
     def __init__(
         self, algo: Algorithm, augments: list[Augment], rule: type[Algorithm] | None = None
@@ -147,7 +154,16 @@ class Composition:
         server = expect(self.algo.init_server(model), dict, self.algo, "init_server", STATE)
         for a in self.augments:
             server[aug_key(a)] = expect(a.init_server(model), dict, a, "init_server", STATE)
+            if self.check_state:
+                server[aug_key(a)] = declared(server[aug_key(a)], a.server_vars(),
+                                              f"augment {a.name!r} server")
+        if self.check_state:
+            server = declared(server, self.algo.server_vars(),
+                              f"algorithm {self.algo.name!r} server", *self._aug_keys())
         return server
+
+    def _aug_keys(self) -> list[str]:
+        return [aug_key(a) for a in self.augments]
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         state = self.algo.init_client(cid, data, model)
@@ -156,6 +172,12 @@ class Composition:
             state[aug_key(a)] = expect(
                 a.init_client(cid, data, model), dict, a, "init_client", STATE
             )
+            if self.check_state:
+                state[aug_key(a)] = declared(state[aug_key(a)], a.client_vars(),
+                                             f"augment {a.name!r} client")
+        if self.check_state:
+            state = declared(state, self.algo.client_vars(),
+                             f"algorithm {self.algo.name!r} client", *self._aug_keys())
         return state
 
     # -- setup exchange ----------------------------------------------------------------------

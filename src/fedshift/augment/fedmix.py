@@ -60,6 +60,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from fedshift.algorithms.state import ABSENT, StateVar, client_var, server_var
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.augment.mixing import HARD_LABEL_ALGORITHMS
 from fedshift.core.bounds import bounded
@@ -242,6 +243,24 @@ class FedMix(Augment):
         return _AddToObjective.apply(out, term)
 
     # -- MAFL: averaged data shared once ---------------------------------------------------
+    def server_vars(self) -> list[StateVar]:
+        return [
+            server_var("x", ABSENT, doc="every site's averaged images (the setup exchange)"),
+            server_var("y", ABSENT, doc="and their averaged labels"),
+        ]
+
+    def client_vars(self) -> list[StateVar]:
+        """The client's group means, computed together by :meth:`init_client`, and the bank
+        it receives in the setup exchange."""
+        group = [client_var("group", ABSENT, doc="privacy.epsilon: the group size")]
+        return [
+            client_var("x", ABSENT, doc="the client's mean image per group (init_client)"),
+            client_var("y", ABSENT, doc="its mean one-hot label per group (init_client)"),
+            *(group if "fedmix_means" in self.privacy else []),
+            client_var("bank_x", ABSENT, doc="every site's averaged images (setup)"),
+            client_var("bank_y", ABSENT, doc="and labels (setup)"),
+        ]
+
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         g = derived_generator(self.seed, "fedmix", cid)
         mech = self.privacy.get("fedmix_means")

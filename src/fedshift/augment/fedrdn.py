@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import torch
 
+from fedshift.algorithms.state import ABSENT, StateVar, client_var, server_var
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounds
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When
@@ -122,6 +123,13 @@ class _ClientStats(Augment):
     """Shared part: the client's own statistics, computed once from its training split."""
 
     normalizes = True
+
+    def client_vars(self) -> list[StateVar]:
+        """The client's per-channel mean and std, computed together by :meth:`init_client`."""
+        return [
+            client_var("mean", ABSENT, doc="the client's per-channel mean (init_client)"),
+            client_var("std", ABSENT, doc="its per-channel std (init_client)"),
+        ]
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         mean, std = channel_statistics(data.train.x)
@@ -249,6 +257,25 @@ class _Federated(_ClientStats):
     #: who receives a site's statistics (FedRDN: every client, as sent)
     audience = To.CLIENTS
 
+    def server_vars(self) -> list[StateVar]:
+        return [
+            server_var("clients", ABSENT, doc="the sites, in the setup exchange's order"),
+            server_var("mean", ABSENT, doc="every site's per-channel mean (setup)"),
+            server_var("std", ABSENT, doc="every site's per-channel std (setup)"),
+        ]
+
+    def client_vars(self) -> list[StateVar]:
+        dp = [client_var("dp", ABSENT, doc="privacy.epsilon: the clipped statistics")]
+        return [
+            *super().client_vars(),
+            *(dp if "fedrdn_stats" in self.privacy else []),
+            *self.received_vars(),
+        ]
+
+    def received_vars(self) -> list[StateVar]:
+        """What the client keeps of the setup broadcast."""
+        raise NotImplementedError
+
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         """The client's Eq. 5-6 statistics and, under ``privacy.epsilon``, their
         per-image clipped form (what it releases, with noise, in :meth:`setup_reply`)."""
@@ -297,6 +324,12 @@ class FedRDN(_Federated):
     name = "fedrdn"
     Params = FedRDNParams
 
+    def received_vars(self) -> list[StateVar]:
+        return [
+            client_var("bank_mean", ABSENT, doc="every site's mean (setup)"),
+            client_var("bank_std", ABSENT, doc="every site's std (setup)"),
+        ]
+
     def bank_disclosure(self) -> Disclosure:
         return Disclosure(
             "fedrdn_bank", "down", Kind.STATISTIC, When.SETUP,
@@ -332,6 +365,12 @@ class FedRDNV(_Federated):
     name = "fedrdn_v"
 
     audience = To.AGGREGATE
+
+    def received_vars(self) -> list[StateVar]:
+        return [
+            client_var("avg_mean", ABSENT, doc="the sites' averaged mean (setup)"),
+            client_var("avg_std", ABSENT, doc="the sites' averaged std (setup)"),
+        ]
 
     def bank_disclosure(self) -> Disclosure:
         return Disclosure(

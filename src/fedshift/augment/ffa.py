@@ -93,11 +93,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from fedshift.algorithms.state import StateVar, client_var, server_var
 from fedshift.augment.base import Augment, Records, State, require_federation
 from fedshift.core.bounds import bounded
 from fedshift.core.disclosure import Disclosure, Kind, Over, To, When, fixed
 from fedshift.core.errors import ConfigError
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.models.base import FedModel
 
@@ -430,18 +430,24 @@ class FFA(Augment):
         model.add_module("ffa_layers", nn.ModuleDict(self.layers))
 
     # -- state -------------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        server: State = {}
-        if self.shares:
-            server["variance"] = _zeros_ones(self.layers, 0.0)
-            if self.params.ema == "average":
-                server["running"] = _zeros_ones(self.layers, 1.0)
-        return server
-
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+    def server_vars(self) -> list[StateVar]:
         if not self.shares:
-            return {}
-        return {"running": _zeros_ones(self.layers, 1.0), "variance": None}
+            return []
+        out = [server_var("variance", lambda at: _zeros_ones(self.layers, 0.0),
+                          doc="the sharing variance of each layer's statistics")]
+        if self.params.ema == "average":
+            out.append(server_var("running", lambda at: _zeros_ones(self.layers, 1.0),
+                                  doc="ema=average: the sites' mean momentum statistics"))
+        return out
+
+    def client_vars(self) -> list[StateVar]:
+        if not self.shares:
+            return []
+        return [
+            client_var("running", lambda at: _zeros_ones(self.layers, 1.0),
+                       doc="the client's momentum mean and std of each layer"),
+            client_var("variance", None, doc="the server's sharing variance once received"),
+        ]  # fmt: skip
 
     # -- every round -------------------------------------------------------------------------
     def disclosures(self, model: FedModel) -> list[Disclosure]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedshift.core.config import RunConfig
+from fedshift.core.rows import MetricRow
 from fedshift.eval.summary import val_curve
 
 __all__ = ["Stop", "patience_stop", "stop_of"]
@@ -43,7 +44,7 @@ class Stop:
 
 
 def patience_stop(
-    records: list[dict],
+    records: list[MetricRow],
     kind: str,
     metric: str,
     every: int,
@@ -67,7 +68,7 @@ def patience_stop(
     return None
 
 
-def stop_of(cfg: RunConfig, records: list[dict], kind: str, metric: str) -> Stop | None:
+def stop_of(cfg: RunConfig, records: list[MetricRow], kind: str, metric: str) -> Stop | None:
     """:func:`patience_stop` with the run config's ``train.patience``, ``train.min_rounds``
     and ``eval.every``."""
     t = cfg.train

@@ -10,10 +10,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from fedshift.core.files import atomic_output
+from fedshift.core.rows import MetricRow, ModelScores, scores_of
 
 
 def plot_convergence(
-    records: list[dict],
+    records: list[MetricRow],
     kinds: list[str],
     out: Path,
     title: str,
@@ -28,10 +29,11 @@ def plot_convergence(
     fig = Figure(figsize=(11, 4))
     ax1, ax2 = fig.subplots(1, 2)
     for kind in kinds:
-        rounds: dict[int, list[dict]] = defaultdict(list)
+        rounds: dict[int, list[ModelScores]] = defaultdict(list)
         for r in records:
-            if kind in r:
-                rounds[r["round"]].append(r[kind])
+            scores = scores_of(r, kind)
+            if scores is not None:
+                rounds[r["round"]].append(scores)
         xs = sorted(rounds)
         for split, style in (("val", "--"), ("test", "-")):
             ys = [sum(m[f"{split}_{metric}"] for m in rounds[x]) / len(rounds[x]) for x in xs]
@@ -44,8 +46,9 @@ def plot_convergence(
     primary = kinds[0]
     per_client: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in records:
-        if primary in r:
-            per_client[r["client"]].append((r["round"], r[primary][f"test_{metric}"]))
+        scores = scores_of(r, primary)
+        if scores is not None:
+            per_client[r["client"]].append((r["round"], scores[f"test_{metric}"]))
     for client, pts in per_client.items():
         pts.sort()
         ax2.plot([p[0] for p in pts], [p[1] for p in pts], label=client)

@@ -8,10 +8,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedshift.core.config import RunConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Ledger
+from fedshift.core.rows import MetricRow, as_kind
 from fedshift.core.tasks import TASKS, Task
 
 SELECTION_RULE = (
@@ -25,27 +27,28 @@ def selection_rule(label: str = "accuracy") -> str:
     return SELECTION_RULE.replace("accuracy", label)
 
 
-def _rounds_of(records: list[dict], kind: str) -> dict[int, list[dict]]:
-    by_round: dict[int, list[dict]] = defaultdict(list)
+def _rounds_of(records: list[MetricRow], kind: str) -> dict[int, list[MetricRow]]:
+    by_round: dict[int, list[MetricRow]] = defaultdict(list)
     for r in records:
         if kind in r:
             by_round[r["round"]].append(r)
     return by_round
 
 
-def val_curve(records: list[dict], kind: str, metric: str = "acc") -> dict[int, float]:
+def val_curve(records: list[MetricRow], kind: str, metric: str = "acc") -> dict[int, float]:
     """The validation curve model selection reads: per evaluated round (ascending), the mean
     validation ``metric`` of the ``kind`` model over the clients that train (rows flagged
     ``holdout`` left out)."""
+    k = as_kind(kind)
     curve = {}
     for rnd, rows in sorted(_rounds_of(records, kind).items()):
-        scored = [r[kind][f"val_{metric}"] for r in rows if not r.get("holdout")]
+        scored = [r[k][f"val_{metric}"] for r in rows if not r.get("holdout")]
         curve[rnd] = sum(scored) / len(scored)
     return curve
 
 
 def select_round(
-    records: list[dict], kind: str, metric: str = "acc", others: tuple[str, ...] = ()
+    records: list[MetricRow], kind: str, metric: str = "acc", others: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Model selection for one model kind (``global`` or ``personal``) over metric rows: the
     round with the best mean validation ``metric``; each block also reports the ``others``
@@ -54,24 +57,25 @@ def select_round(
     Rows flagged ``holdout`` (clients that never trained: leave-one-client-out) take no part in
     the selection or the means; their test scores are reported apart as ``target_test_mean``
     / ``target_per_client`` (and stay in ``test_per_client``)."""
+    k = as_kind(kind)
     by_round = _rounds_of(records, kind)
     if not by_round:
         raise ValueError(f"no evaluated rounds for the {kind} model")
 
-    def mean(rows: list[dict], key: str) -> float:
+    def mean(rows: list[MetricRow], key: str) -> float:
         rows = [r for r in rows if not r.get("holdout")]
-        return sum(r[kind][key] for r in rows) / len(rows)
+        return sum(r[k][key] for r in rows) / len(rows)
 
     curve = val_curve(records, kind, metric)
     best = max(curve, key=lambda rnd: (curve[rnd], -rnd))
     last = max(by_round)
 
-    def scores(rows: list[dict], m: str) -> dict[str, Any]:
+    def scores(rows: list[MetricRow], m: str) -> dict[str, Any]:
         return {
             "val_mean": mean(rows, f"val_{m}"),
             "test_mean": mean(rows, f"test_{m}"),
-            "val_per_client": {r["client"]: r[kind][f"val_{m}"] for r in rows},
-            "test_per_client": {r["client"]: r[kind][f"test_{m}"] for r in rows},
+            "val_per_client": {r["client"]: r[k][f"val_{m}"] for r in rows},
+            "test_per_client": {r["client"]: r[k][f"test_{m}"] for r in rows},
         }
 
     def block(rnd: int) -> dict[str, Any]:
@@ -79,7 +83,7 @@ def select_round(
         out = {"round": rnd, **scores(rows, metric)}
         targets = [r for r in rows if r.get("holdout")]
         if targets:
-            out["target_per_client"] = {r["client"]: r[kind][f"test_{metric}"] for r in targets}
+            out["target_per_client"] = {r["client"]: r[k][f"test_{metric}"] for r in targets}
             out["target_test_mean"] = sum(out["target_per_client"].values()) / len(targets)
         if others:
             out["metrics"] = {m: scores(rows, m) for m in others}
@@ -89,7 +93,7 @@ def select_round(
 
 
 def build_summary(
-    records: list[dict],
+    records: list[MetricRow],
     kinds: list[str],
     meta: dict[str, Any],
     ledger_totals: dict[str, int],
@@ -156,7 +160,7 @@ class RunRecord:
     model_params: int
     model_bytes: int
     #: the metric rows of every evaluated round (``metrics.jsonl``)
-    records: list[dict]
+    records: list[MetricRow]
     ledger: Ledger
     #: seconds of training, over every part of a resumed run
     wall_s: float
@@ -246,8 +250,6 @@ def load_summaries(roots) -> list[dict[str, Any]]:
     """Every ``summary.json`` below the given folders, in path order, each checked
     (:func:`read_summary`) and with ``_dir`` = its folder (where the run's ``config.yaml``
     is)."""
-    from pathlib import Path
-
     return [
         {**read_summary(p), "_dir": str(p.parent)}
         for r in roots
@@ -322,8 +324,6 @@ def check_summary(s: Any, path: Any) -> dict[str, Any]:
     of the right types and consistent (the selected round within the run's rounds, a score
     for every client): one :class:`~fedshift.core.errors.FedshiftError` names the file and
     the first field that is not. Returns ``s``."""
-    from fedshift.core.errors import FedshiftError
-
     end = (
         "; it was not written by fedshift or was edited. Write it again from the run's "
         f"checkpoint (fedshift run --resume {Path(str(path)).parent}), or leave that run out"
@@ -362,8 +362,6 @@ def check_scores(s: Any, path: Any, end: str = "") -> dict[str, Any]:
     the per-client scores, the other metrics' blocks and the ``models`` blocks. A
     :class:`~fedshift.core.errors.FedshiftError` names the file and the dotted field; what
     the claims ledger reads is checked this way. Returns ``s``."""
-    from fedshift.core.errors import FedshiftError
-
     end = end or "; it was not written by fedshift or was edited"
     if not isinstance(s, dict):
         raise FedshiftError(f"{path}: expected a JSON object, got {type(s).__name__}{end}")
@@ -435,14 +433,12 @@ def _out_of_range(s: dict) -> tuple[str, str, Any] | None:
     return found
 
 
-def check_metric_row(row: Any, path: Any, line: int) -> dict[str, Any]:
+def check_metric_row(row: Any, path: Any, line: int) -> MetricRow:
     """One row of a run's ``metrics.jsonl`` (line ``line`` of ``path``) as fedshift writes
     it: a ``round`` (whole, >= 0), a ``client`` name, and per evaluated model (``global`` /
     ``personal``) scores that are finite and in their metric's range (accuracy and Dice in
     [0, 1]). A :class:`~fedshift.core.errors.FedshiftError` names the file, line and key.
     Returns ``row``."""
-    from fedshift.core.errors import FedshiftError
-
     where = f"{path}, line {line}"
     end = "; it was not written by fedshift or was edited"
     if not isinstance(row, dict):
@@ -465,16 +461,13 @@ def check_metric_row(row: Any, path: Any, line: int) -> dict[str, Any]:
     tl = row.get("train_loss")
     if tl is not None and not _finite(tl):
         raise FedshiftError(f"{where}: key 'train_loss' must be a finite number, got {tl!r}{end}")
-    return row
+    return cast(MetricRow, row)  # checked above: its keys as a MetricRow holds them
 
 
-def read_metric_rows(path: Any) -> list[dict[str, Any]]:
+def read_metric_rows(path: Any) -> list[MetricRow]:
     """The rows of a ``metrics.jsonl``, each checked (:func:`check_metric_row`); a line that
     is not JSON is an error naming the file and line."""
     import json
-    from pathlib import Path
-
-    from fedshift.core.errors import FedshiftError
 
     try:
         text = Path(path).read_text()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedshift.core.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError
+from fedshift.core.rows import MetricRow
 from fedshift.core.seeding import set_rng_state
 from fedshift.runtime.rundir.checkpoint_io import (
     CHECKPOINT,
@@ -93,12 +94,12 @@ class Checkpointing:
 
 def extended(
     cfg: RunConfig,
-    records: list[dict],
+    records: list[MetricRow],
     last_round: int,
     depends_on_rounds: bool,
     run_dir: Path,
     rounds: int,
-) -> tuple[RunConfig, list[dict]]:
+) -> tuple[RunConfig, list[MetricRow]]:
     """A run resumed after round ``last_round`` continued to ``rounds`` (``train.rounds``):
     its config (written to ``config.yaml``) and the metric rows it keeps, so that it ends as
     a run of ``rounds`` from the start would. Shortening, or extending a method whose local

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from fedshift.core.rows import MetricRow, as_kind
 from fedshift.eval.summary import select_round
 from fedshift.runtime.rundir.checkpoint_io import SELECTED, config_digest
 
@@ -68,7 +69,7 @@ class RoundRecord:
     #: train loss of each client's reply (clients whose reply had one)
     train_loss: dict[str, float]
     #: the evaluation rows (``metrics.jsonl`` lines) when the round was evaluated
-    rows: list[dict] | None = None
+    rows: list[MetricRow] | None = None
     bytes_up: int = 0
     bytes_down: int = 0
     #: model kinds the run evaluates, primary first
@@ -81,7 +82,7 @@ class RoundRecord:
         cls,
         rnd: int,
         train_metrics: dict[str, dict],
-        rows: list[dict] | None,
+        rows: list[MetricRow] | None,
         ledger_rows: list,
         kinds: list[str],
     ) -> RoundRecord:
@@ -102,11 +103,11 @@ class Hook:
     def resume(self, state: dict) -> None:
         """A checkpoint was loaded: ``state`` is its dict."""
 
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         """The run starts (``resumed``: it continues after round ``last_round``, whose metric
         rows are ``records``; else it starts from round 1)."""
 
-    def evaluated(self, rnd: int, rows: list[dict]) -> None:
+    def evaluated(self, rnd: int, rows: list[MetricRow]) -> None:
         """Round ``rnd`` is whole and was evaluated: ``rows`` are its metric rows (already in
         the loop's ``records``)."""
 
@@ -140,12 +141,12 @@ class Hooks:
         for h in self.hooks:
             h.resume(state)
 
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         for h in self.hooks:
             h.open(last_round, records, resumed)
             self._opened.append(h)
 
-    def evaluated(self, rnd: int, rows: list[dict]) -> None:
+    def evaluated(self, rnd: int, rows: list[MetricRow]) -> None:
         for h in self.hooks:
             h.evaluated(rnd, rows)
 
@@ -172,10 +173,11 @@ class Hooks:
             self._opened.pop().close()
 
 
-def val_mean(rows: list[dict], kind: str, metric: str) -> float:
+def val_mean(rows: list[MetricRow], kind: str, metric: str) -> float:
     """Mean validation ``metric`` of the ``kind`` model over the scored training clients
     (held-out and lost clients excluded, as in model selection)."""
-    scored = [r[kind][f"val_{metric}"] for r in rows if kind in r and not r.get("holdout")]
+    k = as_kind(kind)
+    scored = [r[k][f"val_{metric}"] for r in rows if k in r and not r.get("holdout")]
     return sum(scored) / max(len(scored), 1)
 
 
@@ -207,7 +209,7 @@ class ModelSelection(Hook):
     def state_dict(self) -> dict:
         return {"selected_round": self.selected_round}
 
-    def evaluated(self, rnd: int, rows: list[dict]) -> None:
+    def evaluated(self, rnd: int, rows: list[MetricRow]) -> None:
         run = self.run
         every = run.cfg.eval.every
         if rnd % every:
@@ -234,7 +236,7 @@ class ProgressLine(Hook):
         self.progress, self.console = progress, console
         self.bar: Any = None
 
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         self.bar = tqdm(
             desc=self.label,
             initial=last_round,

@@ -42,6 +42,7 @@ import torch
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
 from fedshift.core.payload import Ledger, Payload
+from fedshift.core.rows import MetricRow, metric_row
 from fedshift.core.seeding import generator, rng_state
 from fedshift.eval.early_stop import Stop, stop_of
 from fedshift.runtime.checkpointing import Checkpointing, restore
@@ -116,7 +117,7 @@ class RoundLoop:
         self.implied, self.train_clients, self.algo = exp.implied, exp.train_clients, exp.algo
         self.pipeline, self.kinds, self.device = exp.pipeline, exp.kinds, exp.device
         self.ledger, self.last_round, self.wall_before = Ledger(), 0, 0.0
-        self.records: list[dict] = []  # the metrics rows of the rounds run so far
+        self.records: list[MetricRow] = []  # the metrics rows of the rounds run so far
         #: the setup exchange (round 0) has completed, or there is none
         self.setup_complete = not self.algo.needs_setup
         self._undo: tuple[dict, int] | None = None  # (server, ledger rows) at the round start
@@ -219,7 +220,7 @@ class RoundLoop:
         self.setup_complete = True
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate_round(self, rnd: int, train_metrics: dict[str, dict]) -> list[dict]:
+    def evaluate_round(self, rnd: int, train_metrics: dict[str, dict]) -> list[MetricRow]:
         algo, clients = self.algo, self.fed.client_names
         request = EvalRequest(algo.global_weights(self.server))
         if algo.has_personal_model:
@@ -231,19 +232,11 @@ class RoundLoop:
         scores, lost = self.transport.evaluate(rnd, clients, request)
         if not scores:
             raise FedshiftError(f"round {rnd}: no client replied to the evaluation")
-        rows: list[dict] = []
-        for cid in clients:
-            row: dict = {"round": rnd, "client": cid}
-            if cid in self.holdout:
-                row["holdout"] = True
-            if cid in train_metrics:
-                row["train_loss"] = train_metrics[cid].get("train_loss")
-            if cid in scores:
-                row.update(scores[cid])
-            else:
-                row["lost"] = True
-            rows.append(row)
-        return rows
+        return [
+            metric_row(rnd, cid, holdout=cid in self.holdout, train=train_metrics.get(cid),
+                       scores=scores.get(cid))
+            for cid in clients
+        ]  # fmt: skip
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -320,7 +313,7 @@ class RoundLoop:
     def _early_stop(self) -> Stop | None:  # over the rows so far: a stopped run stays so
         return stop_of(self.cfg, self.records, self.kinds[0], self.task.primary.name)
 
-    def _commit(self, rnd: int, rows: list[dict] | None) -> None:
+    def _commit(self, rnd: int, rows: list[MetricRow] | None) -> None:
         """Round ``rnd`` is whole: drop the undo, keep its rows, hand them to the hooks."""
         self._undo = None
         self.transport.begin_round([])  # nothing to undo any more

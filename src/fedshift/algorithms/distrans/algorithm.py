@@ -31,10 +31,11 @@ from fedshift.algorithms.distrans.params import (
 )
 from fedshift.algorithms.halves import ClientHalf, ServerHalf
 from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, run_steps
+from fedshift.algorithms.state import ABSENT, StateInit, StateVar, client_var, replaced, server_var
 from fedshift.algorithms.tensors import clone, subset, weighted_average
 from fedshift.core.context import ClientContext
 from fedshift.core.disclosure import DOWN, UP, Disclosure, Kind, Over, To, When, fixed, tensor_bytes
-from fedshift.core.federation import ClientData, Federation
+from fedshift.core.federation import Federation
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
 from fedshift.data.partition import degree_of_heterogeneity
@@ -177,18 +178,28 @@ class DisTransClient(ClientHalf[DisTransParams]):
         return aggregated_offset(self.params, server, cid)
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        """The client's offset starts as a U[0, 1] image from its own stream; it is mapped to
-        the model's input space (the run's normalisation) when the client first trains."""
-        state = super().init_client(cid, data, model)
-        seed = cast(DisTransModel, model).offset_seed  # the model setup checked
-        g = torch.Generator().manual_seed(derive_seed(seed, "distrans/offset", cid))
-        ref = state["local"][OFFSET]
-        state["local"][OFFSET] = torch.rand(self.input_shape, generator=g).to(ref.device)
-        state["offset_raw"] = True
-        state["cid"] = cid
-        state["label_dist_sent"] = False
-        return state
+    def client_vars(self) -> list[StateVar]:
+        """The client's offset (in ``local``) starts as a U[0, 1] image from its own stream;
+        it is mapped to the model's input space (the run's normalisation) when the client
+        first trains (``offset_raw``)."""
+        base = super().client_vars()
+        local = next(v for v in base if v.name == "local")
+
+        def with_offset(at: StateInit) -> Tensors:
+            tensors: Tensors = local.initial(at)
+            seed = cast(DisTransModel, at.model).offset_seed  # the model setup checked
+            g = torch.Generator().manual_seed(derive_seed(seed, "distrans/offset", at.cid))
+            ref = tensors[OFFSET]
+            tensors[OFFSET] = torch.rand(self.input_shape, generator=g).to(ref.device)
+            return tensors
+
+        return [
+            *replaced(base, "local", init=with_offset),
+            client_var("offset_raw", True, doc="the offset is still the U[0, 1] image"),
+            client_var("cid", lambda at: at.cid, doc="the client's id (its aggregated offset)"),
+            client_var("label_dist_sent", False, doc="its label counts were sent"),
+            client_var("offset_optimizer", ABSENT, doc="optimizer_state=persist: the offset's"),
+        ]  # fmt: skip
 
     @staticmethod
     def _normalise(u: torch.Tensor, ctx: ClientContext | None = None) -> torch.Tensor:
@@ -317,14 +328,21 @@ class DisTransServer(ServerHalf[DisTransParams]):
         self._aggregator: OffsetAggregator | None = None
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        server.update(
-            label_dist={}, dh=None, offset_avg=None, offset_nn={}, offset_in={}, nn_loss=[]
-        )
-        if wants_label_dist(self.params):
-            server["aggregator"] = clone(self._new_aggregator().state_dict())
-        return server
+    def server_vars(self) -> list[StateVar]:
+        aggregator = [
+            server_var("aggregator", lambda at: clone(self._new_aggregator().state_dict()),
+                       doc="the NN offset aggregator (aggregation nn or auto)"),
+        ] if wants_label_dist(self.params) else []  # fmt: skip
+        return [
+            *super().server_vars(),
+            server_var("label_dist", {}, doc="each site's label counts (aggregation nn, auto)"),
+            server_var("dh", None, doc="the degree of heterogeneity (auto, once known)"),
+            server_var("offset_avg", None, doc="the sites' mean offset (avg)"),
+            server_var("offset_nn", {}, doc="each site's offset from the NN aggregator"),
+            server_var("offset_in", {}, doc="each site's last uploaded offset (nn)"),
+            server_var("nn_loss", [], doc="the NN aggregator's last training losses"),
+            *aggregator,
+        ]  # fmt: skip
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         down = Payload({"weights": subset(server["weights"], self.shared_keys)})
@@ -335,7 +353,7 @@ class DisTransServer(ServerHalf[DisTransParams]):
         return down
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        server["weights"].update(self.average_record(replies, "weights"))
+        self.aggregate_declared(server, replies)  # the weights' mean
         for cid, p in replies:
             if LABEL_RECORD in p.records:
                 server["label_dist"][cid] = p[LABEL_RECORD]["counts"].detach().cpu().clone()

@@ -24,6 +24,7 @@ from fedshift.algorithms.fraug.nets import (
 from fedshift.algorithms.fraug.objectives import Objectives, WorkingNets
 from fedshift.algorithms.fraug.params import VARIANTS, FRAugParams, RoundPlan
 from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, run_steps
+from fedshift.algorithms.state import ABSENT, StateInit, StateVar, client_var, server_var
 from fedshift.algorithms.tensors import clone, subset
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
@@ -39,7 +40,6 @@ from fedshift.core.disclosure import (
     tensor_bytes,
 )
 from fedshift.core.errors import ConfigError, TrainingError
-from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload
 from fedshift.models.base import FedModel
 
@@ -120,10 +120,12 @@ class FRAug(Objectives, Algorithm[FRAugParams]):
         return RTNet(self.dim, self.num_classes, self.rtnet_hidden)
 
     # -- server ----------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State:
-        server = super().init_server(model)
-        server["generator"] = clone(self.generator.state_dict())
-        return server
+    def server_vars(self) -> list[StateVar]:
+        return [
+            *super().server_vars(),
+            server_var("generator", lambda at: clone(self.generator.state_dict()), "mean",
+                       doc="the feature generator (shared tensors: the replies' mean)"),
+        ]  # fmt: skip
 
     def disclosures(self, model: FedModel) -> list[Disclosure]:
         gen = fixed(tensor_bytes(self.generator.state_dict(), self.generator_shared_keys))
@@ -145,23 +147,31 @@ class FRAug(Objectives, Algorithm[FRAugParams]):
 
     @sums_only("weights", "generator")  # both weighted means only
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        server["weights"].update(self.average_record(replies, "weights"))
-        server["generator"].update(self.average_record(replies, "generator"))
+        self.aggregate_declared(server, replies)
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["generator_local"] = clone(
-            subset(self.generator.state_dict(), self.generator_local_keys)
-        )
-        if self.uses_rtnet:
-            state["rtnet"] = clone(self._new_rtnet().state_dict())
-        ref = next(model.parameters(), None)  # on the model's device, like the rest
-        state["prototypes"] = torch.zeros(
-            self.num_classes, self.dim, device=None if ref is None else ref.device
-        )
-        state["label_offset"] = 0
-        return state
+    def client_vars(self) -> list[StateVar]:
+        def prototypes(at: StateInit) -> torch.Tensor:
+            ref = next(at.model.parameters(), None)  # on the model's device, like the rest
+            device = None if ref is None else ref.device
+            return torch.zeros(self.num_classes, self.dim, device=device)
+
+        rtnet = [
+            client_var("rtnet", lambda at: clone(self._new_rtnet().state_dict()),
+                       doc="the client's RTNet (a fresh one draws from the torch stream)"),
+        ] if self.uses_rtnet else []  # fmt: skip
+        return [
+            *super().client_vars(),
+            client_var("generator_local",
+                       lambda at: clone(subset(self.generator.state_dict(),
+                                               self.generator_local_keys)),
+                       doc="the generator's client-local tensors"),
+            *rtnet,
+            client_var("prototypes", prototypes, doc="the client's class prototypes"),
+            client_var("label_offset", 0, doc="the prototype update's label offset"),
+            client_var("optimizer_generator", ABSENT, doc="optimizer_state=persist"),
+            client_var("optimizer_rtnet", ABSENT, doc="optimizer_state=persist (RTNet)"),
+        ]  # fmt: skip
 
     def working_nets(self, ctx: ClientContext, down: Payload, state: State) -> WorkingNets:
         """The round's generator (received shared tensors + the client's local BN tensors)

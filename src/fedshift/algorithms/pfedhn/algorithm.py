@@ -21,6 +21,7 @@ from fedshift.algorithms.halves import ClientHalf, ServerHalf
 from fedshift.algorithms.partialfed import resolve_layer_keys
 from fedshift.algorithms.pfedhn.hypernet import HyperNetwork
 from fedshift.algorithms.pfedhn.params import PFedHNParams
+from fedshift.algorithms.state import ABSENT, StateVar, client_var, server_var
 from fedshift.algorithms.tensors import clone
 from fedshift.core.config import TrainConfig
 from fedshift.core.context import ClientContext
@@ -105,10 +106,11 @@ class PFedHNClient(ClientHalf[PFedHNParams]):
         ]  # fmt: skip
 
     # -- client ----------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = super().init_client(cid, data, model)
-        state["cid"] = cid
-        return state
+    def client_vars(self) -> list[StateVar]:
+        return [
+            *super().client_vars(),
+            client_var("cid", lambda at: at.cid, doc="the client's id (its embedding row)"),
+        ]
 
     def before_step(self, ctx: ClientContext) -> None:
         if self.params.inner_clip is not None:
@@ -209,10 +211,21 @@ class PFedHNServer(ServerHalf[PFedHNParams]):
             return {k: v.detach().clone() for k, v in self.hnet(self.row(cid)).items()}
 
     # -- server ----------------------------------------------------------------------------
+    def server_vars(self) -> list[StateVar]:
+        """The hypernetwork and its optimiser (no server model: ``weights`` is not declared)."""
+        return [
+            server_var("hnet", lambda at: self.hnet.state_dict(),
+                       doc="the hypernetwork's state dict (shares the live tensors)"),
+            server_var("hnet_opt", None, doc="its optimiser's state (after the first update)"),
+            server_var("updates", 0, doc="the hypernetwork updates so far"),
+            server_var("generated", ABSENT,
+                       doc="only in a server_view: the client's generated weights"),
+        ]  # fmt: skip
+
     def init_server(self, model: FedModel) -> State:
-        state = self.hnet.state_dict()
-        self._synced = state
-        return {"hnet": state, "hnet_opt": None, "updates": 0}
+        server = super().init_server(model)
+        self._synced = server["hnet"]
+        return server
 
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
         return Payload({"weights": self.generate(server, cid)})

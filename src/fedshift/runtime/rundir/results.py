@@ -16,6 +16,7 @@ from fedshift.core.config import RunConfig
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import open_append, write_text_atomic
 from fedshift.core.identity import EXECUTION_KEYS, flatten, number_config
+from fedshift.core.rows import MetricRow
 from fedshift.eval.plots import plot_convergence
 from fedshift.eval.summary import RunRecord
 from fedshift.runtime.hooks import Hook
@@ -220,7 +221,7 @@ def release(dirs: list[Path]) -> None:
                         p.rmdir()
 
 
-def write_metrics(run_dir: Path, rows: list[dict], append: bool = False) -> None:
+def write_metrics(run_dir: Path, rows: list[MetricRow], append: bool = False) -> None:
     """``metrics.jsonl``: one line per evaluated (round, client). Appending adds whole lines;
     a rewrite (on resume, from the checkpoint's rows) replaces the file atomically."""
     text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -239,10 +240,10 @@ class MetricsFile(Hook):
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
 
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         write_metrics(self.run_dir, records)
 
-    def evaluated(self, rnd: int, rows: list[dict]) -> None:
+    def evaluated(self, rnd: int, rows: list[MetricRow]) -> None:
         write_metrics(self.run_dir, rows, append=True)
 
 

@@ -72,6 +72,7 @@ from typing import Any, ClassVar, Literal
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import ensure_dir, read_json, write_text_atomic
+from fedshift.core.rows import MetricRow
 from fedshift.core.searchpath import find_optional
 from fedshift.runtime.hooks import RoundRecord
 from fedshift.runtime.tracking.trackers import Tracker, flatten_row, round_scalars
@@ -191,7 +192,7 @@ class DurableTracker(Tracker):
         write_text_atomic(self.dir / STATE, json.dumps(self.state, indent=1) + "\n")
 
     # ------------------------------------------------------------------ Tracker
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         ensure_dir(self.dir)  # a tracker folder that is a link is not written through
         state = self._read_state()
         logged = int(state.get("logged_through") or 0)

@@ -40,7 +40,7 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import csv_safe, write_text_atomic
 from fedshift.core.machine import machine
+from fedshift.core.rows import MetricRow, scores_of
 from fedshift.core.searchpath import find_optional
 from fedshift.runtime.hooks import Hook, RoundRecord
 
@@ -89,7 +90,7 @@ class Tracker(Hook):
 
 
 # ----------------------------------------------------------------------------- CSV
-def flatten_row(row: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_row(row: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """A ``metrics.jsonl`` row with nested keys joined by dots (``global.val_acc``)."""
     out: dict[str, Any] = {}
     for k, v in row.items():
@@ -117,7 +118,7 @@ class CsvTracker(Tracker):
         self.records: list[dict] = []
         self.columns: list[str] = []
 
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         self.records = [flatten_row(r) for r in records]
         self._rewrite()
 
@@ -164,10 +165,12 @@ def round_scalars(record: RoundRecord) -> dict[str, float]:
     out["bytes/up"] = float(record.bytes_up)
     out["bytes/down"] = float(record.bytes_down)
     for kind in record.kinds:
-        scored = [r for r in record.rows or [] if isinstance(r.get(kind), dict)]
         means: dict[str, list[float]] = {}
-        for r in scored:
-            for key, v in r[kind].items():
+        for r in record.rows or []:
+            scores = scores_of(r, kind)
+            if not isinstance(scores, dict):
+                continue
+            for key, v in scores.items():
                 out[f"{kind}/{key}/{r['client']}"] = float(v)
                 if not r.get("holdout"):
                     means.setdefault(key, []).append(float(v))
@@ -200,7 +203,7 @@ class TensorBoardTracker(Tracker):
         super().__init__(run_dir, config)
         self.writer: Any = None
 
-    def open(self, last_round: int, records: list[dict], resumed: bool) -> None:
+    def open(self, last_round: int, records: list[MetricRow], resumed: bool) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = self.run_dir / TENSORBOARD_DIR
