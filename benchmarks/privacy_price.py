@@ -212,11 +212,13 @@ def run_cell(
 
 
 def run_grid(grid: Grid, out: Path, log: Any = print) -> list[dict]:
-    """Every cell of ``grid`` (baseline first, so break-even pairs exist early), under
-    ``out/runs``."""
+    """Every cell of ``grid`` under ``out/runs``, the methods in ``grid.methods``' order
+    (``--methods``' order, FedAvg appended when not named: two processes on one ``out``
+    with disjoint ``--methods``, one naming fedavg first, reach its cells at different
+    times; the second reads them)."""
     runs, feds = out / "runs", {}
     cells = []
-    order = [BASELINE] + [m for m in grid.methods if m != BASELINE]
+    order = list(grid.methods)
     for dataset in grid.datasets:
         for method in order:
             for eps in grid.eps:
@@ -449,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="an override of every cell (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
     datasets = tuple(args.datasets.split(","))
-    methods = tuple(dict.fromkeys([BASELINE, *args.methods.split(",")]))
+    methods = tuple(dict.fromkeys([*args.methods.split(","), BASELINE]))
     for name, allowed, given in (("--datasets", DATASETS, datasets),
                                  ("--methods", METHODS, methods)):  # fmt: skip
         bad = [x for x in given if x not in allowed]
