@@ -155,6 +155,100 @@ def _membership_auc(run_dir: Path, fed: Any) -> float:
     return roc_score(-losses(client.train), -losses(client.test), 1e-3).auc
 
 
+#: the statistics records attacked with their noise, by method, and the site sizes
+RECORDS = {"fedrdn": "fedrdn_stats", "harmofl": "amplitude"}
+SIZES = (10, 50, 200)
+
+
+def noisy_llr(
+    stat: torch.Tensor, targets: torch.Tensor, mu: torch.Tensor, var: torch.Tensor, n: int,
+    noise: float,
+) -> torch.Tensor:  # fmt: skip
+    """The likelihood-ratio test of :func:`fedshift.attacks.membership.llr` for a mean over
+    ``n`` examples released with Gaussian noise of std ``noise`` per value: the noise's
+    variance added to both hypotheses (the attacker knows the mechanism)."""
+    from fedshift.attacks.membership import VAR_FLOOR
+
+    stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
+    var = var.clamp_min(VAR_FLOOR * float(var.mean().clamp_min(1e-30)))
+    v0 = var / n + noise**2
+    v1 = var * max(n - 1, 1e-9) / n**2 + noise**2
+    m1 = targets / n + (n - 1) * mu / n
+    return (-0.5 * ((stat - m1) ** 2 / v1 + torch.log(v1))
+            + 0.5 * ((stat - mu) ** 2 / v0 + torch.log(v0))).sum(-1)  # fmt: skip
+
+
+def noisy_membership_auc(
+    features: torch.Tensor, n: int, noise: float, trials: int = 40, seed: int = 0
+) -> float:
+    """Membership AUC on a site's mean of per-example ``features`` over ``n`` examples,
+    released with Gaussian noise of std ``noise`` per value (``fedshift protocol
+    privacy``'s test, :func:`fedshift.attacks.membership.membership_by_size`, plus the
+    noise): half the examples are the attacker's reference sample; each trial draws a site
+    of ``n`` others and ``n`` non-members."""
+    from fedshift.attacks.scores import roc_score
+
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(features), generator=gen)
+    k = len(features) // 2
+    feats = features.double()
+    ref, pool = feats[perm[:k]], feats[perm[k:]]
+    if 2 * n > len(pool):
+        raise ValueError(f"a site of {n} needs {2 * n} examples besides the reference sample")
+    mu, var = ref.mean(0), ref.var(0)
+    ins, outs = [], []
+    for _ in range(trials):
+        idx = torch.randperm(len(pool), generator=gen)
+        site, others = pool[idx[:n]], pool[idx[n : 2 * n]]
+        stat = site.mean(0) + noise * torch.randn(site.shape[1], generator=gen).double()
+        ins.append(noisy_llr(stat, site, mu, var, n, noise))
+        outs.append(noisy_llr(stat, others, mu, var, n, noise))
+    return roc_score(torch.cat(ins), torch.cat(outs)).auc
+
+
+def record_leakage(cells: list[dict], grid: Grid, runs: Path, feds: dict) -> list[dict]:
+    """For each method whose statistics are protected (:data:`RECORDS`) and each epsilon,
+    the membership AUC of its record at sites of :data:`SIZES` images of the first
+    client's domain, released as the run released it: the Gaussian mechanism at the run's
+    noise multiplier and clip (``summary.json`` of the seed's cell), ``2 sigma C / n`` per
+    value for a mean over ``n`` images; no noise at epsilon inf."""
+    from fedshift.data import load_dataset
+    from fedshift.protocols.privacy import SURFACES, domain_images
+
+    rows, features = [], {}
+    for d in grid.datasets:
+        for m, record in RECORDS.items():
+            if m not in grid.methods:
+                continue
+            for c in cells:
+                if (c["dataset"], c["method"]) != (d, m) or "score" not in c:
+                    continue
+                priv = (
+                    json.loads((runs / c["run_dir"] / "summary.json").read_text()).get("privacy")
+                    or {}
+                )
+                rec = (priv.get("records") or {}).get(record)
+                if c["eps"] != "inf" and rec is None:
+                    continue
+                if d not in feds:
+                    cfg = resolve(load_config(None, cell_overrides(d, m, INF, 0, grid)))
+                    feds[d] = load_dataset(cfg.dataset)
+                if (d, record) not in features:  # the first client's domain, every split
+                    images = domain_images(feds[d])
+                    x = images[next(iter(images))]
+                    features[d, record] = SURFACES[record].features(x)  # type: ignore[misc]
+                feats = features[d, record]
+                for n in SIZES:
+                    if 4 * n > len(feats):
+                        continue
+                    std = 0.0 if rec is None else 2 * priv["noise_multiplier"] * rec["clip"] / n
+                    auc = noisy_membership_auc(feats, n, std, seed=c["seed"])
+                    rows.append({"dataset": d, "method": m, "record": record,
+                                 "eps": c["eps"], "seed": c["seed"], "n": n,
+                                 "noise_std": std, "auc": auc})  # fmt: skip
+    return rows
+
+
 def run_cell(
     dataset: str, method: str, eps: float, seed: int, grid: Grid, runs: Path, feds: dict
 ) -> dict:
@@ -402,10 +496,31 @@ def plot(cells: list[dict], grid: Grid, path: Path) -> None:
     plt.close(fig)
 
 
+def leakage_table(rows: list[dict], grid: Grid) -> str:
+    """The statistics' membership AUC by site size against epsilon (mean over seeds)."""
+    if not rows:
+        return ""
+    lines = ["### Membership AUC of the protected statistics, as released (likelihood-ratio "
+             "test with the noise's variance; mean over seeds; 0.5 is chance)", "",
+             "| dataset | method: record | site of n | "
+             + " | ".join(f"eps {eps_label(e)}" for e in grid.eps) + " |",
+             "|---|---|---|" + "---|" * len(grid.eps)]  # fmt: skip
+    keys = dict.fromkeys((r["dataset"], r["method"], r["record"], r["n"]) for r in rows)
+    for d, m, rec, n in keys:
+        cols = []
+        for e in grid.eps:
+            v = [r["auc"] for r in rows if (r["dataset"], r["method"], r["n"]) == (d, m, n)
+                 and r["eps"] == eps_label(e)]  # fmt: skip
+            cols.append(f"{statistics.mean(v):.3f}" if v else "-")
+        lines.append(f"| {d} | {m}: {rec} | {n} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_outputs(cells: list[dict], grid: Grid, out: Path, alpha: float, command: str) -> str:
     """``privacy_price.json``, ``.md`` and ``.png`` under ``out``; returns the Markdown."""
     analysis = analyse(cells, grid, alpha)
-    text = tables(cells, grid, analysis, alpha)
+    leaks = record_leakage(cells, grid, out / "runs", {})
+    text = tables(cells, grid, analysis, alpha) + "\n" + leakage_table(leaks, grid)
     meta = {
         "command": command, "datasets": list(grid.datasets), "methods": list(grid.methods),
         "eps": [eps_label(e) for e in grid.eps], "delta": grid.delta,
@@ -415,7 +530,7 @@ def write_outputs(cells: list[dict], grid: Grid, out: Path, alpha: float, comman
         "score": "final_test_mean (the last round's model)",
         "beats": "mean paired difference > 0 and one-sided paired t-test p < alpha",
         "break_even": "smallest finite eps beaten there and at every larger finite eps",
-        "analysis": analysis, "cells": cells,
+        "analysis": analysis, "cells": cells, "record_leakage": leaks,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "privacy_price.json", json.dumps(meta, indent=2) + "\n")

@@ -107,3 +107,14 @@ def test_the_grid_runs_refuses_and_resumes_on_toyshift(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "privacy_price.json").read_text())
     assert data["eps"] == ["1", "inf"] and len(data["cells"]) == 4
     assert (tmp_path / "privacy_price.png").stat().st_size > 0
+
+
+def test_the_noisy_record_attack_has_known_answers():
+    """A mean over one example, released without noise, is the example: AUC 1; with noise
+    far above the features' spread the test is at chance."""
+    import torch
+
+    feats = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
+    assert pp.noisy_membership_auc(feats, n=1, noise=0.0, trials=20) == 1.0
+    assert abs(pp.noisy_membership_auc(feats, n=5, noise=100.0, trials=40) - 0.5) < 0.15
+    assert pp.noisy_membership_auc(feats, n=5, noise=0.0) > 0.7  # 6 features over 5 examples
