@@ -305,11 +305,34 @@ def run_cell(
     }
 
 
+def _claim(lock: Path) -> bool:
+    """Take the cell's lock (a file holding this process's id); False when another live
+    process holds it. A lock whose process is gone is taken over."""
+    import os
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(lock.read_text() or 0), 0)
+                return False  # held by a live process
+            except (ProcessLookupError, ValueError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # its process is gone
+                continue
+            except PermissionError:
+                return False  # a live process of another user
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
 def run_grid(grid: Grid, out: Path, log: Any = print) -> list[dict]:
     """Every cell of ``grid`` under ``out/runs``, the methods in ``grid.methods``' order
-    (``--methods``' order, FedAvg appended when not named: two processes on one ``out``
-    with disjoint ``--methods``, one naming fedavg first, reach its cells at different
-    times; the second reads them)."""
+    (``--methods``' order, FedAvg appended when not named). A cell another live process is
+    running (its lock, ``runs/<cell>.lock``) is left out, so processes can share ``out``."""
     runs, feds = out / "runs", {}
     cells = []
     order = list(grid.methods)
@@ -317,7 +340,15 @@ def run_grid(grid: Grid, out: Path, log: Any = print) -> list[dict]:
         for method in order:
             for eps in grid.eps:
                 for seed in grid.seeds:
-                    c = run_cell(dataset, method, eps, seed, grid, runs, feds)
+                    name = f"{dataset}-{method}-eps{eps_label(eps)}-seed{seed}"
+                    lock = runs / f"{name}.lock"
+                    if not _claim(lock):
+                        log(f"{name}: running in another process ({lock}); left out here")
+                        continue
+                    try:
+                        c = run_cell(dataset, method, eps, seed, grid, runs, feds)
+                    finally:
+                        lock.unlink(missing_ok=True)
                     cells.append(c)
                     what = (f"refused ({c['refused']})" if "refused" in c else
                             f"{c['metric']} {c['score']:.4f}, membership AUC "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import pytest
@@ -102,6 +103,13 @@ def test_the_grid_runs_refuses_and_resumes_on_toyshift(tmp_path, monkeypatch):
     monkeypatch.setattr("fedshift.runtime.simulation.resume_experiment", no_run)
     again = pp.run_grid(grid, tmp_path, log=lambda s: None)
     assert [c.get("score") for c in again] == [c.get("score") for c in cells]
+    # a cell another live process holds is left out; a lock of a process gone is taken over
+    (tmp_path / "runs/toyshift-fedavg-eps1-seed0.lock").write_text(str(os.getpid()))
+    (tmp_path / "runs/toyshift-fedavg-epsinf-seed0.lock").write_text("99999999")
+    held = pp.run_grid(grid, tmp_path, log=lambda s: None)
+    assert [(c["method"], c["eps"]) for c in held] == [("fedavg", "inf"), ("fedfa", "1"),
+                                                       ("fedfa", "inf")]  # fmt: skip
+    assert not (tmp_path / "runs/toyshift-fedavg-epsinf-seed0.lock").exists()
     text = pp.write_outputs(again, grid, tmp_path, 0.05, "python benchmarks/privacy_price.py")
     assert "| fedfa | refused under DP |" in text
     data = json.loads((tmp_path / "privacy_price.json").read_text())
