@@ -38,9 +38,13 @@ images under the last round's global model (a method without one, FedBN: the sit
 whose local BatchNorm layers the server never sees: an upper bound). Central DP-FedAvg trusts
 the server with each clipped update: what it protects is what the server releases, so that
 is the model attacked here (``fedshift protocol privacy`` attacks the site's own next
-upload, before the server's noise). The records computed from images (FedRDN's statistics,
-HarmoFL's amplitude) are attacked by ``fedshift protocol privacy`` without their noise; not
-re-run here (the report says what it would take).
+upload, before the server's noise). The protected statistics (FedRDN's ``fedrdn_stats``,
+HarmoFL's ``amplitude``), which ``fedshift protocol privacy`` recomputes from the images
+without their noise, are attacked here as released: its likelihood-ratio membership test on
+sites of 10, 50 and 200 images of the client's domain, the record's mean plus the Gaussian
+noise the run's noise multiplier and clip give (``2 sigma C / n`` a value), the test knowing
+the noise's variance (:func:`record_leakage`; HarmoFL's record modelled as a plain mean,
+less noisy than Eq. 3's running mean: an upper bound).
 
 Resumable: each cell's run folder is ``OUT/runs/<dataset>-<method>-eps<e>-seed<s>``; a
 finished one (``summary.json``) is read, an interrupted one resumed, a refused one
@@ -48,8 +52,10 @@ finished one (``summary.json``) is read, an interrupted one resumed, a refused o
 ``OUT/privacy_price.md`` (score table, break-even table, leakage table, the command) and
 ``OUT/privacy_price.png`` (score against epsilon, one line per method, per dataset).
 
-    python benchmarks/privacy_price.py --datasets digits --rounds 10 --seeds 0,1,2 \\
+    # the committed table (docs/RESULTS.md, "The price of privacy"; ~85 min on 2 busy cores)
+    python benchmarks/privacy_price.py --datasets digits --rounds 3 \\
         --out results/benchmarks/privacy_price_digits
+    python benchmarks/privacy_price.py --out runs/privacy_price    # the issue's grid, ~6 h
     python benchmarks/privacy_price.py --datasets toyshift --methods fedavg,fedrdn \\
         --eps 1,inf --seeds 0 --rounds 1 --out /tmp/pp          # a try (seconds)
 """
@@ -561,6 +567,7 @@ def write_outputs(cells: list[dict], grid: Grid, out: Path, alpha: float, comman
         "score": "final_test_mean (the last round's model)",
         "beats": "mean paired difference > 0 and one-sided paired t-test p < alpha",
         "break_even": "smallest finite eps beaten there and at every larger finite eps",
+        "ran_s": "seconds this invocation spent on the cell (about 0: read from its folder)",
         "analysis": analysis, "cells": cells, "record_leakage": leaks,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
