@@ -498,6 +498,16 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/pretrained.py --out results/benchmarks/pretrained_sites --seeds 3 --rounds 10 --images 40": Long(
         "~17 min", "21 runs of EfficientNet-Lite0 on three sites, 10 rounds each"
     ),
+    "python benchmarks/privacy_price.py --datasets toyshift --methods fedavg,fedrdn --eps 1,inf --seeds 0 --rounds 1 --out /tmp/pp": ByTest(
+        "tests/test_privacy_price.py::test_the_grid_runs_refuses_and_resumes_on_toyshift",
+        "the script's grid function on toyshift, one round (FedAvg and FedFA at eps 1 and inf): run, refused, resumed, written",
+    ),
+    "python benchmarks/privacy_price.py --datasets digits --rounds 3 --out results/benchmarks/privacy_price_digits": Long(
+        "about 85 min", "measured 2026-11-29: 75 LeNet-5 runs of 3 rounds whose times sum to 83 min on a 2-core machine at load ~13 (run as 2-4 processes sharing --out: 35 min wall) + 15 refusals; results/benchmarks/privacy_price_digits"
+    ),
+    "python benchmarks/privacy_price.py --out runs/privacy_price": Long(
+        "about 6 h", "estimated from the 3-round cells' times and privacy_brain_mri's U-Net runs: 150 runs of 10 rounds, digits and brain-mri"
+    ),
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
     ),

@@ -1,0 +1,623 @@
+"""The price of privacy (issue 53 item 4): accuracy (Dice on segmentation) against the
+privacy budget epsilon, per method, and the break-even epsilon against weights-only FedAvg.
+
+Every cell is one run of a method on a dataset at one epsilon and one seed:
+
+* **Finite epsilon: the same budget for every method.** The weights go through DP-FedAvg
+  (``privacy.updates=client``, ``privacy.update_clip``: client level, one site and all its
+  data, docs/PRIVACY.md) at ``(epsilon, delta)`` over the run's rounds; a method that also
+  shares statistics (FedRDN's ``fedrdn_stats``, HarmoFL's ``amplitude``) releases them through
+  the Gaussian mechanism at the same ``(epsilon, delta)`` at the example level
+  (``privacy.epsilon``). The two units do not compose into one number (docs/PRIVACY.md, "One
+  budget"): "the same budget" here is the same ``(epsilon, delta)`` for each unit the method
+  shares, so FedAvg and FedBN (weights only) are held to the client-level budget, FedRDN and
+  HarmoFL to it and to the example-level one on their statistics. FedFA's feature statistics
+  are refused under DP (computed by the model the site trains: clipping each example's
+  features bounds nothing), and so is FedFA under ``privacy.updates=client``: its finite cells
+  are recorded as refused, with fedshift's one-line reason, and it has only its ``inf`` cells.
+* **epsilon = inf**: no privacy at all (no clipping, no noise): the unprotected run.
+* **Uniform weighting in every cell**, the ``inf`` ones included (DP-FedAvg needs it), so the
+  baseline is the same aggregation with and without noise.
+* **The score** is the last round's model's mean test score over the sites
+  (``final_test_mean`` of ``summary.json``): the model the DP guarantee covers. Picking a round
+  on the sites' validation scores (``test_mean``) reads their data outside the budget; it is
+  kept in the JSON beside it.
+
+**Beats and break-even.** At one epsilon, a method *beats* FedAvg when the mean over seeds of
+the paired differences ``d_s = score(method, seed s) - score(FedAvg, seed s)`` is above zero
+and a one-sided paired t-test (H1: mean d > 0) gives ``p < alpha`` (``--alpha``, default
+0.05); with fewer than two common seeds it is not tested and does not beat. The
+**break-even epsilon** of a method is the smallest finite epsilon of the grid at which it
+beats FedAvg and beats it at every larger finite epsilon of the grid as well ("still beats"
+as the budget shrinks); "none" when it does not beat FedAvg at the largest finite epsilon.
+
+**Leakage.** For each protected and unprotected cell the script also attacks the *released*
+model: the loss-threshold membership test (Yeom et al. 2018, as ``fedshift protocol
+privacy``'s weights row) of the first training client's training images against its test
+images under the last round's global model (a method without one, FedBN: the site's model,
+whose local BatchNorm layers the server never sees: an upper bound). Central DP-FedAvg trusts
+the server with each clipped update: what it protects is what the server releases, so that
+is the model attacked here (``fedshift protocol privacy`` attacks the site's own next
+upload, before the server's noise). The protected statistics (FedRDN's ``fedrdn_stats``,
+HarmoFL's ``amplitude``), which ``fedshift protocol privacy`` recomputes from the images
+without their noise, are attacked here as released: its likelihood-ratio membership test on
+sites of 10, 50 and 200 images of the client's domain, the record's mean plus the Gaussian
+noise the run's noise multiplier and clip give (``2 sigma C / n`` a value), the test knowing
+the noise's variance (:func:`record_leakage`; HarmoFL's record modelled as a plain mean,
+less noisy than Eq. 3's running mean: an upper bound).
+
+Resumable: each cell's run folder is ``OUT/runs/<dataset>-<method>-eps<e>-seed<s>``; a
+finished one (``summary.json``) is read, an interrupted one resumed, a refused one
+(``.refused.json`` beside it) skipped. Writes ``OUT/privacy_price.json``,
+``OUT/privacy_price.md`` (score table, break-even table, leakage table, the command) and
+``OUT/privacy_price.png`` (score against epsilon, one line per method, per dataset).
+
+    # the committed table (docs/RESULTS.md, "The price of privacy"; ~85 min on 2 busy cores)
+    python benchmarks/privacy_price.py --datasets digits --rounds 3 \\
+        --out results/benchmarks/privacy_price_digits
+    python benchmarks/privacy_price.py --out runs/privacy_price    # the issue's grid, ~6 h
+    python benchmarks/privacy_price.py --datasets toyshift --methods fedavg,fedrdn \\
+        --eps 1,inf --seeds 0 --rounds 1 --out /tmp/pp          # a try (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fedshift.catalog import resolve
+from fedshift.core.config import load_config
+from fedshift.core.errors import ConfigError
+from fedshift.core.files import write_text_atomic
+
+#: per dataset: the training of issue 51's privacy suites (configs/suites/privacy_*.yaml)
+DATASETS: dict[str, tuple[str, ...]] = {
+    "digits": ("dataset.name=digits", "model.name=lenet5", "train.lr=0.01",
+               "train.batch_size=32"),
+    "brain-mri": ("dataset.name=brain-mri", "model.name=unet", "model.width=16",
+                  "train.optimizer=adam", "train.lr=0.001", "train.batch_size=16",
+                  "eval.batch_size=64"),
+    "toyshift": ("dataset.name=toyshift",),  # the tiny test configuration
+}  # fmt: skip
+#: per method: its overrides (FedRDN the algorithm, HarmoFL with its amplitude normalisation)
+METHODS: dict[str, tuple[str, ...]] = {
+    "fedavg": ("algorithm.name=fedavg",),
+    "fedbn": ("algorithm.name=fedbn",),
+    "fedrdn": ("algorithm.name=fedrdn",),
+    "fedfa": ("algorithm.name=fedfa",),
+    "harmofl": ("algorithm.name=harmofl",),
+}
+BASELINE = "fedavg"
+INF = math.inf
+
+
+def eps_label(eps: float) -> str:
+    return "inf" if math.isinf(eps) else f"{eps:g}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What to run: datasets x methods x epsilons x seeds, at ``rounds`` rounds; ``extra``:
+    overrides every cell gets last (``--set``)."""
+
+    datasets: tuple[str, ...]
+    methods: tuple[str, ...]
+    eps: tuple[float, ...]
+    seeds: tuple[int, ...]
+    rounds: int
+    delta: float = 1e-5
+    clip: float = 1.0
+    extra: tuple[str, ...] = ()
+
+
+def cell_overrides(dataset: str, method: str, eps: float, seed: int, grid: Grid) -> list[str]:
+    """The config of one cell (module docstring): the dataset's and the method's overrides,
+    uniform weighting, and at a finite ``eps`` DP-FedAvg on the weights plus the statistics'
+    Gaussian mechanism at the same ``(eps, delta)``; the last round evaluated only."""
+    over = [*DATASETS[dataset], *METHODS[method], "federation.weighting=uniform",
+            f"train.rounds={grid.rounds}", f"eval.every={grid.rounds}", f"seed={seed}",
+            "name=privacy_price", "run.threads=1"]  # fmt: skip
+    if not math.isinf(eps):
+        over += [f"privacy.epsilon={eps:g}", f"privacy.delta={grid.delta:g}",
+                 "privacy.updates=client", f"privacy.update_clip={grid.clip:g}"]  # fmt: skip
+    return over + list(grid.extra)
+
+
+def _membership_auc(run_dir: Path, fed: Any) -> float:
+    """The loss-threshold membership AUC of the first training client's training images
+    (members) against its test images under the released model (module docstring)."""
+    from fedshift.attacks.scores import roc_score
+    from fedshift.runtime.simulation import load_finished
+
+    sim = load_finished(run_dir, fed, weights="last")
+    site = next(iter(sim.train_clients))
+    kind = "global" if "global" in sim.kinds else sim.kinds[0]
+    sim.model.load_state_dict(sim.weights_for(site, kind))
+    sim.model.eval()
+    state, bs = sim.states.get(site), sim.cfg.eval.batch_size
+
+    def losses(part: Any) -> torch.Tensor:
+        x, y, out = torch.as_tensor(part.x[:]).float(), torch.as_tensor(part.y[:]), []
+        with torch.no_grad():
+            for s in range(0, len(x), bs):
+                logits = sim.model(sim.pipeline.eval(x[s : s + bs].to(sim.device), state))
+                loss = F.cross_entropy(logits, y[s : s + bs].to(sim.device).long(),
+                                       reduction="none")  # fmt: skip
+                out.append(loss.flatten(1).mean(1) if loss.dim() > 1 else loss)
+        return torch.cat(out).double().cpu()
+
+    client = sim.fed.client(site)
+    return roc_score(-losses(client.train), -losses(client.test), 1e-3).auc
+
+
+#: the statistics records attacked with their noise, by method, and the site sizes
+RECORDS = {"fedrdn": "fedrdn_stats", "harmofl": "amplitude"}
+SIZES = (10, 50, 200)
+
+
+def noisy_llr(
+    stat: torch.Tensor, targets: torch.Tensor, mu: torch.Tensor, var: torch.Tensor, n: int,
+    noise: float,
+) -> torch.Tensor:  # fmt: skip
+    """The likelihood-ratio test of :func:`fedshift.attacks.membership.llr` for a mean over
+    ``n`` examples released with Gaussian noise of std ``noise`` per value: the noise's
+    variance added to both hypotheses (the attacker knows the mechanism)."""
+    from fedshift.attacks.membership import VAR_FLOOR
+
+    stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
+    var = var.clamp_min(VAR_FLOOR * float(var.mean().clamp_min(1e-30)))
+    v0 = var / n + noise**2
+    v1 = var * max(n - 1, 1e-9) / n**2 + noise**2
+    m1 = targets / n + (n - 1) * mu / n
+    return (-0.5 * ((stat - m1) ** 2 / v1 + torch.log(v1))
+            + 0.5 * ((stat - mu) ** 2 / v0 + torch.log(v0))).sum(-1)  # fmt: skip
+
+
+def noisy_membership_auc(
+    features: torch.Tensor, n: int, noise: float, trials: int = 40, seed: int = 0
+) -> float:
+    """Membership AUC on a site's mean of per-example ``features`` over ``n`` examples,
+    released with Gaussian noise of std ``noise`` per value (``fedshift protocol
+    privacy``'s test, :func:`fedshift.attacks.membership.membership_by_size`, plus the
+    noise): half the examples are the attacker's reference sample; each trial draws a site
+    of ``n`` others and ``n`` non-members."""
+    from fedshift.attacks.scores import roc_score
+
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(features), generator=gen)
+    k = len(features) // 2
+    feats = features.double()
+    ref, pool = feats[perm[:k]], feats[perm[k:]]
+    if 2 * n > len(pool):
+        raise ValueError(f"a site of {n} needs {2 * n} examples besides the reference sample")
+    mu, var = ref.mean(0), ref.var(0)
+    ins, outs = [], []
+    for _ in range(trials):
+        idx = torch.randperm(len(pool), generator=gen)
+        site, others = pool[idx[:n]], pool[idx[n : 2 * n]]
+        stat = site.mean(0) + noise * torch.randn(site.shape[1], generator=gen).double()
+        ins.append(noisy_llr(stat, site, mu, var, n, noise))
+        outs.append(noisy_llr(stat, others, mu, var, n, noise))
+    return roc_score(torch.cat(ins), torch.cat(outs)).auc
+
+
+def record_leakage(cells: list[dict], grid: Grid, runs: Path, feds: dict) -> list[dict]:
+    """For each method whose statistics are protected (:data:`RECORDS`) and each epsilon,
+    the membership AUC of its record at sites of :data:`SIZES` images of the first
+    client's domain, released as the run released it: the Gaussian mechanism at the run's
+    noise multiplier and clip (``summary.json`` of the seed's cell), ``2 sigma C / n`` per
+    value for a mean over ``n`` images; no noise at epsilon inf."""
+    from fedshift.data import load_dataset
+    from fedshift.protocols.privacy import SURFACES, domain_images
+
+    rows, features = [], {}
+    for d in grid.datasets:
+        for m, record in RECORDS.items():
+            if m not in grid.methods:
+                continue
+            for c in cells:
+                if (c["dataset"], c["method"]) != (d, m) or "score" not in c:
+                    continue
+                priv = (
+                    json.loads((runs / c["run_dir"] / "summary.json").read_text()).get("privacy")
+                    or {}
+                )
+                rec = (priv.get("records") or {}).get(record)
+                if c["eps"] != "inf" and rec is None:
+                    continue
+                if d not in feds:
+                    cfg = resolve(load_config(None, cell_overrides(d, m, INF, 0, grid)))
+                    feds[d] = load_dataset(cfg.dataset)
+                if (d, record) not in features:  # the first client's domain, every split
+                    images = domain_images(feds[d])
+                    x = images[next(iter(images))]
+                    features[d, record] = SURFACES[record].features(x)  # type: ignore[misc]
+                feats = features[d, record]
+                for n in SIZES:
+                    if 4 * n > len(feats):
+                        continue
+                    std = 0.0 if rec is None else 2 * priv["noise_multiplier"] * rec["clip"] / n
+                    auc = noisy_membership_auc(feats, n, std, seed=c["seed"])
+                    rows.append({"dataset": d, "method": m, "record": record,
+                                 "eps": c["eps"], "seed": c["seed"], "n": n,
+                                 "noise_std": std, "auc": auc})  # fmt: skip
+    return rows
+
+
+def run_cell(
+    dataset: str, method: str, eps: float, seed: int, grid: Grid, runs: Path, feds: dict
+) -> dict:
+    """One cell: read when finished, resumed when interrupted, else run; a config fedshift
+    refuses is recorded (``refused``: its one-line reason) and not run again. ``feds``: the
+    federation of each dataset, loaded once (every cell of a dataset holds the same)."""
+    from fedshift.data import load_dataset
+    from fedshift.runtime.simulation import resume_experiment, run_experiment
+
+    name = f"{dataset}-{method}-eps{eps_label(eps)}-seed{seed}"
+    run_dir, refused = runs / name, runs / f"{name}.refused.json"
+    cell = {"dataset": dataset, "method": method, "eps": eps_label(eps), "seed": seed}
+    if refused.is_file():
+        return {**cell, **json.loads(refused.read_text())}
+    t0 = time.perf_counter()
+    cfg = resolve(load_config(None, cell_overrides(dataset, method, eps, seed, grid)))
+    attack = run_dir / "membership.json"
+    done = (run_dir / "summary.json").is_file() and attack.is_file()
+    if not done and dataset not in feds:
+        feds[dataset] = load_dataset(cfg.dataset)
+    fed = feds.get(dataset)
+    if not (run_dir / "summary.json").is_file():
+        if (run_dir / "config.yaml").is_file():
+            resume_experiment(run_dir, fed, progress=False)
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            try:
+                run_experiment(cfg, run_dir=run_dir, federation=fed, progress=False)
+            except ConfigError as e:  # refused before any client state: its reason
+                shutil.rmtree(run_dir, ignore_errors=True)
+                runs.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(refused, json.dumps({"refused": str(e)}) + "\n")
+                return {**cell, "refused": str(e)}
+        (run_dir / "membership.json").unlink(missing_ok=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not attack.is_file():
+        write_text_atomic(attack, json.dumps({"auc": _membership_auc(run_dir, fed)}) + "\n")
+    priv = summary.get("privacy") or {}
+    return {
+        **cell,
+        "metric": summary["metric"],
+        "score": summary["final_test_mean"],
+        "selected_score": summary["test_mean"],
+        "membership_auc": json.loads(attack.read_text())["auc"],
+        "weights_noise_multiplier": (priv.get("records", {}).get("weights") or {}).get(
+            "noise_multiplier"
+        ),
+        "example_level_all_records": (priv.get("example_level_all_records") or {}).get(
+            "epsilon_spent"
+        ),
+        "wall_s": summary.get("wall_s"),
+        "ran_s": round(time.perf_counter() - t0, 1),
+        "run_dir": name,
+    }
+
+
+def _claim(lock: Path) -> bool:
+    """Take the cell's lock (a file holding this process's id); False when another live
+    process holds it. A lock whose process is gone is taken over."""
+    import os
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(lock.read_text() or 0), 0)
+                return False  # held by a live process
+            except (ProcessLookupError, ValueError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # its process is gone
+                continue
+            except PermissionError:
+                return False  # a live process of another user
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def run_grid(grid: Grid, out: Path, log: Any = print) -> list[dict]:
+    """Every cell of ``grid`` under ``out/runs``, the methods in ``grid.methods``' order
+    (``--methods``' order, FedAvg appended when not named). A cell another live process is
+    running (its lock, ``runs/<cell>.lock``) is left out, so processes can share ``out``."""
+    runs, feds = out / "runs", {}
+    cells = []
+    order = list(grid.methods)
+    for dataset in grid.datasets:
+        for method in order:
+            for eps in grid.eps:
+                for seed in grid.seeds:
+                    name = f"{dataset}-{method}-eps{eps_label(eps)}-seed{seed}"
+                    lock = runs / f"{name}.lock"
+                    if not _claim(lock):
+                        log(f"{name}: running in another process ({lock}); left out here")
+                        continue
+                    try:
+                        c = run_cell(dataset, method, eps, seed, grid, runs, feds)
+                    finally:
+                        lock.unlink(missing_ok=True)
+                    cells.append(c)
+                    what = (f"refused ({c['refused']})" if "refused" in c else
+                            f"{c['metric']} {c['score']:.4f}, membership AUC "
+                            f"{c['membership_auc']:.3f}, {c['ran_s']} s")  # fmt: skip
+                    log(f"{dataset} {method} eps={eps_label(eps)} seed={seed}: {what}")
+    return cells
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A method against the baseline at one epsilon, paired over seeds."""
+
+    n: int  # common seeds
+    mean_diff: float | None
+    p: float | None  # one-sided paired t-test, H1: mean difference > 0
+    beats: bool
+
+
+def compare(method: dict[int, float], base: dict[int, float], alpha: float) -> Comparison:
+    """Paired over the seeds both have: the mean difference, the one-sided paired t-test's
+    p-value (every difference equal, up to float rounding: p = 0 when it is positive, 1
+    otherwise) and whether the
+    method beats the baseline (mean difference > 0 and p < ``alpha``)."""
+    from scipy import stats
+
+    seeds = sorted(set(method) & set(base))
+    diffs = [method[s] - base[s] for s in seeds]
+    if len(seeds) < 2:
+        mean = diffs[0] if diffs else None
+        return Comparison(len(seeds), mean, None, False)
+    mean = statistics.mean(diffs)
+    if statistics.pstdev(diffs) <= 1e-12 * max(1.0, abs(mean)):  # equal up to rounding
+        p = 0.0 if mean > 0 else 1.0
+    else:
+        p = float(stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue)
+    return Comparison(len(seeds), mean, p, mean > 0 and p < alpha)
+
+
+def break_even(beats: dict[float, bool]) -> float | None:
+    """The smallest finite epsilon at which the method beats the baseline there and at every
+    larger finite epsilon of the grid; None when it does not beat it at the largest."""
+    found = None
+    for eps in sorted((e for e in beats if not math.isinf(e)), reverse=True):
+        if not beats[eps]:
+            break
+        found = eps
+    return found
+
+
+def _scores(cells: list[dict], dataset: str, method: str, eps: float) -> dict[int, float]:
+    return {c["seed"]: c["score"] for c in cells if c["dataset"] == dataset
+            and c["method"] == method and c["eps"] == eps_label(eps) and "score" in c}  # fmt: skip
+
+
+def analyse(cells: list[dict], grid: Grid, alpha: float) -> dict[str, Any]:
+    """Per dataset and method: the comparison with FedAvg at each epsilon, the break-even
+    epsilon and the refusals."""
+    out: dict[str, Any] = {}
+    for d in grid.datasets:
+        for m in grid.methods:
+            if m == BASELINE:
+                continue
+            comps, refused = {}, sorted({c["refused"] for c in cells if c["dataset"] == d
+                                         and c["method"] == m and "refused" in c})  # fmt: skip
+            for e in grid.eps:
+                comps[e] = compare(_scores(cells, d, m, e), _scores(cells, d, BASELINE, e), alpha)
+            beats = {e: c.beats for e, c in comps.items()}
+            finite_cells = any(_scores(cells, d, m, e) for e in grid.eps if not math.isinf(e))
+            out[f"{d}/{m}"] = {
+                "comparisons": {eps_label(e): c.__dict__ for e, c in comps.items()},
+                "break_even": break_even(beats) if finite_cells else None,
+                "has_finite_cells": finite_cells,
+                "refused": refused,
+            }
+    return out
+
+
+def _pct(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    mu = 100 * statistics.mean(vals)
+    sd = 100 * statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return f"{mu:.1f} ± {sd:.1f}" if len(vals) > 1 else f"{mu:.1f}"
+
+
+def tables(cells: list[dict], grid: Grid, analysis: dict[str, Any], alpha: float) -> str:
+    """The Markdown: scores, break-even, leakage, then the refusals."""
+    head = "| method | " + " | ".join(f"eps {eps_label(e)}" for e in grid.eps) + " |"
+    rule = "|---|" + "---|" * len(grid.eps)
+    lines = []
+    for d in grid.datasets:
+        metric = next((c["metric"] for c in cells if c["dataset"] == d and "metric" in c), "?")
+        lines += [f"### {d}: test {metric} (%, last round, mean ± std over seeds)", "",
+                  head, rule]  # fmt: skip
+        for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
+            row = [_pct(list(_scores(cells, d, m, e).values())) for e in grid.eps]
+            refused = any("refused" in c for c in cells if c["dataset"] == d and c["method"] == m)
+            row = [("refused" if r == "-" and refused else r) for r in row]
+            lines.append(f"| {m} | " + " | ".join(row) + " |")
+        lines += ["", f"### {d}: against FedAvg at the same epsilon (paired over seeds)", "",
+                  f"Mean paired difference in points, one-sided paired t-test p; **bold**: "
+                  f"beats FedAvg (difference > 0, p < {alpha:g}).", "",
+                  "| method | break-even eps | " + head[len("| method | "):],
+                  "|---|---|" + "---|" * len(grid.eps)]  # fmt: skip
+        for m in grid.methods:
+            if m == BASELINE:
+                continue
+            a = analysis[f"{d}/{m}"]
+            cols = []
+            for e in grid.eps:
+                c = a["comparisons"][eps_label(e)]
+                if c["mean_diff"] is None:
+                    cols.append("-")
+                    continue
+                p = "n<2" if c["p"] is None else f"p={c['p']:.3f}"
+                txt = f"{100 * c['mean_diff']:+.1f} ({p})"
+                cols.append(f"**{txt}**" if c["beats"] else txt)
+            if not a["has_finite_cells"]:
+                be = "refused under DP" if a["refused"] else "no finite cells"
+            else:
+                be = "none" if a["break_even"] is None else f"{a['break_even']:g}"
+            lines.append(f"| {m} | {be} | " + " | ".join(cols) + " |")
+        lines += ["", f"### {d}: membership AUC of the released model (loss threshold, first "
+                  "training client; 0.5 is chance)", "", head, rule]  # fmt: skip
+        for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
+            row = []
+            for e in grid.eps:
+                v = [c["membership_auc"] for c in cells if c["dataset"] == d and c["method"] == m
+                     and c["eps"] == eps_label(e) and "membership_auc" in c]  # fmt: skip
+                row.append(f"{statistics.mean(v):.3f}" if v else "-")
+            lines.append(f"| {m} | " + " | ".join(row) + " |")
+        lines.append("")
+    refusals = sorted({(c["method"], c["refused"]) for c in cells if "refused" in c})
+    if refusals:
+        lines += ["Refused by fedshift (not run):", ""]
+        lines += [f"- {m}: {r}" for m, r in refusals]
+    return "\n".join(lines) + "\n"
+
+
+def plot(cells: list[dict], grid: Grid, path: Path) -> None:
+    """Score against epsilon, one line per method (mean, error bar: min-max over seeds); the
+    unprotected cells at the right, at a position marked inf."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    finite = sorted(e for e in grid.eps if not math.isinf(e))
+    inf_x = (finite[-1] * 2.5) if finite else 1.0
+    fig, axes = plt.subplots(1, len(grid.datasets), figsize=(5.2 * len(grid.datasets), 3.8),
+                             squeeze=False)  # fmt: skip
+    for ax, d in zip(axes[0], grid.datasets, strict=True):
+        metric = "score"
+        for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
+            xs, mus, lo, hi = [], [], [], []
+            for e in grid.eps:
+                v = [100 * s for s in _scores(cells, d, m, e).values()]
+                if v:
+                    xs.append(inf_x if math.isinf(e) else e)
+                    mus.append(statistics.mean(v))
+                    lo.append(statistics.mean(v) - min(v))
+                    hi.append(max(v) - statistics.mean(v))
+            if xs:
+                ax.errorbar(xs, mus, yerr=[lo, hi], marker="o", capsize=3, label=m)
+        metric = next((c["metric"] for c in cells if c["dataset"] == d and "metric" in c), "")
+        ax.set_xscale("log")
+        ticks = finite + [inf_x]
+        ax.set_xticks(ticks, [eps_label(e) for e in finite] + ["inf"])
+        ax.minorticks_off()
+        ax.set_xlabel("epsilon (delta 1e-5)")
+        ax.set_ylabel(f"test {metric} (%), last round")
+        ax.set_title(f"{d}: {len(grid.seeds)} seed(s), {grid.rounds} rounds")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def leakage_table(rows: list[dict], grid: Grid) -> str:
+    """The statistics' membership AUC by site size against epsilon (mean over seeds)."""
+    if not rows:
+        return ""
+    lines = ["### Membership AUC of the protected statistics, as released (likelihood-ratio "
+             "test with the noise's variance; mean over seeds; 0.5 is chance)", "",
+             "| dataset | method: record | site of n | "
+             + " | ".join(f"eps {eps_label(e)}" for e in grid.eps) + " |",
+             "|---|---|---|" + "---|" * len(grid.eps)]  # fmt: skip
+    keys = dict.fromkeys((r["dataset"], r["method"], r["record"], r["n"]) for r in rows)
+    for d, m, rec, n in keys:
+        cols = []
+        for e in grid.eps:
+            v = [r["auc"] for r in rows if (r["dataset"], r["method"], r["n"]) == (d, m, n)
+                 and r["eps"] == eps_label(e)]  # fmt: skip
+            cols.append(f"{statistics.mean(v):.3f}" if v else "-")
+        lines.append(f"| {d} | {m}: {rec} | {n} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(cells: list[dict], grid: Grid, out: Path, alpha: float, command: str) -> str:
+    """``privacy_price.json``, ``.md`` and ``.png`` under ``out``; returns the Markdown."""
+    analysis = analyse(cells, grid, alpha)
+    leaks = record_leakage(cells, grid, out / "runs", {})
+    text = tables(cells, grid, analysis, alpha) + "\n" + leakage_table(leaks, grid)
+    meta = {
+        "command": command, "datasets": list(grid.datasets), "methods": list(grid.methods),
+        "eps": [eps_label(e) for e in grid.eps], "delta": grid.delta,
+        "update_clip": grid.clip, "seeds": list(grid.seeds), "rounds": grid.rounds,
+        "overrides": list(grid.extra),
+        "alpha": alpha, "torch": torch.__version__, "threads": 1,
+        "score": "final_test_mean (the last round's model)",
+        "beats": "mean paired difference > 0 and one-sided paired t-test p < alpha",
+        "break_even": "smallest finite eps beaten there and at every larger finite eps",
+        "ran_s": "seconds this invocation spent on the cell (about 0: read from its folder)",
+        "analysis": analysis, "cells": cells, "record_leakage": leaks,
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "privacy_price.json", json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(out / "privacy_price.md", f"`{command}`\n\n{text}")
+    plot(cells, grid, out / "privacy_price.png")
+    return text
+
+
+def _eps(text: str) -> tuple[float, ...]:
+    vals = []
+    for part in text.split(","):
+        v = INF if part.strip() == "inf" else float(part)
+        if not v > 0:
+            raise SystemExit(f"--eps: each epsilon must be > 0 or inf, got {part!r}")
+        vals.append(v)
+    return tuple(sorted(vals))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for runs/, json, md, png")
+    ap.add_argument("--datasets", default="digits,brain-mri",
+                    help=f"comma-separated, of {', '.join(DATASETS)}")  # fmt: skip
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"of {', '.join(METHODS)} (fedavg always runs)")  # fmt: skip
+    ap.add_argument("--eps", default="0.5,1,2,4,8,inf", help="comma-separated; inf: no DP")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--update-clip", type=float, default=1.0, help="privacy.update_clip")
+    ap.add_argument("--alpha", type=float, default=0.05, help="the one-sided test's level")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override of every cell (repeatable)")  # fmt: skip
+    args = ap.parse_args(argv)
+    datasets = tuple(args.datasets.split(","))
+    methods = tuple(dict.fromkeys([*args.methods.split(","), BASELINE]))
+    for name, allowed, given in (("--datasets", DATASETS, datasets),
+                                 ("--methods", METHODS, methods)):  # fmt: skip
+        bad = [x for x in given if x not in allowed]
+        if bad:
+            raise SystemExit(f"{name}: unknown {bad}; choose from {', '.join(allowed)}")
+    grid = Grid(datasets, methods, _eps(args.eps), tuple(int(s) for s in args.seeds.split(",")),
+                args.rounds, args.delta, args.update_clip, tuple(args.set))  # fmt: skip
+    torch.set_num_threads(1)
+    cells = run_grid(grid, args.out, log=lambda s: print(s, flush=True))
+    command = "python benchmarks/privacy_price.py " + " ".join(argv or sys.argv[1:])
+    print(write_outputs(cells, grid, args.out, args.alpha, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
