@@ -286,6 +286,10 @@ FULL = (
     # claims/): the claims code is the module's other tests', on small ledgers
     "tests/claims/test_claims.py::test_the_committed_ledger_is_what_results_give",
     "tests/claims/test_claims.py::test_no_committed_run_in_a_claims_reach_is_left_uncompared",
+    # the new-site protocol over four methods and three held-out sites, and over a suite
+    # adapting as it trains: the module's other tests run it on one method and site
+    "tests/protocols/test_new_site.py::test_new_site_every_method_every_variant_and_global_is_locos",
+    "tests/protocols/test_new_site.py::test_each_run_adapts_as_it_trains_and_a_committed_table",
 )
 
 #: a test that compares floats by tolerance: it holds on every CPU only if its tolerance
