@@ -219,6 +219,7 @@ PROCESS = (
     "tests/flower/test_ray_signals.py::test_sigint_and_sigterm_stop_a_ray_simulation_cleanly",
     "tests/runtime/test_pool.py",
     "tests/runtime/test_same_run.py::test_same_run[pool-",
+    "tests/runtime/test_privacy_budget.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/test_packaging.py",
     "tests/runtime/test_tracking_services.py",
     "tests/runtime/test_resume.py::test_signal_at_a_random_moment",
