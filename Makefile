@@ -52,12 +52,14 @@ test: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
 
 # the everyday loop: everything but the process-level tests (Flower deployment and Ray
-# simulations, worker pools, kill / signal / resume, fresh interpreters, packaging), one
+# simulations, worker pools, kill / signal / resume, fresh interpreters, packaging) and the
+# in-process tests of seconds each whose code cheaper tests run too (marked full: the
+# documents' commands, algorithms' option and resume runs; tests/conftest.py FULL), one
 # worker per core (no Flower workers to wait for) and bytecode kept between runs
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not process" -n $(CORES)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not process and not full" -n $(CORES)
 
 bench: data
 	$(BIN)/python benchmarks/engine_overhead.py

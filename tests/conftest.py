@@ -156,6 +156,18 @@ def worker_pool():
         yield pool
 
 
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory) -> Path:
+    """A folder shared by every test of this pytest session, in every pytest-xdist worker
+    (the workers' own temporary folders are its subfolders), for what is built once per
+    session and read by many tests (``support.same_run.shared_run``); what is built there
+    must be locked against a second worker building it at the same time."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    return root
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test, whatever ran before: runs compared bit for bit must use
@@ -207,6 +219,7 @@ PROCESS = (
     "tests/flower/test_ray_signals.py::test_sigint_and_sigterm_stop_a_ray_simulation_cleanly",
     "tests/runtime/test_pool.py",
     "tests/runtime/test_same_run.py::test_same_run[pool-",
+    "tests/runtime/test_privacy_budget.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/test_packaging.py",
     "tests/runtime/test_tracking_services.py",
     "tests/runtime/test_resume.py::test_signal_at_a_random_moment",
@@ -233,9 +246,51 @@ PROCESS = (
     "tests/data/test_dataset_plugins.py::test_installed_dataset_runs_by_name_from_the_cli",
     "tests/data/test_dataset_plugins.py::test_the_guide_dataset_runs_by_module_class",
     "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
+    # `python -m fedshift` in a folder holding a wandb.py, a *.dist-info or a plug-in module
+    "tests/cli/test_read_only.py::test_a_wandb_py_in_the_current_folder_is_not_wandb",
+    "tests/cli/test_read_only.py::test_list_reads_no_plugin_metadata_from_the_current_folder",
+    "tests/cli/test_read_only.py::test_a_plugin_module_in_the_current_folder_still_runs",
     # the Flower ways of the same-run matrix (its ``resume`` way, every algorithm and augment
     # killed and resumed in-process, is the fast tier's: `make check` runs it)
     "tests/runtime/test_same_run.py::test_same_run[flower-",
+)
+
+#: tests that ``make test`` runs and ``make check`` (the everyday loop, <= 3 min on 2 cores)
+#: leaves out, marked ``full`` (node id prefixes): in-process but seconds of CPU each
+#: (``python benchmarks/suite_cost.py -m "not process"`` lists what the fast tier costs),
+#: where a cheaper test of the fast tier runs the same code. Each group says which.
+FULL = (
+    # the documents' commands, in document order (the check tier's costliest file: a digits
+    # build, demo runs, benches and protocols): the commands' code is tested in tests/cli/,
+    # tests/protocols/ and test_bench.py; what only these show, a document gone stale, shows
+    # in make test
+    "tests/test_docs.py::test_doc_commands_run",
+    # killed after round 3 (checkpoint of round 2) and resumed, with options: every
+    # algorithm's kill and resume is the fast tier's same-run case (test_same_run[resume-*])
+    "tests/algorithms/test_distrans.py::test_resumed_run_equals_uninterrupted",
+    "tests/algorithms/test_fedaws_advprop.py::test_pfedhn_resume_equals_uninterrupted",
+    "tests/algorithms/test_fedfa.py::test_killed_then_resumed_equals_uninterrupted",
+    "tests/algorithms/test_fraug.py::test_killed_then_resumed_equals_uninterrupted",
+    "tests/algorithms/test_personalized.py::test_killed_then_resumed_equals_uninterrupted",
+    # on Flower in-process, as the same-run matrix's Flower ways (make test too)
+    "tests/algorithms/test_feddg_ga.py::test_flower_in_process_equals_native",
+    # end-to-end runs of options and ablations (several runs each): the algorithm's own
+    # terms are the module's unit tests, its end-to-end run the same-run case
+    "tests/algorithms/test_fraug.py::test_ablations_run_end_to_end_and_differ",
+    "tests/algorithms/test_fpl.py::test_fpl_without_its_terms_is_fedavg_and_options",
+    "tests/algorithms/test_fedmix_fedproto.py::test_fedproto_end_to_end_personal_models",
+    "tests/algorithms/test_fedmix_fedproto.py::test_fedmix_end_to_end",
+    "tests/algorithms/test_fedmix_fedproto.py::test_fedmix_gradient_term_takes_part_in_training",
+    "tests/algorithms/test_adcol.py::test_adcol_end_to_end_personal_default_and_fedavg_option",
+    "tests/algorithms/test_fedfa.py::test_fedrobust_learns_an_adversarial_affine_shift[full]",
+    # every committed claim page and results cell read and compared whole (results/,
+    # claims/): the claims code is the module's other tests', on small ledgers
+    "tests/claims/test_claims.py::test_the_committed_ledger_is_what_results_give",
+    "tests/claims/test_claims.py::test_no_committed_run_in_a_claims_reach_is_left_uncompared",
+    # the new-site protocol over four methods and three held-out sites, and over a suite
+    # adapting as it trains: the module's other tests run it on one method and site
+    "tests/protocols/test_new_site.py::test_new_site_every_method_every_variant_and_global_is_locos",
+    "tests/protocols/test_new_site.py::test_each_run_adapts_as_it_trains_and_a_committed_table",
 )
 
 #: a test that compares floats by tolerance: it holds on every CPU only if its tolerance
@@ -264,12 +319,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     compares floats by a tolerance is marked ``numerics`` as well as those marked by hand:
     ``make test`` runs them a second time on another CPU kernel path
     (``ATEN_CPU_CAPABILITY=default``), so that a tolerance or constant that only holds for
-    this machine's kernels fails here, not on a user's machine."""
+    this machine's kernels fails here, not on a user's machine. :data:`FULL` tests are
+    marked ``full`` (``make check`` leaves them out)."""
     for item in items:
         if item.get_closest_marker("numerics") is None and _compares_floats(item):
             item.add_marker(pytest.mark.numerics)
         if item.nodeid.startswith(PROCESS):
             item.add_marker(pytest.mark.process)
+        if item.nodeid.startswith(FULL):
+            item.add_marker(pytest.mark.full)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

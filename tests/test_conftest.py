@@ -76,3 +76,50 @@ def test_groups_are_files_and_no_module_asks_for_an_ignored_xdist_group():
         if f.name != Path(__file__).name and "mark.xdist_group" in f.read_text(encoding="utf-8")
     ]
     assert not marked, f"{marked}: list these in conftest.GROUPS (xdist_group is ignored)"
+
+
+def test_process_and_full_name_tests_that_exist():
+    """Every node id prefix of conftest.PROCESS and conftest.FULL names a test file, and
+    test functions defined in it where it names some (a prefix of their names): a renamed
+    test left there would
+    silently move into ``make check`` (PROCESS: a fresh interpreter or a Flower deployment
+    in the everyday loop). No test is in both lists."""
+    import re
+
+    root = Path(conftest.ROOT)
+    for listed in (conftest.PROCESS, conftest.FULL):
+        for prefix in listed:
+            path, _, name = prefix.partition("::")
+            assert (root / path).is_file(), f"{prefix}: no file {path}"
+            function = name.split("[", 1)[0]
+            text = (root / path).read_text(encoding="utf-8")
+            assert not function or re.search(rf"^def {re.escape(function)}", text, re.M), (
+                f"{prefix}: {path} defines no test {function}"
+            )
+    both = [f for f in conftest.FULL if f.startswith(conftest.PROCESS)]
+    both += [p for p in conftest.PROCESS if p.startswith(conftest.FULL)]
+    assert not both, f"in both conftest.PROCESS and conftest.FULL: {both}"
+
+
+def test_full_and_process_tests_are_marked():
+    """conftest marks a FULL test ``full`` (``make check``'s -m "not process and not full"
+    leaves it out) and a PROCESS test ``process``, a parametrized one by its prefix, and no
+    other test either."""
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid, self.function, self.marks = nodeid, None, []
+
+        def get_closest_marker(self, name: str):
+            return next((m for m in self.marks if m.name == name), None)
+
+        def add_marker(self, mark) -> None:
+            self.marks.append(mark.mark)
+
+    full = conftest.FULL[0] + "[README.md]"
+    process = conftest.PROCESS[0] + "::test_supernodes_match_native"
+    other = "tests/test_docs.py::test_every_doc_command_is_marked"
+    items = [Item(other), Item(full), Item(process)]
+    conftest.pytest_collection_modifyitems(None, items)
+    marks = {i.nodeid: {m.name for m in i.marks} for i in items}
+    assert marks == {full: {"full"}, process: {"process"}, other: set()}

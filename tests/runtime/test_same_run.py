@@ -28,7 +28,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_cfg
-from support.same_run import TINY, assert_same_run, seg_overrides
+from support.same_run import TINY, assert_same_run, seg_overrides, shared_run
 
 from fedshift.algorithms import ALGORITHMS
 from fedshift.augment import AUGMENTS
@@ -102,10 +102,12 @@ WAYS_OF = {
 
 
 @pytest.mark.parametrize(("group", "over"), PARAMS)
-def test_same_run(tmp_path, monkeypatch, request, group, over):
+def test_same_run(tmp_path, monkeypatch, request, session_dir, group, over):
     """2 rounds, a checkpoint after each; the stopped ways stop after round 1 and resume
     from its checkpoint. Metric rows, summary results, ledger and the final checkpoint
-    (server, clients, RNG) must equal the uninterrupted native run's."""
+    (server, clients, RNG) must equal the uninterrupted native run's. That native run is
+    made once per case and session (``shared_run``): the case's three groups, run by any
+    workers, compare with the same one."""
     cfg = toy_cfg(*TINY, *over, "checkpoint.every=1", rounds=2)
     pool = request.getfixturevalue("worker_pool") if group == "pool" else None
     if group != "pool":  # nothing a run reads back may run code
@@ -116,7 +118,9 @@ def test_same_run(tmp_path, monkeypatch, request, group, over):
             return real(*args, **{**kwargs, "weights_only": True})
 
         monkeypatch.setattr(torch, "load", strict)
-    runs = assert_same_run(cfg, tmp_path, WAYS_OF[group], stop_after=1, pool=pool)
+    native = shared_run(cfg, session_dir / "same-run")
+    runs = assert_same_run(cfg, tmp_path, WAYS_OF[group], stop_after=1, pool=pool,
+                           reference=native)  # fmt: skip
     if group == "pool":
         assert runs["native"].summary["runtime"] == {
             "engine": "native", "executor": "sequential", "workers": 1, "threads": 1,

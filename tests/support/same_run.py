@@ -33,7 +33,10 @@ plus ``files``: more files of the run directory, byte for byte (``metrics.csv``)
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,23 +200,30 @@ def assert_same_run(
     at_stop: Callable[[Path], None] | None = None,
     checkpointed: bool | None = True,
     plot: bool = False,
+    reference: RunResult | None = None,
 ) -> Runs:
     """Run ``cfg`` each way of ``ways`` in ``tmp_path / way`` and assert that every run is
     the first one's (see the module docstring for the ways and what is compared). The
     ways that stop do so after round ``stop_after`` (default: the round before the last);
     ``checkpointed`` and ``at_stop`` are :func:`kill_and_resume`'s. ``pool``: the
     ``WorkerPool`` the pool ways use; ``plot``: draw each run's ``convergence.png``
-    (:func:`compared_runs`). Returns the runs, for the test's own checks."""
+    (:func:`compared_runs`). ``reference``: a finished run of ``cfg`` the first way (from
+    :func:`shared_run`), compared with instead of running that way again. Returns the runs,
+    for the test's own checks."""
     ways = tuple(ways)
     unknown = [w for w in ways if w not in WAYS]
     if unknown or len(ways) < 2 or len(set(ways)) != len(ways):
         raise ValueError(f"ways={ways}: two or more of {WAYS}, each once")
+    if reference is not None and ways[0].endswith("resume"):
+        raise ValueError(f"reference: a run of the first way, {ways[0]!r}, which stops")
     stop_after = cfg.train.rounds - 1 if stop_after is None else stop_after
     runs = Runs()
     with compared_runs(plot):
         for way in ways:
             run_dir = Path(tmp_path) / way
-            if way.endswith("resume"):
+            if reference is not None and way == ways[0]:
+                result = reference
+            elif way.endswith("resume"):
 
                 def stopped(d: Path, way: str = way) -> None:
                     runs.saved_round[way] = saved_round(d)
@@ -228,6 +238,33 @@ def assert_same_run(
     for way in ways[1:]:
         assert_runs_equal(runs.dir(way), runs.dir(ways[0]), compare, files)
     return runs
+
+
+def shared_run(cfg: RunConfig, root: Path, way: str = "native") -> RunResult:
+    """``cfg`` run ``way`` (``native`` or ``pool`` with two workers of its own: a way that
+    does not stop) once under ``root``, whichever test or pytest-xdist worker asks first:
+    the other tests asking for the same config (the same ``cfg.to_dict()``) and way get the
+    finished run. ``root`` is shared by the workers of one pytest session (see
+    ``tests/conftest.py``'s ``session_dir``); a lock file per run makes a second worker
+    wait for the first. A run that failed left no ``summary.json``: it runs again.
+
+    For a reference every test compares with but none changes: the test suite's runs of a
+    config are deterministic, so the run another test made is the run this one would make
+    (and one made in another worker process is a stricter reference)."""
+    if way not in ("native", "pool"):
+        raise ValueError(f"shared_run: way {way!r} stops; only 'native' or 'pool'")
+    text = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    key = f"{way}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    run_dir = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (run_dir / "summary.json").is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            with compared_runs(plot=False):
+                _start(way, cfg, run_dir, None, None)
+    return RunResult(run_dir, _summary(run_dir))
 
 
 def assert_runs_equal(
