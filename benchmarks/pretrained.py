@@ -102,6 +102,41 @@ def run_one(keys: list[str], args: argparse.Namespace, seed: int, over: tuple[st
     }
 
 
+def _task(job: tuple) -> dict:
+    """One (variant, seed) run, or its refusal (a mode this model cannot train)."""
+    keys, args, seed, over, out = job
+    torch.set_num_threads(1)
+    try:
+        return run_one(keys, args, seed, over, out)
+    except ConfigError as e:
+        return {"refused": str(e)}
+
+
+def run_all(tasks: list, keys: list[str], args: argparse.Namespace, tmp: Path) -> dict:
+    """Every (label, over, seed) of ``tasks`` run (``--jobs`` at once, each a fresh process of
+    one thread): ``{(label, seed): run_one's record}``."""
+    jobs = [(keys, args, seed, over, tmp / f"{label}-{seed}") for label, over, seed in tasks]
+    results = []
+
+    def note(task: tuple, r: dict) -> None:
+        results.append(r)
+        what = r.get("refused") or f"test {100 * r['test']:.1f}, {r['cpu_s_per_round']:.2f} CPU s"
+        print(f"  {task[0]}, seed {task[2]}: {what}", flush=True)
+
+    if args.jobs <= 1:
+        for task, job in zip(tasks, jobs, strict=True):
+            note(task, _task(job))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+            for task, r in zip(tasks, pool.map(_task, jobs), strict=True):
+                note(task, r)
+    return {(label, seed): r for (label, _, seed), r in zip(tasks, results, strict=True)}
+
+
 def _acc(accs: list[float]) -> str:
     return f"{100 * statistics.mean(accs):.1f} ({100 * min(accs):.1f}-{100 * max(accs):.1f})"
 
@@ -164,6 +199,8 @@ def main() -> int:
     ap.add_argument("--holdout", default=None, help="leave this client out (it never trains)")
     ap.add_argument("--only", default=None,
                     help="the variants to run: their labels separated by ';'")  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once, each in its own process of one thread (default 1)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     variants = VARIANTS
@@ -178,15 +215,14 @@ def main() -> int:
         if args.dataset == "folders":
             root = make_sites(Path(tmp) / "sites", args.images, args.side, seed=0)
         keys = data_keys(args, root)
+        tasks = [(label, over, seed) for label, over in variants for seed in range(args.seeds)]
+        done = run_all(tasks, keys, args, Path(tmp))
         for label, over in variants:
-            try:
-                runs = [
-                    run_one(keys, args, seed, over, Path(tmp) / f"{label}-{seed}")
-                    for seed in range(args.seeds)
-                ]
-            except ConfigError as e:  # a mode this model cannot train: its reason, in the table
-                rows.append({"label": label, "overrides": list(over), "refused": str(e)})
-                print(f"{label}: refused: {e}", flush=True)
+            runs = [done[(label, seed)] for seed in range(args.seeds)]
+            refused = next((r["refused"] for r in runs if "refused" in r), None)
+            if refused is not None:  # a mode this model cannot train: its reason, in the table
+                rows.append({"label": label, "overrides": list(over), "refused": refused})
+                print(f"{label}: refused: {refused}", flush=True)
                 continue
             row = {
                 "label": label,
@@ -216,7 +252,7 @@ def main() -> int:
               args.eval_images, "input_size": [args.size, args.size]}
     )  # fmt: skip
     meta = {"command": command, "dataset": args.dataset, "holdout": args.holdout,
-            "seeds": args.seeds, "rounds": args.rounds, **sizes,
+            "jobs": args.jobs, "seeds": args.seeds, "rounds": args.rounds, **sizes,
             "torch": torch.__version__, "threads": 1, "rows": rows}  # fmt: skip
     write_text_atomic(args.out / "pretrained.json", json.dumps(meta, indent=2) + "\n")
     text = table(rows, args.holdout)

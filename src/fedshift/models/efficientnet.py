@@ -50,7 +50,8 @@ Input: TF EfficientNet-Lite's normalisation, (255 x - 127) / 128 on [0, 1] image
 builder's MEAN_RGB = 127, STDDEV_RGB = 128), is the model's first step (``input_norm``), so
 the run passes raw images (``input.mean=[0] input.std=[1]``, checked when the config is
 resolved). The checkpoint was trained at 224x224 (``input_size``); the network takes any size
-of at least 32x32 (five stride-2 steps), off the checkpoint's distribution elsewhere.
+of at least 32x32 (five stride-2 steps), off the checkpoint's distribution elsewhere;
+``input.size=[H, W]`` upsamples smaller images for it in the input pipeline (digits' 28x28).
 
 BatchNorm layers: 49 (stem, 2 or 3 per block, top), found by FedBN and AdaBN as every model's
 (``FedModel.bn_layer_names``); feature-level layers (FedFA's FFA, MixStyle) attach after any
