@@ -23,10 +23,13 @@ saves. Writes ``OUT/pretrained.json``, ``OUT/pretrained.md`` (the table) and
     # the committed tables (docs/RESULTS.md, "Pretrained"; minutes on one core):
     python benchmarks/pretrained.py --out results/benchmarks/pretrained_sites \
         --seeds 3 --rounds 10 --images 40
-    python benchmarks/pretrained.py --dataset digits --size 64 --images 40 --rounds 8 \
-        --seeds 3 --out results/benchmarks/pretrained_digits
-    python benchmarks/pretrained.py --dataset digits --size 64 --images 40 --rounds 8 \
-        --seeds 3 --holdout mnistm --out results/benchmarks/pretrained_digits_loo
+    python benchmarks/pretrained.py --seeds 3 --rounds 10 --images 40 \
+        --only "pretrained, lora" --out results/benchmarks/pretrained_sites_lora
+    python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 \
+        --rounds 3 --seeds 3 --jobs 8 --out results/benchmarks/pretrained_digits
+    python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 \
+        --rounds 3 --seeds 3 --jobs 7 --holdout mnistm \
+        --out results/benchmarks/pretrained_digits_loo
     python benchmarks/pretrained.py --out /tmp/p --seeds 1 --rounds 2 --images 10   # a try
 """
 
