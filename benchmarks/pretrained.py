@@ -24,7 +24,7 @@ saves. Writes ``OUT/pretrained.json``, ``OUT/pretrained.md`` (the table) and
     python benchmarks/pretrained.py --out results/benchmarks/pretrained_sites \
         --seeds 3 --rounds 10 --images 40
     python benchmarks/pretrained.py --seeds 3 --rounds 10 --images 40 \
-        --only "pretrained, lora" --out results/benchmarks/pretrained_sites_lora
+        --only 'pretrained, lora' --out results/benchmarks/pretrained_sites_lora
     python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 \
         --rounds 3 --seeds 3 --jobs 8 --out results/benchmarks/pretrained_digits
     python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 \
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -247,7 +248,7 @@ def main() -> int:
                   f"{statistics.median(row['cpu_s_per_round']):.2f} CPU s/round, "
                   f"{statistics.median(row['s_per_round']):.2f} s/round", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/pretrained.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/pretrained.py " + shlex.join(sys.argv[1:])
     sizes = (
         {"images_per_site_and_class": args.images, "side": args.side}
         if args.dataset == "folders"

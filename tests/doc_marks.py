@@ -483,8 +483,8 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/pretrained.py --out results/benchmarks/pretrained_sites --seeds 3 --rounds 10 --images 40": Long(
         "~17 min", "21 runs of EfficientNet-Lite0 on three sites, 10 rounds each"
     ),
-    'python benchmarks/pretrained.py --seeds 3 --rounds 10 --images 40 --only "pretrained, lora" --out results/benchmarks/pretrained_sites_lora': Long(
-        "~LORA_MIN min", "3 runs of EfficientNet-Lite0 with LoRA, 10 rounds each, on a loaded machine"
+    "python benchmarks/pretrained.py --seeds 3 --rounds 10 --images 40 --only 'pretrained, lora' --out results/benchmarks/pretrained_sites_lora": Long(
+        "~45 min", "3 runs of EfficientNet-Lite0 with LoRA, 10 rounds each, on a loaded machine (~3 CPU minutes)"
     ),
     "python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 --rounds 3 --seeds 3 --jobs 8 --out results/benchmarks/pretrained_digits": Long(
         "~DIGITS_MIN min", "21 runs of EfficientNet-Lite0 on the five digits domains upsampled to 48x48, on a loaded machine"
