@@ -487,10 +487,10 @@ MARKS: dict[str, Mark] = {
         "~45 min", "3 runs of EfficientNet-Lite0 with LoRA, 10 rounds each, on a loaded machine (~3 CPU minutes)"
     ),
     "python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 --rounds 3 --seeds 3 --jobs 8 --out results/benchmarks/pretrained_digits": Long(
-        "~DIGITS_MIN min", "21 runs of EfficientNet-Lite0 on the five digits domains upsampled to 48x48, on a loaded machine"
+        "~20 min", "21 runs of EfficientNet-Lite0 on the five digits domains upsampled to 48x48, on a loaded machine"
     ),
     "python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 --rounds 3 --seeds 3 --jobs 7 --holdout mnistm --out results/benchmarks/pretrained_digits_loo": Long(
-        "~LOO_MIN min", "18 runs of EfficientNet-Lite0 on digits with mnistm held out, on a loaded machine"
+        "~20 min", "18 runs of EfficientNet-Lite0 on digits with mnistm held out, on a loaded machine"
     ),
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
