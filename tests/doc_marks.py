@@ -508,6 +508,15 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/privacy_price.py --out runs/privacy_price": Long(
         "about 6 h", "estimated from the 3-round cells' times and privacy_brain_mri's U-Net runs: 150 runs of 10 rounds, digits and brain-mri"
     ),
+    "python benchmarks/pretrained.py --seeds 3 --rounds 10 --images 40 --only 'pretrained, lora' --out results/benchmarks/pretrained_sites_lora": Long(
+        "~45 min", "3 runs of EfficientNet-Lite0 with LoRA, 10 rounds each, on a loaded machine (~3 CPU minutes)"
+    ),
+    "python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 --rounds 3 --seeds 3 --jobs 8 --out results/benchmarks/pretrained_digits": Long(
+        "~20 min", "21 runs of EfficientNet-Lite0 on the five digits domains upsampled to 48x48, on a loaded machine"
+    ),
+    "python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 --rounds 3 --seeds 3 --jobs 7 --holdout mnistm --out results/benchmarks/pretrained_digits_loo": Long(
+        "~20 min", "18 runs of EfficientNet-Lite0 on digits with mnistm held out, on a loaded machine"
+    ),
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
     ),

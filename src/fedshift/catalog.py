@@ -23,6 +23,7 @@ from fedshift.algorithms import ALGORITHMS, Algorithm
 from fedshift.augment import AUGMENTS, Augment
 from fedshift.core.components import Component
 from fedshift.core.config import COMPONENT_SECTIONS, RunConfig, build_dataclass, check_ranges
+from fedshift.core.context import model_input_shape
 from fedshift.core.datasets import DatasetSpec, dataset_entry
 from fedshift.core.errors import ConfigError
 from fedshift.core.registry import Registry
@@ -111,7 +112,8 @@ def _fit_images(cfg: RunConfig) -> None:
         fixed = MODEL_INPUTS.get(cfg.model.name)
         params.size = fixed[-1] if fixed is not None else FOLDERS_DEFAULT_SIZE
     task = dataset_task(cfg.dataset.name, params)
-    check_model_input(cfg.model.name, cfg.model.factory, shape_of(), task, "dataset.size")
+    shape = model_input_shape(shape_of(), cfg.input.size)  # the model sees input.size
+    check_model_input(cfg.model.name, cfg.model.factory, shape, task, "dataset.size")
 
 
 def shown(raw: dict, source: str = "config", names: Collection[str] = ()) -> dict:
@@ -201,3 +203,9 @@ def _check_task(cfg: RunConfig) -> None:
         cfg.train.loss,
         cfg.partition.name,
     )
+    if cfg.input.size is not None and dataset_task(dataset, cfg.dataset.params) != "classification":
+        raise ConfigError(
+            f"config key 'input.size': it resizes the images, not their per-pixel masks, so "
+            f"it is for classification only (dataset {dataset!r} is segmentation); drop "
+            "input.size and set the dataset's own image size"
+        )

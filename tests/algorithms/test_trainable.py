@@ -179,12 +179,65 @@ def test_adapters_name_their_stages(tmp_path):
         Simulation(cfg("nope"), tmp_path / "bad", progress=False)
 
 
-def test_lora_leaves_layers_that_pad_in_their_forward():
-    """EfficientNet-Lite0's convolutions pad TF-"SAME" inside their forward: a low-rank path
-    beside them would see the unpadded input, so LoRA takes plain layers only and refuses a
-    model that has none, naming the layer class and the modes that work."""
-    from fedshift.models.efficientnet import EfficientNetLite0
+def test_lora_refuses_a_model_without_plain_layers():
+    """LoRA takes plain ``nn.Linear`` and ungrouped ``nn.Conv2d`` outside the classifier only:
+    a model whose only convolution is grouped (depthwise) is refused in one line naming the
+    key and the modes that work."""
+    from torch import nn
+
+    from fedshift.models.base import FedModel
     from fedshift.models.peft import add_lora
 
-    with pytest.raises(ConfigError, match="Conv2dSame.*train.trainable=adapters"):
-        add_lora(EfficientNetLite0(num_classes=3), rank=2)
+    class Depthwise(FedModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages = nn.ModuleDict({"dw": nn.Conv2d(4, 4, 3, groups=4)})
+            self.embed = nn.Flatten()
+            self.classifier = nn.Linear(4, 2)
+
+    with pytest.raises(ConfigError) as e:
+        add_lora(Depthwise(), rank=2)
+    msg = str(e.value)
+    assert "'train.trainable=lora'" in msg and "train.trainable=adapters" in msg
+    assert "Conv2d" in msg and "\n" not in msg
+
+
+def test_lora_on_efficientnet_starts_as_the_identity_and_trains():
+    """EfficientNet-Lite0 pads TF "SAME" in a step of its own (``SamePad``) before plain
+    convolutions: LoRA wraps its 33 ungrouped ones (stem, 15 expand, 16 project, top) and none
+    of its 16 depthwise ones, the model with LoRA computes the same bits as without it on an
+    odd-sized image (asymmetric padding on the way), and a few steps on the LoRA tensors
+    (the backbone frozen) change its output."""
+    import copy
+
+    from torch import nn
+
+    from fedshift.models.efficientnet import EfficientNetLite0
+    from fedshift.models.peft import add_lora, added_layers_rng
+
+    torch.manual_seed(0)
+    base = EfficientNetLite0(num_classes=3).eval()
+    model = copy.deepcopy(base)
+    with added_layers_rng(0, "lora"):
+        n = add_lora(model, rank=2)
+    grouped = [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
+    assert n == 33 and len(grouped) == 16
+    assert not any("depthwise" in k for k in model.lora)
+    x = torch.rand(4, 3, 45, 37, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x), base(x))
+    trained = [p for k, p in model.named_parameters() if k.startswith("lora.")]
+    for k, p in model.named_parameters():
+        p.requires_grad_(k.startswith("lora."))
+    opt = torch.optim.SGD(trained, lr=0.5)
+    y = torch.tensor([0, 1, 2, 0])
+    model.train()
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        assert not torch.equal(model.eval()(x), base(x))
+    for k, v in base.state_dict().items():  # the backbone's tensors stay as built
+        if "running" not in k and "num_batches" not in k:
+            assert torch.equal(model.state_dict()[k], v), k

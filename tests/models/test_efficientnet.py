@@ -320,3 +320,15 @@ def test_fedfa_attaches_ffa_after_every_stage(fed32, tmp_path, one_thread):
     assert exp.model.stage_names == ["stem", *(f"stage{i}" for i in range(1, 8)), "top"]
     res = run_experiment(cfg, out=tmp_path, federation=fed32, progress=False)
     assert res.summary is not None
+
+
+@needs_extra
+def test_lora_trains_a_round_from_the_pretrained_weights(fed32, tmp_path, one_thread):
+    """train.trainable=lora on the pretrained model: LoRA on its 33 ungrouped convolutions,
+    a round trains, the backbone's tensors are verified unchanged at the end (the run's
+    ``trainable`` record)."""
+    cfg = _cfg("model.pretrained=true", "train.trainable=lora")
+    exp = build_experiment(cfg, fed32)
+    assert len(exp.model.lora) == 33
+    res = run_experiment(cfg, out=tmp_path, federation=fed32, progress=False)
+    assert res.summary is not None and res.summary["trainable"]["mode"] == "lora"

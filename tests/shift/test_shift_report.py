@@ -393,3 +393,15 @@ def test_data_check_bad_key_is_a_clear_error(in_tmp, capsys):
     assert "'sweep.dataset.clients'" in capsys.readouterr().err
     assert main(["data", "build"]) == 2
     assert "takes a dataset name" in capsys.readouterr().err
+
+
+def test_data_check_resizes_as_a_run_does(in_tmp, capsys):
+    """input.size: the features axis's model is built for the resized images and sees them
+    resized (efficientnet_lite0 takes at least 32x32; toyshift's images are 28x28)."""
+    argv = ["data", "check", "toyshift", "dataset.train_size=8", "--max-per-site", "8",
+            "model.name=efficientnet_lite0", "input.mean=[0]", "input.std=[1]"]  # fmt: skip
+    assert main(argv) == 2
+    assert "input.size=[H, W]" in capsys.readouterr().err
+    assert main([*argv, "input.size=[32, 32]"]) == 0
+    data = json.loads((in_tmp / "data-check" / "toyshift" / "shift.json").read_text())
+    assert data["input_shape"] == [3, 28, 28] and data["axes"]["features"]["score"] is not None

@@ -164,10 +164,17 @@ class PrivacyConfig:
 @dataclass
 class InputConfig:
     """Input pipeline applied to every batch: (x - mean) / std per channel, x in [0, 1].
-    FedBN's digits code uses 0.5 / 0.5."""
+    FedBN's digits code uses 0.5 / 0.5.
+
+    ``size``: ``[H, W]``, every image resized (bilinear, after the augments' transforms and
+    before ``mean/std``; :class:`fedshift.core.context.Resize`) to what the model takes, in
+    training, evaluation and the exported predictor alike, the model built for that size
+    (digits' 28x28 upsampled for a pretrained backbone); None (default): as the dataset
+    gives them. Classification only (a segmentation mask is not resized)."""
 
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5], metadata=bounds(gt=0))
+    size: list[int] | None = None
 
 
 @dataclass
@@ -531,6 +538,7 @@ def check_ranges(cfg: RunConfig) -> None:
         )
     if len(cfg.input.mean) != len(cfg.input.std):
         raise ConfigError("config keys 'input.mean'/'input.std' need equal lengths")
+    check_input_size(cfg.input.size)
     _check_model_normalises(cfg)
     for record, bound in cfg.privacy.clip.items():
         number = isinstance(bound, int | float) and not isinstance(bound, bool)
@@ -559,6 +567,27 @@ def _check_privacy(cfg: RunConfig) -> None:
         raise ConfigError(
             f"config key 'privacy.updates' ({p.updates}) needs a budget: set privacy.epsilon "
             "(e.g. privacy.epsilon=8), or privacy.updates=none"
+        )
+
+
+#: the largest side ``input.size`` resizes to
+MAX_INPUT_SIDE = 4096
+
+
+def check_input_size(size: Any) -> None:
+    """``input.size``: None, or ``[H, W]`` of two whole numbers in 1..:data:`MAX_INPUT_SIDE`
+    (a :class:`ConfigError` naming the key otherwise)."""
+    if size is None:
+        return
+    ok = isinstance(size, list | tuple) and len(size) == 2
+    ok = ok and all(
+        isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= MAX_INPUT_SIDE for s in size
+    )
+    if not ok:
+        raise ConfigError(
+            f"config key 'input.size' must be [H, W], two whole numbers from 1 to "
+            f"{MAX_INPUT_SIDE} (the height and width every image is resized to before the "
+            f"model), or null for no resize; got {short_repr(size)}"
         )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from fedshift.core.contract_errors import expect
 from fedshift.core.tasks import Classification, Task
@@ -40,6 +41,33 @@ class Normalize:
         return (x - self.mean) / self.std
 
 
+class Resize:
+    """The input pipeline's step before ``Normalize`` (``input.size``): a batch ``(N, C, h,
+    w)`` resized to ``(N, C, H, W)`` by bilinear interpolation
+    (``torch.nn.functional.interpolate(mode="bilinear", align_corners=False)``, no
+    antialiasing: meant for upsampling small images to a backbone's input); a batch already
+    of that size passes unchanged."""
+
+    def __init__(self, size: list[int] | tuple[int, ...]) -> None:
+        self.size = (int(size[0]), int(size[1]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-2:]) == self.size:
+            return x
+        return F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
+
+
+def model_input_shape(
+    input_shape: tuple[int, ...], size: list[int] | tuple[int, ...] | None
+) -> tuple[int, ...]:
+    """The shape the model sees: the dataset's ``(C, H, W)`` with ``(H, W)`` replaced by
+    ``input.size`` where it is set (:class:`Resize`)."""
+    shape = tuple(int(s) for s in input_shape)
+    if size is None:
+        return shape
+    return (shape[0], int(size[0]), int(size[1]))
+
+
 def aug_key(augment: Any) -> str:
     """Where an augment keeps its state inside a client's (or the server's) state dict."""
     return f"aug/{augment.name}"
@@ -47,11 +75,25 @@ def aug_key(augment: Any) -> str:
 
 class InputPipeline:
     """Raw images in [0, 1] -> each augment's ``train_batch`` / ``eval_batch`` in config order
-    -> ``(x - mean) / std``, skipped when an augment normalises itself (FedRDN does)."""
+    -> the resize to ``input.size`` (:class:`Resize`; ``resize`` None: none) -> ``(x - mean) /
+    std``, skipped when an augment normalises itself (FedRDN does). The augments see the
+    dataset's images (their statistics, amplitude spectra... are of those), the model the
+    resized ones."""
 
-    def __init__(self, augments: list, normalize: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(
+        self,
+        augments: list,
+        normalize: Callable[[torch.Tensor], torch.Tensor],
+        resize: Resize | None = None,
+    ) -> None:
         self.augments = list(augments)
         self.normalize = None if any(a.normalizes for a in self.augments) else normalize
+        self.resize = resize
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        if self.resize is not None:
+            x = self.resize(x)
+        return self.normalize(x) if self.normalize else x
 
     def train(
         self, x: torch.Tensor, y: torch.Tensor, state: dict | None, g: torch.Generator
@@ -61,7 +103,7 @@ class InputPipeline:
             if not _batch(out):
                 _broken(out, a, "train_batch", "a tuple (x, y) of tensors of one batch size")
             x, y = out
-        return (self.normalize(x) if self.normalize else x), y
+        return self._finish(x), y
 
     def eval(self, x: torch.Tensor, state: dict | None) -> torch.Tensor:
         for a in self.augments:
@@ -69,7 +111,7 @@ class InputPipeline:
             if not (isinstance(out, torch.Tensor) and out.shape == x.shape):
                 _broken(out, a, "eval_batch", f"a tensor of the batch's shape {tuple(x.shape)}")
             x = out
-        return self.normalize(x) if self.normalize else x
+        return self._finish(x)
 
 
 def _batch(out: Any) -> bool:

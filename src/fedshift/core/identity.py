@@ -51,6 +51,7 @@ LATER_DEFAULTS: dict[str, Any] = {
     "model.pretrained": False,  # efficientnet_lite0 from scratch (issue 54)
     "privacy.epsilon": None,  # differential privacy off (issue 53)
     "privacy.updates": "none",  # model updates not covered (issue 53 item 2)
+    "input.size": None,  # images as the dataset gives them, no resize (issue 54)
 }
 #: sections added later whose every key is in LATER_DEFAULTS or ONLY_WITH: left out when
 #: they are empty once those keys are dropped

@@ -94,7 +94,8 @@ def check_model_input(
         raise ConfigError(
             f"config key 'model.name': model {name!r} cannot take this dataset's "
             f"{task} task with images of shape {shape}: {why}; "
-            "choose another model (fedshift list) or change the dataset's image size"
+            "choose another model (fedshift list), change the dataset's image size, or "
+            "resize the images for the model with input.size=[H, W]"
         )
     expected = MODEL_INPUTS.get(name)
     if expected is not None and tuple(input_shape) != expected:

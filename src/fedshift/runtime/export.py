@@ -8,8 +8,9 @@ whole run's state; an export is what another program wants instead:
   and ``model.load_state_dict(...)``;
 * ``model.json`` next to it: what the weights belong to, enough to build the model again:
   the ``model`` config section, the number of classes, the input shape and the task, the
-  class names, the input normalisation the model was trained with (images in [0, 1], then
-  ``(x - mean) / std`` per channel), the run's algorithm and augments, where the weights come
+  class names, the input resize and normalisation the model was trained with (images in
+  [0, 1], resized bilinearly to ``input.size`` where set, then ``(x - mean) / std`` per
+  channel), the run's algorithm and augments, where the weights come
   from (run directory, ``selected`` or ``last`` round, client, model kind) and the SHA-256 of
   ``model.pt``;
 * ``model.pt2``: the self-contained predictor, the run's evaluation of a test image (the
@@ -29,7 +30,8 @@ transform is each site's own (FedRDN) takes the site: ``client=`` (a client of t
 :func:`load_exported` builds the model with fedshift (the base model, and the wrapper or
 layers the run's algorithm and augments add) and loads the weights. Where ``plain`` is true
 in ``model.json``, the weights load into the base model class alone
-(``fedshift.models.build_model(model, num_classes, input_shape, task)``). Augments that
+(``fedshift.models.build_model(model, num_classes, shape, task)``, ``shape`` the
+``input_shape`` with ``input.size``'s height and width where set). Augments that
 transform inputs at evaluation (``eval_transforms``: FedRDN's client statistics, HarmoFL's
 amplitude) are not part of the weights: the predictor carries them.
 """
@@ -46,6 +48,7 @@ from typing import Any
 import torch
 
 import fedshift
+from fedshift.core.context import model_input_shape
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.files import atomic_output, read_json, write_text_atomic
 from fedshift.models.peft import add_adapters, add_lora
@@ -137,7 +140,8 @@ def _base_shapes(cfg: Any, fed: Any) -> dict[str, tuple[int, ...]]:
     from fedshift.models import build_model
 
     section = dataclasses.replace(cfg.model, extra=())  # the base model, no pretrained weights
-    model = build_model(section, fed.num_classes, fed.input_shape, fed.task)
+    shape = model_input_shape(fed.input_shape, cfg.input.size)
+    model = build_model(section, fed.num_classes, shape, fed.task)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -325,6 +329,8 @@ def export_model(
             "range": [0.0, 1.0],
             "mean": list(lookup(raw, "input.mean")),
             "std": list(lookup(raw, "input.std")),
+            # [H, W] the images are resized to (bilinear, before mean/std), or None
+            "size": lookup(raw, "input.size"),
             "normalized_by_augment": sim.pipeline.normalize is None,
         },
         "plain": _base_shapes(cfg, fed) == {k: tuple(v.shape) for k, v in tensors.items()},
@@ -339,12 +345,17 @@ def export_model(
     return ExportedModel(out, desc_path, desc, pt2)
 
 
+def _model_shape(desc: dict) -> tuple[int, ...]:
+    """The shape the exported model takes: ``input_shape`` resized to ``input.size``."""
+    return model_input_shape(tuple(desc["input_shape"]), (desc.get("input") or {}).get("size"))
+
+
 def _stub_federation(desc: dict) -> Any:
-    """A federation without data that has the export's classes, input shape, task and
-    client names: what the algorithms' ``wrap_model`` reads."""
+    """A federation without data that has the export's classes, the input shape its model
+    takes, task and client names: what the algorithms' ``wrap_model`` reads."""
     from fedshift.core.federation import ClientData, Federation, Split
 
-    shape = tuple(desc["input_shape"])
+    shape = _model_shape(desc)
     task = desc["task"]
 
     def empty() -> Split:
@@ -370,7 +381,7 @@ def build_exported(desc: dict) -> torch.nn.Module:
             f"not a fedshift export description (format {desc.get('format')!r}, expected "
             f"{EXPORT_FORMAT!r})"
         )
-    shape = tuple(desc["input_shape"])
+    shape = _model_shape(desc)
     model = build_model(desc["model"], int(desc["num_classes"]), shape, desc["task"])
     if desc.get("plain"):
         return model

@@ -4,13 +4,15 @@ computes for a test image, loadable without fedshift (``torch.export.load``).
 
 What a run's evaluation does to a test batch (``score_client``): raw images in [0, 1] ->
 every augment's ``eval_batch`` with the client's augment state, in config order -> the
-run's ``input.mean/std`` (skipped when an augment normalises itself) -> the evaluated model
-(wrapped by the algorithm, with the augments' layers, in eval mode) -> scores. The program
-is that chain with every piece of state frozen in as a buffer: the weights, the augments'
-evaluation state as :meth:`Augment.eval_module <fedshift.augment.base.Augment.eval_module>`
-gives it (FedRDN's site statistics, FedRDN-V's averages, ``norm``'s constants, HarmoFL's
-global amplitude), and the normalisation constants. Its input: float32 images in [0, 1],
-``(N, C, H, W)`` with any N; its output: the model's scores (``N x classes``, per pixel for
+bilinear resize to ``input.size`` where set -> the run's ``input.mean/std`` (skipped when
+an augment normalises itself) -> the evaluated model (wrapped by the algorithm, with the
+augments' layers, in eval mode) -> scores. The program is that chain with every piece of
+state frozen in as a buffer: the weights, the augments' evaluation state as
+:meth:`Augment.eval_module <fedshift.augment.base.Augment.eval_module>` gives it (FedRDN's
+site statistics, FedRDN-V's averages, ``norm``'s constants, HarmoFL's global amplitude),
+the resize and the normalisation constants. Its input: float32 images in [0, 1],
+``(N, C, H, W)`` with any N and the dataset's C, H, W (``input_shape``; the program resizes
+them as the run did); its output: the model's scores (``N x classes``, per pixel for
 segmentation), whose argmax over dim 1 is the label.
 
 Whose evaluation: a global model's transform may differ per site. Where every augment's
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedshift.core.context import aug_key
@@ -74,8 +77,9 @@ CHECK_IMAGES = 1024
 
 
 class EvalProgram(nn.Module):
-    """Raw images -> the augments' evaluation transforms -> ``(x - mean) / std`` (unless an
-    augment normalised) -> the model: one site's evaluation, every state a buffer."""
+    """Raw images -> the augments' evaluation transforms -> the bilinear resize to
+    ``input.size`` (``size``; None: none) -> ``(x - mean) / std`` (unless an augment
+    normalised) -> the model: one site's evaluation, every state a buffer."""
 
     #: the input normalisation's buffers (registered only when ``normalizes``)
     mean: torch.Tensor
@@ -86,9 +90,11 @@ class EvalProgram(nn.Module):
         transforms: list[nn.Module],
         normalize: tuple[torch.Tensor, torch.Tensor] | None,
         model: nn.Module,
+        size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.transforms = nn.ModuleList(transforms)
+        self.size = None if size is None else (int(size[0]), int(size[1]))
         self.normalizes = normalize is not None
         if normalize is not None:
             self.register_buffer("mean", normalize[0].detach().cpu().clone())
@@ -98,6 +104,8 @@ class EvalProgram(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for t in self.transforms:
             x = t(x)
+        if self.size is not None and tuple(x.shape[-2:]) != self.size:  # Resize's rule
+            x = F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
         if self.normalizes:
             x = (x - self.mean) / self.std
         return self.model(x)
@@ -205,7 +213,8 @@ def build_program(sim: Any, weights: dict[str, torch.Tensor], site: Site) -> Eva
     transforms = [_module(a, site.states[aug_key(a)]) for a in sim.exp.augments]
     norm = sim.pipeline.normalize
     pair = None if norm is None else (norm.mean.float(), norm.std.float())
-    return EvalProgram(transforms, pair, model).eval()
+    resize = sim.pipeline.resize
+    return EvalProgram(transforms, pair, model, None if resize is None else resize.size).eval()
 
 
 def _refuse_algorithm(sim: Any) -> None:

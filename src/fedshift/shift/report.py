@@ -32,7 +32,7 @@ import torch
 from fedshift import __version__
 from fedshift.core.components import Component
 from fedshift.core.config import RunConfig
-from fedshift.core.context import Normalize
+from fedshift.core.context import Normalize, Resize, model_input_shape
 from fedshift.core.files import atomic_output, write_text_atomic
 from fedshift.core.seeding import seed_global
 from fedshift.data import load_dataset
@@ -195,11 +195,21 @@ def check(
     caller's random state."""
     # the training images a run would use: federation.data_fraction applied
     fed = load_dataset(cfg.dataset, cfg.partition).with_train_fraction(cfg.federation.data_fraction)
-    section = feature_model(cfg, fed.task, fed.input_shape, model_given)
+    shape = model_input_shape(fed.input_shape, cfg.input.size)  # as a run's model sees them
+    section = feature_model(cfg, fed.task, shape, model_given)
     with torch.random.fork_rng(devices=[]):
         seed_global(cfg.seed, "init")
-        model = build_model(section, fed.num_classes, fed.input_shape, fed.task)
-    probe = FeatureProbe(model, Normalize(cfg.input, fed.input_shape[0], torch.device("cpu")))
+        model = build_model(section, fed.num_classes, shape, fed.task)
+    normalize = Normalize(cfg.input, fed.input_shape[0], torch.device("cpu"))
+    if cfg.input.size is not None:  # the run's pipeline: input.size's resize, then mean/std
+        resize = Resize(cfg.input.size)
+
+        def prepare(x: torch.Tensor) -> torch.Tensor:
+            return normalize(resize(x))
+
+        probe = FeatureProbe(model, prepare)
+    else:
+        probe = FeatureProbe(model, normalize)
     m = measure(
         fed, probe, split=split, max_per_site=max_per_site, seed=cfg.seed, batch_size=batch_size
     )
