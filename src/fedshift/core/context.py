@@ -59,13 +59,13 @@ class Resize:
 
 def model_input_shape(
     input_shape: tuple[int, ...], size: list[int] | tuple[int, ...] | None
-) -> tuple[int, ...]:
+) -> tuple[int, int, int]:
     """The shape the model sees: the dataset's ``(C, H, W)`` with ``(H, W)`` replaced by
     ``input.size`` where it is set (:class:`Resize`)."""
-    shape = tuple(int(s) for s in input_shape)
+    c, h, w = (int(s) for s in input_shape)
     if size is None:
-        return shape
-    return (shape[0], int(size[0]), int(size[1]))
+        return (c, h, w)
+    return (c, int(size[0]), int(size[1]))
 
 
 def aug_key(augment: Any) -> str:

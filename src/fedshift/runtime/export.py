@@ -345,7 +345,7 @@ def export_model(
     return ExportedModel(out, desc_path, desc, pt2)
 
 
-def _model_shape(desc: dict) -> tuple[int, ...]:
+def _model_shape(desc: dict) -> tuple[int, int, int]:
     """The shape the exported model takes: ``input_shape`` resized to ``input.size``."""
     return model_input_shape(tuple(desc["input_shape"]), (desc.get("input") or {}).get("size"))
 
