@@ -30,8 +30,8 @@ that calls ``sys.exit`` (:class:`SystemExit`) is the same kind of error
 (:func:`loader_failed`), and so is any other exception a plug-in's loader raises.
 
 :class:`DatasetSpec` states it as a typing protocol. A dataset is a class (or an object)
-with these attributes (and an optional one-line ``description``): a built-in one is defined
-in its loader's module and listed in :data:`fedshift.data.BUILT_IN`; a plug-in is found by
+with these attributes (and an optional one-line ``description``): a built-in one is a
+:class:`Dataset` beside its loader, listed in :data:`fedshift.data.BUILT_IN`; a plug-in is found by
 an entry point in group ``fedshift.datasets`` or named ``module:Class``. Both are checked by
 :func:`dataset_entry` when they are registered and by :func:`check_loaded` when they load.
 """
@@ -61,6 +61,7 @@ MAX_CLASSES = 100_000
 __all__ = [
     "DATASET_TASKS",
     "MAX_CLASSES",
+    "Dataset",
     "TASK_FROM_PARAMS",
     "DatasetSpec",
     "check_federation",
@@ -87,6 +88,19 @@ class DatasetSpec(Protocol):
     def load(params: Any) -> Federation:
         """The federation, from the validated ``Params`` (None when ``Params`` is None)."""
         ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A dataset as an object with the members of :class:`DatasetSpec` and a one-line
+    ``description``: how fedshift declares its built-in datasets (each beside its loader,
+    ``fedshift.data.BUILT_IN`` lists them), and one way for a plug-in to declare its own."""
+
+    name: str
+    Params: type | None  # noqa: N815 - the contract's member name
+    task: str
+    load: Any
+    description: str = ""
 
 
 def params_task(task: str, params: Any, params_type: type | None) -> str:

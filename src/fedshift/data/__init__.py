@@ -19,6 +19,7 @@ from fedshift.core.components import Component
 from fedshift.core.config import RunConfig
 from fedshift.core.datasets import (
     DATASET_TASKS,
+    Dataset,
     check_loaded,
     dataset_entry,
     loader_failed,
@@ -27,53 +28,53 @@ from fedshift.core.datasets import (
 from fedshift.core.errors import FedshiftError
 from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.registry import Registry
-from fedshift.data.digits import DigitsDataset
-from fedshift.data.domains.arrays import ArraysDataset
-from fedshift.data.domains.cifar import CIFAR10Dataset, CIFAR100Dataset
-from fedshift.data.domains.distrans_folders import CHMNISTDataset, CUB200Dataset
-from fedshift.data.domains.fashion import FashionMNISTDataset
+from fedshift.data.digits import DIGITS_DATASET
+from fedshift.data.domains.arrays import ARRAYS_DATASET
+from fedshift.data.domains.cifar import CIFAR10_DATASET, CIFAR100_DATASET
+from fedshift.data.domains.distrans_folders import CHMNIST_DATASET, CUB200_DATASET
+from fedshift.data.domains.fashion import FASHION_MNIST_DATASET
 from fedshift.data.domains.fedbn_pickles import (
-    Digits5Dataset,
-    DomainNetDataset,
-    OfficeCaltech10Dataset,
+    DIGITS5_DATASET,
+    DOMAIN_NET_DATASET,
+    OFFICE_CALTECH10_DATASET,
 )
-from fedshift.data.domains.image_folders import OfficeHomeDataset, PACSDataset
-from fedshift.data.domains.toy import ToysegDataset, ToyshiftDataset
-from fedshift.data.domains.user_folders import FoldersDataset
-from fedshift.data.medical.brain_mri.build import BrainMRIDataset
-from fedshift.data.medical.camelyon import Camelyon17Dataset
-from fedshift.data.medical.nuclei import NucleiDataset
-from fedshift.data.medical.prostate import ProstateDataset
-from fedshift.data.medical.segfolders import SegFoldersDataset
+from fedshift.data.domains.image_folders import OFFICE_HOME_DATASET, PACS_DATASET
+from fedshift.data.domains.toy import TOYSEG_DATASET, TOYSHIFT_DATASET
+from fedshift.data.domains.user_folders import FOLDERS_DATASET
+from fedshift.data.medical.brain_mri.build import BRAIN_MRI_DATASET
+from fedshift.data.medical.camelyon import CAMELYON17_DATASET
+from fedshift.data.medical.nuclei import NUCLEI_DATASET
+from fedshift.data.medical.prostate import PROSTATE_DATASET
+from fedshift.data.medical.segfolders import SEG_FOLDERS_DATASET
 
-#: every built-in dataset: a class in its own module with the four facts of the dataset
-#: contract (:mod:`fedshift.core.datasets`: name, Params, task, load) and a description,
-#: the shape a plug-in has, checked by the same :func:`~fedshift.core.datasets.dataset_entry`
-BUILT_IN: tuple[type, ...] = (
-    DigitsDataset,
-    FashionMNISTDataset,
-    BrainMRIDataset,
-    ProstateDataset,
-    Camelyon17Dataset,
-    NucleiDataset,
-    Digits5Dataset,
-    OfficeCaltech10Dataset,
-    DomainNetDataset,
-    PACSDataset,
-    OfficeHomeDataset,
-    CIFAR10Dataset,
-    CIFAR100Dataset,
-    CHMNISTDataset,
-    CUB200Dataset,
-    FoldersDataset,
-    SegFoldersDataset,
-    ArraysDataset,
-    ToyshiftDataset,
-    ToysegDataset,
+#: every built-in dataset: a :class:`~fedshift.core.datasets.Dataset` beside its loader with
+#: the four facts of the dataset contract (name, Params, task, load) and a description, the
+#: shape a plug-in has, checked by the plug-ins' :func:`~fedshift.core.datasets.dataset_entry`
+BUILT_IN: tuple[Dataset, ...] = (
+    DIGITS_DATASET,
+    FASHION_MNIST_DATASET,
+    BRAIN_MRI_DATASET,
+    PROSTATE_DATASET,
+    CAMELYON17_DATASET,
+    NUCLEI_DATASET,
+    DIGITS5_DATASET,
+    OFFICE_CALTECH10_DATASET,
+    DOMAIN_NET_DATASET,
+    PACS_DATASET,
+    OFFICE_HOME_DATASET,
+    CIFAR10_DATASET,
+    CIFAR100_DATASET,
+    CHMNIST_DATASET,
+    CUB200_DATASET,
+    FOLDERS_DATASET,
+    SEG_FOLDERS_DATASET,
+    ARRAYS_DATASET,
+    TOYSHIFT_DATASET,
+    TOYSEG_DATASET,
 )
 DATASETS: Registry[Callable[..., Federation]] = Registry("dataset", tasks=DATASET_TASKS)
 for _spec in BUILT_IN:
-    _entry = dataset_entry(_spec.name, _spec, f"built-in dataset {_spec.__name__}")
+    _entry = dataset_entry(_spec.name, _spec, f"built-in dataset {_spec.name!r}")
     DATASETS.add(_entry.name, _entry.obj, _entry.params, _entry.description, task=_entry.task)
 
 

@@ -91,23 +91,9 @@ class Experiment:
         return None if self.privacy is None else self.privacy.summary(rounds)
 
 
-def build_experiment(
-    cfg: RunConfig,
-    fed: Federation,
-    num_clients: int | None = None,
-    check_holdout: bool = True,
-    client_only: bool = False,
-) -> Experiment:
-    """The parts of one run over ``fed`` (already partitioned and fraction-reduced), built
-    from ``cfg``'s resolved components as they are (no registry lookup, no second check).
-
-    ``num_clients`` overrides the number of training clients the algorithm is built for (a
-    Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
-    that ``federation.holdout`` names clients of ``fed`` (the same SuperNode).
-    ``client_only=True`` (a pool worker, a SuperNode) builds the algorithm's client half
-    only (:func:`fedshift.algorithms.halves.client_class`: no server machinery such as
-    pFedHN's hypernetwork), composed so that the server side refuses to run."""
-    device = resolve_device(cfg.device)
+def _place(cfg: RunConfig, fed: Federation, device: torch.device) -> tuple[Federation, dict]:
+    """The federation placed for ``device`` (``run.data``) and what ``summary.json``'s
+    ``runtime`` says of the placement: precision, where the data lives, its storage."""
     placement = set_precision(device, cfg.run.deterministic, cfg.run.tf32)
     fed, where = place_data(fed, device, cfg.run.data)
     if device.type != "cpu":
@@ -115,18 +101,23 @@ def build_experiment(
     storage = fed.storage()
     if set(storage) != {"float32"}:  # images kept as their uint8 bytes (core/images.py)
         placement["data_storage"] = storage
-    fed_cfg = cfg.federation
-    task = make_task(fed.task, cfg.train.loss)
-    holdout = list(fed_cfg.holdout)
-    if check_holdout:
-        unknown = [h for h in holdout if h not in fed.client_names]
-        if unknown or len(set(holdout)) >= len(fed.clients):
-            raise ConfigError(
-                f"config key 'federation.holdout': {unknown or holdout} must name some "
-                f"but not all of the clients {fed.client_names}"
-                f"{name_hint(unknown, fed.client_names)}"
-            )
-    seed_global(cfg.seed, "init")
+    return fed, placement
+
+
+def _check_holdout(holdout: list[str], fed: Federation) -> None:
+    """``federation.holdout`` names some, not all, of the federation's clients."""
+    unknown = [h for h in holdout if h not in fed.client_names]
+    if unknown or len(set(holdout)) >= len(fed.clients):
+        raise ConfigError(
+            f"config key 'federation.holdout': {unknown or holdout} must name some "
+            f"but not all of the clients {fed.client_names}"
+            f"{name_hint(unknown, fed.client_names)}"
+        )
+
+
+def _model(cfg: RunConfig, fed: Federation, device: torch.device) -> FedModel:
+    """The run's model on ``device``, built for the images it sees (``input.size``), with
+    adapters (before the method wraps it) or LoRA (after)."""
     algo_cls, algo_params = cfg.algorithm.factory, cfg.algorithm.params
     # the images the model sees: the dataset's, or resized to input.size by the pipeline
     shape = model_input_shape(fed.input_shape, cfg.input.size)
@@ -144,17 +135,14 @@ def build_experiment(
     model.to(device)
     if MODELS.is_plugin(cfg.model.name) or ALGORITHMS.is_plugin(cfg.algorithm.name):
         check_model_output(model, seen, device, cfg.model.name)  # a plug-in's model
-    implied = algo_cls.implied_augments(algo_params)
-    augments = build_augments(cfg.augment, cfg.seed, fed.num_classes)
-    for a in augments:
-        a.attach(model)
-    sources = [c for c in fed.clients if c.name not in holdout]
-    source_fed = dataclasses.replace(fed, clients=sources)
-    train_clients = {c.name: c for c in algo_cls.training_data(source_fed)}
-    n = len(train_clients) if num_clients is None else num_clients
-    built = client_class(algo_cls) if client_only else algo_cls
-    algo: Algorithm = built(algo_params, cfg.train, fed_cfg, model, n)
-    composed = Composition(algo, augments, rule=algo_cls if client_only else None)
+    return model
+
+
+def _check_holdout_answer(
+    cfg: RunConfig, composed: Composition, algo: Algorithm, holdout: list[str]
+) -> None:
+    """A held-out site needs a model: refused for a method with personal tensors and no
+    new-site rule; said in the log for one that scores it only after the run."""
     if holdout and composed.has_personal_model and not algo.has_new_site_answer():
         raise ConfigError(
             f"config key 'federation.holdout': algorithm {cfg.algorithm.name!r} keeps "
@@ -170,6 +158,46 @@ def build_experiment(
             "`fedshift protocol new-site` scores them (the sources' mean local tensors, AdaBN)",
             cfg.algorithm.name, holdout,
         )  # fmt: skip
+
+
+def build_experiment(
+    cfg: RunConfig,
+    fed: Federation,
+    num_clients: int | None = None,
+    check_holdout: bool = True,
+    client_only: bool = False,
+) -> Experiment:
+    """The parts of one run over ``fed`` (already partitioned and fraction-reduced), built
+    from ``cfg``'s resolved components as they are (no registry lookup, no second check).
+
+    ``num_clients`` overrides the number of training clients the algorithm is built for (a
+    Flower SuperNode that loaded only its own site); ``check_holdout=False`` skips the check
+    that ``federation.holdout`` names clients of ``fed`` (the same SuperNode).
+    ``client_only=True`` (a pool worker, a SuperNode) builds the algorithm's client half
+    only (:func:`fedshift.algorithms.halves.client_class`: no server machinery such as
+    pFedHN's hypernetwork), composed so that the server side refuses to run."""
+    device = resolve_device(cfg.device)
+    fed, placement = _place(cfg, fed, device)
+    fed_cfg = cfg.federation
+    task = make_task(fed.task, cfg.train.loss)
+    holdout = list(fed_cfg.holdout)
+    if check_holdout:
+        _check_holdout(holdout, fed)
+    seed_global(cfg.seed, "init")
+    algo_cls, algo_params = cfg.algorithm.factory, cfg.algorithm.params
+    model = _model(cfg, fed, device)
+    implied = algo_cls.implied_augments(algo_params)
+    augments = build_augments(cfg.augment, cfg.seed, fed.num_classes)
+    for a in augments:
+        a.attach(model)
+    sources = [c for c in fed.clients if c.name not in holdout]
+    source_fed = dataclasses.replace(fed, clients=sources)
+    train_clients = {c.name: c for c in algo_cls.training_data(source_fed)}
+    n = len(train_clients) if num_clients is None else num_clients
+    built = client_class(algo_cls) if client_only else algo_cls
+    algo: Algorithm = built(algo_params, cfg.train, fed_cfg, model, n)
+    composed = Composition(algo, augments, rule=algo_cls if client_only else None)
+    _check_holdout_answer(cfg, composed, algo, holdout)
     privacy = None
     if cfg.privacy.epsilon is not None:  # the budget, before any client state: runtime/privacy
         privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape)

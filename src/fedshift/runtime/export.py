@@ -187,48 +187,9 @@ def predictor_path_for(path: str | Path) -> Path:
     return Path(path).with_suffix(".pt2")
 
 
-def export_model(
-    run_dir: str | Path,
-    out: str | Path,
-    weights: str = "selected",
-    client: str | None = None,
-    kind: str | None = None,
-    federation: Any = None,
-    site_stats: str | Path | torch.Tensor | None = None,
-    adabn: str | Path | torch.Tensor | None = None,
-) -> ExportedModel:
-    """Write the run's evaluated model as a plain ``state_dict`` to ``out``, its description
-    to ``out`` with the suffix ``.json`` and the self-contained predictor (the run's
-    evaluation of a test image as a ``torch.export`` program: :mod:`fedshift.runtime.predictor`)
-    to ``out`` with the suffix ``.pt2`` (see the module docstring); returns the paths and the
-    description. Imports the run's plug-ins and reads its checkpoint: use it on run
-    directories you trust (as ``fedshift.load_run(...).rebuild()``). ``federation``: the
-    loaded :class:`~fedshift.core.federation.Federation` of a run whose data its config cannot
-    load again (a run made with ``fedshift.run(..., federation=...)``). ``client``: also the
-    site whose evaluation transform a global model's predictor applies, where that transform
-    is each site's own (FedRDN); ``site_stats``: a folder of a new site's images (or those
-    images as a tensor) to compute that site's statistics from instead. ``adabn``: a new
-    site's images: the model that site takes (the global model, or the sources' mean local
-    tensors for FedBN / FRAug / DisTrans) with its BN statistics re-estimated on them
-    (AdaBN, as ``fedshift protocol new-site``'s ``adabn`` variant), and the site's input
-    transform from the same images.
-
-    Refuses (:class:`FedshiftError`), writing nothing, where the predictor could not compute
-    what the run's evaluation computes (the augment, algorithm or capture named)."""
-    from fedshift.core.config import lookup
-    from fedshift.runtime.predictor import (
-        PREDICTOR_FORMAT,
-        build_predictor,
-        decode_rule,
-        image_paths,
-        read_image_files,
-        write_predictor,
-    )
-    from fedshift.runtime.simulation import load_finished
-
-    out = Path(out)
-    desc_path = config_path_for(out)
-    pt2 = predictor_path_for(out)
+def _check_paths(run_dir: str | Path, out: Path) -> None:
+    """``out`` names a weights file (not the .pt2, not a folder); ``run_dir`` is a finished
+    run."""
     if out.suffix == ".pt2":
         raise FedshiftError(
             f"--out {out}: name the weights file (e.g. model.pt); the predictor is written "
@@ -241,77 +202,16 @@ def export_model(
             f"{run_dir} is not a finished fedshift run (no summary.json): give the folder of "
             "one finished run, or finish it first (fedshift run --resume DIR)"
         )
-    sim = load_finished(run_dir, federation=federation, weights=weights)
-    needs_site = _needs_site(sim)
-    shape = tuple(sim.fed.input_shape)
-    if adabn is not None:
-        if client is not None or site_stats is not None or kind is not None:
-            raise FedshiftError(
-                "--adabn DIR exports the model of a new site whose images are DIR (its "
-                "statistics too); drop --client, --kind and --site-stats"
-            )
-        from fedshift.runtime.newsite import adapted_weights
-        from fedshift.runtime.predictor import choose_site
 
-        site_images = _images(adabn, shape, read_image_files, image_paths)
-        states = choose_site(sim, "global", None, site_images).states
-        tensors = OrderedDict(adapted_weights(sim, site_images, states))
-        kind = "adabn"
-        program, site = build_predictor(sim, tensors, "global", None, site_images)
-        site["site"] = "a new site (AdaBN on the --adabn images)"
-    else:
-        site_ok = bool(_eval_transforms(sim)) and site_stats is None
-        kind, client = _pick(sim, client, kind, site=site_ok)
-        site_images = None
-        if site_stats is not None:
-            if not needs_site:
-                raise FedshiftError(
-                    "--site-stats: no augment of this run normalises with a site's own "
-                    "statistics (its evaluation is the same for every site); drop --site-stats"
-                )
-            site_images = _images(site_stats, shape, read_image_files, image_paths)
-        state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
-        tensors = OrderedDict(
-            (k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items()
-        )
-        site_client = client if kind == "personal" or site_images is None else None
-        program, site = build_predictor(sim, tensors, kind, site_client, site_images)
+
+def _description(sim: Any, out: Path, pt2: Path, tensors: dict, source: dict) -> dict:
+    """``model.json``: the files and their SHA-256, the model section, the input rule,
+    whether the tensors are the plain model's, the method and where it came from."""
+    from fedshift.core.config import lookup
+
     cfg, fed = sim.cfg, sim.fed
-    summary = read_json(Path(run_dir) / "summary.json")
-    rnd = int(summary["best_round"]) if weights == "selected" else sim.round
     raw = cfg.to_dict()
-    source = {
-        "run_dir": str(Path(run_dir).resolve()),
-        "dataset": fed.name,
-        "seed": cfg.seed,
-        "weights": weights,
-        "round": rnd,
-        "kind": kind,
-        "client": client if kind == "personal" else None,
-        "site": site["site"],
-        "site_stats": _where(site_stats),
-        "adabn": _where(adabn),
-    }
-    meta = {
-        "format": PREDICTOR_FORMAT,
-        "fedshift": fedshift.__version__,
-        "torch": torch.__version__,
-        "task": fed.task,
-        "classes": list(fed.classes),
-        "input_shape": list(fed.input_shape),
-        "decode": decode_rule(tuple(fed.input_shape)),
-        "batch_size": sim.exp.eval_batch_size,
-        "batch_dependent": _batch_dependent(sim.model),
-        "algorithm": raw["algorithm"],
-        "augment": raw["augment"],
-        **site,
-        "source": source,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(out) as tmp:
-        torch.save(tensors, tmp)
-    write_predictor(pt2, program, meta)
-    desc = {
+    return {
         "format": EXPORT_FORMAT,
         "fedshift": fedshift.__version__,
         "torch": torch.__version__,
@@ -341,6 +241,143 @@ def export_model(
         "source": source,
         "config": raw,
     }
+
+
+def _adabn_model(sim: Any, adabn: Any) -> tuple[OrderedDict, Any, dict]:
+    """``--adabn``: the model a new site takes, its BN statistics re-estimated on the
+    ``adabn`` images (their statistics its input transform too), and its predictor."""
+    from fedshift.runtime.newsite import adapted_weights
+    from fedshift.runtime.predictor import (
+        build_predictor,
+        choose_site,
+        image_paths,
+        read_image_files,
+    )
+
+    shape = tuple(sim.fed.input_shape)
+    site_images = _images(adabn, shape, read_image_files, image_paths)
+    states = choose_site(sim, "global", None, site_images).states
+    tensors = OrderedDict(adapted_weights(sim, site_images, states))
+    program, site = build_predictor(sim, tensors, "global", None, site_images)
+    site["site"] = "a new site (AdaBN on the --adabn images)"
+    return tensors, program, site
+
+
+def _run_model(
+    sim: Any, client: str | None, kind: str | None, site_stats: Any
+) -> tuple[str, str | None, OrderedDict, Any, dict]:
+    """The run's own model of ``kind`` (for ``client``), the site transform from
+    ``site_stats`` where given, and its predictor; returns the kind and client picked."""
+    from fedshift.runtime.predictor import build_predictor, image_paths, read_image_files
+
+    site_ok = bool(_eval_transforms(sim)) and site_stats is None
+    kind, client = _pick(sim, client, kind, site=site_ok)
+    site_images = None
+    if site_stats is not None:
+        if not _needs_site(sim):
+            raise FedshiftError(
+                "--site-stats: no augment of this run normalises with a site's own "
+                "statistics (its evaluation is the same for every site); drop --site-stats"
+            )
+        shape = tuple(sim.fed.input_shape)
+        site_images = _images(site_stats, shape, read_image_files, image_paths)
+    state = sim.weights_for(client or next(iter(sim.train_clients)), kind)
+    tensors = OrderedDict((k, v.detach().to("cpu").clone().contiguous()) for k, v in state.items())
+    site_client = client if kind == "personal" or site_images is None else None
+    program, site = build_predictor(sim, tensors, kind, site_client, site_images)
+    return kind, client, tensors, program, site
+
+
+def _predictor_meta(sim: Any, site: dict, source: dict) -> dict:
+    """The predictor's own description (inside the .pt2): format, versions, task, classes,
+    input and decode rule, batch rule, method, the site transform and the source."""
+    from fedshift.runtime.predictor import PREDICTOR_FORMAT, decode_rule
+
+    fed, raw = sim.fed, sim.cfg.to_dict()
+    return {
+        "format": PREDICTOR_FORMAT,
+        "fedshift": fedshift.__version__,
+        "torch": torch.__version__,
+        "task": fed.task,
+        "classes": list(fed.classes),
+        "input_shape": list(fed.input_shape),
+        "decode": decode_rule(tuple(fed.input_shape)),
+        "batch_size": sim.exp.eval_batch_size,
+        "batch_dependent": _batch_dependent(sim.model),
+        "algorithm": raw["algorithm"],
+        "augment": raw["augment"],
+        **site,
+        "source": source,
+    }
+
+
+def export_model(
+    run_dir: str | Path,
+    out: str | Path,
+    weights: str = "selected",
+    client: str | None = None,
+    kind: str | None = None,
+    federation: Any = None,
+    site_stats: str | Path | torch.Tensor | None = None,
+    adabn: str | Path | torch.Tensor | None = None,
+) -> ExportedModel:
+    """Write the run's evaluated model as a plain ``state_dict`` to ``out``, its description
+    to ``out`` with the suffix ``.json`` and the self-contained predictor (the run's
+    evaluation of a test image as a ``torch.export`` program: :mod:`fedshift.runtime.predictor`)
+    to ``out`` with the suffix ``.pt2`` (see the module docstring); returns the paths and the
+    description. Imports the run's plug-ins and reads its checkpoint: use it on run
+    directories you trust (as ``fedshift.load_run(...).rebuild()``). ``federation``: the
+    loaded :class:`~fedshift.core.federation.Federation` of a run whose data its config cannot
+    load again (a run made with ``fedshift.run(..., federation=...)``). ``client``: also the
+    site whose evaluation transform a global model's predictor applies, where that transform
+    is each site's own (FedRDN); ``site_stats``: a folder of a new site's images (or those
+    images as a tensor) to compute that site's statistics from instead. ``adabn``: a new
+    site's images: the model that site takes (the global model, or the sources' mean local
+    tensors for FedBN / FRAug / DisTrans) with its BN statistics re-estimated on them
+    (AdaBN, as ``fedshift protocol new-site``'s ``adabn`` variant), and the site's input
+    transform from the same images.
+
+    Refuses (:class:`FedshiftError`), writing nothing, where the predictor could not compute
+    what the run's evaluation computes (the augment, algorithm or capture named)."""
+    from fedshift.runtime.predictor import write_predictor
+    from fedshift.runtime.simulation import load_finished
+
+    out = Path(out)
+    desc_path = config_path_for(out)
+    pt2 = predictor_path_for(out)
+    _check_paths(run_dir, out)
+    sim = load_finished(run_dir, federation=federation, weights=weights)
+    if adabn is not None:
+        if client is not None or site_stats is not None or kind is not None:
+            raise FedshiftError(
+                "--adabn DIR exports the model of a new site whose images are DIR (its "
+                "statistics too); drop --client, --kind and --site-stats"
+            )
+        kind = "adabn"
+        tensors, program, site = _adabn_model(sim, adabn)
+    else:
+        kind, client, tensors, program, site = _run_model(sim, client, kind, site_stats)
+    cfg, fed = sim.cfg, sim.fed
+    summary = read_json(Path(run_dir) / "summary.json")
+    rnd = int(summary["best_round"]) if weights == "selected" else sim.round
+    source = {
+        "run_dir": str(Path(run_dir).resolve()),
+        "dataset": fed.name,
+        "seed": cfg.seed,
+        "weights": weights,
+        "round": rnd,
+        "kind": kind,
+        "client": client if kind == "personal" else None,
+        "site": site["site"],
+        "site_stats": _where(site_stats),
+        "adabn": _where(adabn),
+    }
+    meta = _predictor_meta(sim, site, source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out) as tmp:
+        torch.save(tensors, tmp)
+    write_predictor(pt2, program, meta)
+    desc = _description(sim, out, pt2, tensors, source)
     write_text_atomic(desc_path, json.dumps(desc, indent=2) + "\n")
     return ExportedModel(out, desc_path, desc, pt2)
 

@@ -9,8 +9,8 @@
 
 from fedshift.data.digits.benchmark import (
     CLASSES,
+    DIGITS_DATASET,
     DOMAINS,
-    DigitsDataset,
     DigitsParams,
     build_digits,
     load_digits,
@@ -22,7 +22,7 @@ from fedshift.data.digits.sources import fetch_opencv
 __all__ = [
     "CLASSES",
     "DOMAINS",
-    "DigitsDataset",
+    "DIGITS_DATASET",
     "DigitsParams",
     "build_digits",
     "fetch_opencv",

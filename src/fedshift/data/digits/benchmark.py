@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedshift.core.bounds import bounded
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.files import save_figure
@@ -43,7 +44,7 @@ REBUILD_CMD = "fedshift data build digits --force"
 SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 __all__ = [
-    "DigitsDataset",
+    "DIGITS_DATASET",
     "CLASSES",
     "DOMAINS",
     "DigitsParams",
@@ -371,14 +372,8 @@ def show_digits(params: DigitsParams, out_png: Path, per_domain: int = 10) -> di
     return fed.counts()
 
 
-class DigitsDataset:
-    """The ``digits`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "digits"
-    Params = DigitsParams
-    task = "classification"
-    description = (
-        "offline Digits: mnist, mnistm, optdigits, synth, opencv (real data from packages)"
-    )
-    load = staticmethod(load_digits)
+#: the ``digits`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+DIGITS_DATASET = Dataset(
+    "digits", DigitsParams, "classification", load_digits,
+    "offline Digits: mnist, mnistm, optdigits, synth, opencv (real data from packages)",
+)  # fmt: skip

@@ -55,7 +55,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedshift.core.datasets import MAX_CLASSES, TASK_FROM_PARAMS
+from fedshift.core.datasets import MAX_CLASSES, TASK_FROM_PARAMS, Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.memory import check_fits
@@ -84,7 +84,7 @@ from fedshift.data.common.sites import check_sites_key, client_names
 from fedshift.data.common.split_lists import check_split_keys
 
 __all__ = [
-    "ArraysDataset",
+    "ARRAYS_DATASET",
     "ArraysParams",
     "SiteArrays",
     "build_federation",
@@ -570,14 +570,8 @@ def load_arrays(params: ArraysParams) -> Federation:
     return build_federation(read_site_files(root, params.sites), params)
 
 
-class ArraysDataset:
-    """The ``arrays`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "arrays"
-    Params = ArraysParams
-    task = TASK_FROM_PARAMS
-    description = (
-        "your numpy arrays: <root>/<site>.npz (x, y[, split]) or fedshift.run(federation=...)"
-    )
-    load = staticmethod(load_arrays)
+#: the ``arrays`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+ARRAYS_DATASET = Dataset(
+    "arrays", ArraysParams, TASK_FROM_PARAMS, load_arrays,
+    "your numpy arrays: <root>/<site>.npz (x, y[, split]) or fedshift.run(federation=...)",
+)  # fmt: skip

@@ -34,6 +34,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.common.checks import check_cap, check_root_key, check_seed, require_root
@@ -268,23 +269,15 @@ def load_cifar100(params: CifarParams) -> Federation:
     return load_cifar(CIFAR_SPECS["cifar100"], params)
 
 
-class CIFAR10Dataset:
-    """The ``cifar10`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "cifar10"
-    Params = CifarParams
-    task = "classification"
-    description = "CIFAR-10 (your python batches); partition it"
-    load = staticmethod(load_cifar10)
+#: the ``cifar10`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+CIFAR10_DATASET = Dataset(
+    "cifar10", CifarParams, "classification", load_cifar10,
+    "CIFAR-10 (your python batches); partition it",
+)  # fmt: skip
 
 
-class CIFAR100Dataset:
-    """The ``cifar100`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "cifar100"
-    Params = CifarParams
-    task = "classification"
-    description = "CIFAR-100 (your python batches); partition it"
-    load = staticmethod(load_cifar100)
+#: the ``cifar100`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+CIFAR100_DATASET = Dataset(
+    "cifar100", CifarParams, "classification", load_cifar100,
+    "CIFAR-100 (your python batches); partition it",
+)  # fmt: skip

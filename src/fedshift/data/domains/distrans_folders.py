@@ -78,6 +78,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import Federation
 from fedshift.data.common.checks import (
@@ -101,8 +102,8 @@ from fedshift.data.common.sampling import stratified_subsample
 from fedshift.data.common.seeding import seeded_rng
 
 __all__ = [
-    "CHMNISTDataset",
-    "CUB200Dataset",
+    "CHMNIST_DATASET",
+    "CUB200_DATASET",
     "CHMNIST_CLASSES",
     "CHMNISTParams",
     "CUBParams",
@@ -539,25 +540,15 @@ def load_cub200(params: CUBParams, *, progress: bool = True) -> Federation:
     return fed
 
 
-class CHMNISTDataset:
-    """The ``chmnist`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "chmnist"
-    Params = CHMNISTParams
-    task = "classification"
-    description = (
-        "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it"
-    )
-    load = staticmethod(load_chmnist)
+#: the ``chmnist`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+CHMNIST_DATASET = Dataset(
+    "chmnist", CHMNISTParams, "classification", load_chmnist,
+    "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it",
+)  # fmt: skip
 
 
-class CUB200Dataset:
-    """The ``cub200`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "cub200"
-    Params = CUBParams
-    task = "classification"
-    description = "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it"
-    load = staticmethod(load_cub200)
+#: the ``cub200`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+CUB200_DATASET = Dataset(
+    "cub200", CUBParams, "classification", load_cub200,
+    "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
+)  # fmt: skip

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from fedshift.core.bounds import bounded
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.files import save_figure
@@ -72,7 +73,7 @@ IDX_LABELS = 0x00000801  # unsigned bytes, 1 dimension
 SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 __all__ = [
-    "FashionMNISTDataset",
+    "FASHION_MNIST_DATASET",
     "CLASSES",
     "FashionParams",
     "apt_download",
@@ -326,14 +327,8 @@ def show_fashion(params: FashionParams, out_png: Path, per_class: int = 10) -> d
     }
 
 
-class FashionMNISTDataset:
-    """The ``fashion-mnist`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "fashion-mnist"
-    Params = FashionParams
-    task = "classification"
-    description = (
-        "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition"
-    )
-    load = staticmethod(load_fashion)
+#: the ``fashion-mnist`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+FASHION_MNIST_DATASET = Dataset(
+    "fashion-mnist", FashionParams, "classification", load_fashion,
+    "Fashion-MNIST (Debian dataset-fashion-mnist), one client; re-split it with a partition",
+)  # fmt: skip

@@ -77,6 +77,7 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.images import MemoryBudget
@@ -105,9 +106,9 @@ from fedshift.data.common.sampling import stratified_subsample
 from fedshift.data.common.seeding import seeded_rng
 
 __all__ = [
-    "Digits5Dataset",
-    "OfficeCaltech10Dataset",
-    "DomainNetDataset",
+    "DIGITS5_DATASET",
+    "OFFICE_CALTECH10_DATASET",
+    "DOMAIN_NET_DATASET",
     "DIGITS5_CLASSES",
     "DIGITS5_DOMAINS",
     "DOMAINNET_CLASSES",
@@ -191,7 +192,7 @@ class Digits5Params:
 
 
 def digits5_parts(percent: float) -> tuple[int, float | None]:
-    """FedBN's ``DigitsDataset`` rule: ``(parts, None)`` for ``percent >= 0.1`` (the first
+    """FedBN's ``DIGITS_DATASET`` rule: ``(parts, None)`` for ``percent >= 0.1`` (the first
     ``int(percent * 10)`` parts), else ``(1, percent)``: the first ``int(N0 * percent * 10)``
     images of ``train_part0``."""
     if percent >= 0.1:
@@ -664,40 +665,22 @@ def load_domainnet(params: DomainNetParams, *, progress: bool = True) -> Federat
     return load_pickled_federation(params, progress)
 
 
-class Digits5Dataset:
-    """The ``digits5`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "digits5"
-    Params = Digits5Params
-    task = "classification"
-    description = (
-        "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)"
-    )
-    load = staticmethod(load_digits5)
+#: the ``digits5`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+DIGITS5_DATASET = Dataset(
+    "digits5", Digits5Params, "classification", load_digits5,
+    "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)",
+)  # fmt: skip
 
 
-class OfficeCaltech10Dataset:
-    """The ``office-caltech10`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "office-caltech10"
-    Params = OfficeParams
-    task = "classification"
-    description = (
-        "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)"
-    )
-    load = staticmethod(load_office)
+#: the ``office-caltech10`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+OFFICE_CALTECH10_DATASET = Dataset(
+    "office-caltech10", OfficeParams, "classification", load_office,
+    "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)",
+)  # fmt: skip
 
 
-class DomainNetDataset:
-    """The ``domainnet`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "domainnet"
-    Params = DomainNetParams
-    task = "classification"
-    description = (
-        "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)"
-    )
-    load = staticmethod(load_domainnet)
+#: the ``domainnet`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+DOMAIN_NET_DATASET = Dataset(
+    "domainnet", DomainNetParams, "classification", load_domainnet,
+    "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)",
+)  # fmt: skip

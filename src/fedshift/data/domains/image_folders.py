@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.core.federation import Federation
 from fedshift.data.common.checks import (
@@ -79,8 +80,8 @@ from fedshift.data.domains.class_folders import (
 )
 
 __all__ = [
-    "PACSDataset",
-    "OfficeHomeDataset",
+    "PACS_DATASET",
+    "OFFICE_HOME_DATASET",
     "OFFICEHOME_DOMAINS",
     "PACS_DOMAINS",
     "OfficeHomeParams",
@@ -288,23 +289,15 @@ def load_officehome(params: OfficeHomeParams, *, progress: bool = True) -> Feder
     return load_folder_federation(params, progress)
 
 
-class PACSDataset:
-    """The ``pacs`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "pacs"
-    Params = PACSParams
-    task = "classification"
-    description = "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)"
-    load = staticmethod(load_pacs)
+#: the ``pacs`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+PACS_DATASET = Dataset(
+    "pacs", PACSParams, "classification", load_pacs,
+    "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)",
+)  # fmt: skip
 
 
-class OfficeHomeDataset:
-    """The ``officehome`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "officehome"
-    Params = OfficeHomeParams
-    task = "classification"
-    description = "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)"
-    load = staticmethod(load_officehome)
+#: the ``officehome`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+OFFICE_HOME_DATASET = Dataset(
+    "officehome", OfficeHomeParams, "classification", load_officehome,
+    "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)",
+)  # fmt: skip

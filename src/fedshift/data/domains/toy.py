@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fedshift.core.bounds import bounded
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError
 from fedshift.core.federation import ClientData, Federation, Split
 
@@ -142,23 +143,15 @@ def load_toyseg(p: ToySegParams) -> Federation:
     )
 
 
-class ToyshiftDataset:
-    """The ``toyshift`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "toyshift"
-    Params = ToyParams
-    task = "classification"
-    description = "tiny synthetic feature-shift data for smoke tests"
-    load = staticmethod(load_toy)
+#: the ``toyshift`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+TOYSHIFT_DATASET = Dataset(
+    "toyshift", ToyParams, "classification", load_toy,
+    "tiny synthetic feature-shift data for smoke tests",
+)  # fmt: skip
 
 
-class ToysegDataset:
-    """The ``toyseg`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "toyseg"
-    Params = ToySegParams
-    task = "segmentation"
-    description = "tiny synthetic segmentation data with feature shift (tests)"
-    load = staticmethod(load_toyseg)
+#: the ``toyseg`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+TOYSEG_DATASET = Dataset(
+    "toyseg", ToySegParams, "segmentation", load_toyseg,
+    "tiny synthetic segmentation data with feature shift (tests)",
+)  # fmt: skip

@@ -55,6 +55,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.federation import SPLITS, Federation
 from fedshift.data.common.checks import (
@@ -367,14 +368,8 @@ def load_folders(params: FoldersParams, *, progress: bool = True) -> Federation:
     return fed
 
 
-class FoldersDataset:
-    """The ``folders`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "folders"
-    Params = FoldersParams
-    task = "classification"
-    description = (
-        "your images: <root>/<site>/<class>/<image>, one client per site (`fedshift docs datasets`)"
-    )
-    load = staticmethod(load_folders)
+#: the ``folders`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+FOLDERS_DATASET = Dataset(
+    "folders", FoldersParams, "classification", load_folders,
+    "your images: <root>/<site>/<class>/<image>, one client per site (`fedshift docs datasets`)",
+)  # fmt: skip

@@ -61,6 +61,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import Federation
 from fedshift.core.images import MemoryBudget
@@ -99,7 +100,7 @@ WILDS (camelyon17_v1.0):            HarmoFL:
 SIZE_KEYS = {"train": "train_size", "val": "val_size", "test": "test_size"}
 
 __all__ = [
-    "Camelyon17Dataset",
+    "CAMELYON17_DATASET",
     "CLASSES",
     "HOSPITALS",
     "CamelyonParams",
@@ -467,14 +468,8 @@ def load_camelyon(params: CamelyonParams) -> Federation:
     return fed
 
 
-class Camelyon17Dataset:
-    """The ``camelyon17`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "camelyon17"
-    Params = CamelyonParams
-    task = "classification"
-    description = (
-        "Camelyon17 histology patches, five hospitals (your WILDS or HarmoFL data.pkl folder)"
-    )
-    load = staticmethod(load_camelyon)
+#: the ``camelyon17`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+CAMELYON17_DATASET = Dataset(
+    "camelyon17", CamelyonParams, "classification", load_camelyon,
+    "Camelyon17 histology patches, five hospitals (your WILDS or HarmoFL data.pkl folder)",
+)  # fmt: skip

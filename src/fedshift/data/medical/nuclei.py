@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import check_size, require_root
@@ -203,14 +204,8 @@ def load_nuclei(params: NucleiParams) -> Federation:
     return fed
 
 
-class NucleiDataset:
-    """The ``nuclei`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "nuclei"
-    Params = NucleiParams
-    task = "segmentation"
-    description = (
-        "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})"
-    )
-    load = staticmethod(load_nuclei)
+#: the ``nuclei`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+NUCLEI_DATASET = Dataset(
+    "nuclei", NucleiParams, "segmentation", load_nuclei,
+    "nuclei segmentation, one site per folder (your <site>/{train,val,test}/{images,labels})",
+)  # fmt: skip

@@ -101,6 +101,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.common import cache
@@ -129,7 +130,7 @@ TREE = """\
   RUNMC/  or ISBI_1.5/        (masks may be CaseXX_Segmentation.nii.gz)"""
 
 __all__ = [
-    "ProstateDataset",
+    "PROSTATE_DATASET",
     "CLASSES",
     "SITES",
     "ProstateParams",
@@ -582,14 +583,8 @@ def load_prostate(params: ProstateParams) -> Federation:
     return fed
 
 
-class ProstateDataset:
-    """The ``prostate`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "prostate"
-    Params = ProstateParams
-    task = "segmentation"
-    description = (
-        "multi-site prostate MRI segmentation (your NIfTI files: BIDMC, HK, I2CVB, BMC, RUNMC, UCL)"
-    )
-    load = staticmethod(load_prostate)
+#: the ``prostate`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+PROSTATE_DATASET = Dataset(
+    "prostate", ProstateParams, "segmentation", load_prostate,
+    "multi-site prostate MRI segmentation (your NIfTI files: BIDMC, HK, I2CVB, BMC, RUNMC, UCL)",
+)  # fmt: skip

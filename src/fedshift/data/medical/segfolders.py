@@ -57,6 +57,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.data.common.checks import (
@@ -408,14 +409,8 @@ def load_segfolders(params: SegFoldersParams) -> Federation:
     return fed
 
 
-class SegFoldersDataset:
-    """The ``segfolders`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "segfolders"
-    Params = SegFoldersParams
-    task = "segmentation"
-    description = (
-        "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)"
-    )
-    load = staticmethod(load_segfolders)
+#: the ``segfolders`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+SEG_FOLDERS_DATASET = Dataset(
+    "segfolders", SegFoldersParams, "segmentation", load_segfolders,
+    "your segmentation data: <root>/<site>/{images,masks}/ (PNG/TIFF or NIfTI volumes)",
+)  # fmt: skip

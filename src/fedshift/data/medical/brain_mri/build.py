@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.files import save_figure
@@ -215,14 +216,8 @@ def scanner_preview(params: BrainMRIParams, path: str | Path, slice_id: str | No
     return {"slices": ids, "path": str(path)}
 
 
-class BrainMRIDataset:
-    """The ``brain-mri`` dataset as fedshift registers it (the dataset contract,
-    :mod:`fedshift.core.datasets`: the shape a plug-in has)."""
-
-    name = "brain-mri"
-    Params = BrainMRIParams
-    task = "segmentation"
-    description = (
-        "offline segmentation: real MNI152 brain anatomy (nilearn), K sites with simulated scanners"
-    )
-    load = staticmethod(load_brain_mri)
+#: the ``brain-mri`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
+BRAIN_MRI_DATASET = Dataset(
+    "brain-mri", BrainMRIParams, "segmentation", load_brain_mri,
+    "offline segmentation: real MNI152 brain anatomy (nilearn), K sites with simulated scanners",
+)  # fmt: skip
