@@ -31,9 +31,10 @@ that calls ``sys.exit`` (:class:`SystemExit`) is the same kind of error
 
 :class:`DatasetSpec` states it as a typing protocol. A dataset is a class (or an object)
 with these attributes (and an optional one-line ``description``): a built-in one is a
-:class:`Dataset` beside its loader, listed in :data:`fedshift.data.BUILT_IN`; a plug-in is found by
-an entry point in group ``fedshift.datasets`` or named ``module:Class``. Both are checked by
-:func:`dataset_entry` when they are registered and by :func:`check_loaded` when they load.
+:class:`Dataset` beside its loader, listed in :data:`fedshift.data.BUILT_IN`; a plug-in is
+found by an entry point in group ``fedshift.datasets`` or named ``module:Class``. Both are
+checked by :func:`dataset_entry` when they are registered and by :func:`check_loaded` when
+they load.
 """
 
 from __future__ import annotations

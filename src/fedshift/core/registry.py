@@ -2,10 +2,10 @@
 
 Every built-in component is registered by one :meth:`Registry.add` in its kind's package
 ``__init__`` (``ALGORITHMS.add(name, cls, Params)``, ``MODELS.add(name, cls, Params,
-description)``; datasets: each built-in :class:`~fedshift.core.datasets.Dataset`, shaped as a plug-in, through the
-plug-ins' check and then ``DATASETS.add``): the name, the implementation, its parameter
-dataclass, a one-line description and, for a registry made with ``tasks`` (datasets), the
-task, which lives on the :class:`Entry`.
+description)``; datasets: each built-in :class:`~fedshift.core.datasets.Dataset`, shaped as
+a plug-in, through the plug-ins' check and then ``DATASETS.add``): the name, the
+implementation, its parameter dataclass, a one-line description and, for a registry made
+with ``tasks`` (datasets), the task, which lives on the :class:`Entry`.
 
 A registry that accepts plug-ins (:meth:`Registry.accept_plugins`; the catalog switches it on
 for algorithms, augments, models and datasets) also finds components that are not built in,
