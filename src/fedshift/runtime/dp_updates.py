@@ -33,7 +33,7 @@ the noisy mean), HarmoFL and FedRDN run unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,11 +44,11 @@ from fedshift.core.dp_updates import UpdateMechanism, clip_update
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.runtime.client import check_reply
+from fedshift.runtime.transport import WrappedTransport
 
 if TYPE_CHECKING:
-    from fedshift.core.federation import Federation
     from fedshift.runtime.experiment import Experiment
-    from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, Transport
+    from fedshift.runtime.transport import Transport
 
 #: the record the updates' mechanism protects
 WEIGHTS = "weights"
@@ -134,30 +134,16 @@ class UpdatePrivacy:
         return [(DP_CLIENT, Payload(records, num_examples=total))]
 
 
-class DPTransport:
+class DPTransport(WrappedTransport):
     """A transport whose replies' weights are clipped as they arrive from the client code
     (:meth:`UpdatePrivacy.clip`); every other call goes to the wrapped transport."""
 
     def __init__(self, inner: Transport, dp: UpdatePrivacy) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.dp = dp
-        self.name = inner.name
 
-    def __getattr__(self, name: str) -> Any:  # the wrapped transport's own attributes
-        return getattr(self.inner, name)
-
-    def connect(self, cfg: RunConfig) -> Federation:
-        return self.inner.connect(cfg)
-
-    def attach(self, exp: Experiment, run: RunIdentity) -> None:
-        self.dp.check(exp)  # before any client state is built
-        self.inner.attach(exp, run)
-
-    def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]:
-        return self.inner.setup_reply(cids)
-
-    def setup_receive(self, downs: dict[str, Payload]) -> list[str]:
-        return self.inner.setup_receive(downs)
+    def check(self, exp: Experiment) -> None:
+        self.dp.check(exp)
 
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
@@ -174,26 +160,3 @@ class DPTransport:
         for cid, up in replies.items():  # a NaN is refused before it is clipped away
             check_reply(rnd, cid, up)
         return {cid: self.dp.clip(rnd, cid, up) for cid, up in replies.items()}, lost
-
-    def evaluate(
-        self, rnd: int, cids: list[str], request: EvalRequest
-    ) -> tuple[dict[str, Scores], list[str]]:
-        return self.inner.evaluate(rnd, cids, request)
-
-    def state_dict(self) -> dict | None:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict | None) -> None:
-        self.inner.load_state_dict(state)
-
-    def begin_round(self, cids: list[str]) -> None:
-        self.inner.begin_round(cids)
-
-    def rollback(self) -> None:
-        self.inner.rollback()
-
-    def info(self) -> dict | None:
-        return self.inner.info()
-
-    def close(self) -> None:
-        self.inner.close()

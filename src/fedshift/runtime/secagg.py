@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -71,13 +71,13 @@ from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed, generator
 from fedshift.runtime.client import check_reply
+from fedshift.runtime.transport import WrappedTransport
 
 if TYPE_CHECKING:
     from fedshift.algorithms.base import Algorithm
     from fedshift.augment.base import Augment
-    from fedshift.core.federation import Federation
     from fedshift.runtime.experiment import Experiment
-    from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, Transport
+    from fedshift.runtime.transport import Transport
 
 #: the record of a masked reply that holds its weight and example count
 META = "secagg"
@@ -367,30 +367,16 @@ class SecureAggregation:
         return [(SUM_CLIENT, summed)]
 
 
-class SecureTransport:
+class SecureTransport(WrappedTransport):
     """A transport whose replies are masked as they arrive from the client code
     (:meth:`SecureAggregation.mask`); every other call goes to the wrapped transport."""
 
     def __init__(self, inner: Transport, secure: SecureAggregation) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.secure = secure
-        self.name = inner.name
 
-    def __getattr__(self, name: str) -> Any:  # the wrapped transport's own attributes
-        return getattr(self.inner, name)
-
-    def connect(self, cfg: RunConfig) -> Federation:
-        return self.inner.connect(cfg)
-
-    def attach(self, exp: Experiment, run: RunIdentity) -> None:
-        self.secure.check(exp)  # before any client state is built
-        self.inner.attach(exp, run)
-
-    def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]:
-        return self.inner.setup_reply(cids)
-
-    def setup_receive(self, downs: dict[str, Payload]) -> list[str]:
-        return self.inner.setup_receive(downs)
+    def check(self, exp: Experiment) -> None:
+        self.secure.check(exp)
 
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
@@ -405,23 +391,6 @@ class SecureTransport:
         masked = {cid: self.secure.mask(rnd, cid, cids, up) for cid, up in replies.items()}
         return masked, lost
 
-    def evaluate(
-        self, rnd: int, cids: list[str], request: EvalRequest
-    ) -> tuple[dict[str, Scores], list[str]]:
-        return self.inner.evaluate(rnd, cids, request)
-
-    def state_dict(self) -> dict | None:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict | None) -> None:
-        self.inner.load_state_dict(state)
-
-    def begin_round(self, cids: list[str]) -> None:
-        self.inner.begin_round(cids)
-
-    def rollback(self) -> None:
-        self.inner.rollback()
-
     def info(self) -> dict | None:
         info = self.inner.info()
         if info is None:
@@ -430,6 +399,3 @@ class SecureTransport:
         extra = info.pop("secure_aggregation", {})  # Flower's: its protocol and key bytes
         keys = {"frac_bits": fp.frac_bits, "modulus_bits": fp.modulus_bits, **extra}
         return {**info, "secure_aggregation": keys}
-
-    def close(self) -> None:
-        self.inner.close()

@@ -131,3 +131,60 @@ class Transport(Protocol):
     def info(self) -> dict | None: ...
 
     def close(self) -> None: ...
+
+
+class WrappedTransport:
+    """A transport around another (secure aggregation, DP-FedAvg): every call goes to the
+    wrapped ``inner`` transport (its own attributes too); a subclass changes :meth:`train`
+    and checks the experiment in :meth:`check` before any client state is built."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped transport's own attributes
+        return getattr(self.inner, name)
+
+    def check(self, exp: Experiment) -> None:
+        """Refuse an experiment the wrapper cannot protect (before any client state)."""
+
+    def connect(self, cfg: RunConfig) -> Federation:
+        return self.inner.connect(cfg)
+
+    def attach(self, exp: Experiment, run: RunIdentity) -> None:
+        self.check(exp)
+        self.inner.attach(exp, run)
+
+    def setup_reply(self, cids: list[str]) -> tuple[dict[str, Payload], list[str]]:
+        return self.inner.setup_reply(cids)
+
+    def setup_receive(self, downs: dict[str, Payload]) -> list[str]:
+        return self.inner.setup_receive(downs)
+
+    def train(
+        self, rnd: int, cids: list[str], down: Callable[[str], Payload]
+    ) -> tuple[dict[str, Payload], list[str]]:
+        return self.inner.train(rnd, cids, down)
+
+    def evaluate(
+        self, rnd: int, cids: list[str], request: EvalRequest
+    ) -> tuple[dict[str, Scores], list[str]]:
+        return self.inner.evaluate(rnd, cids, request)
+
+    def state_dict(self) -> dict | None:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self.inner.load_state_dict(state)
+
+    def begin_round(self, cids: list[str]) -> None:
+        self.inner.begin_round(cids)
+
+    def rollback(self) -> None:
+        self.inner.rollback()
+
+    def info(self) -> dict | None:
+        return self.inner.info()
+
+    def close(self) -> None:
+        self.inner.close()
