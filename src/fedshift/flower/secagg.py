@@ -89,7 +89,7 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
-from fedshift.runtime.secagg import META, FixedPoint
+from fedshift.runtime.secagg import META, FixedPoint, element_name, flat_records
 
 if TYPE_CHECKING:
     from fedshift.flower.transport import GridTransport
@@ -146,20 +146,13 @@ def encode(
     clip = workflow_params(fp)["clipping_range"]
     names = _layout(up)
     scaled = weight / weight_scale
-    parts = [up.records[r][k].detach().to("cpu", torch.float64).flatten()
-             * (1.0 if r in uniform else scaled) for r, k in names]  # fmt: skip
+    parts = flat_records(up, names, uniform, scaled)
     extra = torch.tensor([scaled, up.num_examples / examples_scale], dtype=torch.float64)
     values = torch.cat([*parts, extra])
     over = values.abs() > clip
     if bool(over.any()):
         i = int(over.nonzero()[0])
-        where, at = "the weight", i
-        for r, k in names:
-            n = up.records[r][k].numel()
-            if at < n:
-                where = f"tensor {r}/{k}"
-                break
-            at -= n
+        where = element_name(up, names, i)
         raise FedshiftError(
             f"round {rnd}: client {cid!r}: Flower's SecAgg+ would clip {where} (value "
             f"{float(values[i]):.4g} outside its clipping range +-{clip:g} = "

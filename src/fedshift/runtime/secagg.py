@@ -131,6 +131,27 @@ def _layout(up: Payload) -> list[tuple[str, str]]:
     return [(r, k) for r in sorted(up.records) for k in sorted(up.records[r])]
 
 
+def flat_records(
+    up: Payload, names: list[tuple[str, str]], uniform: frozenset[str], factor: float
+) -> list[torch.Tensor]:
+    """The reply's tensors ``names`` flattened in float64, each times ``factor`` (its weight)
+    unless its record is averaged plainly (``uniform``)."""
+    return [up.records[r][k].detach().to("cpu", torch.float64).flatten()
+            * (1.0 if r in uniform else factor) for r, k in names]  # fmt: skip
+
+
+def element_name(up: Payload, names: list[tuple[str, str]], i: int) -> str:
+    """What element ``i`` of the flattened reply (:func:`flat_records`, then the weight) is:
+    ``tensor <record>/<key>``, or the weight."""
+    at = i
+    for r, k in names:
+        n = up.records[r][k].numel()
+        if at < n:
+            return f"tensor {r}/{k}"
+        at -= n
+    return "the weight"
+
+
 def mask_reply(
     fp: FixedPoint, seed: int, rnd: int, cid: str, cohort: list[str], up: Payload,
     weight: float, uniform: frozenset[str] = frozenset(),
@@ -145,21 +166,14 @@ def mask_reply(
             f"divides by their sum); client {cid!r} has {weight}"
         )
     names = _layout(up)
-    parts = [up.records[r][k].detach().to("cpu", torch.float64).flatten()
-             * (1.0 if r in uniform else weight) for r, k in names]  # fmt: skip
+    parts = flat_records(up, names, uniform, weight)
     values = torch.cat([*parts, torch.tensor([weight, 1.0], dtype=torch.float64)])
     q = torch.round(values * fp.scale)
     limit = fp.limit(len(cohort))
     over = q.abs() >= limit
     if bool(over.any()):
         i = int(over.nonzero()[0])
-        where, at = "the weight", i
-        for r, k in names:
-            n = up.records[r][k].numel()
-            if at < n:
-                where = f"tensor {r}/{k}"
-                break
-            at -= n
+        where = element_name(up, names, i)
         raise FedshiftError(
             f"round {rnd}: client {cid!r}: secure aggregation would overflow at {where} "
             f"(weighted value {float(values[i]):.4g} times 2**{fp.frac_bits} summed over "
