@@ -84,9 +84,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("protocols/privacy_runs.py", "_split", "as_tensor"):
         "a site's images on the host; each batch moves to the run's device where the model "
         "reads it (_losses, _features)",
-    ("algorithms/adcol.py", "ADCOL.init_server", "randint"):
+    ("algorithms/adcol.py", "ADCOLServer.server_vars", "randint"):
         "the discriminator's seed drawn from the global CPU RNG, turned into a Python int",
-    ("algorithms/distrans/algorithm.py", "DisTrans.wrap_model", "randint"):
+    ("algorithms/distrans/algorithm.py", "DisTransClient.wrap_model", "randint"):
         "a seed drawn from the global CPU RNG, turned into a Python int",
     ("augment/fedrdn.py", "Norm.site_state", "tensor"):
         "the fixed constants as host state of an exported predictor (buffers it carries; "
@@ -97,7 +97,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "host weight totals; moved with .to(acc.device) where they meet the prototypes",
     ("algorithms/partialfed.py", "relaxed_gates", "rand"):
         "the gate logits live on the host (CPU generator, float64); never meet the model",
-    ("algorithms/partialfed.py", "PartialFed.init_client", "zeros"):
+    ("algorithms/partialfed.py", "PartialFed.client_vars", "zeros"):
         "host gate logits (float64), updated on the host in before_step",
     ("algorithms/partialfed.py", "PartialFed._adaptive_start", "randint"):
         "a seed drawn from the client's CPU generator, turned into a Python int",
@@ -105,7 +105,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "host gate gradient from Python floats; combined with the host gate logits only",
     ("algorithms/partialfed.py", "PartialFed.before_step", "float"):
         "once per round (the gate update runs on the first step only)",
-    ("augment/cfsi.py", "CFSI.init_client", "zeros"):
+    ("augment/cfsi.py", "CFSI._own_amplitudes", "zeros"):
         "the client's own spectra are host state (the other branch .cpu()s them): an empty "
         "upload when the client has no training images",
     ("augment/cfsi.py", "CFSI.train_batch", "randint"):
