@@ -43,13 +43,19 @@ import yaml
 
 from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.components import Component
+from fedshift.core.config_tree import COMPONENT_SECTIONS as COMPONENT_SECTIONS
+from fedshift.core.config_tree import MAX_SWEEP_CELLS as MAX_SWEEP_CELLS
+from fedshift.core.config_tree import expand_sweep as expand_sweep
+from fedshift.core.config_tree import lookup as lookup
+from fedshift.core.config_tree import merge as merge
+from fedshift.core.config_tree import parse_override as parse_override
+from fedshift.core.config_tree import replace_swept as replace_swept
+from fedshift.core.config_tree import set_dotted as set_dotted
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
 from fedshift.core.presets import config_file, shipped_hint
 from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
 
-#: combinations a sweep grid may expand to (the largest suite in configs/ has 84)
-MAX_SWEEP_CELLS = 10_000
 #: the magnitudes a float config key may have besides 0: float32's largest and smallest
 #: normal numbers (every value ends up in float32 arithmetic: 1e300 would be inf there)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -286,7 +292,6 @@ def _plain(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-COMPONENT_SECTIONS = ("dataset", "model", "algorithm", "partition")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -434,52 +439,6 @@ def build_dataclass(cls: type, data: dict, prefix: str = "", skip: tuple = ()) -
 
 
 # ----------------------------------------------------------------------------- loading
-def parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.lr=0.05)")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"override {item!r} has an empty key")
-    where = f"override {short_repr(item)}"
-    try:
-        value = load_text(raw) if raw.strip() else ""
-    except DuplicateKeyError as e:
-        raise ConfigError(f"{where}: key {short_repr(e.key)} appears twice") from None
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: cannot parse value: {e}") from e
-    return key, plain_tree(value, where)
-
-
-def set_dotted(tree: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = tree
-    for p in parts[:-1]:
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        elif not isinstance(nxt, dict):
-            raise ConfigError(f"config key '{key}': '{p}' is not a section")
-        node = nxt
-    node[parts[-1]] = value
-
-
-def merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("sweep",):
-            # a component section whose name changes starts from scratch
-            if k in COMPONENT_SECTIONS and "name" in v and v["name"] != out[k].get("name"):
-                out[k] = copy.deepcopy(v)
-            else:
-                out[k] = merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
 def load_yaml(path: str | Path) -> dict:
     """A YAML config file as a plain nested dict: no key twice in a mapping, at most
     :data:`~fedshift.core.yamlsafe.MAX_NODES` values with aliases expanded."""
@@ -610,16 +569,6 @@ def _check_model_normalises(cfg: RunConfig) -> None:
         )
 
 
-def lookup(tree: dict, dotted: str, default: Any = None) -> Any:
-    """The value at ``a.b.c`` in a nested dict, or ``default`` when a part is missing."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
     """Read YAML (optional; a bare name such as ``demo`` is a config shipped with fedshift,
     :mod:`fedshift.core.presets`) and apply ``key=value`` overrides; returns the raw dict."""
@@ -649,95 +598,6 @@ def apply_overrides(raw: dict, overrides: list[str] | None = None) -> dict:
             continue
         set_dotted(raw, key, value)
     return raw
-
-
-def _overlaps(a: str, b: str) -> bool:
-    """Whether dotted keys ``a`` and ``b`` name the same value, or one holds the other."""
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-def replace_swept(raw: dict, key: str, value: Any) -> None:
-    """The explicit ``key=value`` replaces what ``raw``'s sweep grid says about ``key``: a grid
-    key equal to ``key``, inside it (``train.lr`` for ``train``) or holding it (``algorithm``
-    for ``algorithm.name``) leaves the grid; in the ``cell`` mappings such keys give way to
-    ``key: value`` (cells that become the same are one cell). A grid left empty is removed."""
-    grid = raw.get("sweep")
-    if not isinstance(grid, dict):
-        return
-    for k in list(grid):
-        if k == "cell" and isinstance(grid[k], list):
-            cells: list = []
-            for c in grid[k]:
-                if isinstance(c, dict) and any(_overlaps(dk, key) for dk in c):
-                    c = {dk: dv for dk, dv in c.items() if not _overlaps(dk, key)}
-                    c[key] = copy.deepcopy(value)
-                if c not in cells:
-                    cells.append(c)
-            grid[k] = cells
-        elif _overlaps(k, key):
-            del grid[k]
-    if not grid:
-        del raw["sweep"]
-
-
-def expand_sweep(raw: dict, source: str = "config") -> list[dict]:
-    """One raw config per combination of the ``sweep`` grid (the grid itself removed).
-
-    The sweep key ``cell`` takes a list of mappings of dotted keys; each mapping is one grid
-    value whose keys are set together (per-cell settings, e.g. ``{algorithm.name: fedbn,
-    model.bn: standard}`` next to ``{algorithm.name: harmofl}``)."""
-    import itertools
-
-    grid = raw.get("sweep") or {}
-    if not isinstance(grid, dict):
-        raise ConfigError(f"{source}: 'sweep' must map dotted keys to lists of values")
-    base = {k: v for k, v in raw.items() if k != "sweep"}
-    if not grid:
-        return [base]
-    keys = list(grid)
-    for k in keys:
-        if not isinstance(grid[k], list) or not grid[k]:
-            raise ConfigError(f"{source}: sweep key '{k}' needs a non-empty list of values")
-    for i, v in enumerate(grid.get("cell", [])):
-        if not isinstance(v, dict) or not v:
-            raise ConfigError(
-                f"{source}: sweep key 'cell' [{i}] must be a non-empty mapping of dotted keys "
-                f"to values (e.g. {{algorithm.name: fedbn, model.bn: standard}}), got "
-                f"{short_repr(v)}"
-            )
-    cells = math.prod(len(grid[k]) for k in keys)
-    if cells > MAX_SWEEP_CELLS:
-        raise ConfigError(
-            f"{source}: the sweep grid has {cells:,} combinations (the product of its lists' "
-            f"lengths); at most {MAX_SWEEP_CELLS:,} are run from one config: split it"
-        )
-    out = []
-    for combo in itertools.product(*(grid[k] for k in keys)):
-        one = copy.deepcopy(base)
-        for k, v in zip(keys, combo, strict=True):
-            for dk, dv in v.items() if k == "cell" else [(k, v)]:
-                _set_sweep_value(one, dk, copy.deepcopy(dv))
-        out.append(one)
-    return out
-
-
-def _set_sweep_value(one: dict, k: str, v: Any) -> None:
-    head = k.split(".")[0]
-    if head in COMPONENT_SECTIONS and k == f"{head}.name":
-        section = one.setdefault(head, {})
-        extra = sorted(x for x in section if x != "name") if isinstance(section, dict) else []
-        if isinstance(section, dict) and "name" not in section and extra:
-            # keys written for no named component would silently be dropped for every value
-            raise ConfigError(
-                f"config section '{head}' sets {', '.join(f'{head}.{x}' for x in extra)} "
-                f"but no {head}.name, while the sweep varies '{k}': they would apply to none "
-                f"of its values. Give the values as mappings instead (sweep: {{{head}: "
-                f"[{{name: {v}, {extra[0]}: ...}}, ...]}}), or name the {head} they belong to"
-            )
-        if section.get("name") != v:
-            one[head] = {"name": v}
-            return
-    set_dotted(one, k, v)
 
 
 def dump_config(cfg: RunConfig, path: Path) -> None:
