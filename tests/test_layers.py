@@ -342,19 +342,26 @@ def _definitions(kind: type) -> dict[str, ast.AST]:
     return found
 
 
+def _check_listed(sizes: dict[str, int], limit: int, listed: dict[str, str], what: str) -> None:
+    """Every entry of ``sizes`` over ``limit`` has its reason in ``listed`` (named ``what``),
+    and ``listed`` names none that is not over it any more."""
+    over = {k: n for k, n in sizes.items() if n > limit}
+    unexplained = sorted(set(over) - set(listed))
+    assert not unexplained, f"{what} without a reason: " + ", ".join(
+        f"{k} ({over[k]})" for k in unexplained
+    )
+    stale = sorted(set(listed) - set(over))
+    assert not stale, f"listed as {what} but no longer: {stale}"
+
+
 def test_no_function_over_80_lines_without_a_reason():
     """Each function a reader can hold at once; the few flat declarations past the limit
     say why in LONG_FUNCTIONS."""
-    sizes = {k: n.end_lineno - n.lineno + 1 for k, n in _definitions(ast.FunctionDef).items()}
-    sizes |= {k: n.end_lineno - n.lineno + 1 for k, n in _definitions(ast.AsyncFunctionDef).items()}
-    long = {k: n for k, n in sizes.items() if n > MAX_FUNCTION_LINES}
-    unexplained = sorted(set(long) - set(LONG_FUNCTIONS))
-    assert not unexplained, (
-        f"functions over {MAX_FUNCTION_LINES} lines without a reason in LONG_FUNCTIONS: "
-        + ", ".join(f"{k} ({long[k]})" for k in unexplained)
+    defs = _definitions(ast.FunctionDef) | _definitions(ast.AsyncFunctionDef)
+    sizes = {k: n.end_lineno - n.lineno + 1 for k, n in defs.items()}
+    _check_listed(
+        sizes, MAX_FUNCTION_LINES, LONG_FUNCTIONS, "LONG_FUNCTIONS: functions over 80 lines"
     )
-    stale = sorted(set(LONG_FUNCTIONS) - set(long))
-    assert not stale, f"LONG_FUNCTIONS lists functions no longer that long: {stale}"
 
 
 def test_no_class_over_20_methods_without_a_reason():
@@ -362,14 +369,7 @@ def test_no_class_over_20_methods_without_a_reason():
         k: sum(isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef) for b in node.body)
         for k, node in _definitions(ast.ClassDef).items()
     }
-    large = {k: n for k, n in methods.items() if n > MAX_METHODS}
-    unexplained = sorted(set(large) - set(LARGE_CLASSES))
-    assert not unexplained, (
-        f"classes with over {MAX_METHODS} methods without a reason in LARGE_CLASSES: "
-        + ", ".join(f"{k} ({large[k]})" for k in unexplained)
-    )
-    stale = sorted(set(LARGE_CLASSES) - set(large))
-    assert not stale, f"LARGE_CLASSES lists classes no longer that large: {stale}"
+    _check_listed(methods, MAX_METHODS, LARGE_CLASSES, "LARGE_CLASSES: classes over 20 methods")
 
 
 def test_the_size_checks_see_nested_functions(tmp_path, monkeypatch):
