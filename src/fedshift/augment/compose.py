@@ -11,8 +11,10 @@ overwrite). The data path (raw batch -> augments -> normalisation) is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fedshift.algorithms.base import Algorithm
-from fedshift.algorithms.state import declared
+from fedshift.algorithms.state import StateVar, declared
 from fedshift.augment.base import Augment, Records
 from fedshift.core.context import ClientContext, aug_key
 from fedshift.core.contract import AlgorithmSpec, Reply, State
@@ -151,41 +153,60 @@ class Composition:
     # -- state -------------------------------------------------------------------------------
     def init_server(self, model: FedModel) -> State:
         self._server_side("init_server")
-        server = expect(self.algo.init_server(model), dict, self.algo, "init_server", STATE)
-        for a in self.augments:
-            server[aug_key(a)] = expect(a.init_server(model), dict, a, "init_server", STATE)
-            if self.check_state:
-                server[aug_key(a)] = declared(server[aug_key(a)], a.server_vars(),
-                                              f"augment {a.name!r} server")
-        if self.check_state:
-            server = declared(server, self.algo.server_vars(),
-                              f"algorithm {self.algo.name!r} server", *self._aug_keys())
-        return server
-
-    def _aug_keys(self) -> list[str]:
-        return [aug_key(a) for a in self.augments]
+        return self._joined_state(
+            "server", self.algo.init_server(model), lambda a: a.init_server(model),
+            lambda part: part.server_vars(),
+        )  # fmt: skip
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        state = self.algo.init_client(cid, data, model)
-        expect(state, dict, self.algo, "init_client", STATE)
+        return self._joined_state(
+            "client", self.algo.init_client(cid, data, model),
+            lambda a: a.init_client(cid, data, model), lambda part: part.client_vars(),
+        )  # fmt: skip
+
+    def _joined_state(
+        self,
+        side: str,
+        state: State,
+        init: Callable[[Augment], State],
+        declared_vars: Callable[[Algorithm | Augment], list[StateVar]],
+    ) -> State:
+        """The algorithm's ``side`` state (``server`` or ``client``: ``state``, what its
+        ``init_<side>`` returned) with each augment's own (``init(augment)``) under its key,
+        every part checked to be a dict and, with ``check_state``, against its declarations
+        (``declared_vars(part)``)."""
+        hook = f"init_{side}"
+        expect(state, dict, self.algo, hook, STATE)
         for a in self.augments:
-            state[aug_key(a)] = expect(
-                a.init_client(cid, data, model), dict, a, "init_client", STATE
-            )
+            state[aug_key(a)] = expect(init(a), dict, a, hook, STATE)
             if self.check_state:
-                state[aug_key(a)] = declared(state[aug_key(a)], a.client_vars(),
-                                             f"augment {a.name!r} client")
+                state[aug_key(a)] = declared(
+                    state[aug_key(a)], declared_vars(a), f"augment {a.name!r} {side}"
+                )
         if self.check_state:
-            state = declared(state, self.algo.client_vars(),
-                             f"algorithm {self.algo.name!r} client", *self._aug_keys())
+            aug_keys = [aug_key(a) for a in self.augments]
+            state = declared(
+                state, declared_vars(self.algo), f"algorithm {self.algo.name!r} {side}", *aug_keys
+            )
         return state
+
+    def _records(self, states: State, records: Callable[[Augment, State], Records]) -> Payload:
+        """A payload of every augment's records, ``records(augment, its part of states)``
+        merged in the augments' order (``states``: the server or a client state)."""
+        out = Payload()
+        for a in self.augments:
+            _merge(out.records, records(a, states[aug_key(a)]), a.name)
+        return out
+
+    def _receive_setup(self, down: Payload, state: State) -> None:
+        """Each augment takes its records from a down payload sent outside the rounds
+        (round 0: the setup exchange, a held-out client's ``eval_broadcast``)."""
+        for a in self.augments:
+            a.receive(down, state[aug_key(a)], 0)
 
     # -- setup exchange ----------------------------------------------------------------------
     def setup_reply(self, cid: str, state: State) -> Payload:
-        up = Payload()
-        for a in self.augments:
-            _merge(up.records, a.setup_reply(cid, state[aug_key(a)]), a.name)
-        return up
+        return self._records(state, lambda a, s: a.setup_reply(cid, s))
 
     def setup_aggregate(self, server: State, replies: list[Reply]) -> None:
         self._server_side("setup_aggregate")
@@ -194,14 +215,10 @@ class Composition:
 
     def setup_broadcast(self, server: State, cid: str) -> Payload:
         self._server_side("setup_broadcast")
-        down = Payload()
-        for a in self.augments:
-            _merge(down.records, a.setup_broadcast(server[aug_key(a)], cid), a.name)
-        return down
+        return self._records(server, lambda a, s: a.setup_broadcast(s, cid))
 
     def setup_receive(self, down: Payload, state: State) -> None:
-        for a in self.augments:
-            a.receive(down, state[aug_key(a)], 0)
+        self._receive_setup(down, state)
 
     # -- rounds ------------------------------------------------------------------------------
     def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
@@ -236,14 +253,10 @@ class Composition:
     def eval_broadcast(self, server: State, cid: str) -> Payload:
         """The augments' records a held-out client needs to evaluate (``eval_broadcast``)."""
         self._server_side("eval_broadcast")
-        down = Payload()
-        for a in self.augments:
-            _merge(down.records, a.eval_broadcast(server[aug_key(a)], cid), a.name)
-        return down
+        return self._records(server, lambda a, s: a.eval_broadcast(s, cid))
 
     def eval_receive(self, down: Payload, state: State) -> None:
-        for a in self.augments:
-            a.receive(down, state[aug_key(a)], 0)
+        self._receive_setup(down, state)
 
     def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
         self._server_side("aggregate")
