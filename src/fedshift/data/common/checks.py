@@ -16,6 +16,7 @@ from fedshift.core.errors import ConfigError, MissingSourceError
 __all__ = [
     "check_cache_dir",
     "check_cap",
+    "check_distinct",
     "check_domains",
     "check_flag",
     "check_fractions",
@@ -107,10 +108,16 @@ def check_domains(value: object, valid: Sequence[str], key: str = "dataset.domai
     unknown = [d for d in value if d not in valid]
     if unknown:
         raise ConfigError(f"config key '{key}': unknown domain(s) {unknown}; valid: {list(valid)}")
+    check_distinct(value, key)
+    return list(value)
+
+
+def check_distinct(value: Sequence[str], key: str) -> None:
+    """No name listed twice in the list ``value`` of config key ``key``, else
+    :class:`ConfigError` naming the repeated names."""
     dupes = sorted({d for d in value if list(value).count(d) > 1})
     if dupes:
         raise ConfigError(f"config key '{key}' lists {dupes} more than once")
-    return list(value)
 
 
 def check_seed(value: object, key: str = "dataset.seed") -> int:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
+from fedshift.data.common.checks import check_distinct
 
 __all__ = [
     "check_sites_key",
@@ -87,9 +88,7 @@ def check_sites_key(value: object, key: str) -> None:
             f"config key '{key}' must be null (every site) or a non-empty list of site names, "
             f"got {value!r}"
         )
-    dupes = sorted({s for s in value if list(value).count(s) > 1})
-    if dupes:
-        raise ConfigError(f"config key '{key}' lists {dupes} more than once")
+    check_distinct(value, key)
 
 
 def site_folders(root: Path, sites: list[str] | None, dataset: str, tree: str) -> dict[str, Path]:

@@ -105,7 +105,12 @@ from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.data.common import cache
-from fedshift.data.common.checks import check_fractions, check_size, require_root
+from fedshift.data.common.checks import (
+    check_distinct,
+    check_fractions,
+    check_size,
+    require_root,
+)
 from fedshift.data.common.images import resize_images, resize_labels
 from fedshift.data.common.sampling import cut_points
 from fedshift.data.common.seeding import seeded_rng
@@ -178,9 +183,7 @@ class ProstateParams:
                     f"config key '{prefix}.sites': unknown site {site!r}{hint}; "
                     f"valid: {', '.join(SITES)}"
                 )
-        dupes = sorted({s for s in sites if list(sites).count(s) > 1})
-        if dupes:
-            raise ConfigError(f"config key '{prefix}.sites' lists {dupes} more than once")
+        check_distinct(sites, f"{prefix}.sites")
         check_size(self.size, f"{prefix}.size", multiple=16, minimum=16)
         check_fractions(self.fractions, f"{prefix}.fractions")
         if self.split_by not in ("slices", "cases"):
