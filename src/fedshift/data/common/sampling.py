@@ -11,6 +11,7 @@ from fedshift.core.errors import DataError
 from fedshift.core.federation import SPLITS
 
 __all__ = [
+    "SIZE_KEYS",
     "class_quota",
     "cut_points",
     "permutation_cut",
@@ -22,6 +23,8 @@ __all__ = [
 
 #: classes of the 28x28 benchmarks that use :func:`split_indices` (digits, Fashion-MNIST)
 TEN = 10
+#: the config keys of those benchmarks' per-client split sizes, by split
+SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 
 def class_quota(total: int, num_classes: int = TEN) -> np.ndarray:

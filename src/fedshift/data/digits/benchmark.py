@@ -30,7 +30,7 @@ from fedshift.core.errors import DataError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.files import save_figure
 from fedshift.data.common import cache
-from fedshift.data.common.sampling import class_quota, split_indices
+from fedshift.data.common.sampling import SIZE_KEYS, class_quota, split_indices
 from fedshift.data.common.seeding import seeded_rng
 from fedshift.data.digits import sources as ds
 from fedshift.data.digits.sources import fetch_opencv
@@ -41,7 +41,6 @@ INPUT_SHAPE = (3, 28, 28)
 RECIPE = "digits-v1"
 DEFAULT_SYNTH_POOL = 5000
 REBUILD_CMD = "fedshift data build digits --force"
-SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 __all__ = [
     "DIGITS_DATASET",

@@ -39,7 +39,7 @@ from fedshift.core.federation import ClientData, Federation, Split
 from fedshift.core.files import save_figure
 from fedshift.data.common import cache
 from fedshift.data.common.debian import apt_download, extract_deb_members, require_tools
-from fedshift.data.common.sampling import class_quota, split_indices
+from fedshift.data.common.sampling import SIZE_KEYS, class_quota, split_indices
 from fedshift.data.common.seeding import seeded_rng
 
 NAME = "fashion-mnist"
@@ -70,7 +70,6 @@ FILES = {
 ALL_FILES = tuple(f for pair in FILES.values() for f in pair)
 IDX_IMAGES = 0x00000803  # unsigned bytes, 3 dimensions
 IDX_LABELS = 0x00000801  # unsigned bytes, 1 dimension
-SIZE_KEYS = {"train": "dataset.train_size", "val": "dataset.val_size", "test": "dataset.test_size"}
 
 __all__ = [
     "FASHION_MNIST_DATASET",
