@@ -378,12 +378,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list | tuple):
             raise bad()
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise bad()
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
+    plain = dict if origin is dict else tp
+    if plain in (dict, bool, str):  # taken as it is, if of that type
+        if not isinstance(value, plain):
             raise bad()
         return value
     if tp is int:
@@ -395,10 +392,6 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if out is None:
             raise bad()
         return out
-    if tp is str:
-        if not isinstance(value, str):
-            raise bad()
-        return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad()
