@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from fedshift.cli.plugins import add_allow_plugins
 from fedshift.cli.run import count_or
 from fedshift.core.errors import ConfigError, FedshiftError
 
@@ -276,10 +277,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="'check': the features axis uses this state dict (model.weights=PATH) instead "
         "of the model's seeded random initialisation",
     )
-    data.add_argument(
-        "--allow-plugins",
-        action="store_true",
-        help="'check': import the plug-ins (module:Class names) the config file names "
+    add_allow_plugins(
+        data,
+        "'check': import the plug-ins (module:Class names) the config file names "
         "(default: refused, it only reads; a plug-in name runs its module's code)",
     )
     data.add_argument("--cache", help="cache folder for 'fetch' (default: $FEDSHIFT_CACHE)")

@@ -23,6 +23,8 @@ import types
 import typing
 from typing import Any
 
+from fedshift.cli.plugins import add_allow_plugins
+
 __all__ = ["add_parser", "field_help", "first_sentence", "key_lines", "one_line"]
 
 
@@ -239,10 +241,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     show.add_argument("-c", "--config", help="YAML config file")
     show.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
-    show.add_argument(
-        "--allow-plugins",
-        action="store_true",
-        help="import the plug-ins (module:Class names) the config file names, to check their "
+    add_allow_plugins(
+        show,
+        "import the plug-ins (module:Class names) the config file names, to check their "
         "keys (default: shown as written; a plug-in name runs its module's code)",
     )
     show.set_defaults(fn=_cmd_show)

@@ -13,13 +13,17 @@ __all__ = ["CLI_HOW", "add_allow_plugins"]
 CLI_HOW = "--allow-plugins (or set FEDSHIFT_ALLOW_PLUGINS=1)"
 
 
-def add_allow_plugins(p: argparse.ArgumentParser) -> None:
+#: ``--allow-plugins``' help where the config comes from a run directory or a suite
+FROM_ELSEWHERE = (
+    "import the plug-ins (module:Class names) that a run directory's config.yaml or a suite "
+    "names; a plug-in name runs its module's code, so only for sources you trust (also: "
+    "FEDSHIFT_ALLOW_PLUGINS=1)"
+)
+
+
+def add_allow_plugins(p: argparse.ArgumentParser, text: str = FROM_ELSEWHERE) -> None:
     """``--allow-plugins``: import the ``module:Class`` plug-ins that a config from elsewhere
-    names (a run directory, a suite: :mod:`fedshift.core.consent`)."""
-    p.add_argument(
-        "--allow-plugins",
-        action="store_true",
-        help="import the plug-ins (module:Class names) that a run directory's config.yaml or "
-        "a suite names; a plug-in name runs its module's code, so only for sources you trust "
-        "(also: FEDSHIFT_ALLOW_PLUGINS=1)",
-    )
+    names (a run directory, a suite: :mod:`fedshift.core.consent`); ``text``, its help, says
+    which plug-ins where a command reads them from a config of its own (``config show``,
+    ``data check``, ``report``)."""
+    p.add_argument("--allow-plugins", action="store_true", help=text)

@@ -340,10 +340,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--reference", help="row the p-values are also taken against: ALGO or ALGO/FLOW"
     )
     rep.add_argument("--title", help="report title")
-    rep.add_argument(
-        "--allow-plugins",
-        action="store_true",
-        help="import the plug-ins (module:Class names) the runs name, to tell their keys' "
+    add_allow_plugins(
+        rep,
+        "import the plug-ins (module:Class names) the runs name, to tell their keys' "
         "defaults (default: not imported, every key shown; a plug-in name runs its code)",
     )
     rep.add_argument(
