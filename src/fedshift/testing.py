@@ -275,8 +275,9 @@ def hints(func: Callable, owner: object) -> dict[str, object]:
 
 
 def protocol_members(proto: type) -> list[str]:
-    """The methods and properties a protocol declares (its ClassVars are annotations)."""
-    return sorted(n for n in vars(proto) if not n.startswith("_"))
+    """The methods and properties a protocol declares, itself or through the protocols it
+    extends (its ClassVars are annotations)."""
+    return sorted({n for base in proto.__mro__ for n in vars(base) if not n.startswith("_")})
 
 
 # ----------------------------------------------------------------------------- the checks

@@ -50,14 +50,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from fedshift.algorithms.base import Algorithm, ParamsT
 from fedshift.core.context import ClientContext
-from fedshift.core.contract import Reply, State
-from fedshift.core.payload import Payload, Tensors
+from fedshift.core.contract import ClientRound, ServerRule, State
+from fedshift.core.payload import Tensors
 
 if TYPE_CHECKING:
     import torch
 
     from fedshift.core.config import TrainConfig
-    from fedshift.core.federation import ClientData, Federation
+    from fedshift.core.federation import Federation
     from fedshift.models.base import FedModel
 
 __all__ = [
@@ -67,52 +67,13 @@ __all__ = [
 
 
 @runtime_checkable
-class ServerRule(Protocol):
-    """The server half: what the round loop and the transports' server side call."""
-
-    def init_server(self, model: FedModel) -> State:
-        """Init: the server state from the model at its initial weights."""
-        ...
-
-    def register_clients(self, cids: list[str]) -> None:
-        """Once, before any round: the training clients, in order."""
-        ...
-
-    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
-        """Configure train: round ``rnd``'s down payload for client ``cid``."""
-        ...
-
-    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
-        """Aggregate train: fold round ``rnd``'s replies into ``server`` (in place)."""
-        ...
-
-    def server_view(self, server: State, cid: str) -> State:
-        """Configure evaluate: what ``personal_weights`` reads for client ``cid``."""
-        ...
-
-    def global_weights(self, server: State) -> Tensors | None:
-        """The global model's weights (None without one)."""
-        ...
-
-    def personal_weights(self, server: State, state: State) -> Tensors | None:
-        """Client ``state``'s own model from the full server state (or a view)."""
-        ...
-
-
-@runtime_checkable
-class ClientTrainer(Protocol):
-    """The client half: what a pool worker or a Flower SuperNode calls."""
+class ClientTrainer(ClientRound, Protocol):
+    """The client half: what a pool worker or a Flower SuperNode calls (``init_client``,
+    ``local_update`` and ``reply``: :class:`~fedshift.core.contract.ClientRound`; the hooks
+    ``local_update`` is built from and what stays local, here)."""
 
     #: the state-dict keys that never leave the client (what stays local)
     local_keys: list[str]
-
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
-        """Init: client ``cid``'s state, kept between rounds, never sent."""
-        ...
-
-    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
-        """The local update: train from ``down``, update ``state``, return the reply."""
-        ...
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The local objective on one batch (the task's loss + ``penalty``)."""
@@ -124,17 +85,6 @@ class ClientTrainer(Protocol):
 
     def make_optimizer(self, ctx: ClientContext, state: State) -> torch.optim.Optimizer:
         """The local optimiser of the round."""
-        ...
-
-    def reply(
-        self,
-        ctx: ClientContext,
-        state: State,
-        steps: int,
-        loss: float,
-        records: dict[str, Tensors] | None = None,
-    ) -> Payload:
-        """The up payload at the end of ``local_update``."""
         ...
 
     def keep_local(self, ctx: ClientContext, state: State) -> None:

@@ -59,8 +59,10 @@ Reply = tuple[str, Payload]
 
 __all__ = [
     "AlgorithmSpec",
+    "ClientRound",
     "FederatedAlgorithm",
     "Reply",
+    "ServerRule",
     "State",
     "Tensors",
     "check_component_class",
@@ -174,16 +176,75 @@ class FederatedAlgorithm(Protocol):
 
 
 @runtime_checkable
-class AlgorithmSpec(Protocol):
+class ServerRule(Protocol):
+    """The server half of an algorithm: what the round loop and the transports' server side
+    call (:mod:`fedshift.algorithms.halves`)."""
+
+    def init_server(self, model: FedModel) -> State:
+        """Init: the server state from the model at its initial weights."""
+        ...
+
+    def register_clients(self, cids: list[str]) -> None:
+        """Once, before any round: the training clients, in order."""
+        ...
+
+    def broadcast(self, server: State, rnd: int, cid: str) -> Payload:
+        """Configure train: round ``rnd``'s down payload for client ``cid``."""
+        ...
+
+    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None:
+        """Aggregate train: fold round ``rnd``'s replies into ``server`` (in place)."""
+        ...
+
+    def server_view(self, server: State, cid: str) -> State:
+        """Configure evaluate: what ``personal_weights`` reads for client ``cid``."""
+        ...
+
+    def global_weights(self, server: State) -> Tensors | None:
+        """The global model's weights (None without one)."""
+        ...
+
+    def personal_weights(self, server: State, state: State) -> Tensors | None:
+        """Client ``state``'s own model from the full server state (or a view)."""
+        ...
+
+
+@runtime_checkable
+class ClientRound(Protocol):
+    """A client's part of a round: its state, the local update and the reply that ends it
+    (the client trainer adds its hooks: :class:`fedshift.algorithms.halves.ClientTrainer`)."""
+
+    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
+        """Init: client ``cid``'s state, kept between rounds, never sent."""
+        ...
+
+    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload:
+        """The local update: train from ``down``, update ``state``, return the reply."""
+        ...
+
+    def reply(
+        self,
+        ctx: ClientContext,
+        state: State,
+        steps: int,
+        loss: float,
+        records: dict[str, Tensors] | None = None,
+    ) -> Payload:
+        """The up payload at the end of ``local_update``."""
+        ...
+
+
+@runtime_checkable
+class AlgorithmSpec(ServerRule, ClientRound, Protocol):
     """What an algorithm author implements (``fedshift.algorithms.base.Algorithm`` gives
     every member a default; see the module docstring for the rules).
 
     Config time (class level): ``check`` rejects nonsensical combinations,
     ``implied_augments`` names the augments a preset consists of, ``wrap_model`` builds the
     trained model around the backbone, ``training_data`` picks the clients that train.
-    Run time: the server and client halves of a round and the evaluated weights; ``reply``
-    builds the up payload at the end of ``local_update`` as ``broadcast`` builds the down
-    payload."""
+    Run time: the server and client halves of a round and the evaluated weights (the members
+    of :class:`ServerRule` and :class:`ClientRound`); ``reply`` builds the up payload at the
+    end of ``local_update`` as ``broadcast`` builds the down payload."""
 
     #: registry name (``algorithm.name``)
     name: ClassVar[str]
@@ -225,35 +286,9 @@ class AlgorithmSpec(Protocol):
     @property
     def has_personal_model(self) -> bool: ...
 
-    # -- server ------------------------------------------------------------------------------
-    def init_server(self, model: FedModel) -> State: ...
-
-    def register_clients(self, cids: list[str]) -> None: ...
-
-    def broadcast(self, server: State, rnd: int, cid: str) -> Payload: ...
-
-    def aggregate(self, server: State, rnd: int, replies: list[Reply]) -> None: ...
-
-    # -- client ------------------------------------------------------------------------------
-    def init_client(self, cid: str, data: ClientData, model: FedModel) -> State: ...
-
-    def local_update(self, ctx: ClientContext, down: Payload, state: State) -> Payload: ...
-
-    def reply(
-        self,
-        ctx: ClientContext,
-        state: State,
-        steps: int,
-        loss: float,
-        records: dict[str, Tensors] | None = None,
-    ) -> Payload: ...
-
-    # -- evaluation --------------------------------------------------------------------------
-    def global_weights(self, server: State) -> Tensors | None: ...
-
-    def personal_weights(self, server: State, state: State) -> Tensors | None: ...
-
-    def server_view(self, server: State, cid: str) -> State: ...
+    # the server (init_server, register_clients, broadcast, aggregate), its evaluation
+    # (global_weights, personal_weights, server_view) and the client's round (init_client,
+    # local_update, reply): the members of ServerRule and ClientRound
 
 
 # ---------------------------------------------------------------------------- checks
