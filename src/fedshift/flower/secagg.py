@@ -89,7 +89,13 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed
-from fedshift.runtime.secagg import META, FixedPoint, element_name, flat_records
+from fedshift.runtime.secagg import (
+    META,
+    FixedPoint,
+    element_name,
+    flat_records,
+    record_layout,
+)
 
 if TYPE_CHECKING:
     from fedshift.flower.transport import GridTransport
@@ -133,10 +139,6 @@ def mean_error(fp: FixedPoint, weighted_mean: float | None = None, mu: float = 0
     return step * (1 + abs(mu)) / (weighted_mean - step)
 
 
-def _layout(up: Payload) -> list[tuple[str, str]]:
-    return [(r, k) for r in sorted(up.records) for k in sorted(up.records[r])]
-
-
 # ---------------------------------------------------------------------------- client
 def encode(
     fp: FixedPoint, rnd: int, cid: str, up: Payload, weight: float, uniform: frozenset[str],
@@ -144,7 +146,7 @@ def encode(
 ) -> tuple[np.ndarray, str]:  # fmt: skip
     """Client ``cid``'s vector for SecAgg+ (module docstring) and its layout (JSON)."""
     clip = workflow_params(fp)["clipping_range"]
-    names = _layout(up)
+    names = record_layout(up)
     scaled = weight / weight_scale
     parts = flat_records(up, names, uniform, scaled)
     extra = torch.tensor([scaled, up.num_examples / examples_scale], dtype=torch.float64)

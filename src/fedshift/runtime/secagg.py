@@ -126,8 +126,9 @@ def pair_mask(seed: int, rnd: int, a: str, b: str, n: int, modulus: int) -> torc
     return torch.randint(0, modulus, (n,), generator=g, dtype=torch.int64)
 
 
-def _layout(up: Payload) -> list[tuple[str, str]]:
-    """(record, key) of every tensor, in the order the masked vector holds them."""
+def record_layout(up: Payload) -> list[tuple[str, str]]:
+    """(record, key) of every tensor, in the order the masked vector holds them (and Flower's
+    SecAgg+ vector: :mod:`fedshift.flower.secagg`)."""
     return [(r, k) for r in sorted(up.records) for k in sorted(up.records[r])]
 
 
@@ -165,7 +166,7 @@ def mask_reply(
             f"round {rnd}: secure aggregation needs aggregation weights >= 1 (the error bound "
             f"divides by their sum); client {cid!r} has {weight}"
         )
-    names = _layout(up)
+    names = record_layout(up)
     parts = flat_records(up, names, uniform, weight)
     values = torch.cat([*parts, torch.tensor([weight, 1.0], dtype=torch.float64)])
     q = torch.round(values * fp.scale)
@@ -217,11 +218,11 @@ def unmask_sum(
             "(`--resume`), or run without federation.secure_aggregation"
         )
     first = masked[cohort[0]]
-    names = _layout(first)
+    names = record_layout(first)
     shapes = [(r, k, tuple(first.records[r][k].shape)) for r, k in names]
     for cid in cohort[1:]:
         other = masked[cid]
-        got = [(r, k, tuple(other.records[r][k].shape)) for r, k in _layout(other)]
+        got = [(r, k, tuple(other.records[r][k].shape)) for r, k in record_layout(other)]
         if got != shapes:
             raise FedshiftError(
                 f"round {rnd}: secure aggregation needs the same records from every client; "
