@@ -294,7 +294,8 @@ def _run_cell(
     import torch
 
     from fedshift.runtime.rundir.results import write_text_atomic
-    from fedshift.runtime.simulation import Simulation, make_transport
+    from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.transports import make_transport
 
     threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)
