@@ -5,6 +5,8 @@ and a transport registered here (a test's own) running a tiny run."""
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 
 import pytest
 from conftest import toy_cfg
@@ -129,3 +131,27 @@ def test_flower_registers_its_transport_and_refuses_what_it_does_not_declare(tmp
         ConfigError, match=r"^config key 'privacy.epsilon': .*'flower' .*fedshift run"
     ):
         FlowerServer(cfg, tmp_path / "r")
+
+
+def test_the_architecture_example_is_a_working_transport(tmp_path):
+    """docs/ARCHITECTURE.md's "Where a new transport goes" snippet, executed as written: its
+    one registration makes `run.executor=timed` run through it, to the native run's numbers."""
+    from doc_commands import find_commands
+
+    (snippet,) = [f for f in find_commands() if f.text == "example: new-transport"]
+    assert "TRANSPORTS.add(" in snippet.context
+    module = types.ModuleType("doc_new_transport")  # as the file it stands for is a module
+    sys.modules[module.__name__] = module
+    try:
+        code = compile(snippet.context, "ARCHITECTURE.md:new-transport", "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+        assert TRANSPORTS.get("timed") is module.TimedTransport
+        cfg = toy_cfg(rounds=2)
+        ref = run_experiment(cfg, run_dir=tmp_path / "native", progress=False)
+        got = run_experiment(_executor(cfg, "timed"), run_dir=tmp_path / "t", progress=False)
+        runtime = got.summary["runtime"]
+        assert runtime["executor"] == "timed" and runtime["train_s"] >= 0
+        assert_runs_equal(tmp_path / "t", ref.run_dir)
+    finally:
+        del sys.modules[module.__name__]
+        TRANSPORTS._entries.pop("timed", None)
