@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.catalog import resolve
-from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
+from fedshift.core.config import RunConfig, load_config
+from fedshift.core.config_tree import expand_sweep, lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import check_folder
 from fedshift.core.identity import number_digest

@@ -42,20 +42,12 @@ from fedshift.runtime.pool.transport import WorkerPool
 from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
 from fedshift.runtime.rundir.results import RunResult, new_run_dir
 from fedshift.runtime.rundir.saved import SavedRun, read_selected
-from fedshift.runtime.stopping import RunInterrupted, RunSignal
 from fedshift.runtime.transport import RunIdentity, Transport, held_client_state
 from fedshift.runtime.transports import make_transport
 
 __all__ = [
-    "CHECKPOINT",
-    "SELECTED",
-    "RunInterrupted",
-    "RunResult",
-    "RunSignal",
-    "SavedRun",
     "Simulation",
     "load_finished",
-    "new_run_dir",
     "resume_config",
     "resume_experiment",
     "run_experiment",
