@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedshift.core.config import lookup
+from fedshift.core.config_tree import lookup
 from fedshift.eval.summary import load_summaries, selection_rule
 from fedshift.eval.tables import comm_table, flows_table, metric_caption, run_config
 

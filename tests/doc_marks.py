@@ -361,6 +361,10 @@ MARKS: dict[str, Mark] = {
         "tests/algorithms/test_halves.py::test_the_architecture_example_is_a_working_algorithm",
         "the snippet executed as written, registered in-process, then checked and built",
     ),
+    "example: new-transport": ByTest(
+        "tests/runtime/test_transports.py::test_the_architecture_example_is_a_working_transport",
+        "the snippet executed as written, registered in-process, then a run selects it",
+    ),
     "example: new-study": ByTest(
         "tests/studies/test_studies.py::test_the_architecture_example_is_a_working_study",
         "the snippet executed as written, registered in-process, then its generated command run",

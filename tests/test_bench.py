@@ -22,7 +22,8 @@ from fedshift.catalog import resolve
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.rundir.results import write_text_atomic
-from fedshift.runtime.simulation import RunInterrupted, RunSignal, Simulation
+from fedshift.runtime.simulation import Simulation
+from fedshift.runtime.stopping import RunInterrupted, RunSignal
 
 
 def two_methods(tmp_path: Path, **extra) -> Path:

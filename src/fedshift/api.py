@@ -144,7 +144,7 @@ def run(
     ``dataset.*`` keys apply, its checks run; the module docstring says what the run records
     and how it resumes)."""
     from fedshift.catalog import resolve
-    from fedshift.core.config import expand_sweep
+    from fedshift.core.config_tree import expand_sweep
     from fedshift.data.domains.arrays import build_federation
     from fedshift.runtime.rundir.ownership import clear_run_dir, hold_run
     from fedshift.runtime.rundir.results import claim_dirs, release

@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.catalog import resolve
-from fedshift.core.config import RunConfig, expand_sweep, load_config, lookup
+from fedshift.core.config import RunConfig, load_config
+from fedshift.core.config_tree import expand_sweep, lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import check_folder
 from fedshift.core.identity import number_digest
@@ -294,7 +295,8 @@ def _run_cell(
     import torch
 
     from fedshift.runtime.rundir.results import write_text_atomic
-    from fedshift.runtime.simulation import Simulation, make_transport
+    from fedshift.runtime.simulation import Simulation
+    from fedshift.runtime.transports import make_transport
 
     threads = int(cfg_dict["run"]["threads"])
     torch.set_num_threads(threads)

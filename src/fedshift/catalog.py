@@ -22,7 +22,8 @@ from typing import Any
 from fedshift.algorithms import ALGORITHMS, Algorithm
 from fedshift.augment import AUGMENTS, Augment
 from fedshift.core.components import Component
-from fedshift.core.config import COMPONENT_SECTIONS, RunConfig, build_dataclass, check_ranges
+from fedshift.core.config import RunConfig, build_dataclass, check_ranges
+from fedshift.core.config_tree import COMPONENT_SECTIONS
 from fedshift.core.context import model_input_shape
 from fedshift.core.datasets import DatasetSpec, dataset_entry
 from fedshift.core.errors import ConfigError

@@ -471,7 +471,7 @@ def test_table_suites_give_fedbn_standard_bn(suite):
 
 
 def test_sweep_cell_sets_keys_together():
-    from fedshift.core.config import expand_sweep
+    from fedshift.core.config_tree import expand_sweep
 
     raw = {
         "model": {"name": "unet", "bn": "harmofl"},

@@ -64,7 +64,8 @@ def test_resume_from_cli(tmp_path, digits_env, capsys):
 
     from fedshift.catalog import resolve
     from fedshift.core.config import load_config
-    from fedshift.runtime.simulation import RunInterrupted, run_experiment
+    from fedshift.runtime.simulation import run_experiment
+    from fedshift.runtime.stopping import RunInterrupted
 
     over = [
         *digits_env,

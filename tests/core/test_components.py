@@ -17,14 +17,8 @@ import fedshift.data
 from fedshift.bench import plan
 from fedshift.catalog import REGISTRIES, resolve
 from fedshift.core.components import Component
-from fedshift.core.config import (
-    COMPONENT_SECTIONS,
-    RunConfig,
-    build_dataclass,
-    dump_config,
-    expand_sweep,
-    load_config,
-)
+from fedshift.core.config import RunConfig, build_dataclass, dump_config, load_config
+from fedshift.core.config_tree import COMPONENT_SECTIONS, expand_sweep
 from fedshift.core.errors import ConfigError
 from fedshift.core.identity import number_config
 from fedshift.core.registry import Registry

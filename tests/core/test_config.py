@@ -18,10 +18,10 @@ from fedshift.core.config import (
     EvalConfig,
     FederationConfig,
     TrainConfig,
-    expand_sweep,
     load_config,
     load_yaml,
 )
+from fedshift.core.config_tree import expand_sweep
 from fedshift.core.errors import ConfigError
 
 
@@ -314,7 +314,7 @@ def test_config_directory_is_named_as_one(tmp_path, capsys):
 
 
 def test_section_keys_without_a_name_under_a_swept_name_are_an_error():
-    from fedshift.core.config import expand_sweep
+    from fedshift.core.config_tree import expand_sweep
 
     raw = {"algorithm": {"penalty": 0.01}, "sweep": {"algorithm.name": ["fedavg", "fediir"]}}
     with pytest.raises(ConfigError, match=r"algorithm\.penalty.*no algorithm\.name"):

@@ -19,7 +19,8 @@ from fedshift.core import files
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import UnsafePathError
 from fedshift.runtime.rundir.ownership import LOCK_FILE
-from fedshift.runtime.simulation import RunInterrupted, Simulation, run_experiment
+from fedshift.runtime.simulation import Simulation, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 
 THESIS = "\\documentclass{article} years of work\n"
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "train.rounds=2"]

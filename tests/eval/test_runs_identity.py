@@ -22,7 +22,8 @@ from conftest import ROOT, toy_cfg
 import fedshift
 from fedshift.bench import config_digest, plan
 from fedshift.cli import main
-from fedshift.core.config import expand_sweep, load_config
+from fedshift.core.config import load_config
+from fedshift.core.config_tree import expand_sweep
 from fedshift.core.errors import FedshiftError
 from fedshift.eval.report import build_report, load_runs
 from fedshift.eval.tables import flows_rows

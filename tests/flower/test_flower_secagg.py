@@ -23,7 +23,8 @@ from fedshift.runtime.disclosure import check_ledger, sites_of
 from fedshift.runtime.loop import LoopOptions
 from fedshift.runtime.native import InProcessTransport
 from fedshift.runtime.secagg import META, FixedPoint, secure_disclosures
-from fedshift.runtime.simulation import RunInterrupted, Simulation
+from fedshift.runtime.simulation import Simulation
+from fedshift.runtime.stopping import RunInterrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 

@@ -28,12 +28,8 @@ from fedshift.core.errors import FedshiftError
 from fedshift.core.seeding import rng_state, seed_global, set_rng_state
 from fedshift.runtime.rundir.checkpoint_io import read_checkpoint, write_checkpoint
 from fedshift.runtime.rundir.saved import read_selected
-from fedshift.runtime.simulation import (
-    RunInterrupted,
-    load_finished,
-    run_experiment,
-    saved_config,
-)
+from fedshift.runtime.simulation import load_finished, run_experiment, saved_config
+from fedshift.runtime.stopping import RunInterrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 
@@ -114,8 +110,9 @@ def test_malicious_checkpoint_runs_nothing(finished, tmp_path, capsys, framed):
 def test_malicious_selected_state_runs_nothing(finished, tmp_path):
     """The selected round's state (selected.pt) is read the same way: a malicious one runs
     nothing and is refused."""
+    from fedshift.runtime.rundir.checkpoint_io import SELECTED
     from fedshift.runtime.rundir.saved import read_selected
-    from fedshift.runtime.simulation import SELECTED, saved_config
+    from fedshift.runtime.simulation import saved_config
 
     run = copy_run(finished, tmp_path)
     marker = tmp_path / "MARKER"

@@ -20,7 +20,8 @@ from fedshift.core.payload import Payload
 from fedshift.core.privacy import ALPHAS, TOLERANCE, epsilon_composed, epsilon_spent
 from fedshift.runtime.dp_updates import DP_CLIENT, UpdatePrivacy
 from fedshift.runtime.privacy import Plan, UpdatePlan
-from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
+from fedshift.runtime.simulation import resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 from fedshift.testing import tiny_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")

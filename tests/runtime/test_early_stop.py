@@ -12,7 +12,8 @@ from support.same_run import assert_runs_equal
 from fedshift.core.errors import ConfigError
 from fedshift.eval.early_stop import patience_stop
 from fedshift.eval.summary import read_metric_rows
-from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
+from fedshift.runtime.simulation import resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 

@@ -15,7 +15,8 @@ import fedshift
 from fedshift.eval.summary import RunRecord, check_summary
 from fedshift.runtime.hooks import Hook, RoundRecord
 from fedshift.runtime.rundir.saved import SavedRun
-from fedshift.runtime.simulation import RunInterrupted, Simulation, load_finished
+from fedshift.runtime.simulation import Simulation, load_finished
+from fedshift.runtime.stopping import RunInterrupted
 
 OVER = ("algorithm.name=fedavg", "eval.every=2", "checkpoint.every=1")
 

@@ -18,12 +18,8 @@ from fedshift.core.errors import ConfigError
 from fedshift.core.privacy import epsilon_spent
 from fedshift.runtime.disclosure import disclose, render
 from fedshift.runtime.privacy import Plan, RecordPlan
-from fedshift.runtime.simulation import (
-    RunInterrupted,
-    Simulation,
-    resume_experiment,
-    run_experiment,
-)
+from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 #: a planned budget needs Opacus's accountant (pip install 'fedshift[privacy]'); a refusal

@@ -19,14 +19,9 @@ from conftest import toy_cfg, toy_dir
 from support.same_run import assert_runs_equal
 
 from fedshift.core.errors import ConfigError, FedshiftError
-from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
-from fedshift.runtime.simulation import (
-    SELECTED,
-    RunInterrupted,
-    load_finished,
-    resume_experiment,
-    run_experiment,
-)
+from fedshift.runtime.rundir.checkpoint_io import SELECTED, read_checkpoint
+from fedshift.runtime.simulation import load_finished, resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 

@@ -23,7 +23,8 @@ from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.rundir.ownership import LOCK_FILE, clear_run_dir
 from fedshift.runtime.rundir.results import new_run_dir
-from fedshift.runtime.simulation import RunInterrupted, Simulation
+from fedshift.runtime.simulation import Simulation
+from fedshift.runtime.stopping import RunInterrupted
 
 TOY = ["dataset.name=toyshift", "model.name=lenet5", "train.batch_size=16", "train.rounds=1"]
 #: what a victim folder holds: a file of the user's and a config.yaml that looks like a run's

@@ -23,12 +23,8 @@ from fedshift.runtime.secagg import (
     pair_seed,
     unmask_sum,
 )
-from fedshift.runtime.simulation import (
-    RunInterrupted,
-    Simulation,
-    resume_experiment,
-    run_experiment,
-)
+from fedshift.runtime.simulation import Simulation, resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
 

@@ -209,3 +209,15 @@ def test_console_handler_shows_only_what_is_meant_for_the_terminal(capsys, fedsh
     captured = capsys.readouterr()
     assert captured.out == "fedshift: run directory X\n"
     assert captured.err == "fedshift: warning: lost client2\n"
+
+
+def test_the_trackers_are_a_registry_whose_unknown_name_is_one_line_naming_the_key():
+    from fedshift.runtime.tracking.registry import TRACKERS, check_trackers
+
+    assert TRACKERS.names() == ["mlflow", "tensorboard", "wandb"]
+    assert TRACKERS.get("tensorboard") is track.TensorBoardTracker
+    with pytest.raises(ConfigError) as e:
+        check_trackers(["tensorbord"])  # a name the config schema would refuse, from code
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("config key 'track': unknown tracker 'tensorbord'")
+    assert "did you mean 'tensorboard'" in msg and "mlflow, tensorboard, wandb" in msg

@@ -21,7 +21,8 @@ from fedshift.data import load_dataset
 from fedshift.models import build_model
 from fedshift.runtime import device as device_mod
 from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
-from fedshift.runtime.simulation import make_transport, run_experiment
+from fedshift.runtime.simulation import run_experiment
+from fedshift.runtime.transports import make_transport
 from fedshift.runtime.vmap import VmapTransport, train_stacked
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -51,7 +51,8 @@ from fedshift.core.config import RunConfig
 from fedshift.runtime.rundir import results as result_files
 from fedshift.runtime.rundir.checkpoint_io import read_checkpoint
 from fedshift.runtime.rundir.results import RunResult
-from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
+from fedshift.runtime.simulation import resume_experiment, run_experiment
+from fedshift.runtime.stopping import RunInterrupted
 
 #: a cheap toy run (three small ``toyshift`` clients, a 4-channel CNN, two local steps),
 #: cheap enough to run every algorithm and augment every way; one of two pool workers

@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from fedshift.claims.spec import ClaimSpec, CompareSpec, Selector
-from fedshift.core.config import lookup
+from fedshift.core.config_tree import lookup
 
 if TYPE_CHECKING:
     from fedshift.claims.evaluate import ResultRun

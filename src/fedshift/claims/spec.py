@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from fedshift.claims import rubric
-from fedshift.core.config import lookup
+from fedshift.core.config_tree import lookup
 from fedshift.core.errors import FedshiftError
 
 KINDS = ("claim", "design", "accounting", "qualitative")

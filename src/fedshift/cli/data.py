@@ -14,7 +14,8 @@ from fedshift.core.errors import ConfigError, FedshiftError
 
 
 def _dataset_params(name: str, overrides: list[str]):
-    from fedshift.core.config import build_dataclass, parse_override
+    from fedshift.core.config import build_dataclass
+    from fedshift.core.config_tree import parse_override
     from fedshift.data import DATASETS
 
     entry = DATASETS.entry(name)
@@ -160,7 +161,8 @@ def _bare_dataset_keys(raw: dict, overrides: list[str]) -> None:
     names the config key ``data check`` wants: ``dataset.train_size=500``."""
     import dataclasses
 
-    from fedshift.core.config import RunConfig, parse_override
+    from fedshift.core.config import RunConfig
+    from fedshift.core.config_tree import parse_override
     from fedshift.data import DATASETS
 
     top = {f.name for f in dataclasses.fields(RunConfig)}

@@ -37,7 +37,8 @@ def _options(args: argparse.Namespace):
 
 def _config(args: argparse.Namespace):
     from fedshift.catalog import resolve
-    from fedshift.core.config import expand_sweep, load_config
+    from fedshift.core.config import load_config
+    from fedshift.core.config_tree import expand_sweep
 
     source = args.config or "defaults"
     raw = load_config(args.config, args.overrides)  # key=value on a swept key replaces it

@@ -182,7 +182,8 @@ def one_line(entry: Any) -> str:
 
 def config_sections() -> list[str]:
     """``fedshift list``'s part on config keys: the top-level keys, then every section's."""
-    from fedshift.core.config import COMPONENT_SECTIONS, RunConfig
+    from fedshift.core.config import RunConfig
+    from fedshift.core.config_tree import COMPONENT_SECTIONS
 
     sections = [
         f
@@ -209,7 +210,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
     from fedshift.catalog import shown
     from fedshift.cli.plugins import CLI_HOW
-    from fedshift.core.config import expand_sweep, load_config
+    from fedshift.core.config import load_config
+    from fedshift.core.config_tree import expand_sweep
     from fedshift.core.consent import held_back, listing, plugin_names
 
     source = args.config or "defaults"

@@ -20,7 +20,8 @@ def _configs(args: argparse.Namespace) -> list:
     from fedshift.algorithms import ALGORITHMS
     from fedshift.augment import AUGMENTS
     from fedshift.catalog import resolve
-    from fedshift.core.config import expand_sweep, load_config
+    from fedshift.core.config import load_config
+    from fedshift.core.config_tree import expand_sweep
     from fedshift.core.errors import FedshiftError
 
     source = args.config or "defaults"

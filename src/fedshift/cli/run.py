@@ -17,7 +17,8 @@ from fedshift.core.errors import FedshiftError
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedshift.catalog import resolve
     from fedshift.cli.sweeps import claim_dirs, run_sweep
-    from fedshift.core.config import expand_sweep, load_config, lookup
+    from fedshift.core.config import load_config
+    from fedshift.core.config_tree import expand_sweep, lookup
     from fedshift.core.logs import console
     from fedshift.eval.tables import print_tables
     from fedshift.runtime.simulation import resume_experiment
@@ -113,7 +114,7 @@ _workers = count_or("auto", 1)
 def _resume_rounds(args: argparse.Namespace) -> int | None:
     """``--resume RUN`` keeps the run's saved config; the one override it takes is
     ``train.rounds=N``, which extends the run (finished or not) to N rounds."""
-    from fedshift.core.config import parse_override
+    from fedshift.core.config_tree import parse_override
 
     if args.config:
         raise FedshiftError("--resume takes the run's saved config (its config.yaml); drop -c")

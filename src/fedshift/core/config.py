@@ -22,8 +22,10 @@ Untrusted input: YAML is read with a loader that refuses a key written twice in 
 :data:`~fedshift.core.yamlsafe.MAX_NODES` values once its aliases are expanded (a "billion
 laughs" file of nested aliases is refused at load time instead of hanging the deep copies,
 ``asdict`` and messages that walk it; see :mod:`fedshift.core.yamlsafe`). A sweep grid may
-have at most :data:`MAX_SWEEP_CELLS` combinations. Error messages show values through a
-bounded ``repr``.
+have at most :data:`~fedshift.core.config_tree.MAX_SWEEP_CELLS` combinations. Error messages
+show values through a bounded ``repr``. The raw tree before a :class:`RunConfig` is built
+(overrides, dotted keys, merge, lookup, the sweep grid) is :mod:`fedshift.core.config_tree`;
+import its functions from there.
 """
 
 from __future__ import annotations
@@ -43,14 +45,12 @@ import yaml
 
 from fedshift.core.bounds import bounded, bounds, check_bounds
 from fedshift.core.components import Component
-from fedshift.core.config_tree import COMPONENT_SECTIONS as COMPONENT_SECTIONS
-from fedshift.core.config_tree import MAX_SWEEP_CELLS as MAX_SWEEP_CELLS
-from fedshift.core.config_tree import expand_sweep as expand_sweep
-from fedshift.core.config_tree import lookup as lookup
-from fedshift.core.config_tree import merge as merge
-from fedshift.core.config_tree import parse_override as parse_override
-from fedshift.core.config_tree import replace_swept as replace_swept
-from fedshift.core.config_tree import set_dotted as set_dotted
+from fedshift.core.config_tree import (
+    COMPONENT_SECTIONS,
+    parse_override,
+    replace_swept,
+    set_dotted,
+)
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
 from fedshift.core.presets import config_file, shipped_hint

@@ -1,7 +1,7 @@
 """The raw config tree (nested dicts of plain values, before a :class:`~fedshift.core.config.
 RunConfig` is built): ``key=value`` overrides, dotted keys, merging, lookups and the sweep
 grid's expansion. Imports only the standard library, yaml and ``core`` (errors, yamlsafe);
-:mod:`fedshift.core.config` re-exports every name."""
+every caller imports these names from here (:mod:`fedshift.core.config` builds on them)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """In-memory federated datasets: one :class:`ClientData` per client (domain).
 
 These are the types the dataset contract (:mod:`fedshift.core.datasets`) and the algorithm
-contract (:mod:`fedshift.core.contract`) name, so they live in core; ``fedshift.core.federation``
-re-exports them (every loader builds them).
+contract (:mod:`fedshift.core.contract`) name, so they live in core, where every loader
+imports them from.
 
 Images are float tensors in ``[0, 1]`` of shape ``(N, C, H, W)`` once a benchmark is built,
 or, for data read from image files, :class:`~fedshift.core.images.ByteImages`: the stored

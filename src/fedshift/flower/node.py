@@ -44,7 +44,8 @@ from flwr.clientapp import ClientApp
 
 import fedshift
 from fedshift.catalog import resolve
-from fedshift.core.config import RunConfig, set_dotted
+from fedshift.core.config import RunConfig
+from fedshift.core.config_tree import set_dotted
 from fedshift.core.consent import ALLOW_ENV, allowed, untrusted
 from fedshift.core.errors import ConfigError
 from fedshift.core.federation import ClientData, Federation

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import yaml
@@ -48,7 +49,8 @@ from fedshift.flower.supernodes import wait_for_nodes
 from fedshift.flower.wire import pack, payload_to_records, records_to_payload, tensors_to_record
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.secagg import SecureAggregation
-from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores
+from fedshift.runtime.transport import SECURE_AGGREGATION, EvalRequest, RunIdentity, Scores
+from fedshift.runtime.transports import TRANSPORTS
 
 log = logging.getLogger("fedshift.flower")
 
@@ -109,6 +111,14 @@ class GridTransport:
     """The round loop's clients behind a Flower ``Grid`` (module docstring)."""
 
     name = "flower"
+    Params: ClassVar[type | None] = None
+    #: the registry's declarations (:mod:`fedshift.runtime.transport`): no ``run.executor``
+    #: selects it (its entry point is the ServerApp, :mod:`fedshift.flower.server`); secure
+    #: aggregation through Flower's SecAgg+ (``secure_train``); no privacy budget yet. Built
+    #: by the ServerApp around its Grid, so it has no ``create``
+    executor: ClassVar[str | None] = None
+    worker_processes: ClassVar[bool] = False
+    supports: ClassVar[frozenset[str]] = frozenset({SECURE_AGGREGATION})
 
     def __init__(
         self, grid: Grid, options: FlowerOptions, stop_check: Callable[[], None] | None = None
@@ -370,6 +380,11 @@ class GridTransport:
 
     def close(self) -> None:
         """Nothing to stop: the Grid (and its SuperNodes) belong to the ServerApp."""
+
+
+#: the one registration (the others: :mod:`fedshift.runtime.transports`); made when Flower's
+#: side is imported, so `flwr` stays out of every other command
+TRANSPORTS.add(GridTransport.name, GridTransport, GridTransport.Params)
 
 
 def check_federation(infos: list[ClientInfo]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from fedshift.core.config import lookup
+from fedshift.core.config_tree import lookup
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import write_text_atomic
 from fedshift.eval.order import natural_key
@@ -145,7 +145,8 @@ def load_run(run_dir: str | Path, weights: str = "selected"):
     round ``weights`` names: ``selected`` (the round model selection picked on validation,
     whose scores the run's tables report; default) or ``last``. Checks first that the folder
     holds a finished run (``config.yaml``, ``checkpoint.pt`` and the final ``summary.json``)."""
-    from fedshift.runtime.simulation import CHECKPOINT, load_finished
+    from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT
+    from fedshift.runtime.simulation import load_finished
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -302,7 +303,7 @@ def reference_row(
 # ============================================================================ suites
 def expand_configs(raw: dict, source: str) -> list:
     from fedshift.catalog import resolve
-    from fedshift.core.config import expand_sweep
+    from fedshift.core.config_tree import expand_sweep
 
     return [resolve(one, source) for one in expand_sweep(raw, source)]
 

@@ -7,7 +7,8 @@ signal), ``checkpointing`` (when and how that state is written and read back),
 ``lifecycle`` (a run around its rounds: lock, logs, hooks, the finished run's record),
 ``hooks`` (the hook interface, model selection, progress), ``native`` (the in-process
 transport), ``pool/`` (clients in worker processes, ``run.workers``), ``vmap`` (the
-in-process transport with a round's clients vectorised), ``secagg`` (secure aggregation),
+in-process transport with a round's clients vectorised), ``transports`` (their registry and
+the lookup of a run's transport), ``secagg`` (secure aggregation),
 ``cores`` (how many processes and threads), ``simulation`` (the single-machine run and its
 entry points), ``rundir/`` (a run directory's files: ownership, results, the checkpoint
 format, a finished run rebuilt for evaluation), ``tracking/`` (the trackers and their

@@ -207,7 +207,7 @@ def _check_paths(run_dir: str | Path, out: Path) -> None:
 def _description(sim: Any, out: Path, pt2: Path, tensors: dict, source: dict) -> dict:
     """``model.json``: the files and their SHA-256, the model section, the input rule,
     whether the tensors are the plain model's, the method and where it came from."""
-    from fedshift.core.config import lookup
+    from fedshift.core.config_tree import lookup
 
     cfg, fed = sim.cfg, sim.fed
     raw = cfg.to_dict()

@@ -55,7 +55,7 @@ from fedshift.runtime.rundir.results import RunResult
 from fedshift.runtime.secagg import SecureAggregation
 from fedshift.runtime.stopping import RunInterrupted, SignalGate
 from fedshift.runtime.tracking import registry as tracking
-from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport
+from fedshift.runtime.transport import EvalRequest, RunIdentity, Transport, check_supported
 
 log = logging.getLogger("fedshift.runtime")
 
@@ -107,6 +107,7 @@ class RoundLoop:
         self.progress = progress
         self.options = options or LoopOptions()
         self.identity = RunIdentity(key=uuid.uuid4().hex)
+        check_supported(transport, cfg)  # secure aggregation, privacy: declared by the transport
         self.dp = UpdatePrivacy.of(cfg)  # privacy.updates=client: clipped replies, noisy mean
         transport = transport if self.dp is None else self.dp.wrap(transport)
         self.secure = SecureAggregation.of(cfg)  # federation.secure_aggregation: masked replies

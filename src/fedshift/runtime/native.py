@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,7 +19,13 @@ from fedshift.core.payload import Payload
 from fedshift.data import run_federation
 from fedshift.runtime.client import evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, init_client_state
-from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
+from fedshift.runtime.transport import (
+    FEATURES,
+    EvalRequest,
+    RunIdentity,
+    Scores,
+    held_client_state,
+)
 
 
 class InProcessTransport:
@@ -26,6 +33,20 @@ class InProcessTransport:
     dataset (tests, benchmarks); the config's partition and data fraction still apply."""
 
     name = "native"
+    Params: ClassVar[type | None] = None
+    #: the ``run.executor`` that selects it, in one process (the registry's declarations:
+    #: :mod:`fedshift.runtime.transport`)
+    executor: ClassVar[str | None] = "sequential"
+    worker_processes: ClassVar[bool] = False
+    supports: ClassVar[frozenset[str]] = frozenset(FEATURES)
+
+    @classmethod
+    def create(
+        cls, cfg: RunConfig, federation: Federation | None, workers: int, pool: Any
+    ) -> InProcessTransport:
+        """The transport for a run (:func:`fedshift.runtime.transports.make_transport`):
+        every client in this process (``workers`` is 1, ``pool`` None)."""
+        return cls(federation)
 
     def __init__(self, federation: Federation | None = None) -> None:
         self.preloaded = federation

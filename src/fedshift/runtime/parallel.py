@@ -35,8 +35,9 @@ from fedshift.core.lifeline import die_with_parent
 from fedshift.runtime.hooks import Hook, RoundRecord
 from fedshift.runtime.progress import EVERY_S, CellProgress
 from fedshift.runtime.rundir.ownership import LOCK_FILE, clear_run_dir, hold_run, lock_holder
-from fedshift.runtime.simulation import Simulation, make_transport
+from fedshift.runtime.simulation import Simulation
 from fedshift.runtime.stopping import RunSignal
+from fedshift.runtime.transports import make_transport
 
 __all__ = [
     "PARENT_GONE_GRACE_S",

@@ -4,9 +4,10 @@ worker processes, ``run.workers``), and the entry points ``run_experiment`` /
 
 :class:`Simulation` is :class:`~fedshift.runtime.loop.RoundLoop` with every client in this
 process (:class:`~fedshift.runtime.native.InProcessTransport`) or in worker processes
-(:class:`~fedshift.runtime.pool.transport.PoolTransport`, chosen by :func:`make_transport`); it
-exposes the clients' state as ``states`` for protocols, figures and tests that look inside a
-run. Every process computing for a run uses ``run.threads`` torch threads.
+(:class:`~fedshift.runtime.pool.transport.PoolTransport`): the registered transport
+:func:`~fedshift.runtime.transports.make_transport` picks from ``run.executor`` and
+``run.workers``. It exposes the clients' state as ``states`` for protocols, figures and
+tests that look inside a run. Every process computing for a run uses ``run.threads`` torch threads.
 
 A run directory's ``config.yaml`` is checked against the config its checkpoint was written
 with before a resume (or a protocol) builds anything (:func:`resume_config`): a resumed run
@@ -33,30 +34,20 @@ from fedshift.core.files import check_folder
 from fedshift.core.identity import NOT_SET, config_diff, without_later_defaults
 from fedshift.core.seeding import set_rng_state
 from fedshift.eval.summary import read_summary
-from fedshift.runtime.cores import resolve_workers
 from fedshift.runtime.experiment import start_experiment
 from fedshift.runtime.hooks import Hook
 from fedshift.runtime.loop import LoopOptions, RoundLoop
 from fedshift.runtime.native import InProcessTransport
-from fedshift.runtime.pool.transport import PoolTransport, WorkerPool
+from fedshift.runtime.pool.transport import WorkerPool
 from fedshift.runtime.rundir.checkpoint_io import CHECKPOINT, SELECTED, read_run_state
 from fedshift.runtime.rundir.results import RunResult, new_run_dir
 from fedshift.runtime.rundir.saved import SavedRun, read_selected
-from fedshift.runtime.stopping import RunInterrupted, RunSignal
-from fedshift.runtime.transport import RunIdentity, held_client_state
-from fedshift.runtime.vmap import VmapTransport
+from fedshift.runtime.transport import RunIdentity, Transport, held_client_state
+from fedshift.runtime.transports import make_transport
 
 __all__ = [
-    "CHECKPOINT",
-    "SELECTED",
-    "RunInterrupted",
-    "RunResult",
-    "RunSignal",
-    "SavedRun",
     "Simulation",
     "load_finished",
-    "make_transport",
-    "new_run_dir",
     "resume_config",
     "resume_experiment",
     "run_experiment",
@@ -86,12 +77,12 @@ class Simulation(RoundLoop):
         federation: Federation | None = None,
         progress: bool = True,
         options: LoopOptions | None = None,
-        transport: InProcessTransport | PoolTransport | None = None,
+        transport: Transport | None = None,
         hooks: Iterable[Hook] = (),
     ) -> None:
         with torch_threads(cfg.run.threads):
-            transport = transport or InProcessTransport(federation)
-            super().__init__(cfg, run_dir, transport, progress, options, hooks)
+            chosen: Transport = transport or InProcessTransport(federation)
+            super().__init__(cfg, run_dir, chosen, progress, options, hooks)
 
     def run(
         self, resume: bool = False, stop_after: int | None = None, rounds: int | None = None
@@ -122,33 +113,6 @@ def torch_threads(n: int) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
-
-
-def make_transport(
-    cfg: RunConfig,
-    federation: Federation | None = None,
-    workers: int | str | None = None,
-    pool: WorkerPool | None = None,
-) -> InProcessTransport | PoolTransport:
-    """The transport of a run on this machine: ``pool`` (a running :class:`WorkerPool`), or
-    ``workers`` processes (default: ``run.workers``; ``auto``: see
-    :func:`~fedshift.runtime.cores.resolve_workers`), or, for one worker, this process;
-    ``run.executor=vmap``: this process, the round's clients vectorised
-    (:class:`~fedshift.runtime.vmap.VmapTransport`)."""
-    requested = cfg.run.workers if workers is None else workers
-    if cfg.run.executor == "vmap":
-        n = 1 if requested == "auto" else resolve_workers(requested)
-        if pool is not None or n > 1:
-            raise ConfigError(
-                "config key 'run.executor': vmap trains every client of a round together in "
-                f"one process; it does not combine with {n if pool is None else pool.size} "
-                "worker processes (set run.workers=1 or auto, or run.executor=sequential)"
-            )
-        return VmapTransport(federation)
-    if pool is not None:
-        return PoolTransport(federation, pool=pool)
-    n = resolve_workers(requested, cfg.run.threads, cfg.device)
-    return PoolTransport(federation, workers=n) if n > 1 else InProcessTransport(federation)
 
 
 def run_experiment(

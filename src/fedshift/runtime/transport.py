@@ -29,13 +29,31 @@ messages and brings back replies:
                               transport's worker processes; in-process and on Flower: nothing)
 ============================  ===============================================================
 
-Four implementations: :class:`fedshift.runtime.native.InProcessTransport` (clients in this
-process, one after another), :class:`fedshift.runtime.vmap.VmapTransport` (the same, a
-round's clients trained together: ``run.executor=vmap``),
-:class:`fedshift.runtime.pool.transport.PoolTransport` (clients in long-lived worker processes of
-this machine, ``run.workers``) and
-:class:`fedshift.flower.transport.GridTransport` (clients behind Flower SuperNodes, in
-simulation or deployed).
+Every transport class declares, as class attributes, what the registry of transports
+(:data:`fedshift.runtime.transports.TRANSPORTS`) and the loop read of it:
+
+============================  ===============================================================
+``name``                      its registered name (``native``, ``vmap``, ``pool``, ``flower``)
+``Params``                    its parameter dataclass (None: it takes none)
+``executor``                  the ``run.executor`` value that selects it for a run on this
+                              machine (None: it has its own entry point, as Flower's)
+``worker_processes``          whether it runs the clients in worker processes (chosen for
+                              ``run.workers`` > 1 or a running pool)
+``supports``                  the config keys it can serve (:data:`FEATURES`: secure
+                              aggregation, which wraps it in a
+                              :class:`~fedshift.runtime.secagg.SecureTransport`; the privacy
+                              budget, DP-FedAvg's :class:`~fedshift.runtime.dp_updates.
+                              DPTransport` included); the loop refuses a run asking for one it
+                              does not (:func:`check_supported`)
+============================  ===============================================================
+
+Four implementations: :class:`fedshift.runtime.native.InProcessTransport` (``native``:
+clients in this process, one after another), :class:`fedshift.runtime.vmap.VmapTransport`
+(``vmap``: the same, a round's clients trained together: ``run.executor=vmap``),
+:class:`fedshift.runtime.pool.transport.PoolTransport` (``pool``: clients in long-lived worker
+processes of this machine, ``run.workers``) and
+:class:`fedshift.flower.transport.GridTransport` (``flower``: clients behind Flower
+SuperNodes, in simulation or deployed; its own entry point, ``fedshift flower``).
 """
 
 from __future__ import annotations
@@ -44,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fedshift.core.errors import FedshiftError
+from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 
 if TYPE_CHECKING:
@@ -98,11 +116,44 @@ class EvalRequest:
     extra: dict[str, Payload] = field(default_factory=dict)
 
 
+#: what a transport can declare it serves (its ``supports``), each the config key asking for
+#: it: secure aggregation (the loop wraps the transport in ``SecureTransport``) and the
+#: privacy budget (noisy shared statistics; with ``privacy.updates=client`` the loop wraps
+#: the transport in DP-FedAvg's ``DPTransport``)
+SECURE_AGGREGATION = "federation.secure_aggregation"
+PRIVACY = "privacy.epsilon"
+FEATURES = (SECURE_AGGREGATION, PRIVACY)
+
+
+def asked_features(cfg: RunConfig) -> list[str]:
+    """The :data:`FEATURES` ``cfg`` turns on, by config key."""
+    asked = {SECURE_AGGREGATION: cfg.federation.secure_aggregation,
+             PRIVACY: cfg.privacy.epsilon is not None}  # fmt: skip
+    return [k for k in FEATURES if asked[k]]
+
+
+def check_supported(transport: object, cfg: RunConfig, fix: str = "") -> None:
+    """Refuse a run that turns on a feature the transport (a class or an instance) does not
+    declare in its ``supports``: a :class:`ConfigError` naming the key, the transport and
+    ``fix`` (default: turn the key off)."""
+    supports: frozenset[str] = getattr(transport, "supports", frozenset())
+    missing = [k for k in asked_features(cfg) if k not in supports]
+    if missing:
+        name = getattr(transport, "name", type(transport).__name__)
+        raise ConfigError(
+            f"config key {missing[0]!r}: not available on the {name!r} transport (it does not "
+            f"declare it in its `supports`); {fix or 'turn it off'}"
+        )
+
+
 class Transport(Protocol):
     """The message layer under :class:`~fedshift.runtime.loop.RoundLoop` (see the module
-    docstring for each call)."""
+    docstring for each call and each declaration)."""
 
     name: str
+
+    @property
+    def supports(self) -> frozenset[str]: ...
 
     def connect(self, cfg: RunConfig) -> Federation: ...
 
@@ -141,6 +192,7 @@ class WrappedTransport:
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
         self.name = inner.name
+        self.supports: frozenset[str] = inner.supports
 
     def __getattr__(self, name: str) -> Any:  # the wrapped transport's own attributes
         return getattr(self.inner, name)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
@@ -194,6 +194,9 @@ def train_stacked(
 class VmapTransport(InProcessTransport):
     """The in-process transport with a round's clients trained together
     (module docstring); set-up, evaluation and client state are the in-process ones."""
+
+    name = "vmap"
+    executor: ClassVar[str | None] = "vmap"
 
     def attach(self, exp: Experiment, run) -> None:
         check_vmap(exp)

@@ -48,7 +48,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from fedshift.core.config import RunConfig
 from fedshift.core.errors import ConfigError, FedshiftError
@@ -58,7 +58,13 @@ from fedshift.core.seeding import set_rng_state
 from fedshift.data import run_federation
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.pool.worker import dumps, recv, send, worker_main
-from fedshift.runtime.transport import EvalRequest, RunIdentity, Scores, held_client_state
+from fedshift.runtime.transport import (
+    FEATURES,
+    EvalRequest,
+    RunIdentity,
+    Scores,
+    held_client_state,
+)
 
 __all__ = ["PoolTransport", "WorkerPool", "assign"]
 
@@ -300,6 +306,22 @@ class PoolTransport:
     pre-loaded dataset, sent to every worker once per run (tests, benchmarks)."""
 
     name = "pool"
+    Params: ClassVar[type | None] = None
+    #: the registry's declarations (:mod:`fedshift.runtime.transport`): selected by
+    #: ``run.executor=sequential`` with more than one worker, or a running pool
+    executor: ClassVar[str | None] = "sequential"
+    worker_processes: ClassVar[bool] = True
+    supports: ClassVar[frozenset[str]] = frozenset(FEATURES)
+
+    @classmethod
+    def create(
+        cls, cfg: RunConfig, federation: Federation | None, workers: int, pool: WorkerPool | None
+    ) -> PoolTransport:
+        """The transport for a run (:func:`fedshift.runtime.transports.make_transport`):
+        ``pool`` if given (left running), else ``workers`` processes of its own."""
+        if pool is not None:
+            return cls(federation, pool=pool)
+        return cls(federation, workers=workers)
 
     def __init__(
         self,

@@ -11,29 +11,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedshift.core.errors import ConfigError
+from fedshift.core.registry import Registry
 from fedshift.runtime.tracking.services import MlflowTracker, WandbTracker
 from fedshift.runtime.tracking.trackers import CsvTracker, TensorBoardTracker, Tracker
 
 __all__ = ["TRACKERS", "check_trackers", "trackers"]
 
-#: the optional trackers, by their name in the ``track`` key (CSV always runs); none imports
-#: its package before a run opens it
-TRACKERS: dict[str, type[Tracker]] = {
-    "tensorboard": TensorBoardTracker,
-    "wandb": WandbTracker,
-    "mlflow": MlflowTracker,
-}
+#: the optional trackers, by their name in the ``track`` key (CSV always runs), registered as
+#: every component is (:class:`~fedshift.core.registry.Registry`); none imports its package
+#: before a run opens it
+TRACKERS: Registry[type[Tracker]] = Registry("tracker")
+for _name, _cls in (
+    ("tensorboard", TensorBoardTracker),
+    ("wandb", WandbTracker),
+    ("mlflow", MlflowTracker),
+):
+    TRACKERS.add(_name, _cls)
 
 
 def check_trackers(names: Iterable[str]) -> None:
-    """Every tracker ``names`` asks for can run here (else a :class:`ConfigError`)."""
+    """Every tracker ``names`` asks for is registered and can run here (else a
+    :class:`~fedshift.core.errors.ConfigError` naming the ``track`` key)."""
     for name in dict.fromkeys(names):
-        if name not in TRACKERS:
-            raise ConfigError(
-                f"config key 'track': unknown tracker {name!r}; choose from {sorted(TRACKERS)}"
-            )
-        TRACKERS[name].check()
+        TRACKERS.entry(name, key="track").obj.check()
 
 
 def trackers(run_dir: Path, names: Iterable[str], config: dict | None = None) -> list[Tracker]:
@@ -41,4 +41,4 @@ def trackers(run_dir: Path, names: Iterable[str], config: dict | None = None) ->
     those the config's ``track`` names. ``config``: the run's resolved config, for the
     trackers that record it."""
     out: list[Tracker] = [CsvTracker(run_dir, config)]
-    return out + [TRACKERS[n](run_dir, config) for n in dict.fromkeys(names)]
+    return out + [TRACKERS.get(n, key="track")(run_dir, config) for n in dict.fromkeys(names)]

@@ -21,8 +21,9 @@ The config key ``track`` lists the optional ones (``track=[tensorboard,wandb,mlf
   that covers it is written (:meth:`Tracker.checkpointed`), since neither can drop steps.
 
 Adding a tracker: a :class:`Tracker` subclass (a :class:`~fedshift.runtime.hooks.Hook` of the
-round loop) in :data:`fedshift.runtime.tracking.registry.TRACKERS` and its name in the ``track``
-key's choices (:class:`fedshift.core.config.RunConfig`); one that needs a package
+round loop) registered in :data:`fedshift.runtime.tracking.registry.TRACKERS` (one
+``TRACKERS.add``) and its name in the ``track`` key's choices
+(:class:`fedshift.core.config.RunConfig`); one that needs a package
 imports it in ``open``, never at module level (``fedshift --help`` stays instant).
 
 :func:`provenance` is what produced a run: versions, the git commit of the fedshift source,
