@@ -38,6 +38,7 @@ from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.models.peft import add_adapters, add_lora, added_layers_rng
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+from fedshift.runtime.dpsgd import example_refusal
 from fedshift.runtime.privacy import Plan, plan_privacy, updates_refusal
 from fedshift.runtime.trunk_cache import TrunkCache, trainable_summary
 
@@ -200,7 +201,13 @@ def build_experiment(
     _check_holdout_answer(cfg, composed, algo, holdout)
     privacy = None
     if cfg.privacy.epsilon is not None:  # the budget, before any client state: runtime/privacy
-        privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape)
+        why = None
+        if cfg.privacy.updates == "example":  # a run DP-SGD cannot protect: runtime/dpsgd
+            why = example_refusal(cfg, composed, model, fed.task)
+        if why is not None:
+            raise ConfigError(why)
+        sizes = {cid: len(c.train) for cid, c in train_clients.items()}
+        privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape, sizes)
         assert privacy is not None
         why = None if privacy.updates is None else updates_refusal(composed, model)
         if why is not None:  # privacy.updates: a method DP-FedAvg cannot protect
