@@ -142,7 +142,8 @@ def dp_sgd_steps(algo: Algorithm, ctx: ClientContext, state: State) -> tuple[int
             opt.step()
             taken += 1
             if drawn:
-                total += float(loss.detach()) + (0.0 if penalty is None else float(penalty))
+                extra = 0.0 if penalty is None else float(torch.as_tensor(penalty).detach())
+                total += float(loss.detach()) + extra
                 losses += 1
         for p in params:
             if hasattr(p, "summed_grad"):
