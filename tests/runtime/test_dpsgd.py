@@ -294,3 +294,29 @@ def test_privacy_show_says_the_weights_are_protected_by_dpsgd():
     assert "weights: yes: privacy.updates=example" in text
     z = report["privacy"]["records"]["weights"]["sites"]["client0"]["noise_multiplier"]
     assert "example clip 0.5" in text and f"client0 noise multiplier {z:.4g}" in text
+
+
+#: methods on the default local step: planned (the brief's three and a server optimiser)
+PLANNED = {"fedavg", "fedprox", "fedrdn", "fedadam"}
+#: methods with their own loop, loss, correction or records: refused
+REFUSED = {"scaffold", "fedfa", "fedproto", "moon", "fedsam", "harmofl", "pfedme", "distrans"}
+
+
+@pytest.mark.parametrize("name", __import__("fedshift.algorithms").algorithms.ALGORITHMS.names())
+def test_every_algorithm_is_planned_or_refused_in_one_line(name):
+    """Built (not trained) with DP-SGD on: a plan for every site, or one line naming a key."""
+    from fedshift.algorithms import ALGORITHMS
+    from fedshift.testing import tiny_cfg
+
+    seg = "classification" not in ALGORITHMS.get(name).tasks
+    over = ["dataset.name=toyseg", "model.name=unet", "model.width=2"] if seg else []
+    try:
+        exp = _build(tiny_cfg(name, *over, *EX, "privacy.epsilon=50", "train.rounds=1"))
+    except ConfigError as e:
+        msg = str(e)  # methods that need BatchNorm (FedBN, AdvProp) refuse the norm-free model
+        assert "\n" not in msg and ("config key '" in msg or "batch-norm" in msg), msg
+        assert name not in PLANNED, msg
+        return
+    assert name not in REFUSED
+    assert exp.privacy is not None and exp.privacy.example is not None
+    assert {s.site for s in exp.privacy.example.sites} == set(exp.train_clients)

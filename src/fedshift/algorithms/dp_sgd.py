@@ -73,8 +73,12 @@ def _optimizer(opt: torch.optim.Optimizer, mech: ExampleMechanism, noise: torch.
             std = self.noise_multiplier * self.max_grad_norm
             for p in self.params:
                 s = p.summed_grad
-                z = torch.randn(s.shape, generator=noise, dtype=torch.float64) * std
-                p.grad = (s + z.to(device=s.device, dtype=s.dtype)).view_as(p)
+                z = (
+                    torch.randn(s.shape, generator=noise, dtype=torch.float64)
+                    .mul(std)
+                    .to(device=s.device, dtype=s.dtype)
+                )  # float64 on the host, then where the gradient is
+                p.grad = (s + z).view_as(p)
 
     return _HostNoiseDPOptimizer(
         opt, noise_multiplier=mech.noise_multiplier, max_grad_norm=mech.clip,
@@ -117,7 +121,7 @@ def dp_sgd_steps(algo: Algorithm, ctx: ClientContext, state: State) -> tuple[int
     agc_params = agc_parameters(model, algo.train.agc_head) if agc is not None else []
     noise = generator(mech.seed, "privacy", "dpsgd", ctx.round, ctx.cid)
     steps = ctx.planned_steps()
-    total, losses, taken = 0.0, 0, 0
+    total, losses, taken = torch.zeros((), device=ctx.device), 0, 0
     with per_example_gradients(model):
         dp = _optimizer(opt, mech, noise)
         params = list(dp.params)
@@ -142,8 +146,8 @@ def dp_sgd_steps(algo: Algorithm, ctx: ClientContext, state: State) -> tuple[int
             opt.step()
             taken += 1
             if drawn:
-                extra = 0.0 if penalty is None else float(torch.as_tensor(penalty).detach())
-                total += float(loss.detach()) + extra
+                extra = penalty.detach() if isinstance(penalty, torch.Tensor) else penalty
+                total = total + loss.detach() + (0.0 if extra is None else extra)
                 losses += 1
         for p in params:
             if hasattr(p, "summed_grad"):
@@ -151,4 +155,4 @@ def dp_sgd_steps(algo: Algorithm, ctx: ClientContext, state: State) -> tuple[int
     ctx.scratch[DPSGD_STEPS] = taken
     if algo.train.optimizer_state == "persist":  # as local_train.keep_optimizers
         state["optimizer"] = opt.state_dict()
-    return taken, total / max(losses, 1)
+    return taken, float(total) / max(losses, 1)

@@ -44,7 +44,13 @@ from dataclasses import dataclass
 from fedshift.core.errors import ConfigError
 from fedshift.core.privacy import _accountant, epsilon_composed
 
-__all__ = ["DPSGD_ALPHAS", "DPSGD_TOLERANCE", "ExampleMechanism", "dpsgd_noise_multiplier", "sample_rate"]
+__all__ = [
+    "DPSGD_ALPHAS",
+    "DPSGD_TOLERANCE",
+    "ExampleMechanism",
+    "dpsgd_noise_multiplier",
+    "sample_rate",
+]
 
 #: the Renyi orders of every history holding DP-SGD steps: Opacus computes the subsampled
 #: Gaussian's RDP at a fractional order by a series (up to 0.1 s an order near 1) and at an

@@ -34,7 +34,7 @@ be the planned ones (a local loop that bypassed it would otherwise pass unnotice
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from fedshift.algorithms.base import Algorithm
 from fedshift.algorithms.dp_sgd import DPSGD_STEPS
@@ -178,7 +178,7 @@ def example_refusal(
 ) -> str | None:
     """Why ``privacy.updates=example`` cannot protect this run (module docstring), or None:
     one line naming the key and a fix."""
-    algo = cast(Algorithm, composed.algo)
+    algo = composed.algo
     return (
         _setting_refusal(cfg, task)
         or _algorithm_refusal(algo)
