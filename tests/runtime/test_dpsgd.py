@@ -165,8 +165,8 @@ def test_a_batch_moves_by_the_mean_of_its_clipped_gradients():
 
 def test_the_noise_is_z_times_the_clip_and_drawn_again_from_the_seed():
     """Examples whose clipped gradients are tiny against the noise: the move over the
-    stated std z C / (q n) is N(0, 1) (mean square within 15 % over the 15 values), and the
-    same seed draws the same noise."""
+    stated std z C / (q n) is N(0, 1) (its mean square over the 15 values within chi-square's
+    wide band: 0.2 to 1.8), and the same seed draws the same noise."""
     x = torch.zeros(2, 1, 2, 2)
     y = torch.tensor([0, 1])
     z, clip = 1000.0, 0.5
