@@ -149,6 +149,14 @@ MARKS: dict[str, Mark] = {
         "tests/runtime/test_dp_updates.py::test_privacy_show_says_the_weights_are_protected_and_their_noise",
         "the report and its text for the same config; needs Opacus (the privacy extra)",
     ),
+    "fedshift run dataset.name=toyshift model.name=lenet5 model.norm=none 'augment=[fedrdn]' train.batch_size=16 train.rounds=2 privacy.epsilon=4 privacy.updates=example privacy.stats_share=0.25": ByTest(
+        "tests/runtime/test_dpsgd.py::test_statistics_and_dpsgd_compose_in_one_history_within_the_budget",
+        "the same run (toyshift, LeNet-5 without norm layers, FedRDN, DP-SGD) through the Python API; needs Opacus (the privacy extra)",
+    ),
+    "fedshift privacy show dataset.name=toyshift model.name=lenet5 model.norm=none train.batch_size=16 train.rounds=1 privacy.epsilon=2 privacy.updates=example privacy.update_clip=0.5": ByTest(
+        "tests/runtime/test_dpsgd.py::test_privacy_show_says_the_weights_are_protected_by_dpsgd",
+        "the report and its text for the same config; needs Opacus (the privacy extra)",
+    ),
     "fedshift privacy show -c CONFIG": Synopsis("CONFIG: any run config"),
     "fedshift protocol privacy -c CONFIG": Synopsis("CONFIG: a config or suite whose cells are trained and attacked"),
     "fedshift protocol privacy -c configs/suites/privacy_digits.yaml --sizes 10,50,200,350 --workers 1 --threads 1": Long("about 21 min", "measured 2026-11-29: 27 LeNet-5 runs of 10 rounds (~14 min) + the attacks (~7 min), one worker beside another suite; results/protocols/privacy_digits"),

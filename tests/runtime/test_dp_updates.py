@@ -224,13 +224,6 @@ def test_sample_size_weighting_is_refused_naming_the_key(tmp_path):
         run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
 
 
-@needs_opacus
-def test_example_level_updates_are_refused_until_built(tmp_path):
-    cfg = toy_cfg("privacy.updates=example", "privacy.epsilon=1", rounds=1)
-    with pytest.raises(ConfigError, match=r"'privacy.updates'.*not available"):
-        run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
-
-
 def test_the_key_off_keeps_every_digest():
     from fedshift.core.identity import number_config
 

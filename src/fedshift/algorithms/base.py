@@ -37,6 +37,7 @@ import torch
 # the shared helpers live in their own modules; imported here for the algorithms (and the
 # plug-ins) that import them from ``fedshift.algorithms.base``
 from fedshift.algorithms.bn import BN_STATS, BNPolicy, bn_keys, require_bn_tensors
+from fedshift.algorithms.dp_sgd import dp_sgd_steps
 from fedshift.algorithms.local_train import build_optimizer, restore_optimizer, sam_second_pass
 from fedshift.algorithms.local_train import sgd_steps as _sgd_steps
 from fedshift.algorithms.state import (
@@ -455,7 +456,11 @@ class Algorithm(Generic[ParamsT]):
     def local_train(self, ctx: ClientContext, state: State) -> tuple[int, float]:
         """Run the round's local mini-batch steps; returns (steps taken, mean loss). Default:
         :func:`fedshift.algorithms.local_train.sgd_steps` (``loss``, the SAM pass when
-        ``sam_rho`` is set, ``before_step``, one optimiser step per mini-batch)."""
+        ``sam_rho`` is set, ``before_step``, one optimiser step per mini-batch); under
+        ``privacy.updates=example`` (``ctx.dpsgd`` set) DP-SGD's steps,
+        :func:`fedshift.algorithms.dp_sgd.dp_sgd_steps`."""
+        if ctx.dpsgd is not None:
+            return dp_sgd_steps(self, ctx, state)
         return _sgd_steps(self, ctx, state)
 
     def sam_second_pass(

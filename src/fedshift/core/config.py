@@ -158,13 +158,19 @@ class PrivacyConfig:
     # named keeps its component's default (the largest contribution an image in [0, 1] can
     # give, so no valid example is clipped: `fedshift privacy show` prints it)
     clip: dict[str, float] = field(default_factory=dict)
-    # differential privacy for the model updates too (fedshift.core.dp_updates,
-    # docs/PRIVACY.md): "none" (the weights are not covered), "client" (DP-FedAvg: each site's
-    # update clipped to update_clip, Gaussian noise on the server's mean; the unit is one
-    # site, under privacy.epsilon); "example" (example-level DP-SGD): not available yet
+    # differential privacy for the model updates too (docs/PRIVACY.md): "none" (the weights
+    # are not covered), "client" (DP-FedAvg, fedshift.core.dp_updates: each site's update
+    # clipped to update_clip, Gaussian noise on the server's mean; the unit is one site, under
+    # privacy.epsilon); "example" (DP-SGD through Opacus, fedshift.core.dpsgd: each example's
+    # gradient clipped to update_clip, Gaussian noise at every local step on Poisson-sampled
+    # batches; the unit is one example, statistics and weights under one privacy.epsilon)
     updates: Literal["none", "client", "example"] = "none"
-    # the L2 bound of one site's update of the shared weights in one round (updates=client)
+    # the L2 bound of the updates' mechanism: updates=client, one site's update of the shared
+    # weights in one round; updates=example, one example's gradient at one local step
     update_clip: float = bounded(1.0, gt=0)
+    # updates=example: the part of epsilon the shared statistics' noise is calibrated to; each
+    # site's DP-SGD noise is then set so that both, in one accountant history, spend epsilon
+    stats_share: float = bounded(0.5, gt=0, lt=1)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from fedshift.core.tasks import Classification, Task
 
 if TYPE_CHECKING:  # types only: core imports nothing above it
     from fedshift.core.config import InputConfig, TrainConfig
+    from fedshift.core.dpsgd import ExampleMechanism
     from fedshift.core.federation import ClientData, Split
     from fedshift.core.model import FedModel
 
@@ -114,6 +115,17 @@ class InputPipeline:
         return self._finish(x)
 
 
+def round_steps(n: int, train: TrainConfig) -> int:
+    """Mini-batch steps of one round's local work at a client of ``n`` training examples:
+    ``train.local_steps``, or ``local_epochs`` x the batches of an epoch (a trailing batch
+    of one example is skipped when ``batch_size`` is above 1, as :meth:`ClientContext.batches`
+    does)."""
+    if train.local_steps is not None:
+        return train.local_steps
+    full, rest = divmod(n, train.batch_size)
+    return train.local_epochs * (full + (1 if rest > 1 else 0))
+
+
 def _batch(out: Any) -> bool:
     return (
         isinstance(out, tuple)
@@ -152,6 +164,9 @@ class ClientContext:
     task: Task = field(default_factory=Classification)  # the loss (and metrics) of the data
     #: per-round working values of the algorithm (see the class docstring)
     scratch: dict[str, Any] = field(default_factory=dict)
+    #: ``privacy.updates=example``: the site's DP-SGD (:mod:`fedshift.core.dpsgd`), which the
+    #: default local step applies (:func:`fedshift.algorithms.dp_sgd.dp_sgd_steps`); None: off
+    dpsgd: ExampleMechanism | None = None
 
     @property
     def num_train(self) -> int:
@@ -164,9 +179,7 @@ class ClientContext:
 
     def planned_steps(self) -> int:
         """Mini-batch steps of one round's local work (``local_steps`` or epochs x batches)."""
-        if self.train.local_steps is not None:
-            return self.train.local_steps
-        return self.train.local_epochs * self.steps_per_epoch()
+        return round_steps(self.num_train, self.train)
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The round's training batches, through the input pipeline and on the device.

@@ -51,6 +51,9 @@ LATER_DEFAULTS: dict[str, Any] = {
     "model.pretrained": False,  # efficientnet_lite0 from scratch (issue 54)
     "privacy.epsilon": None,  # differential privacy off (issue 53)
     "privacy.updates": "none",  # model updates not covered (issue 53 item 2)
+    # the statistics' part of the budget under privacy.updates=example (issue 53 item 2): at
+    # its default it keeps a config's digest as before the key existed
+    "privacy.stats_share": 0.5,
     "input.size": None,  # images as the dataset gives them, no resize (issue 54)
 }
 #: sections added later whose every key is in LATER_DEFAULTS or ONLY_WITH: left out when
@@ -71,6 +74,7 @@ ONLY_WITH = {
     "privacy.clip": "privacy.epsilon",
     "privacy.updates": "privacy.epsilon",
     "privacy.update_clip": "privacy.updates",
+    "privacy.stats_share": "privacy.updates",
 }
 
 

@@ -33,6 +33,7 @@ Imports only torch, the standard library and ``core`` (Opacus when a budget is p
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -84,16 +85,24 @@ def epsilon_spent(sigma: float, releases: int, delta: float) -> float:
     return float(acc.get_epsilon(delta=delta, alphas=list(ALPHAS)))
 
 
-def epsilon_composed(history: list[tuple[float, float, int]], delta: float) -> float:
+def epsilon_composed(
+    history: list[tuple[float, float, int]], delta: float, alphas: tuple[float, ...] = ALPHAS
+) -> float:
     """The epsilon (at ``delta``) of mechanisms of different noise multipliers composed by
     Opacus's RDP accountant: ``history`` holds (noise multiplier, sampling rate, releases)
-    entries, as ``RDPAccountant.history`` does; entries of no release are left out."""
+    entries, as ``RDPAccountant.history`` does; entries of no release are left out.
+    ``alphas``: the Renyi orders (DP-SGD's subsampled entries use
+    :data:`fedshift.core.dpsgd.DPSGD_ALPHAS`)."""
     entries = [(float(s), float(q), int(k)) for s, q, k in history if k > 0]
     if not entries:
         return 0.0
     acc = _accountant()
     acc.history = entries
-    return float(acc.get_epsilon(delta=delta, alphas=list(ALPHAS)))
+    with warnings.catch_warnings():
+        # at a large epsilon the best order is the smallest one given: a looser bound (a
+        # larger epsilon), never a smaller one; Opacus says so on every call
+        warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
+        return float(acc.get_epsilon(delta=delta, alphas=list(alphas)))
 
 
 def noise_multiplier(

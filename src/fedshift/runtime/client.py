@@ -16,6 +16,7 @@ from fedshift.core.errors import TrainingError
 from fedshift.core.federation import ClientData
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import generator, seed_global
+from fedshift.runtime.dpsgd import check_steps
 from fedshift.runtime.experiment import Experiment, score_client
 
 
@@ -26,7 +27,9 @@ def train_client(
     :class:`ClientContext`, with every random stream derived from (seed, round, client)."""
     ctx = client_context(exp, seed, cid, data, rnd, state)
     if exp.trunk_cache is None:
-        return exp.algo.local_update(ctx, down, state)
+        up = exp.algo.local_update(ctx, down, state)
+        check_steps(ctx)  # privacy.updates=example: every step was DP-SGD's
+        return up
     with exp.trunk_cache.active(ctx) as cached:  # train.trainable=head: embeddings once
         return exp.algo.local_update(cached, down, state)
 
@@ -37,6 +40,7 @@ def client_context(
     """A fresh :class:`ClientContext` for round ``rnd`` of client ``cid``, with the global RNGs
     seeded from (seed, round, client) and the batch generator derived from the same."""
     seed_global(seed, "client", rnd, cid)
+    example = None if exp.privacy is None else exp.privacy.example
     return ClientContext(
         cid=cid,
         round=rnd,
@@ -48,6 +52,7 @@ def client_context(
         device=exp.device,
         state=state,
         task=exp.task,
+        dpsgd=None if example is None else example.mechanism(cid, seed),
     )
 
 

@@ -129,7 +129,12 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
     for r in up:
         said = r["privacy"]
         if weights is not None and r["record"] == "weights":
-            said = "yes: privacy.updates=client, each site's update clipped, noise on the mean"
+            said = (
+                "yes: privacy.updates=example, DP-SGD: each example's gradient clipped, noise "
+                "at every local step"
+                if weights["unit"] == "example"
+                else "yes: privacy.updates=client, each site's update clipped, noise on the mean"
+            )
         lines.append(f"  {r['record']}: {said}")
     if plan is None:
         return lines
@@ -142,6 +147,19 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
         f"{plan['epsilon_spent']:.4g} over {plan['releases']} release(s)"
     )
     for name, rec in plan["records"].items():
+        if name == "weights" and weights is not None and rec["unit"] == "example":
+            lines += [
+                f"  weights: one example the unit, DP-SGD, example clip {rec['clip']:.4g}, "
+                f"per site ({len(rec['sites'])}): "
+                + "; ".join(
+                    f"{site} noise multiplier {s['noise_multiplier']:.4g} at sampling rate "
+                    f"{s['sample_rate']:.3g}, {s['releases']} step(s), epsilon "
+                    f"{s['epsilon_spent']:.4g} (with the statistics "
+                    f"{s['epsilon_spent_with_statistics']:.4g})"
+                    for site, s in rec["sites"].items()
+                )
+            ]
+            continue
         if name == "weights" and weights is not None:
             lines.append(
                 f"  weights: one site the unit, update clip {rec['clip']:.4g}, noise "

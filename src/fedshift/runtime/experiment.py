@@ -38,6 +38,7 @@ from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
 from fedshift.models.peft import add_adapters, add_lora, added_layers_rng
 from fedshift.runtime.device import place_data, resolve_device, set_precision
+from fedshift.runtime.dpsgd import example_refusal
 from fedshift.runtime.privacy import Plan, plan_privacy, updates_refusal
 from fedshift.runtime.trunk_cache import TrunkCache, trainable_summary
 
@@ -160,6 +161,33 @@ def _check_holdout_answer(
         )  # fmt: skip
 
 
+def _privacy(
+    cfg: RunConfig,
+    composed: Composition,
+    model: FedModel,
+    fed: Federation,
+    train_clients: dict[str, ClientData],
+) -> Plan | None:
+    """The budget (``privacy.epsilon``: :mod:`fedshift.runtime.privacy`), planned before any
+    client state, with the refusals of ``privacy.updates`` (:mod:`fedshift.runtime.dpsgd`,
+    :func:`~fedshift.runtime.privacy.updates_refusal`); the components take their
+    mechanisms. None: off."""
+    if cfg.privacy.epsilon is None:
+        return None
+    if cfg.privacy.updates == "example":  # a run DP-SGD cannot protect
+        why = example_refusal(cfg, composed, model, fed.task)
+        if why is not None:
+            raise ConfigError(why)
+    sizes = {cid: len(c.train) for cid, c in train_clients.items()}
+    privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape, sizes)
+    assert privacy is not None
+    why = None if privacy.updates is None else updates_refusal(composed, model)
+    if why is not None:  # privacy.updates=client: a method DP-FedAvg cannot protect
+        raise ConfigError(why)
+    composed.protect(model, privacy.mechanisms)
+    return privacy
+
+
 def build_experiment(
     cfg: RunConfig,
     fed: Federation,
@@ -198,14 +226,7 @@ def build_experiment(
     algo: Algorithm = built(algo_params, cfg.train, fed_cfg, model, n)
     composed = Composition(algo, augments, rule=algo_cls if client_only else None)
     _check_holdout_answer(cfg, composed, algo, holdout)
-    privacy = None
-    if cfg.privacy.epsilon is not None:  # the budget, before any client state: runtime/privacy
-        privacy = plan_privacy(cfg, composed.disclosures(model), fed.input_shape)
-        assert privacy is not None
-        why = None if privacy.updates is None else updates_refusal(composed, model)
-        if why is not None:  # privacy.updates: a method DP-FedAvg cannot protect
-            raise ConfigError(why)
-        composed.protect(model, privacy.mechanisms)
+    privacy = _privacy(cfg, composed, model, fed, train_clients)
     normalize = Normalize(cfg.input, fed.input_shape[0], device)
     resize = Resize(cfg.input.size) if cfg.input.size is not None else None
     kinds = [

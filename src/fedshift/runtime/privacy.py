@@ -20,7 +20,13 @@ the composition's declarations (:mod:`fedshift.core.disclosure`) it
   :mod:`fedshift.runtime.dp_updates`): one release a round, its noise multiplier calibrated
   by the same accountant to the same ``(privacy.epsilon, privacy.delta)`` at its own unit,
   one site. The statistics' unit is one example; the two guarantees are reported separately
-  and, at the example level, composed in one accountant history (:meth:`Plan.summary`).
+  and, at the example level, composed in one accountant history (:meth:`Plan.summary`);
+* with ``privacy.updates=example``, plans each site's DP-SGD (:class:`ExamplePlan`,
+  :mod:`fedshift.core.dpsgd`; applied by :mod:`fedshift.algorithms.dp_sgd`, refusals in
+  :mod:`fedshift.runtime.dpsgd`): the statistics' noise is calibrated to
+  ``privacy.stats_share`` of ``privacy.epsilon``, then each site's DP-SGD noise multiplier
+  so that its ``steps x train.rounds`` steps (Poisson rate ``batch_size / n``) and its
+  statistic releases, in one Opacus RDP history, spend at most ``privacy.epsilon``.
 
 The plan is a function of the config alone, so a resumed run plans the same noise and
 spends the same budget as an uninterrupted one; an extension (``--resume DIR
@@ -31,12 +37,20 @@ epsilon spent per record and in all (:meth:`Plan.summary`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedshift.core.config import RunConfig
+from fedshift.core.context import round_steps
 from fedshift.core.disclosure import UP, Disclosure, Kind, When
 from fedshift.core.dp_updates import UpdateMechanism
+from fedshift.core.dpsgd import (
+    DPSGD_ALPHAS,
+    ExampleMechanism,
+    dpsgd_noise_multiplier,
+    sample_rate,
+)
 from fedshift.core.errors import ConfigError
 from fedshift.core.privacy import Mechanism, epsilon_composed, epsilon_spent, noise_multiplier
 
@@ -44,7 +58,15 @@ if TYPE_CHECKING:
     from fedshift.augment.compose import Composition
     from fedshift.models.base import FedModel
 
-__all__ = ["Plan", "RecordPlan", "UpdatePlan", "plan_privacy", "updates_refusal"]
+__all__ = [
+    "ExamplePlan",
+    "Plan",
+    "RecordPlan",
+    "SiteSGD",
+    "UpdatePlan",
+    "plan_privacy",
+    "updates_refusal",
+]
 
 #: the record ``privacy.updates`` protects
 WEIGHTS = "weights"
@@ -72,6 +94,54 @@ class UpdatePlan:
         of a site moves its clipped update anywhere in the ball of radius ``clip``, so the
         mean by at most ``2 clip / m``: half the client-level multiplier."""
         return self.noise_multiplier / 2.0
+
+
+@dataclass(frozen=True)
+class SiteSGD:
+    """One site's DP-SGD (``privacy.updates=example``): public sizes and its multiplier."""
+
+    site: str
+    #: its training examples ``n``
+    examples: int
+    #: Poisson sampling's rate ``q = min(1, batch_size / n)``
+    sample_rate: float
+    #: local steps a round
+    steps: int
+    noise_multiplier: float
+
+
+@dataclass(frozen=True)
+class ExamplePlan:
+    """DP-SGD on every site's local steps (``privacy.updates=example``,
+    :mod:`fedshift.core.dpsgd`): the clip bound and each site's plan."""
+
+    clip: float
+    sites: tuple[SiteSGD, ...]
+    #: the rounds the budget covers (``train.rounds``)
+    releases: int
+    #: the part of ``privacy.epsilon`` the statistics' noise was calibrated to
+    stats_share: float
+
+    def site(self, name: str) -> SiteSGD:
+        for s in self.sites:
+            if s.site == name:
+                return s
+        raise KeyError(f"privacy.updates=example: no DP-SGD plan for site {name!r}")
+
+    def mechanism(self, name: str, seed: int) -> ExampleMechanism:
+        s = self.site(name)
+        return ExampleMechanism(self.clip, s.noise_multiplier, s.sample_rate, s.steps,
+                                s.examples, seed)  # fmt: skip
+
+    def history(self, s: SiteSGD, rounds: int) -> tuple[float, float, int]:
+        """The accountant entry of site ``s``'s steps over ``rounds`` rounds."""
+        return (s.noise_multiplier, s.sample_rate, s.steps * rounds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _composed(history: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """:func:`epsilon_composed` over DP-SGD's orders (cached: a summary asks per round)."""
+    return epsilon_composed(list(history), delta, DPSGD_ALPHAS)
 
 
 @dataclass(frozen=True)
@@ -106,8 +176,10 @@ class Plan:
     rounds: int
     records: tuple[RecordPlan, ...]
     seed: int
-    #: the weights' plan (``privacy.updates``), or None: weights not covered
+    #: the weights' plan (``privacy.updates=client``), or None: weights not covered
     updates: UpdatePlan | None = None
+    #: DP-SGD's plan (``privacy.updates=example``), or None
+    example: ExamplePlan | None = None
 
     @property
     def mechanisms(self) -> dict[str, Mechanism]:
@@ -121,7 +193,8 @@ class Plan:
         """Refuse to run to ``rounds`` when a record would then be released more often than
         the budget was planned for (an extension of a run that protects a per-round record)."""
         over = [r.record for r in self.records if r.released_after(rounds) > r.releases]
-        if self.updates is not None and rounds > self.updates.releases:
+        covered = [u.releases for u in (self.updates, self.example) if u is not None]
+        if covered and rounds > covered[0]:
             over.append(WEIGHTS)
         if over:
             spent = self._spent(rounds)
@@ -145,10 +218,64 @@ class Plan:
         """What the budget covers at its unit after ``rounds`` rounds: the statistics at the
         example level; with ``privacy.updates=client`` the larger of that and the weights'
         client-level epsilon (each budgeted by ``privacy.epsilon`` on its own)."""
+        if self.example is not None:
+            return self._example_all(rounds)
         spent = epsilon_composed(self._history(rounds, weights=False), self.delta)
         if self.updates is not None:
             spent = max(spent, epsilon_spent(self.updates.noise_multiplier, rounds, self.delta))
         return spent
+
+    def _example_all(self, rounds: int) -> float:
+        """DP-SGD's run: the largest over the sites of its steps and the statistics' releases
+        after ``rounds`` rounds, in one accountant history (over DP-SGD's orders)."""
+        assert self.example is not None
+        stats = self._history(rounds, weights=False)[0]
+        return max(
+            (_composed((stats, self.example.history(s, rounds)), self.delta)
+             for s in self.example.sites),
+            default=0.0,
+        )  # fmt: skip
+
+    def _example_summary(self, rounds: int, out: dict) -> None:
+        """``summary``'s DP-SGD part: the ``weights`` record per site, and the epsilon in
+        all at the example level (statistics and DP-SGD in one history, the largest site)."""
+        e = self.example
+        assert e is not None
+        stats = self._history(rounds, weights=False)[0]
+        sites = {
+            s.site: {
+                "examples": s.examples,
+                "sample_rate": s.sample_rate,
+                "steps_per_round": s.steps,
+                "noise_multiplier": s.noise_multiplier,
+                "releases": s.steps * rounds,
+                "epsilon_spent": _composed((e.history(s, rounds),), self.delta),
+                "epsilon_spent_with_statistics": _composed(
+                    (stats, e.history(s, rounds)), self.delta
+                ),
+            }
+            for s in e.sites
+        }
+        out["records"][WEIGHTS] = {
+            "component": "privacy.updates",
+            "unit": "example",
+            "mechanism": "DP-SGD (Opacus: per-example gradient clipping, Poisson sampling, "
+            "Gaussian noise at every local step)",
+            "clip": e.clip,
+            "noise_std": "noise_multiplier * clip on the sum of a step's clipped gradients",
+            "releases": max((v["releases"] for v in sites.values()), default=0),
+            "epsilon_spent": max((v["epsilon_spent"] for v in sites.values()), default=0.0),
+            "sites": sites,
+        }
+        out["accountant"] = (
+            "opacus rdp (statistics: sampling rate 1; DP-SGD: Poisson sampling rate "
+            "batch_size / n per site)"
+        )
+        out["adjacency"] = "one example of a site replaced by a null example (zero-out)"
+        out["stats_share"] = e.stats_share if self.records else None
+        out["releases"] += out["records"][WEIGHTS]["releases"]
+        out["epsilon_spent"] = self._example_all(rounds)
+        out["not_covered"] = "the training metrics (loss, steps) sent each round"
 
     def summary(self, rounds: int) -> dict:
         """``summary.json``'s ``privacy``: the plan and the epsilon spent after ``rounds``
@@ -179,6 +306,8 @@ class Plan:
             "epsilon_spent": epsilon_composed(self._history(rounds, False), self.delta),
             "not_covered": "model weights and updates",
         }
+        if self.example is not None:
+            self._example_summary(rounds, out)
         u = self.updates
         if u is not None:
             client = epsilon_spent(u.noise_multiplier, rounds, self.delta)
@@ -259,19 +388,17 @@ def _refusal(d: Disclosure) -> str:
 
 
 def plan_privacy(
-    cfg: RunConfig, declared: list[Disclosure], input_shape: tuple[int, int, int]
+    cfg: RunConfig,
+    declared: list[Disclosure],
+    input_shape: tuple[int, int, int],
+    sites: dict[str, int] | None = None,
 ) -> Plan | None:
     """The budget of ``cfg`` for the records ``declared`` (the composition's, with their
-    sources), or None when ``privacy.epsilon`` is off (module docstring)."""
+    sources), or None when ``privacy.epsilon`` is off (module docstring). ``sites``: each
+    training site's number of training examples (``privacy.updates=example`` needs them)."""
     p = cfg.privacy
     if p.epsilon is None:
         return None
-    if p.updates == "example":
-        raise ConfigError(
-            "config key 'privacy.updates': example-level DP-SGD (privacy.updates=example) is "
-            "not available yet; use privacy.updates=client (DP-FedAvg, one site the unit) "
-            "or privacy.updates=none"
-        )
     data = [d for d in declared if d.needs_protection]
     for d in data:
         if d.clip is None:
@@ -301,9 +428,20 @@ def plan_privacy(
         for d in data
     )  # fmt: skip
     releases = sum(r.releases for r in records)
-    sigma = noise_multiplier(p.epsilon, p.delta, releases) if releases else 0.0
-    updates = None
+    share = p.stats_share if p.updates == "example" else 1.0  # DP-SGD takes the rest
+    sigma = noise_multiplier(share * p.epsilon, p.delta, releases) if releases else 0.0
+    updates = example = None
     if p.updates == "client":
         z = noise_multiplier(p.epsilon, p.delta, rounds, "the weights (privacy.updates)")
         updates = UpdatePlan("client", float(p.update_clip), z, rounds)
-    return Plan(p.epsilon, p.delta, sigma, rounds, records, cfg.seed, updates)
+    if p.updates == "example":
+        if sites is None:
+            raise ValueError("plan_privacy: privacy.updates=example needs the sites' sizes")
+        stats = ((sigma, 1.0, releases),) if releases else ()
+        plans = []
+        for name, n in sites.items():
+            q, steps = sample_rate(cfg.train.batch_size, n), round_steps(n, cfg.train)
+            z = dpsgd_noise_multiplier(p.epsilon, p.delta, q, steps * rounds, stats)
+            plans.append(SiteSGD(name, n, q, steps, z))
+        example = ExamplePlan(float(p.update_clip), tuple(plans), rounds, share)
+    return Plan(p.epsilon, p.delta, sigma, rounds, records, cfg.seed, updates, example)
