@@ -30,6 +30,8 @@ saves. Writes ``OUT/pretrained.json``, ``OUT/pretrained.md`` (the table) and
     python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 \
         --rounds 3 --seeds 3 --jobs 7 --holdout mnistm \
         --out results/benchmarks/pretrained_digits_loo
+    python benchmarks/pretrained.py --dataset digits --size 32 --images 100 --eval-images 50 \
+        --rounds 5 --seeds 3 --jobs 2 --out results/benchmarks/pretrained_digits_100
     python benchmarks/pretrained.py --out /tmp/p --seeds 1 --rounds 2 --images 10   # a try
 """
 

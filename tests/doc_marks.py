@@ -529,6 +529,13 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/pretrained.py --dataset digits --size 48 --images 20 --eval-images 20 --rounds 3 --seeds 3 --jobs 7 --holdout mnistm --out results/benchmarks/pretrained_digits_loo": Long(
         "~20 min", "18 runs of EfficientNet-Lite0 on digits with mnistm held out, on a loaded machine"
     ),
+    "python benchmarks/pretrained.py --dataset digits --size 32 --images 100 --eval-images 50 --rounds 5 --seeds 3 --jobs 2 --out results/benchmarks/pretrained_digits_100": Long(
+        "40 min", "21 runs of EfficientNet-Lite0 on the five digits domains upsampled to 32x32, 5 rounds, on a loaded machine (755 CPU s, 39 min 41 s measured)"
+    ),
+    "python benchmarks/make_sites.py runs/sites64 --images 40 --side 64": Run(),
+    "fedshift protocol new-site -c configs/suites/pretrained_sites_new_site.yaml dataset.root=runs/sites64 --workers 1 --threads 1 --runs /tmp/ptev/nsruns --out /tmp/ptev/ns_out": Long(
+        "~56 min", "36 EfficientNet-Lite0 runs of 10 rounds (4 modes x 3 held-out sites x 3 seeds) and their adaptations, on a loaded machine (1,040 CPU s: 43 min for 27 cells, then 13 min for LoRA's 9); results/protocols/pretrained_sites_new_site"
+    ),
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
     ),
