@@ -18,6 +18,7 @@ import yaml
 import fedshift
 from fedshift.catalog import resolve
 from fedshift.core.config import load_config
+from fedshift.eval.plots import render_png as _REAL_RENDER_PNG
 
 torch.set_num_threads(1)
 
@@ -97,6 +98,45 @@ def _registries_restored():
     yield
     for r, entries in zip(regs, saved, strict=True):
         r._entries = entries
+
+
+#: a 1x1 PNG: the ``convergence.png`` of a run in a test that does not look at the picture
+UNRENDERED_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108000000003a7e9b55"
+    "0000000a49444154789c63f80f0001010100b138f6140000000049454e44ae426082"
+)
+
+
+def _unrendered_png(fig, path) -> None:
+    """``fedshift.eval.plots.render_png`` in tests: the figure is built (every curve, label
+    and legend of ``plot_convergence``) but not drawn: drawing and PNG encoding were ~0.24
+    CPU s of every run, about half of a tiny run's CPU."""
+    Path(path).write_bytes(UNRENDERED_PNG)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _convergence_figures_unrendered():
+    """Runs in the pytest processes (module and session fixtures' runs too) write a 1x1
+    ``convergence.png``; a test marked ``png`` gets the real picture (:func:`_png_marked`).
+    Processes a test starts (the CLI in a subprocess, Flower's ServerApp) draw it."""
+    from fedshift.eval import plots
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plots, "render_png", _unrendered_png)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _png_marked(request):
+    """A test marked ``png`` (it looks at a run's ``convergence.png``) draws it for real."""
+    if request.node.get_closest_marker("png") is None:
+        yield
+        return
+    from fedshift.eval import plots
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plots, "render_png", _REAL_RENDER_PNG)
+        yield
 
 
 @pytest.fixture
@@ -220,6 +260,7 @@ PROCESS = (
     "tests/runtime/test_pool.py",
     "tests/runtime/test_same_run.py::test_same_run[pool-",
     "tests/runtime/test_privacy_budget.py::test_a_protected_run_in_worker_processes_is_the_seq",
+    "tests/runtime/test_dp_updates.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/test_packaging.py",
     "tests/runtime/test_tracking_services.py",
     "tests/runtime/test_resume.py::test_signal_at_a_random_moment",

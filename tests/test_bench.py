@@ -106,7 +106,8 @@ def test_in_process_suite_leaves_the_callers_torch_threads(tmp_path):
     torch.set_num_threads(1)
     try:
         run_suite(two_methods(tmp_path), workers=1, threads=2, progress=False,
-                  overrides=["sweep.seed=[0]", "train.rounds=1"])  # fmt: skip
+                  overrides=["sweep.seed=[0]", "train.rounds=1", "dataset.train_size=12",
+                             "dataset.val_size=4", "dataset.test_size=4"])  # fmt: skip
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import conftest
+import pytest
 from conftest import LOW_DISK, low_disk, pytest_terminal_summary
 
 Usage = namedtuple("Usage", "total used free")
@@ -123,3 +124,23 @@ def test_full_and_process_tests_are_marked():
     conftest.pytest_collection_modifyitems(None, items)
     marks = {i.nodeid: {m.name for m in i.marks} for i in items}
     assert marks == {full: {"full"}, process: {"process"}, other: set()}
+
+
+def test_runs_write_an_unrendered_convergence_png(tmp_path):
+    """A run's convergence.png in a test not marked ``png``: the figure built, 1x1 written."""
+    from conftest import UNRENDERED_PNG, toy_cfg
+
+    from fedshift.runtime.simulation import run_experiment
+
+    run_experiment(toy_cfg("train.local_steps=1", rounds=1), run_dir=tmp_path / "r", progress=False)
+    assert (tmp_path / "r" / "convergence.png").read_bytes() == UNRENDERED_PNG
+
+
+@pytest.mark.png
+def test_a_png_marked_test_draws_the_picture(tmp_path):
+    from fedshift.eval import plots
+
+    assert plots.render_png is conftest._REAL_RENDER_PNG
+    rows = [{"round": 1, "client": "a", "global": {"val_acc": 0.5, "test_acc": 0.4}}]
+    plots.plot_convergence(rows, ["global"], tmp_path / "c.png", "t")  # type: ignore[list-item]
+    assert (tmp_path / "c.png").stat().st_size > 1000

@@ -8,6 +8,7 @@ hides a cycle fails here just like a module-level one.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections import defaultdict
@@ -77,10 +78,22 @@ def _import_nodes(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     ]
 
 
+def _parse(path: Path) -> ast.Module:
+    """``path`` parsed, once per process for its content (the checks below read every module
+    of the source, each parse of it ~1.2 CPU s; the trees are only read)."""
+    st = path.stat()
+    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.cache
+def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text())
+
+
 def _imports(path: Path) -> list[tuple[str, int]]:
     """(imported fedshift module, line) of every import in ``path`` outside TYPE_CHECKING."""
     out = []
-    for node in _import_nodes(ast.parse(path.read_text())):
+    for node in _import_nodes(_parse(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "fedshift":  # from fedshift import x: x is a package, or a
                 # name of the root __init__ (__version__)
@@ -184,7 +197,7 @@ def _module_graph(root: Path = SRC) -> dict[str, set[str]]:
     for path in paths:
         name = name_of(path)
         init = path.name == "__init__.py"
-        for node in _import_nodes(ast.parse(path.read_text())):
+        for node in _import_nodes(_parse(path)):
             if isinstance(node, ast.ImportFrom):
                 if node.level or not node.module:
                     continue
@@ -338,7 +351,7 @@ def _definitions(kind: type) -> dict[str, ast.AST]:
                 visit(child, module, prefix)
 
     for p in sorted(SRC.rglob("*.py")):
-        visit(ast.parse(p.read_text()), p.relative_to(SRC).as_posix(), "")
+        visit(_parse(p), p.relative_to(SRC).as_posix(), "")
     return found
 
 
@@ -386,7 +399,7 @@ def test_no_function_over_80_lines_in_protocols():
     """The protocols are read as recipes: each step a function a reader can hold at once."""
     long = []
     for p in sorted((SRC / "protocols").rglob("*.py")):
-        for node in ast.walk(ast.parse(p.read_text())):
+        for node in ast.walk(_parse(p)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = node.end_lineno - node.lineno + 1
                 if n > 80:

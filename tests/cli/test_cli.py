@@ -36,6 +36,7 @@ def digits_env(tmp_path_factory, monkeypatch):
     ]
 
 
+@pytest.mark.png  # the convergence.png drawn (tests/conftest.py: 1x1 elsewhere)
 def test_run_on_digits_end_to_end(tmp_path, digits_env, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
