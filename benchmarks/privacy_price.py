@@ -315,15 +315,16 @@ def run_cell(
     if not attack.is_file():
         write_text_atomic(attack, json.dumps({"auc": _membership_auc(run_dir, fed)}) + "\n")
     priv = summary.get("privacy") or {}
+    weights = (priv.get("records") or {}).get("weights") or {}
+    sites = [v["noise_multiplier"] for v in (weights.get("sites") or {}).values()]
     return {
         **cell,
         "metric": summary["metric"],
         "score": summary["final_test_mean"],
         "selected_score": summary["test_mean"],
         "membership_auc": json.loads(attack.read_text())["auc"],
-        "weights_noise_multiplier": (priv.get("records", {}).get("weights") or {}).get(
-            "noise_multiplier"
-        ),
+        # DP-FedAvg's multiplier; DP-SGD's: the largest over the sites (each has its own)
+        "weights_noise_multiplier": weights.get("noise_multiplier", max(sites, default=None)),
         "example_level_all_records": (priv.get("example_level_all_records") or {}).get(
             "epsilon_spent"
         ),

@@ -161,6 +161,9 @@ def test_the_example_grid_runs_dp_sgd_and_records_refusals_on_toyshift(tmp_path)
     assert 0 <= by["harmofl", "inf"]["score"] <= 1
     summary = json.loads((tmp_path / "runs/toyshift-fedavg-eps1-seed0/summary.json").read_text())
     assert summary["privacy"]["records"]["weights"]["unit"] == "example"
+    assert by["fedavg", "1"]["weights_noise_multiplier"] == max(
+        s["noise_multiplier"] for s in summary["privacy"]["records"]["weights"]["sites"].values()
+    )
     cfg = yaml.safe_load((tmp_path / "runs/toyshift-fedavg-epsinf-seed0/config.yaml").read_text())
     assert cfg["model"]["norm"] == "none" and cfg["privacy"]["updates"] == "none"
     text = pp.write_outputs(cells, grid, tmp_path, 0.05, "python benchmarks/privacy_price.py")
