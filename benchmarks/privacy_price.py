@@ -15,6 +15,12 @@ Every cell is one run of a method on a dataset at one epsilon and one seed:
   are refused under DP (computed by the model the site trains: clipping each example's
   features bounds nothing), and so is FedFA under ``privacy.updates=client``: its finite cells
   are recorded as refused, with fedshift's one-line reason, and it has only its ``inf`` cells.
+* **``--updates example``**: the weights go through example-level DP-SGD instead
+  (``privacy.updates=example``, docs/PRIVACY.md: one example of a site is the unit, as for
+  the statistics, which take ``privacy.stats_share`` of the one budget). DP-SGD needs a model
+  without BatchNorm, so every cell, ``inf`` included (the same model with and without noise),
+  has ``model.norm=none``; a method DP-SGD refuses (its own local step, a record it does not
+  cover) is recorded as refused with fedshift's one-line reason, like FedFA above.
 * **epsilon = inf**: no privacy at all (no clipping, no noise): the unprotected run.
 * **Uniform weighting in every cell**, the ``inf`` ones included (DP-FedAvg needs it), so the
   baseline is the same aggregation with and without noise.
@@ -55,6 +61,9 @@ finished one (``summary.json``) is read, an interrupted one resumed, a refused o
     # the committed table (docs/RESULTS.md, "The price of privacy"; ~85 min on 2 busy cores)
     python benchmarks/privacy_price.py --datasets digits --rounds 3 \\
         --out results/benchmarks/privacy_price_digits
+    # the same with example-level DP-SGD (docs/RESULTS.md, "... example-level DP-SGD")
+    python benchmarks/privacy_price.py --datasets digits --rounds 3 --updates example \\
+        --out results/benchmarks/privacy_price_digits_example
     python benchmarks/privacy_price.py --out runs/privacy_price    # the issue's grid, ~6 h
     python benchmarks/privacy_price.py --datasets toyshift --methods fedavg,fedrdn \\
         --eps 1,inf --seeds 0 --rounds 1 --out /tmp/pp          # a try (seconds)
@@ -66,7 +75,6 @@ import argparse
 import json
 import math
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -80,6 +88,19 @@ from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # privacy_price_report beside it
+from privacy_price_report import (  # noqa: E402, F401 (compare & co.: re-exported)
+    BASELINE,
+    Comparison,
+    analyse,
+    break_even,
+    compare,
+    eps_label,
+    leakage_table,
+    plot,
+    tables,
+)
 
 #: per dataset: the training of issue 51's privacy suites (configs/suites/privacy_*.yaml)
 DATASETS: dict[str, tuple[str, ...]] = {
@@ -98,12 +119,7 @@ METHODS: dict[str, tuple[str, ...]] = {
     "fedfa": ("algorithm.name=fedfa",),
     "harmofl": ("algorithm.name=harmofl",),
 }
-BASELINE = "fedavg"
 INF = math.inf
-
-
-def eps_label(eps: float) -> str:
-    return "inf" if math.isinf(eps) else f"{eps:g}"
 
 
 @dataclass(frozen=True)
@@ -119,18 +135,24 @@ class Grid:
     delta: float = 1e-5
     clip: float = 1.0
     extra: tuple[str, ...] = ()
+    updates: str = "client"  # the weights' unit at a finite eps: "client" or "example"
 
 
 def cell_overrides(dataset: str, method: str, eps: float, seed: int, grid: Grid) -> list[str]:
     """The config of one cell (module docstring): the dataset's and the method's overrides,
-    uniform weighting, and at a finite ``eps`` DP-FedAvg on the weights plus the statistics'
-    Gaussian mechanism at the same ``(eps, delta)``; the last round evaluated only."""
+    uniform weighting, and at a finite ``eps`` DP-FedAvg (``grid.updates`` "client") or
+    DP-SGD ("example") on the weights plus the statistics' Gaussian mechanism at the same
+    ``(eps, delta)``; the last round evaluated only. With "example" every cell, ``inf``
+    included, has the model without normalisation layers DP-SGD needs (``model.norm=none``)."""
     over = [*DATASETS[dataset], *METHODS[method], "federation.weighting=uniform",
             f"train.rounds={grid.rounds}", f"eval.every={grid.rounds}", f"seed={seed}",
             "name=privacy_price", "run.threads=1"]  # fmt: skip
+    if grid.updates == "example":
+        over.append("model.norm=none")
     if not math.isinf(eps):
         over += [f"privacy.epsilon={eps:g}", f"privacy.delta={grid.delta:g}",
-                 "privacy.updates=client", f"privacy.update_clip={grid.clip:g}"]  # fmt: skip
+                 f"privacy.updates={grid.updates}",
+                 f"privacy.update_clip={grid.clip:g}"]  # fmt: skip
     return over + list(grid.extra)
 
 
@@ -293,15 +315,16 @@ def run_cell(
     if not attack.is_file():
         write_text_atomic(attack, json.dumps({"auc": _membership_auc(run_dir, fed)}) + "\n")
     priv = summary.get("privacy") or {}
+    weights = (priv.get("records") or {}).get("weights") or {}
+    sites = [v["noise_multiplier"] for v in (weights.get("sites") or {}).values()]
     return {
         **cell,
         "metric": summary["metric"],
         "score": summary["final_test_mean"],
         "selected_score": summary["test_mean"],
         "membership_auc": json.loads(attack.read_text())["auc"],
-        "weights_noise_multiplier": (priv.get("records", {}).get("weights") or {}).get(
-            "noise_multiplier"
-        ),
+        # DP-FedAvg's multiplier; DP-SGD's: the largest over the sites (each has its own)
+        "weights_noise_multiplier": weights.get("noise_multiplier", max(sites, default=None)),
         "example_level_all_records": (priv.get("example_level_all_records") or {}).get(
             "epsilon_spent"
         ),
@@ -363,196 +386,6 @@ def run_grid(grid: Grid, out: Path, log: Any = print) -> list[dict]:
     return cells
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """A method against the baseline at one epsilon, paired over seeds."""
-
-    n: int  # common seeds
-    mean_diff: float | None
-    p: float | None  # one-sided paired t-test, H1: mean difference > 0
-    beats: bool
-
-
-def compare(method: dict[int, float], base: dict[int, float], alpha: float) -> Comparison:
-    """Paired over the seeds both have: the mean difference, the one-sided paired t-test's
-    p-value (every difference equal, up to float rounding: p = 0 when it is positive, 1
-    otherwise) and whether the
-    method beats the baseline (mean difference > 0 and p < ``alpha``)."""
-    from scipy import stats
-
-    seeds = sorted(set(method) & set(base))
-    diffs = [method[s] - base[s] for s in seeds]
-    if len(seeds) < 2:
-        mean = diffs[0] if diffs else None
-        return Comparison(len(seeds), mean, None, False)
-    mean = statistics.mean(diffs)
-    if statistics.pstdev(diffs) <= 1e-12 * max(1.0, abs(mean)):  # equal up to rounding
-        p = 0.0 if mean > 0 else 1.0
-    else:
-        p = float(stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue)
-    return Comparison(len(seeds), mean, p, mean > 0 and p < alpha)
-
-
-def break_even(beats: dict[float, bool]) -> float | None:
-    """The smallest finite epsilon at which the method beats the baseline there and at every
-    larger finite epsilon of the grid; None when it does not beat it at the largest."""
-    found = None
-    for eps in sorted((e for e in beats if not math.isinf(e)), reverse=True):
-        if not beats[eps]:
-            break
-        found = eps
-    return found
-
-
-def _scores(cells: list[dict], dataset: str, method: str, eps: float) -> dict[int, float]:
-    return {c["seed"]: c["score"] for c in cells if c["dataset"] == dataset
-            and c["method"] == method and c["eps"] == eps_label(eps) and "score" in c}  # fmt: skip
-
-
-def analyse(cells: list[dict], grid: Grid, alpha: float) -> dict[str, Any]:
-    """Per dataset and method: the comparison with FedAvg at each epsilon, the break-even
-    epsilon and the refusals."""
-    out: dict[str, Any] = {}
-    for d in grid.datasets:
-        for m in grid.methods:
-            if m == BASELINE:
-                continue
-            comps, refused = {}, sorted({c["refused"] for c in cells if c["dataset"] == d
-                                         and c["method"] == m and "refused" in c})  # fmt: skip
-            for e in grid.eps:
-                comps[e] = compare(_scores(cells, d, m, e), _scores(cells, d, BASELINE, e), alpha)
-            beats = {e: c.beats for e, c in comps.items()}
-            finite_cells = any(_scores(cells, d, m, e) for e in grid.eps if not math.isinf(e))
-            out[f"{d}/{m}"] = {
-                "comparisons": {eps_label(e): c.__dict__ for e, c in comps.items()},
-                "break_even": break_even(beats) if finite_cells else None,
-                "has_finite_cells": finite_cells,
-                "refused": refused,
-            }
-    return out
-
-
-def _pct(vals: list[float]) -> str:
-    if not vals:
-        return "-"
-    mu = 100 * statistics.mean(vals)
-    sd = 100 * statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{mu:.1f} ± {sd:.1f}" if len(vals) > 1 else f"{mu:.1f}"
-
-
-def tables(cells: list[dict], grid: Grid, analysis: dict[str, Any], alpha: float) -> str:
-    """The Markdown: scores, break-even, leakage, then the refusals."""
-    head = "| method | " + " | ".join(f"eps {eps_label(e)}" for e in grid.eps) + " |"
-    rule = "|---|" + "---|" * len(grid.eps)
-    lines = []
-    for d in grid.datasets:
-        metric = next((c["metric"] for c in cells if c["dataset"] == d and "metric" in c), "?")
-        lines += [f"### {d}: test {metric} (%, last round, mean ± std over seeds)", "",
-                  head, rule]  # fmt: skip
-        for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
-            row = [_pct(list(_scores(cells, d, m, e).values())) for e in grid.eps]
-            refused = any("refused" in c for c in cells if c["dataset"] == d and c["method"] == m)
-            row = [("refused" if r == "-" and refused else r) for r in row]
-            lines.append(f"| {m} | " + " | ".join(row) + " |")
-        lines += ["", f"### {d}: against FedAvg at the same epsilon (paired over seeds)", "",
-                  f"Mean paired difference in points, one-sided paired t-test p; **bold**: "
-                  f"beats FedAvg (difference > 0, p < {alpha:g}).", "",
-                  "| method | break-even eps | " + head[len("| method | "):],
-                  "|---|---|" + "---|" * len(grid.eps)]  # fmt: skip
-        for m in grid.methods:
-            if m == BASELINE:
-                continue
-            a = analysis[f"{d}/{m}"]
-            cols = []
-            for e in grid.eps:
-                c = a["comparisons"][eps_label(e)]
-                if c["mean_diff"] is None:
-                    cols.append("-")
-                    continue
-                p = "n<2" if c["p"] is None else f"p={c['p']:.3f}"
-                txt = f"{100 * c['mean_diff']:+.1f} ({p})"
-                cols.append(f"**{txt}**" if c["beats"] else txt)
-            if not a["has_finite_cells"]:
-                be = "refused under DP" if a["refused"] else "no finite cells"
-            else:
-                be = "none" if a["break_even"] is None else f"{a['break_even']:g}"
-            lines.append(f"| {m} | {be} | " + " | ".join(cols) + " |")
-        lines += ["", f"### {d}: membership AUC of the released model (loss threshold, first "
-                  "training client; 0.5 is chance)", "", head, rule]  # fmt: skip
-        for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
-            row = []
-            for e in grid.eps:
-                v = [c["membership_auc"] for c in cells if c["dataset"] == d and c["method"] == m
-                     and c["eps"] == eps_label(e) and "membership_auc" in c]  # fmt: skip
-                row.append(f"{statistics.mean(v):.3f}" if v else "-")
-            lines.append(f"| {m} | " + " | ".join(row) + " |")
-        lines.append("")
-    refusals = sorted({(c["method"], c["refused"]) for c in cells if "refused" in c})
-    if refusals:
-        lines += ["Refused by fedshift (not run):", ""]
-        lines += [f"- {m}: {r}" for m, r in refusals]
-    return "\n".join(lines) + "\n"
-
-
-def plot(cells: list[dict], grid: Grid, path: Path) -> None:
-    """Score against epsilon, one line per method (mean, error bar: min-max over seeds); the
-    unprotected cells at the right, at a position marked inf."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    finite = sorted(e for e in grid.eps if not math.isinf(e))
-    inf_x = (finite[-1] * 2.5) if finite else 1.0
-    fig, axes = plt.subplots(1, len(grid.datasets), figsize=(5.2 * len(grid.datasets), 3.8),
-                             squeeze=False)  # fmt: skip
-    for ax, d in zip(axes[0], grid.datasets, strict=True):
-        metric = "score"
-        for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
-            xs, mus, lo, hi = [], [], [], []
-            for e in grid.eps:
-                v = [100 * s for s in _scores(cells, d, m, e).values()]
-                if v:
-                    xs.append(inf_x if math.isinf(e) else e)
-                    mus.append(statistics.mean(v))
-                    lo.append(statistics.mean(v) - min(v))
-                    hi.append(max(v) - statistics.mean(v))
-            if xs:
-                ax.errorbar(xs, mus, yerr=[lo, hi], marker="o", capsize=3, label=m)
-        metric = next((c["metric"] for c in cells if c["dataset"] == d and "metric" in c), "")
-        ax.set_xscale("log")
-        ticks = finite + [inf_x]
-        ax.set_xticks(ticks, [eps_label(e) for e in finite] + ["inf"])
-        ax.minorticks_off()
-        ax.set_xlabel("epsilon (delta 1e-5)")
-        ax.set_ylabel(f"test {metric} (%), last round")
-        ax.set_title(f"{d}: {len(grid.seeds)} seed(s), {grid.rounds} rounds")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def leakage_table(rows: list[dict], grid: Grid) -> str:
-    """The statistics' membership AUC by site size against epsilon (mean over seeds)."""
-    if not rows:
-        return ""
-    lines = ["### Membership AUC of the protected statistics, as released (likelihood-ratio "
-             "test with the noise's variance; mean over seeds; 0.5 is chance)", "",
-             "| dataset | method: record | site of n | "
-             + " | ".join(f"eps {eps_label(e)}" for e in grid.eps) + " |",
-             "|---|---|---|" + "---|" * len(grid.eps)]  # fmt: skip
-    keys = dict.fromkeys((r["dataset"], r["method"], r["record"], r["n"]) for r in rows)
-    for d, m, rec, n in keys:
-        cols = []
-        for e in grid.eps:
-            v = [r["auc"] for r in rows if (r["dataset"], r["method"], r["n"]) == (d, m, n)
-                 and r["eps"] == eps_label(e)]  # fmt: skip
-            cols.append(f"{statistics.mean(v):.3f}" if v else "-")
-        lines.append(f"| {d} | {m}: {rec} | {n} | " + " | ".join(cols) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def write_outputs(cells: list[dict], grid: Grid, out: Path, alpha: float, command: str) -> str:
     """``privacy_price.json``, ``.md`` and ``.png`` under ``out``; returns the Markdown."""
     analysis = analyse(cells, grid, alpha)
@@ -560,7 +393,7 @@ def write_outputs(cells: list[dict], grid: Grid, out: Path, alpha: float, comman
     text = tables(cells, grid, analysis, alpha) + "\n" + leakage_table(leaks, grid)
     meta = {
         "command": command, "datasets": list(grid.datasets), "methods": list(grid.methods),
-        "eps": [eps_label(e) for e in grid.eps], "delta": grid.delta,
+        "eps": [eps_label(e) for e in grid.eps], "delta": grid.delta, "updates": grid.updates,
         "update_clip": grid.clip, "seeds": list(grid.seeds), "rounds": grid.rounds,
         "overrides": list(grid.extra),
         "alpha": alpha, "torch": torch.__version__, "threads": 1,
@@ -599,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--update-clip", type=float, default=1.0, help="privacy.update_clip")
+    ap.add_argument("--updates", choices=("client", "example"), default="client",
+                    help="the weights' DP at a finite eps: client (DP-FedAvg) or example "
+                    "(DP-SGD, model.norm=none in every cell)")  # fmt: skip
     ap.add_argument("--alpha", type=float, default=0.05, help="the one-sided test's level")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override of every cell (repeatable)")  # fmt: skip
@@ -610,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         bad = [x for x in given if x not in allowed]
         if bad:
             raise SystemExit(f"{name}: unknown {bad}; choose from {', '.join(allowed)}")
-    grid = Grid(datasets, methods, _eps(args.eps), tuple(int(s) for s in args.seeds.split(",")),
-                args.rounds, args.delta, args.update_clip, tuple(args.set))  # fmt: skip
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    grid = Grid(datasets, methods, _eps(args.eps), seeds, args.rounds, args.delta,
+                args.update_clip, tuple(args.set), args.updates)  # fmt: skip
     torch.set_num_threads(1)
     cells = run_grid(grid, args.out, log=lambda s: print(s, flush=True))
     command = "python benchmarks/privacy_price.py " + " ".join(argv or sys.argv[1:])

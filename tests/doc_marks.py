@@ -517,6 +517,12 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/privacy_price.py --datasets digits --rounds 3 --out results/benchmarks/privacy_price_digits": Long(
         "about 85 min", "measured 2026-11-29: 75 LeNet-5 runs of 3 rounds whose times sum to 83 min on a 2-core machine at load ~13 (run as 2-4 processes sharing --out: 35 min wall) + 15 refusals; results/benchmarks/privacy_price_digits"
     ),
+    "python benchmarks/privacy_price.py --datasets digits --rounds 3 --updates example --out results/benchmarks/privacy_price_digits_example": Long(
+        "about 50 min", "measured 2026-11-29: 42 LeNet-5 runs of 3 rounds (model.norm=none, DP-SGD at a finite eps) whose times sum to 49 min on a 2-core machine at load 6-10 (run as 2 processes sharing --out: 26 min wall) + 48 refusals; results/benchmarks/privacy_price_digits_example"
+    ),
+    "python benchmarks/privacy_price.py --datasets digits --rounds 3 --updates example --set train.optimizer=adam --set train.lr=0.001 --out results/benchmarks/privacy_price_digits_example_adam": Long(
+        "about 40 min", "measured 2026-11-29: 42 LeNet-5 runs of 3 rounds (Adam, model.norm=none, DP-SGD at a finite eps) whose times sum to 38.5 min + 48 refusals, run as 2 processes sharing --out in two steps (eps 1,8,inf, then the rest: 20.5 min wall); results/benchmarks/privacy_price_digits_example_adam"
+    ),
     "python benchmarks/privacy_price.py --out runs/privacy_price": Long(
         "about 6 h", "estimated from the 3-round cells' times and privacy_brain_mri's U-Net runs: 150 runs of 10 rounds, digits and brain-mri"
     ),

@@ -126,3 +126,46 @@ def test_the_noisy_record_attack_has_known_answers():
     assert pp.noisy_membership_auc(feats, n=1, noise=0.0, trials=20) == 1.0
     assert abs(pp.noisy_membership_auc(feats, n=5, noise=100.0, trials=40) - 0.5) < 0.15
     assert pp.noisy_membership_auc(feats, n=5, noise=0.0) > 0.7  # 6 features over 5 examples
+
+
+def test_example_updates_put_dp_sgd_and_the_model_without_norm_in_every_cell():
+    """--updates example: DP-SGD at a finite eps and model.norm=none in every cell, inf too
+    (the same model with and without noise); the default stays the committed DP-FedAvg grid."""
+    from fedshift.catalog import resolve
+    from fedshift.core.config import load_config
+
+    client = pp.Grid(("digits",), ("fedavg",), (1.0, math.inf), (0,), rounds=3)
+    example = pp.Grid(("digits",), ("fedavg",), (1.0, math.inf), (0,), rounds=3,
+                      updates="example")  # fmt: skip
+    over = pp.cell_overrides("digits", "fedavg", 1.0, 0, client)
+    assert "privacy.updates=client" in over and not any("model.norm" in o for o in over)
+    for eps, updates in ((1.0, "example"), (math.inf, "none")):
+        cfg = resolve(load_config(None, pp.cell_overrides("digits", "fedrdn", eps, 2, example)))
+        assert cfg.model.params.norm == "none" and cfg.privacy.updates == updates
+        assert cfg.federation.weighting == "uniform" and cfg.seed == 2
+    assert cfg.privacy.epsilon is None
+    with pytest.raises(SystemExit):
+        pp.main(["--out", "/nonexistent", "--updates", "sample"])
+
+
+@pytest.mark.slow
+def test_the_example_grid_runs_dp_sgd_and_records_refusals_on_toyshift(tmp_path):
+    """--updates example on toyshift, one round: FedAvg's eps-1 cell trains with DP-SGD
+    (unit example) on the model without normalisation, HarmoFL is refused with DP-SGD's
+    reason, and the break-even table says so."""
+    grid = pp.Grid(("toyshift",), ("fedavg", "harmofl"), (1.0, math.inf), (0,), rounds=1,
+                   updates="example")  # fmt: skip
+    cells = pp.run_grid(grid, tmp_path, log=lambda s: None)
+    by = {(c["method"], c["eps"]): c for c in cells}
+    assert "privacy.updates" in by["harmofl", "1"]["refused"]
+    assert 0 <= by["harmofl", "inf"]["score"] <= 1
+    summary = json.loads((tmp_path / "runs/toyshift-fedavg-eps1-seed0/summary.json").read_text())
+    assert summary["privacy"]["records"]["weights"]["unit"] == "example"
+    assert by["fedavg", "1"]["weights_noise_multiplier"] == max(
+        s["noise_multiplier"] for s in summary["privacy"]["records"]["weights"]["sites"].values()
+    )
+    cfg = yaml.safe_load((tmp_path / "runs/toyshift-fedavg-epsinf-seed0/config.yaml").read_text())
+    assert cfg["model"]["norm"] == "none" and cfg["privacy"]["updates"] == "none"
+    text = pp.write_outputs(cells, grid, tmp_path, 0.05, "python benchmarks/privacy_price.py")
+    assert "| harmofl | refused under DP-SGD |" in text
+    assert json.loads((tmp_path / "privacy_price.json").read_text())["updates"] == "example"
