@@ -8,10 +8,10 @@ fedshift additionally runs its ledger, non-finite checks, metrics file, checkpoi
 convergence plot: that is the overhead measured. The script also reports how far the two
 final models are apart (they should agree to float rounding).
 
-Each repeat times both sides in wall-clock seconds and in process CPU seconds
-(``time.process_time``: every thread of this process, not the time it waited for a core).
-On a machine other processes load, the wall ratio moves by several percent between repeats;
-the CPU ratio much less (it still moves with cache and memory-bandwidth contention, and with
+Each repeat times both sides in wall-clock seconds and in CPU seconds (every thread of this
+process and the child processes it waited for; not the time it waited for a core). On a
+machine other processes load, the wall ratio moves by several percent between repeats; the
+CPU ratio much less (it still moves with cache and memory-bandwidth contention, and with
 ``--threads`` above 1 it counts the threads' spin-waits too, so ``--threads 1`` is the steady
 figure there). The headline figures are the medians of the paired (same repeat) ratios.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -109,12 +110,19 @@ def fedshift_fedavg(cfg, fed, out: Path) -> tuple[dict, float]:
     return {"weights": w, "summary": res.summary}, dt
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children it waited for (the
+    ``git`` calls of a run's provenance)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def cpu_timed(fn, *args) -> tuple[dict, float, float]:
-    """``fn(*args)``'s result, its wall seconds (as ``fn`` measured them) and the process
-    CPU seconds the call took (every thread of this process)."""
-    c0 = time.process_time()
+    """``fn(*args)``'s result, its wall seconds (as ``fn`` measured them) and the CPU seconds
+    the call took (:func:`cpu_seconds`)."""
+    c0 = cpu_seconds()
     out, wall = fn(*args)
-    return out, wall, time.process_time() - c0
+    return out, wall, cpu_seconds() - c0
 
 
 #: where a fedshift run's time goes, by function: (label, module, function), ``f<-g``: ``f``
