@@ -8,13 +8,29 @@ fedshift additionally runs its ledger, non-finite checks, metrics file, checkpoi
 convergence plot: that is the overhead measured. The script also reports how far the two
 final models are apart (they should agree to float rounding).
 
-    python benchmarks/engine_overhead.py                # digits, cnn, 8 rounds, 5 repeats
+Each repeat times both sides in wall-clock seconds and in CPU seconds (every thread of this
+process and the child processes it waited for; not the time it waited for a core). On a
+machine other processes load, the wall ratio moves by several percent between repeats; the
+CPU ratio much less (it still moves with cache and memory-bandwidth contention, and with
+``--threads`` above 1 it counts the threads' spin-waits too, so ``--threads 1`` is the steady
+figure there). The headline figures are the medians of the paired (same repeat) ratios.
+
+    python benchmarks/engine_overhead.py                # digits, cnn, 8 rounds, 3 repeats
+    python benchmarks/engine_overhead.py --threads 1    # steadier CPU figure on a loaded machine
+    python benchmarks/engine_overhead.py --profile /tmp/fs.prof   # + one profiled fedshift run
     python benchmarks/engine_overhead.py --dataset toyshift --rounds 3 --repeats 1
+
+``--profile`` runs fedshift once more under cProfile after the timed repeats, writes the
+stats to the file (``python -m pstats FILE``) and prints where the run's time went beyond
+the training and the evaluation both sides do (:func:`breakdown`).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -94,13 +110,105 @@ def fedshift_fedavg(cfg, fed, out: Path) -> tuple[dict, float]:
     return {"weights": w, "summary": res.summary}, dt
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children it waited for (the
+    ``git`` calls of a run's provenance)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def cpu_timed(fn, *args) -> tuple[dict, float, float]:
+    """``fn(*args)``'s result, its wall seconds (as ``fn`` measured them) and the CPU seconds
+    the call took (:func:`cpu_seconds`)."""
+    c0 = cpu_seconds()
+    out, wall = fn(*args)
+    return out, wall, cpu_seconds() - c0
+
+
+#: where a fedshift run's time goes, by function: (label, module, function), ``f<-g``: ``f``
+#: where ``g`` calls it. The first group is work the hand-written loop does too; the rest is
+#: what only fedshift does.
+SHARED = (
+    ("local training (SGD steps)", "fedshift/algorithms/base.py", "local_train"),
+    ("load weights into the model", "fedshift/algorithms/base.py", "load_client_model"),
+    ("copy the trained weights out", "fedshift/algorithms/base.py", "reply"),
+    ("aggregation (weighted mean)", "fedshift/augment/compose.py", "aggregate"),
+    ("evaluation", "fedshift/runtime/loop.py", "evaluate_round"),
+)
+ENGINE = (
+    ("run set-up (experiment, model, client state)", "fedshift/runtime/simulation.py", "__init__"),
+    ("undo copy of the server state", "copy.py", "deepcopy<-train_rounds"),
+    ("undo copies of the sampled clients' state", "fedshift/runtime/native.py", "begin_round"),
+    ("reply checks (non-finite)", "fedshift/runtime/client.py", "check_reply"),
+    ("ledger", "fedshift/core/payload.py", "record"),
+    (
+        "hooks per round (round line, progress)",
+        "fedshift/runtime/hooks.py",
+        "log_round<-train_rounds",
+    ),
+    (
+        "hooks per evaluation (metrics.jsonl, selected.pt)",
+        "fedshift/runtime/hooks.py",
+        "evaluated<-_commit",
+    ),
+    ("checkpoint.pt", "fedshift/runtime/loop.py", "save_checkpoint"),
+    ("convergence.png", "fedshift/eval/plots.py", "plot_convergence"),
+    ("summary.json, ledger.json", "fedshift/core/files.py", "write_text_atomic<-end"),
+    ("summary (selection, tables)", "fedshift/runtime/lifecycle.py", "run_record"),
+    ("config.yaml", "fedshift/core/config.py", "dump_config"),
+    ("provenance (versions, git)", "fedshift/runtime/tracking/trackers.py", "provenance"),
+    ("hooks opening (metrics.jsonl, progress bar)", "fedshift/runtime/hooks.py", "open<-_run"),
+)
+
+
+def breakdown(stats: pstats.Stats) -> list[tuple[str, float]]:
+    """(label, cumulative seconds) of :data:`SHARED` and :data:`ENGINE` in a profile of one
+    fedshift run, then the whole run and what no label covers. A function listed that the
+    code no longer has reads 0."""
+    raw = stats.stats  # type: ignore[attr-defined]
+    total = max(ct for (_, _, name), (_, _, _, ct, _) in raw.items() if name == "run_experiment")
+
+    def cum(module: str, name: str) -> float:
+        name, _, caller = name.partition("<-")
+        out = 0.0
+        for (f, _, n), (_, _, _, ct, callers) in raw.items():
+            if n != name or not f.replace("\\", "/").endswith(module):
+                continue
+            out += ct if not caller else sum(c[3] for k, c in callers.items() if k[2] == caller)
+        return out
+
+    rows = [(label, cum(m, n)) for label, m, n in (*SHARED, *ENGINE)]
+    return [*rows, ("other", total - sum(t for _, t in rows)), ("the whole run", total)]
+
+
+def profile_run(cfg, fed, out: Path, path: Path) -> None:
+    """One more fedshift run under cProfile: the stats to ``path``, the breakdown printed."""
+    prof = cProfile.Profile()
+    prof.enable()
+    fedshift_fedavg(cfg, fed, out)
+    prof.disable()
+    prof.dump_stats(path)
+    rows = breakdown(pstats.Stats(str(path)))
+    print(f"profile of one fedshift run ({path}; cProfile inflates Python-heavy code):")
+    for i, (label, t) in enumerate(rows):
+        if i == len(SHARED):
+            print("  fedshift only:")
+        print(f"  {label:<52} {t:8.3f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="digits")
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch threads of both sides (default: torch's)"
+    )
+    ap.add_argument("--profile", type=Path, default=None, help="cProfile one more fedshift run")
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     over = [
         f"dataset.name={args.dataset}",
         f"model.name={args.model}",
@@ -122,17 +230,21 @@ def main() -> int:
         warm = resolve(load_config(None, [*over[:3], "train.rounds=1", "eval.every=1", over[-1]]))
         hand_written_fedavg(warm, fed)
         fedshift_fedavg(warm, fed, Path(tmp) / "warm")
-        t_hand, t_fs = [], []
+        wall: dict[str, list[float]] = {"hand": [], "fs": []}
+        cpu: dict[str, list[float]] = {"hand": [], "fs": []}
         for i in range(args.repeats):
-            h, dt_h = hand_written_fedavg(cfg, fed)
-            f, dt_f = fedshift_fedavg(cfg, fed, Path(tmp) / f"r{i}")
-            t_hand.append(dt_h)
-            t_fs.append(dt_f)
+            h, wh, ch = cpu_timed(hand_written_fedavg, cfg, fed)
+            f, wf, cf = cpu_timed(fedshift_fedavg, cfg, fed, Path(tmp) / f"r{i}")
+            for side, w, c in (("hand", wh, ch), ("fs", wf, cf)):
+                wall[side].append(w)
+                cpu[side].append(c)
             print(
-                f"repeat {i + 1}: hand-written {dt_h:.2f} s, fedshift {dt_f:.2f} s, "
-                f"ratio {dt_f / dt_h:.3f}",
+                f"repeat {i + 1}: hand-written {wh:.2f} s ({ch:.2f} s CPU), fedshift {wf:.2f} s "
+                f"({cf:.2f} s CPU), ratio {wf / wh:.3f} (CPU {cf / ch:.3f})",
                 flush=True,
             )
+        if args.profile is not None:
+            profile_run(cfg, fed, Path(tmp) / "profiled", args.profile)
     diff = max(
         float((h["weights"][k].float() - f["weights"][k].float()).abs().max()) for k in h["weights"]
     )
@@ -143,12 +255,17 @@ def main() -> int:
     )
     # Timings on a shared 2-core machine jitter by several percent between repeats; the
     # minimum is each side's least-disturbed run, the paired median is robust to outliers.
-    paired = statistics.median(f / h for f, h in zip(t_fs, t_hand, strict=True))
+    paired = statistics.median(f / h for f, h in zip(wall["fs"], wall["hand"], strict=True))
+    paired_cpu = statistics.median(f / h for f, h in zip(cpu["fs"], cpu["hand"], strict=True))
     print(
-        f"min: hand-written {min(t_hand):.2f} s, fedshift {min(t_fs):.2f} s; "
-        f"median of paired ratios {paired:.3f}"
+        f"min: hand-written {min(wall['hand']):.2f} s ({min(cpu['hand']):.2f} s CPU), "
+        f"fedshift {min(wall['fs']):.2f} s ({min(cpu['fs']):.2f} s CPU)"
     )
-    print(f"ratio of minimum times = {min(t_fs) / min(t_hand):.3f}")
+    print(
+        f"ratio of minimum times = {min(wall['fs']) / min(wall['hand']):.3f} "
+        f"(CPU {min(cpu['fs']) / min(cpu['hand']):.3f})"
+    )
+    print(f"CPU-time ratio fedshift/hand-written = {paired_cpu:.3f} (median of paired repeats)")
     print(f"overhead ratio fedshift/hand-written = {paired:.3f} (median of paired repeats)")
     return 0
 

@@ -128,6 +128,31 @@ def test_git_state_of_a_checkout(tmp_path):
     assert track.git_state(pkg)["dirty"] is True
 
 
+def test_provenance_asks_git_once_per_process(monkeypatch):
+    """Every run's provenance ran three git processes (~40 ms of CPU each run, the engine
+    benchmark's largest per-run cost after the plot): the source's state is the process's."""
+    forget = getattr(track, "_source_git_state", None)
+    forget = forget.cache_clear if forget is not None else lambda: None
+    forget()
+    calls = []
+    real = subprocess.run
+
+    def counting(args, *a, **k):
+        calls.append(args)
+        return real(args, *a, **k)
+
+    monkeypatch.setattr(track.subprocess, "run", counting)
+    first = track.provenance(track.utc_now())["git"]
+    asked = len(calls)
+    assert asked >= 1  # ls-files (and rev-parse, status in a checkout)
+    second = track.provenance(track.utc_now())
+    assert len(calls) == asked and second["git"] == first
+    if first is not None:  # a copy each time: a caller's change stays its own
+        second["git"]["dirty"] = "changed"
+        assert track.provenance(track.utc_now())["git"] == first
+    forget()
+
+
 # ---------------------------------------------------------------------------- metrics.csv
 def test_metrics_csv_matches_metrics_jsonl(tmp_path):
     """Only metrics.jsonl held the metric rows: metrics.csv, the same rows flattened, kept

@@ -10,7 +10,10 @@ delete anything else.
   over the target with ``os.replace`` (atomic on POSIX within one file system): a reader, a
   crash or a full disk sees the old file or the new one, never half of one. When writing
   fails the temporary file is removed and the error propagates; the previous file is
-  untouched.
+  untouched. A file that is rebuilt whenever it is needed again (``metrics.jsonl`` and
+  ``metrics.csv``: rewritten from ``checkpoint.pt``'s rows when a run resumes, appended to
+  without fsync) is written with ``durable=False``: as atomically, without the fsync that
+  only a file nothing rebuilds needs.
 * **No link, no special file where a regular file is expected**: a target (or a file to
   append to, lock or read back) that is a symbolic link, a FIFO, a device or a folder is
   refused with :class:`UnsafePathError` naming it and what it is, never followed
@@ -193,10 +196,13 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
     return path
 
 
-def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o666) -> None:
+def write_bytes_atomic(
+    path: str | Path, data: bytes, mode: int = 0o666, durable: bool = True
+) -> None:
     """Write ``data`` to ``path`` atomically (module docstring), through a descriptor this
     call created exclusively with permissions ``mode`` (less the umask): a private key
-    written with ``0o600`` is never readable by others, not even for a moment."""
+    written with ``0o600`` is never readable by others, not even for a moment.
+    ``durable=False``: no fsync before the rename (a file that is rebuilt when needed)."""
     path = Path(path)
     check_regular(path)
     tmp = temporary_name(path)
@@ -205,7 +211,8 @@ def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o666) -> None
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -213,11 +220,14 @@ def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o666) -> None
         raise
 
 
-def write_text_atomic(path: str | Path, text: str, newline: str | None = None) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`atomic_output`)."""
+def write_text_atomic(
+    path: str | Path, text: str, newline: str | None = None, durable: bool = True
+) -> None:
+    """Write ``text`` to ``path`` atomically (:func:`write_bytes_atomic`, ``durable`` as
+    there)."""
     if newline not in (None, "", "\n"):
         text = text.replace("\n", newline)
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
 
 
 def _open_checked(path: Path, flags: int, doing: str, mode: int = 0o666) -> int:

@@ -223,14 +223,16 @@ def release(dirs: list[Path]) -> None:
 
 def write_metrics(run_dir: Path, rows: list[MetricRow], append: bool = False) -> None:
     """``metrics.jsonl``: one line per evaluated (round, client). Appending adds whole lines;
-    a rewrite (on resume, from the checkpoint's rows) replaces the file atomically."""
+    a rewrite (on resume, from the checkpoint's rows) replaces the file atomically, without
+    an fsync: the file is rebuilt from the checkpoint whenever a run resumes, and its
+    appends are never fsynced either (:mod:`fedshift.core.files`)."""
     text = "".join(json.dumps(r) + "\n" for r in rows)
     path = Path(run_dir) / "metrics.jsonl"
     if append:
         with open_append(path) as f:  # never through a link planted in a run folder
             f.write(text)
     else:
-        write_text_atomic(path, text)
+        write_text_atomic(path, text, durable=False)
 
 
 class MetricsFile(Hook):
