@@ -344,3 +344,28 @@ def test_core_files_refuse_links_and_special_files(tmp_path):
     assert files.child_path(tmp_path, "ok") == tmp_path / "ok"
     with pytest.raises(FedshiftError):
         files.check_folder(tmp_path)  # holds a link and a FIFO
+
+
+def test_metrics_csv_appends_never_go_through_a_link_planted_between_rounds(tmp_path):
+    """``metrics.csv`` is appended to each evaluated round; a link planted at its name after
+    the tracker opened (a run folder another process can write) is refused, not followed,
+    and the rows stay byte-identical to a plain append where no link is planted."""
+    from fedshift.runtime.hooks import RoundRecord
+    from fedshift.runtime.tracking.trackers import CsvTracker
+
+    row = {"round": 1, "client": "a", "global": {"test_acc": 0.5}}
+    later = RoundRecord(round=2, train_loss={}, rows=[{**row, "round": 2}])
+    plain = CsvTracker(tmp_path / "plain")
+    (tmp_path / "plain").mkdir()
+    plain.open(1, [row], resumed=False)
+    plain.log_round(later)
+    assert (tmp_path / "plain" / "metrics.csv").read_text().count("\n") == 3
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tracker = CsvTracker(run_dir)
+    tracker.open(1, [row], resumed=False)
+    victim = _victim(tmp_path)
+    _plant(run_dir / "metrics.csv", victim)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        tracker.log_round(later)
+    assert victim.read_text() == THESIS

@@ -249,10 +249,11 @@ def _open_checked(path: Path, flags: int, doing: str, mode: int = 0o666) -> int:
     return fd
 
 
-def open_append(path: str | Path) -> IO[str]:
-    """``path`` opened for appending text (created if missing), never through a link."""
+def open_append(path: str | Path, newline: str | None = None) -> IO[str]:
+    """``path`` opened for appending text (created if missing), never through a link;
+    ``newline`` as :func:`open`'s (``""`` for the csv module's own line ends)."""
     fd = _open_checked(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, "appends to")
-    return os.fdopen(fd, "a", encoding="utf-8")
+    return os.fdopen(fd, "a", encoding="utf-8", newline=newline)
 
 
 def open_lock(path: str | Path) -> int:

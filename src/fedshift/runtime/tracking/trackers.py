@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fedshift.core.errors import ConfigError
-from fedshift.core.files import csv_safe, write_text_atomic
+from fedshift.core.files import csv_safe, open_append, write_text_atomic
 from fedshift.core.machine import machine
 from fedshift.core.rows import MetricRow, scores_of
 from fedshift.core.searchpath import find_optional
@@ -133,7 +133,7 @@ class CsvTracker(Tracker):
         if any(k not in self.columns for r in rows for k in r):
             self._rewrite()  # a column appeared (a lost client): the header changes
             return
-        with open(self.path, "a", newline="", encoding="utf-8") as f:
+        with open_append(self.path, newline="") as f:  # never through a link
             f.write(self._lines(rows))
 
     def _rewrite(self) -> None:
