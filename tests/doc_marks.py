@@ -539,8 +539,8 @@ MARKS: dict[str, Mark] = {
         "40 min", "21 runs of EfficientNet-Lite0 on the five digits domains upsampled to 32x32, 5 rounds, on a loaded machine (755 CPU s, 39 min 41 s measured)"
     ),
     "python benchmarks/make_sites.py runs/sites64 --images 40 --side 64": Run(),
-    "fedshift protocol new-site -c configs/suites/pretrained_sites_new_site.yaml dataset.root=runs/sites64 --workers 1 --threads 1 --runs /tmp/ptev/nsruns --out /tmp/ptev/ns_out": Long(
-        "~56 min", "36 EfficientNet-Lite0 runs of 10 rounds (4 modes x 3 held-out sites x 3 seeds) and their adaptations, on a loaded machine (1,040 CPU s: 43 min for 27 cells, then 13 min for LoRA's 9); results/protocols/pretrained_sites_new_site"
+    "fedshift protocol new-site -c configs/suites/pretrained_sites_new_site.yaml dataset.root=runs/sites64 --workers 1 --threads 1": Long(
+        "~75 min", "54 EfficientNet-Lite0 runs of 10 rounds (6 variants x 3 held-out sites x 3 seeds) and their adaptations, on a loaded machine (43 min for 27 cells, 13 min for LoRA's 9, ~18 min for scratch's and bn+head's 18); results/protocols/pretrained_sites_new_site"
     ),
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"

@@ -10,7 +10,10 @@ again instead of taking the committed one, and this test names the folder."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,27 @@ def _options(args):
     return SuiteOptions(
         config=args.config, overrides=tuple(args.overrides or ()), threads=args.threads
     )
+
+
+#: the one data-making step a recorded command may start with: its generated folder (under
+#: the run's current folder) is made again where the planning runs
+MAKE_SITES = "python benchmarks/make_sites.py"
+
+
+def make_data(command: str, work: Path) -> None:
+    """Run the recorded ``benchmarks/make_sites.py`` step into ``work`` (the folder the
+    planning then runs in, with ``configs`` reached through a link), so that a suite whose
+    ``dataset.root`` names generated data plans its sites as the recorded run did."""
+    words = shlex.split(command)
+    assert command.startswith(MAKE_SITES), command
+    work.mkdir(exist_ok=True)
+    if not (work / "configs").exists():
+        (work / "configs").symlink_to(ROOT / "configs")
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "make_sites.py"), *words[2:]],
+        cwd=work, check=True, capture_output=True,
+    )
+    os.chdir(work)
 
 
 def planned_names(command: str, tmp: Path) -> set[str]:
@@ -72,6 +96,9 @@ def test_committed_cells_are_what_their_command_plans_at_head(folder, tmp_path, 
     assert source is not None, f"results/{folder}/source.json is missing or unreadable"
     planned: set[str] = set()
     for command in str(source["command"]).split("; "):  # a folder made by two commands
+        if command.startswith(MAKE_SITES):  # its data first, made again in tmp_path
+            make_data(command, tmp_path / "work")
+            continue
         planned |= planned_names(command, tmp_path)
     committed = {p.name for p in (RESULTS / folder).iterdir() if (p / "cell.json").is_file()}
     stale = sorted(committed - planned)
