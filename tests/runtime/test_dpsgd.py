@@ -255,7 +255,8 @@ def test_training_outside_dpsgd_stops_the_round():
 
 # ----------------------------------------------------------------------------- runs
 def test_same_seed_same_numbers_and_a_resumed_run_spends_the_same(tmp_path):
-    from fedshift.runtime.simulation import RunInterrupted, resume_experiment, run_experiment
+    from fedshift.runtime.simulation import resume_experiment, run_experiment
+    from fedshift.runtime.stopping import RunInterrupted
 
     cfg = toy_cfg(*EX, "algorithm.name=fedprox", "privacy.epsilon=4", "checkpoint.every=1",
                   rounds=3)  # fmt: skip
