@@ -279,6 +279,9 @@ def test_privacy_show_says_the_weights_are_protected_and_their_noise():
     report = disclose(toy_cfg(*DP, "privacy.epsilon=2", "privacy.update_clip=0.5"))
     text = render(report)
     assert "weights: yes: privacy.updates=client" in text
+    # secure aggregation is refused together with privacy.updates: show must not offer it
+    secagg = text.split("can secure aggregation")[1].split("does differential privacy")[0]
+    assert "yes" not in secagg and "weights: not with privacy.updates=client" in secagg
     z = report["privacy"]["records"]["weights"]["noise_multiplier"]
     assert f"update clip 0.5, noise multiplier {z:.4g}" in text
     with pytest.raises(ConfigError, match=r"'privacy.updates'.*'generator'"):

@@ -293,6 +293,9 @@ def test_privacy_show_says_the_weights_are_protected_by_dpsgd():
     report = disclose(toy_cfg(*EX, "privacy.epsilon=2", "privacy.update_clip=0.5", rounds=1))
     text = render(report)
     assert "weights: yes: privacy.updates=example" in text
+    # secure aggregation is refused together with privacy.updates: show must not offer it
+    secagg = text.split("can secure aggregation")[1].split("does differential privacy")[0]
+    assert "yes" not in secagg and "weights: not with privacy.updates=example" in secagg
     z = report["privacy"]["records"]["weights"]["sites"]["client0"]["noise_multiplier"]
     assert "example clip 0.5" in text and f"client0 noise multiplier {z:.4g}" in text
 

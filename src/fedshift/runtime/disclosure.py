@@ -114,10 +114,24 @@ def render(report: dict) -> str:
     for r in up:
         lines.append(f"  {r['record']}: {r['what']}")
     lines.append("can secure aggregation (federation.secure_aggregation=true) hide it?")
+    dp_unit = _updates_unit(report.get("privacy"))
     for r in up:
-        lines.append(f"  {r['record']}: {r['secure_aggregation']}")
+        said = r["secure_aggregation"]
+        if dp_unit is not None:  # refused together (runtime/dp_updates.py, runtime/dpsgd.py)
+            said = (
+                f"not with privacy.updates={dp_unit}: the two are refused together "
+                "(not wired yet); set one of them off"
+            )
+        lines.append(f"  {r['record']}: {said}")
     lines += _privacy_lines(up, report.get("privacy"))
     return "\n".join(lines)
+
+
+def _updates_unit(plan: dict | None) -> str | None:
+    """``privacy.updates`` of a plan that protects the weights (``client`` or ``example``),
+    else None."""
+    weights = None if plan is None else plan["records"].get("weights")
+    return None if weights is None else str(weights["unit"])
 
 
 def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
@@ -125,14 +139,14 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
     the noise std of one value at the site where it summarises the fewest examples, and the
     epsilon it spends."""
     lines = ["does differential privacy (privacy.epsilon) protect it?"]
-    weights = None if plan is None else plan["records"].get("weights")
+    unit = _updates_unit(plan)
     for r in up:
         said = r["privacy"]
-        if weights is not None and r["record"] == "weights":
+        if unit is not None and r["record"] == "weights":
             said = (
                 "yes: privacy.updates=example, DP-SGD: each example's gradient clipped, noise "
                 "at every local step"
-                if weights["unit"] == "example"
+                if unit == "example"
                 else "yes: privacy.updates=client, each site's update clipped, noise on the mean"
             )
         lines.append(f"  {r['record']}: {said}")
@@ -147,7 +161,7 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
         f"{plan['epsilon_spent']:.4g} over {plan['releases']} release(s)"
     )
     for name, rec in plan["records"].items():
-        if name == "weights" and weights is not None and rec["unit"] == "example":
+        if name == "weights" and unit == "example":
             lines += [
                 f"  weights: one example the unit, DP-SGD, example clip {rec['clip']:.4g}, "
                 f"per site ({len(rec['sites'])}): "
@@ -160,7 +174,7 @@ def _privacy_lines(up: list[dict], plan: dict | None) -> list[str]:
                 )
             ]
             continue
-        if name == "weights" and weights is not None:
+        if name == "weights" and unit is not None:
             lines.append(
                 f"  weights: one site the unit, update clip {rec['clip']:.4g}, noise "
                 f"multiplier {rec['noise_multiplier']:.4g} (std {rec['noise_multiplier']:.4g} x "
