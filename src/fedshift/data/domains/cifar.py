@@ -269,15 +269,12 @@ def load_cifar100(params: CifarParams) -> Federation:
     return load_cifar(CIFAR_SPECS["cifar100"], params)
 
 
-#: the ``cifar10`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-CIFAR10_DATASET = Dataset(
-    "cifar10", CifarParams, "classification", load_cifar10,
-    "CIFAR-10 (your python batches); partition it",
-)  # fmt: skip
-
-
-#: the ``cifar100`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-CIFAR100_DATASET = Dataset(
-    "cifar100", CifarParams, "classification", load_cifar100,
-    "CIFAR-100 (your python batches); partition it",
-)  # fmt: skip
+# fmt: off
+#: this module's datasets (the dataset contract: :mod:`fedshift.core.datasets`)
+CIFAR10_DATASET, CIFAR100_DATASET = (
+    Dataset("cifar10", CifarParams, "classification", load_cifar10,
+            "CIFAR-10 (your python batches); partition it"),
+    Dataset("cifar100", CifarParams, "classification", load_cifar100,
+            "CIFAR-100 (your python batches); partition it"),
+)
+# fmt: on

@@ -540,15 +540,13 @@ def load_cub200(params: CUBParams, *, progress: bool = True) -> Federation:
     return fed
 
 
-#: the ``chmnist`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-CHMNIST_DATASET = Dataset(
-    "chmnist", CHMNISTParams, "classification", load_chmnist,
-    "CH-MNIST colorectal histology, 8 classes (your Kather 2016 tile folders); partition it",
-)  # fmt: skip
-
-
-#: the ``cub200`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-CUB200_DATASET = Dataset(
-    "cub200", CUBParams, "classification", load_cub200,
-    "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it",
-)  # fmt: skip
+# fmt: off
+#: this module's datasets (the dataset contract: :mod:`fedshift.core.datasets`)
+CHMNIST_DATASET, CUB200_DATASET = (
+    Dataset("chmnist", CHMNISTParams, "classification", load_chmnist,
+            "CH-MNIST colorectal histology, 8 classes "
+            "(your Kather 2016 tile folders); partition it"),
+    Dataset("cub200", CUBParams, "classification", load_cub200,
+            "CUB-200-2011 birds, official split (your CUB_200_2011 folder); partition it"),
+)
+# fmt: on

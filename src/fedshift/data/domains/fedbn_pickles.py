@@ -665,22 +665,15 @@ def load_domainnet(params: DomainNetParams, *, progress: bool = True) -> Federat
     return load_pickled_federation(params, progress)
 
 
-#: the ``digits5`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-DIGITS5_DATASET = Dataset(
-    "digits5", Digits5Params, "classification", load_digits5,
-    "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)",
-)  # fmt: skip
-
-
-#: the ``office-caltech10`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-OFFICE_CALTECH10_DATASET = Dataset(
-    "office-caltech10", OfficeParams, "classification", load_office,
-    "Office-Caltech-10 in FedBN's layout (amazon, caltech, dslr, webcam; your pickles + images)",
-)  # fmt: skip
-
-
-#: the ``domainnet`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-DOMAIN_NET_DATASET = Dataset(
-    "domainnet", DomainNetParams, "classification", load_domainnet,
-    "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)",
-)  # fmt: skip
+# fmt: off
+#: this module's datasets (the dataset contract: :mod:`fedshift.core.datasets`)
+DIGITS5_DATASET, OFFICE_CALTECH10_DATASET, DOMAIN_NET_DATASET = (
+    Dataset("digits5", Digits5Params, "classification", load_digits5,
+            "Digits-5 in FedBN's layout (your MNIST, SVHN, USPS, SynthDigits, MNIST_M pickles)"),
+    Dataset("office-caltech10", OfficeParams, "classification", load_office,
+            "Office-Caltech-10 in FedBN's layout "
+            "(amazon, caltech, dslr, webcam; your pickles + images)"),
+    Dataset("domainnet", DomainNetParams, "classification", load_domainnet,
+            "DomainNet's 10-class subset in FedBN's layout (six domains; your pickles + images)"),
+)
+# fmt: on

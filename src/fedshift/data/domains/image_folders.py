@@ -289,15 +289,12 @@ def load_officehome(params: OfficeHomeParams, *, progress: bool = True) -> Feder
     return load_folder_federation(params, progress)
 
 
-#: the ``pacs`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-PACS_DATASET = Dataset(
-    "pacs", PACSParams, "classification", load_pacs,
-    "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)",
-)  # fmt: skip
-
-
-#: the ``officehome`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-OFFICE_HOME_DATASET = Dataset(
-    "officehome", OfficeHomeParams, "classification", load_officehome,
-    "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)",
-)  # fmt: skip
+# fmt: off
+#: this module's datasets (the dataset contract: :mod:`fedshift.core.datasets`)
+PACS_DATASET, OFFICE_HOME_DATASET = (
+    Dataset("pacs", PACSParams, "classification", load_pacs,
+            "PACS (photo, art_painting, cartoon, sketch; your folder per domain and class)"),
+    Dataset("officehome", OfficeHomeParams, "classification", load_officehome,
+            "OfficeHome (Art, Clipart, Product, Real World; your folder per domain and class)"),
+)
+# fmt: on

@@ -143,15 +143,12 @@ def load_toyseg(p: ToySegParams) -> Federation:
     )
 
 
-#: the ``toyshift`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-TOYSHIFT_DATASET = Dataset(
-    "toyshift", ToyParams, "classification", load_toy,
-    "tiny synthetic feature-shift data for smoke tests",
-)  # fmt: skip
-
-
-#: the ``toyseg`` dataset (the dataset contract: :mod:`fedshift.core.datasets`)
-TOYSEG_DATASET = Dataset(
-    "toyseg", ToySegParams, "segmentation", load_toyseg,
-    "tiny synthetic segmentation data with feature shift (tests)",
-)  # fmt: skip
+# fmt: off
+#: this module's datasets (the dataset contract: :mod:`fedshift.core.datasets`)
+TOYSHIFT_DATASET, TOYSEG_DATASET = (
+    Dataset("toyshift", ToyParams, "classification", load_toy,
+            "tiny synthetic feature-shift data for smoke tests"),
+    Dataset("toyseg", ToySegParams, "segmentation", load_toyseg,
+            "tiny synthetic segmentation data with feature shift (tests)"),
+)
+# fmt: on
