@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from fedshift.core.errors import ConfigError, MissingSourceError
 
@@ -149,3 +150,24 @@ def check_cache_dir(value: object, key: str = "dataset.cache_dir") -> None:
     """``None`` (the default cache folder) or a path."""
     if value is not None and not isinstance(value, str | os.PathLike):
         raise ConfigError(f"config key '{key}' must be a folder path or null, got {value!r}")
+
+
+class CachedImageKeys(Protocol):
+    """The ``dataset.*`` keys of a dataset read from image files into the decoded-image cache
+    (``pacs``, ``officehome``, ``office-caltech10``, ``domainnet``)."""
+
+    size: int
+    max_per_split: int | None
+    seed: int
+    cache: bool
+    cache_dir: str | None
+
+
+def check_cached_image_keys(params: CachedImageKeys, prefix: str = "dataset") -> None:
+    """``size``, ``max_per_split``, ``seed``, ``cache`` and ``cache_dir`` of ``params``, in
+    that order, each by its check above (the key named ``<prefix>.<key>``)."""
+    check_size(params.size, f"{prefix}.size")
+    check_cap(params.max_per_split, f"{prefix}.max_per_split")
+    check_seed(params.seed, f"{prefix}.seed")
+    check_flag(params.cache, f"{prefix}.cache")
+    check_cache_dir(params.cache_dir, f"{prefix}.cache_dir")

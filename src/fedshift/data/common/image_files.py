@@ -381,6 +381,33 @@ def materialize_client(
     return ClientData(client.name, splits["train"], splits["val"], splits["test"]), info
 
 
+def capped_federation_info(
+    fed: Federation,
+    available: dict,
+    caps: tuple[int | None, int, int],
+    reader: str,
+    cache_info: dict | None,
+    **extra: object,
+) -> dict:
+    """The ``fed.info`` entries a capped image-file federation (``pacs``, ``officehome``,
+    ``office-caltech10``, ``domainnet``) shares, in order: the files ``available`` per client
+    and split, ``caps`` (``max_per_split``, ``seed``, ``size``) and the subsample rule, the
+    ``reader``, then ``extra``, the ``cache`` entries (None without a cache) and
+    :func:`federation_info`."""
+    max_per_split, seed, size = caps
+    return {
+        "available": available,
+        "max_per_split": max_per_split,
+        "subsample": "seeded class-stratified subsample of each split to max_per_split",
+        "seed": seed,
+        "size": size,
+        "reader": reader,
+        **extra,
+        "cache": cache_info,
+        **federation_info(fed, size),
+    }
+
+
 def federation_info(fed: Federation, size: int) -> dict:
     """Counts, per-class counts and the memory the federation's images take (uint8)."""
     n = sum(sum(c.values()) for c in fed.counts().values())

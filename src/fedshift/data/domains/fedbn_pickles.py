@@ -82,13 +82,11 @@ from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import SPLITS, ClientData, Federation, Split
 from fedshift.core.images import MemoryBudget
 from fedshift.data.common.checks import (
-    check_cache_dir,
+    check_cached_image_keys,
     check_cap,
     check_domains,
-    check_flag,
     check_root_key,
     check_seed,
-    check_size,
     require_file,
     require_root,
 )
@@ -97,6 +95,7 @@ from fedshift.data.common.image_files import (
     SplitSource,
     cache_root,
     cap_split,
+    capped_federation_info,
     federation_info,
     materialize_client,
 )
@@ -410,11 +409,7 @@ class PickleParams:
                 f"config key '{prefix}.split' of {self.SPEC.name} must be one of "
                 f"{', '.join(repr(s) for s in self.SPLITS)}, got {self.split!r}"
             )
-        check_size(self.size, f"{prefix}.size")
-        check_cap(self.max_per_split, f"{prefix}.max_per_split")
-        check_seed(self.seed, f"{prefix}.seed")
-        check_flag(self.cache, f"{prefix}.cache")
-        check_cache_dir(self.cache_dir, f"{prefix}.cache_dir")
+        check_cached_image_keys(self, prefix)
 
 
 @dataclass
@@ -636,22 +631,15 @@ def load_pickled_federation(params: PickleParams, progress: bool = True) -> Fede
         ),
         "min_train_pickle": min_len,
         "train_pickle_sizes": {d: len(lists[d]["train"][2]) for d in domains},
-        "available": available,
-        "max_per_split": params.max_per_split,
-        "subsample": "seeded class-stratified subsample of each split to max_per_split",
-        "seed": params.seed,
-        "size": params.size,
-        "reader": (
+        **capped_federation_info(
+            fed, available, (params.max_per_split, params.seed, params.size),
             "FedBN's: 3-band images kept, others convert('L') copied to 3 channels; "
-            "antialiased bilinear resize, rounded to 8 bits; [0, 1], no mean/std"
+            "antialiased bilinear resize, rounded to 8 bits; [0, 1], no mean/std",
+            cache_info if store is not None else None,
+            differences="the released code's train-time random horizontal flip and rotation "
+            "(+-30 deg) are not baked in (add an augment)",
         ),
-        "differences": (
-            "the released code's train-time random horizontal flip and rotation (+-30 deg) "
-            "are not baked in (add an augment)"
-        ),
-        "cache": cache_info if store is not None else None,
-        **federation_info(fed, params.size),
-    }
+    }  # fmt: skip
     return fed
 
 

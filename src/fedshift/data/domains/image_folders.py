@@ -58,17 +58,13 @@ from fedshift.core.datasets import Dataset
 from fedshift.core.errors import DataError, MissingSourceError
 from fedshift.core.federation import Federation
 from fedshift.data.common.checks import (
-    check_cache_dir,
-    check_cap,
+    check_cached_image_keys,
     check_domains,
-    check_flag,
     check_fractions,
     check_root_key,
-    check_seed,
-    check_size,
     require_root,
 )
-from fedshift.data.common.image_files import cache_root, federation_info
+from fedshift.data.common.image_files import cache_root, capped_federation_info
 from fedshift.data.domains.class_folders import (
     ReadOptions,
     check_decode_fits,
@@ -157,11 +153,7 @@ class FolderParams:
         check_root_key(self.root, f"{prefix}.root")
         check_domains(self.domains, tuple(self.SPEC.domains), f"{prefix}.domains")
         check_fractions(self.fractions, f"{prefix}.fractions")
-        check_size(self.size, f"{prefix}.size")
-        check_cap(self.max_per_split, f"{prefix}.max_per_split")
-        check_seed(self.seed, f"{prefix}.seed")
-        check_flag(self.cache, f"{prefix}.cache")
-        check_cache_dir(self.cache_dir, f"{prefix}.cache_dir")
+        check_cached_image_keys(self, prefix)
 
 
 @dataclass
@@ -266,16 +258,12 @@ def load_folder_federation(params: FolderParams, progress: bool = True) -> Feder
             "loader)"
         ),
         "fractions": list(fractions),
-        "available": available,
-        "max_per_split": params.max_per_split,
-        "subsample": "seeded class-stratified subsample of each split to max_per_split",
-        "seed": params.seed,
-        "size": params.size,
-        "reader": "Pillow convert('RGB'), antialiased bilinear resize, rounded to 8 bits",
-        "skipped_files": skipped,
-        "cache": cache_info if store is not None else None,
-        **federation_info(fed, params.size),
-    }
+        **capped_federation_info(
+            fed, available, (params.max_per_split, params.seed, params.size),
+            "Pillow convert('RGB'), antialiased bilinear resize, rounded to 8 bits",
+            cache_info if store is not None else None, skipped_files=skipped,
+        ),
+    }  # fmt: skip
     return fed
 
 
