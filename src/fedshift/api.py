@@ -144,7 +144,7 @@ def run(
     ``dataset.*`` keys apply, its checks run; the module docstring says what the run records
     and how it resumes)."""
     from fedshift.catalog import resolve
-    from fedshift.core.config_tree import expand_sweep
+    from fedshift.core.config_tree import single_cell
     from fedshift.data.domains.arrays import build_federation
     from fedshift.runtime.rundir.ownership import clear_run_dir, hold_run
     from fedshift.runtime.rundir.results import claim_dirs, release
@@ -159,15 +159,16 @@ def run(
     sites = None
     if federation is not None:
         raw, sites = _with_arrays(raw, federation)
-    cells = expand_sweep(raw, source)
-    if len(cells) != 1:
-        keys = ", ".join(raw.get("sweep") or {})
-        raise ConfigError(
-            f"{source}: its sweep grid makes {len(cells)} runs ({keys}), and fedshift.run "
+    cell = single_cell(
+        raw,
+        source,
+        lambda n, keys: (
+            f"{source}: its sweep grid makes {n} runs ({keys}), and fedshift.run "
             "runs one: give each swept key one value as an override (key=value replaces the "
             "key's sweep), or run the grid with fedshift run -c FILE"
-        )
-    cfg = resolve(cells[0], source)
+        ),
+    )
+    cfg = resolve(cell, source)
     fed = None if sites is None else build_federation(sites, cfg.dataset.params)
     [run_dir] = claim_dirs([cfg], out, exists, "fedshift.run")
     try:

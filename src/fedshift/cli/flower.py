@@ -38,20 +38,22 @@ def _options(args: argparse.Namespace):
 def _config(args: argparse.Namespace):
     from fedshift.catalog import resolve
     from fedshift.core.config import load_config
-    from fedshift.core.config_tree import expand_sweep
+    from fedshift.core.config_tree import single_cell
 
     source = args.config or "defaults"
     raw = load_config(args.config, args.overrides)  # key=value on a swept key replaces it
-    cells = expand_sweep(raw, source)
-    if len(cells) != 1:
-        keys = ", ".join(raw.get("sweep") or {})
-        raise FedshiftError(
-            f"the config has a sweep grid ({len(cells)} runs over {keys}); `fedshift flower` "
+    cell = single_cell(
+        raw,
+        source,
+        lambda n, keys: (
+            f"the config has a sweep grid ({n} runs over {keys}); `fedshift flower` "
             "runs one experiment: give each swept key one value with key=value (it replaces "
             "the key's sweep), or run the grid natively with `fedshift run -c` / `fedshift "
             "bench`"
-        )
-    return resolve(cells[0], source)
+        ),
+        FedshiftError,
+    )
+    return resolve(cell, source)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
-from fedshift.core.errors import ConfigError
+from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.yamlsafe import DuplicateKeyError, load_text, plain_tree, short_repr
 
 #: the config sections that name a registered component (``<section>.name``)
@@ -145,6 +146,21 @@ def expand_sweep(raw: dict, source: str = "config") -> list[dict]:
         out.append(one)
     return out
 
+
+
+def single_cell(
+    raw: dict,
+    source: str,
+    refusal: Callable[[int, str], str],
+    error: type[FedshiftError] = ConfigError,
+) -> dict:
+    """The one raw config of ``raw``'s sweep grid (:func:`expand_sweep`), for a command that
+    runs one experiment; a grid of n != 1 cells raises ``error(refusal(n, keys))``, ``keys``
+    the swept keys joined by ", "."""
+    cells = expand_sweep(raw, source)
+    if len(cells) != 1:
+        raise error(refusal(len(cells), ", ".join(raw.get("sweep") or {})))
+    return cells[0]
 
 def _set_sweep_value(one: dict, k: str, v: Any) -> None:
     head = k.split(".")[0]

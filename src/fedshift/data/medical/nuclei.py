@@ -2,16 +2,9 @@
 
 The multi-site nuclei setting of FedFA (Zhou & Konukoglu, ICLR 2023; its ``Nuclei`` dataset
 class reads ``SiteA`` .. ``SiteF``), with any site folders. Nothing is downloaded:
-``dataset.root`` holds one folder per site, each with fixed train / val / test splits::
-
-    <dataset.root>/
-      SiteA/
-        train/
-          images/   img001.png   img002.tif   ...    (.png .jpg .jpeg .tif .tiff)
-          labels/   img001.png   img002.tif   ...    (.png .tif .tiff, same stem)
-        val/        (same)
-        test/       (same)
-      SiteB/ ...
+``dataset.root`` holds one folder per site, each with fixed train / val / test splits, each
+split an ``images/`` and a ``labels/`` folder (the layout: :data:`TREE`, which the errors
+print).
 
 Clients are ``dataset.sites`` in that order, or (None) every sub-folder of the root in sorted
 order (hidden folders skipped). Image and label are paired by file stem (the name without its
@@ -59,6 +52,7 @@ from fedshift.data.common.sites import check_sites_key
 
 NAME = "nuclei"
 CLASSES = ["background", "nucleus"]
+#: the layout of ``dataset.root`` (module docstring; the errors print it)
 TREE = """\
 <dataset.root>/
   SiteA/
@@ -120,18 +114,16 @@ def list_pairs(split_dir: Path) -> list[tuple[Path, Path]]:
         )
     images = _files(split_dir / "images", IMAGE_EXTENSIONS, "images")
     labels = _files(split_dir / "labels", LABEL_EXTENSIONS, "labels")
-    for stem, path in images.items():
-        if stem not in labels:
-            raise DataError(
-                f"{path} has no label: expected {split_dir / 'labels' / stem}.png (or .tif); "
-                f"add it or remove the image"
-            )
-    for stem, path in labels.items():
-        if stem not in images:
-            raise DataError(
-                f"{path} has no image: expected {split_dir / 'images' / stem}.png (or .jpg, "
-                f".tif); add it or remove the label"
-            )
+    for mine, theirs, (what, other, suffixes) in (
+        (images, labels, ("image", "label", ".png (or .tif)")),
+        (labels, images, ("label", "image", ".png (or .jpg, .tif)")),
+    ):
+        for stem, path in mine.items():
+            if stem not in theirs:
+                raise DataError(
+                    f"{path} has no {other}: expected {split_dir / f'{other}s' / stem}{suffixes}; "
+                    f"add it or remove the {what}"
+                )
     if not images:
         raise DataError(f"{split_dir} is an empty split: images/ holds no image; add some")
     return [(images[s], labels[s]) for s in sorted(images)]
