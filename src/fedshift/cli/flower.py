@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedshift.cli.options import add_config_args
 from fedshift.core.errors import FedshiftError
 
 
@@ -379,11 +380,9 @@ def _stopped(signum: int, run_dir: Path | None, continue_with: str | None, base:
 
 
 def _experiment_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", help="YAML config file")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        help="key=value overrides, e.g. train.rounds=20 (one on a key the config sweeps "
+    add_config_args(
+        p,
+        "key=value overrides, e.g. train.rounds=20 (one on a key the config sweeps "
         "replaces that key's sweep: one run)",
     )
     p.add_argument(

@@ -23,6 +23,7 @@ import types
 import typing
 from typing import Any
 
+from fedshift.cli.options import add_config_args, add_show_parser
 from fedshift.cli.plugins import add_allow_plugins
 
 __all__ = ["add_parser", "field_help", "first_sentence", "key_lines", "one_line"]
@@ -234,15 +235,14 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``fedshift config show``."""
-    cfg = sub.add_parser("config", help="show the resolved config a run would use")
-    inner = cfg.add_subparsers(dest="config_command", required=True)
-    show = inner.add_parser(
-        "show",
-        help="print the resolved config as YAML (component defaults filled in; one document "
+    show = add_show_parser(
+        sub,
+        "config",
+        "show the resolved config a run would use",
+        "print the resolved config as YAML (component defaults filled in; one document "
         "per run of a sweep)",
     )
-    show.add_argument("-c", "--config", help="YAML config file")
-    show.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
+    add_config_args(show, "key=value overrides, e.g. train.lr=0.05")
     add_allow_plugins(
         show,
         "import the plug-ins (module:Class names) the config file names, to check their "

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from fedshift.cli.options import add_config_args, add_show_parser
+
 __all__ = ["add_parser"]
 
 
@@ -64,18 +66,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``fedshift privacy show``."""
-    p = sub.add_parser("privacy", help="what each site of a run sends: the records' disclosure")
-    inner = p.add_subparsers(dest="privacy_command", required=True)
-    show = inner.add_parser(
-        "show",
-        help="per record a site sends: its kind, who receives it, how often, its bytes and the "
+    show = add_show_parser(
+        sub,
+        "privacy",
+        "what each site of a run sends: the records' disclosure",
+        "per record a site sends: its kind, who receives it, how often, its bytes and the "
         "fewest examples a statistic summarises (loads the data's sizes and labels; trains "
         "nothing)",
     )
-    show.add_argument("-c", "--config", help="YAML config file")
-    show.add_argument(
-        "overrides", nargs="*", help="key=value overrides, e.g. algorithm.name=fedrdn"
-    )
+    add_config_args(show, "key=value overrides, e.g. algorithm.name=fedrdn")
     show.add_argument(
         "--all",
         action="store_true",

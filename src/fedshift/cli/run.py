@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedshift.cli import keys
+from fedshift.cli.options import add_config_args
 from fedshift.cli.plugins import CLI_HOW, add_allow_plugins
 from fedshift.core.errors import FedshiftError
 
@@ -245,12 +246,11 @@ def add_exists_options(p: argparse.ArgumentParser) -> None:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``run``, ``bench``, ``list`` and ``report`` to the main parser's subcommands."""
     run = sub.add_parser("run", help="run an experiment config (and its sweep grid)")
-    run.add_argument("-c", "--config", help="YAML config file, or a shipped config's name (demo)")
-    run.add_argument(
-        "overrides",
-        nargs="*",
-        help="key=value overrides, e.g. train.lr=0.05 (one on a key the config sweeps replaces "
+    add_config_args(
+        run,
+        "key=value overrides, e.g. train.lr=0.05 (one on a key the config sweeps replaces "
         "that key's sweep)",
+        "YAML config file, or a shipped config's name (demo)",
     )
     run.add_argument("--out", help="root folder for run directories (config key 'out')")
     run.add_argument(
