@@ -92,7 +92,7 @@ from fedshift.core.seeding import derive_seed
 from fedshift.runtime.secagg import (
     META,
     FixedPoint,
-    element_name,
+    first_flagged,
     flat_records,
     record_layout,
 )
@@ -151,10 +151,9 @@ def encode(
     parts = flat_records(up, names, uniform, scaled)
     extra = torch.tensor([scaled, up.num_examples / examples_scale], dtype=torch.float64)
     values = torch.cat([*parts, extra])
-    over = values.abs() > clip
-    if bool(over.any()):
-        i = int(over.nonzero()[0])
-        where = element_name(up, names, i)
+    flagged = first_flagged(values.abs() > clip, up, names)
+    if flagged is not None:
+        i, where = flagged
         raise FedshiftError(
             f"round {rnd}: client {cid!r}: Flower's SecAgg+ would clip {where} (value "
             f"{float(values[i]):.4g} outside its clipping range +-{clip:g} = "

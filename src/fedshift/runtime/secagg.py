@@ -141,16 +141,21 @@ def flat_records(
             * (1.0 if r in uniform else factor) for r, k in names]  # fmt: skip
 
 
-def element_name(up: Payload, names: list[tuple[str, str]], i: int) -> str:
-    """What element ``i`` of the flattened reply (:func:`flat_records`, then the weight) is:
-    ``tensor <record>/<key>``, or the weight."""
-    at = i
+def first_flagged(
+    over: torch.Tensor, up: Payload, names: list[tuple[str, str]]
+) -> tuple[int, str] | None:
+    """The first element ``over`` flags in the flattened reply (:func:`flat_records`, then
+    the weight): its index and what it is (``tensor <record>/<key>``, or the weight); None
+    when ``over`` flags none."""
+    if not bool(over.any()):
+        return None
+    i = at = int(over.nonzero()[0])
     for r, k in names:
         n = up.records[r][k].numel()
         if at < n:
-            return f"tensor {r}/{k}"
+            return i, f"tensor {r}/{k}"
         at -= n
-    return "the weight"
+    return i, "the weight"
 
 
 def mask_reply(
@@ -171,10 +176,9 @@ def mask_reply(
     values = torch.cat([*parts, torch.tensor([weight, 1.0], dtype=torch.float64)])
     q = torch.round(values * fp.scale)
     limit = fp.limit(len(cohort))
-    over = q.abs() >= limit
-    if bool(over.any()):
-        i = int(over.nonzero()[0])
-        where = element_name(up, names, i)
+    flagged = first_flagged(q.abs() >= limit, up, names)
+    if flagged is not None:
+        i, where = flagged
         raise FedshiftError(
             f"round {rnd}: client {cid!r}: secure aggregation would overflow at {where} "
             f"(weighted value {float(values[i]):.4g} times 2**{fp.frac_bits} summed over "
