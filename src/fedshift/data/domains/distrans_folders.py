@@ -73,6 +73,7 @@ a wrong tile count, a malformed or inconsistent index file raise
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,20 +260,29 @@ def _federation(
 # --------------------------------------------------------------------------------------------
 
 
+def _first_holding(
+    candidates: tuple[Path, ...], holds: Callable[[Path], bool], missing: str
+) -> Path:
+    """The first of ``candidates`` (where a dataset's folder may be under ``dataset.root``)
+    that ``holds`` it; a :class:`MissingSourceError` saying ``missing`` when none does."""
+    for candidate in candidates:
+        if holds(candidate):
+            return candidate
+    raise MissingSourceError(missing)
+
+
 def locate_chmnist(root: Path) -> Path:
     """The folder holding the eight class folders: ``root``, ``root/<tiles folder>`` or
     Kaggle's doubly nested ``root/<tiles folder>/<tiles folder>``."""
     nested = root / CHMNIST_FOLDER
-    for candidate in (root, nested, nested / CHMNIST_FOLDER):
-        if any((candidate / c).is_dir() for c in CHMNIST_CLASSES):
-            break
-    else:
-        raise MissingSourceError(
-            f"dataset.root={str(root)!r} holds neither {CHMNIST_FOLDER}/ nor its class folders "
-            f"{list(CHMNIST_CLASSES)}; extract Kather_texture_2016_image_tiles_5000.zip "
-            f"(Zenodo 53169) there or point dataset.root at the extracted folder. Expected "
-            f"layout:\n{CHMNIST_TREE}"
-        )
+    candidate = _first_holding(
+        (root, nested, nested / CHMNIST_FOLDER),
+        lambda c: any((c / name).is_dir() for name in CHMNIST_CLASSES),
+        f"dataset.root={str(root)!r} holds neither {CHMNIST_FOLDER}/ nor its class folders "
+        f"{list(CHMNIST_CLASSES)}; extract Kather_texture_2016_image_tiles_5000.zip "
+        f"(Zenodo 53169) there or point dataset.root at the extracted folder. Expected "
+        f"layout:\n{CHMNIST_TREE}",
+    )
     for name in CHMNIST_CLASSES:
         if not (candidate / name).is_dir():
             raise MissingSourceError(
@@ -382,15 +392,13 @@ def load_chmnist(params: CHMNISTParams, *, progress: bool = True) -> Federation:
 def locate_cub(root: Path) -> Path:
     """The ``CUB_200_2011`` folder: ``root/CUB_200_2011``, ``root`` or a doubly nested copy."""
     nested = root / CUB_FOLDER
-    for candidate in (nested, root, nested / CUB_FOLDER):
-        if any((candidate / f).is_file() for f in CUB_INDEX):
-            break
-    else:
-        raise MissingSourceError(
-            f"dataset.root={str(root)!r} holds neither {CUB_FOLDER}/ nor its index files "
-            f"{list(CUB_INDEX)}; extract CUB_200_2011.tgz there or point dataset.root at the "
-            f"extracted folder. Expected layout:\n{CUB_TREE}"
-        )
+    candidate = _first_holding(
+        (nested, root, nested / CUB_FOLDER),
+        lambda c: any((c / f).is_file() for f in CUB_INDEX),
+        f"dataset.root={str(root)!r} holds neither {CUB_FOLDER}/ nor its index files "
+        f"{list(CUB_INDEX)}; extract CUB_200_2011.tgz there or point dataset.root at the "
+        f"extracted folder. Expected layout:\n{CUB_TREE}",
+    )
     for f in (*CUB_INDEX, "images"):
         path = candidate / f
         if not (path.is_dir() if f == "images" else path.is_file()):
