@@ -260,12 +260,15 @@ def _federation(
 # --------------------------------------------------------------------------------------------
 
 
-def _first_holding(
-    candidates: tuple[Path, ...], holds: Callable[[Path], bool], missing: str
+def _locate(
+    root: Path, folder: str, holds: Callable[[Path], bool], missing: str, *, nested_first: bool
 ) -> Path:
-    """The first of ``candidates`` (where a dataset's folder may be under ``dataset.root``)
-    that ``holds`` it; a :class:`MissingSourceError` saying ``missing`` when none does."""
-    for candidate in candidates:
+    """Where a dataset's ``folder`` is under ``dataset.root``: the first of ``root``,
+    ``root/folder`` (first when ``nested_first``) and ``root/folder/folder`` that ``holds``
+    it; a :class:`MissingSourceError` saying ``missing`` when none does."""
+    nested = root / folder
+    candidates = (nested, root) if nested_first else (root, nested)
+    for candidate in (*candidates, nested / folder):
         if holds(candidate):
             return candidate
     raise MissingSourceError(missing)
@@ -274,14 +277,13 @@ def _first_holding(
 def locate_chmnist(root: Path) -> Path:
     """The folder holding the eight class folders: ``root``, ``root/<tiles folder>`` or
     Kaggle's doubly nested ``root/<tiles folder>/<tiles folder>``."""
-    nested = root / CHMNIST_FOLDER
-    candidate = _first_holding(
-        (root, nested, nested / CHMNIST_FOLDER),
-        lambda c: any((c / name).is_dir() for name in CHMNIST_CLASSES),
+    candidate = _locate(
+        root, CHMNIST_FOLDER, lambda c: any((c / name).is_dir() for name in CHMNIST_CLASSES),
         f"dataset.root={str(root)!r} holds neither {CHMNIST_FOLDER}/ nor its class folders "
         f"{list(CHMNIST_CLASSES)}; extract Kather_texture_2016_image_tiles_5000.zip "
         f"(Zenodo 53169) there or point dataset.root at the extracted folder. Expected "
         f"layout:\n{CHMNIST_TREE}",
+        nested_first=False,
     )
     for name in CHMNIST_CLASSES:
         if not (candidate / name).is_dir():
@@ -391,13 +393,12 @@ def load_chmnist(params: CHMNISTParams, *, progress: bool = True) -> Federation:
 
 def locate_cub(root: Path) -> Path:
     """The ``CUB_200_2011`` folder: ``root/CUB_200_2011``, ``root`` or a doubly nested copy."""
-    nested = root / CUB_FOLDER
-    candidate = _first_holding(
-        (nested, root, nested / CUB_FOLDER),
-        lambda c: any((c / f).is_file() for f in CUB_INDEX),
+    candidate = _locate(
+        root, CUB_FOLDER, lambda c: any((c / f).is_file() for f in CUB_INDEX),
         f"dataset.root={str(root)!r} holds neither {CUB_FOLDER}/ nor its index files "
         f"{list(CUB_INDEX)}; extract CUB_200_2011.tgz there or point dataset.root at the "
         f"extracted folder. Expected layout:\n{CUB_TREE}",
+        nested_first=True,
     )
     for f in (*CUB_INDEX, "images"):
         path = candidate / f

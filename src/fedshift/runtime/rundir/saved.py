@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 
@@ -45,6 +46,26 @@ def read_selected(
     return state
 
 
+T = TypeVar("T")
+
+
+class _FromExperiment(Generic[T]):
+    """A read-only attribute of :class:`SavedRun`: its experiment's attribute of the same
+    name (``saved.fed`` is ``saved.exp.fed``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _FromExperiment[T]: ...
+
+    @overload
+    def __get__(self, obj: SavedRun, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: SavedRun | None, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.exp, self.name)
+
+
 @dataclass(frozen=True)
 class SavedRun:
     """A finished run's experiment and its state at one round (module docstring)."""
@@ -62,43 +83,18 @@ class SavedRun:
     #: every client's state of that round (held-out clients included), by client name
     states: dict[str, dict]
 
-    @property
-    def fed(self):
-        return self.exp.fed
-
-    @property
-    def model(self):
-        """The run's working model (load weights into it: :meth:`weights_for`)."""
-        return self.exp.model
-
-    @property
-    def algo(self):
-        return self.exp.algo
-
-    @property
-    def task(self):
-        return self.exp.task
-
-    @property
-    def pipeline(self):
-        return self.exp.pipeline
-
-    @property
-    def device(self) -> torch.device:
-        return self.exp.device
-
-    @property
-    def kinds(self) -> list[str]:
-        """The model kinds the run evaluates, primary first (``personal`` / ``global``)."""
-        return self.exp.kinds
-
-    @property
-    def train_clients(self):
-        return self.exp.train_clients
-
-    @property
-    def implied(self) -> list[str]:
-        return self.exp.implied
+    # the experiment's members, read through to ``exp``
+    fed = _FromExperiment[Any]()
+    #: the run's working model (load weights into it: :meth:`weights_for`)
+    model = _FromExperiment[Any]()
+    algo = _FromExperiment[Any]()
+    task = _FromExperiment[Any]()
+    pipeline = _FromExperiment[Any]()
+    device = _FromExperiment[torch.device]()
+    #: the model kinds the run evaluates, primary first (``personal`` / ``global``)
+    kinds = _FromExperiment[list[str]]()
+    train_clients = _FromExperiment[Any]()
+    implied = _FromExperiment[list[str]]()
 
     def weights_for(self, client: str, kind: str | None = None) -> dict[str, torch.Tensor]:
         """The state dict of ``client``'s model of ``kind`` (``personal`` / ``global``;
