@@ -8,7 +8,7 @@ naming the path and showing the expected layout as a small tree.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -171,3 +171,14 @@ def check_cached_image_keys(params: CachedImageKeys, prefix: str = "dataset") ->
     check_seed(params.seed, f"{prefix}.seed")
     check_flag(params.cache, f"{prefix}.cache")
     check_cache_dir(params.cache_dir, f"{prefix}.cache_dir")
+
+
+def differences(
+    ref: Iterable, have: Iterable, lacks: Callable[[list], str], adds: Callable[[list], str]
+) -> str:
+    """How ``have`` differs from ``ref`` as a set, for an error: ``lacks(missing)`` and/or
+    ``adds(extra)`` (each of a sorted list, only when not empty) joined by " and "; "" when
+    the two are the same set."""
+    ref_set, have_set = set(ref), set(have)
+    missing, extra = sorted(ref_set - have_set), sorted(have_set - ref_set)
+    return " and ".join([lacks(missing)] * bool(missing) + [adds(extra)] * bool(extra))

@@ -26,6 +26,7 @@ from fedshift.core.errors import DataError
 from fedshift.core.federation import SPLITS, ClientData
 from fedshift.core.images import MemoryBudget
 from fedshift.core.memory import check_fits
+from fedshift.data.common.checks import differences
 from fedshift.data.common.image_files import (
     READERS,
     ClientSource,
@@ -148,14 +149,9 @@ def check_same_classes(
     for d, classes in listed.items():
         have = set(classes)
         if have != ref:
-            missing, extra = sorted(ref - have), sorted(have - ref)
-            parts = []
-            if missing:
-                parts.append(f"lacks {missing}")
-            if extra:
-                parts.append(f"has extra {extra}")
+            diff = differences(ref, have, lambda m: f"lacks {m}", lambda e: f"has extra {e}")
             raise DataError(
-                f"{dataset}: {unit} {d!r} ({folders[d]}) {' and '.join(parts)} compared with "
+                f"{dataset}: {unit} {d!r} ({folders[d]}) {diff} compared with "
                 f"{unit} {first!r} ({folders[first]}); every {unit} needs the same class "
                 f"folders{hint}"
             )

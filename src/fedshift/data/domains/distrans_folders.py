@@ -89,6 +89,7 @@ from fedshift.data.common.checks import (
     check_root_key,
     check_seed,
     check_size,
+    differences,
     require_root,
 )
 from fedshift.data.common.image_files import (
@@ -448,14 +449,14 @@ def _int_values(path: Path, index: dict[int, str], allowed: range) -> dict[int, 
 def _same_ids(ref_path: Path, ref: dict, path: Path, other: dict) -> None:
     if ref.keys() == other.keys():
         return
-    missing, extra = sorted(ref.keys() - other.keys()), sorted(other.keys() - ref.keys())
-    parts = []
-    if missing:
-        parts.append(f"lacks {len(missing)} id(s) of {ref_path.name} (e.g. {missing[:5]})")
-    if extra:
-        parts.append(f"has {len(extra)} id(s) {ref_path.name} does not (e.g. {extra[:5]})")
+    diff = differences(
+        ref.keys(),
+        other.keys(),
+        lambda m: f"lacks {len(m)} id(s) of {ref_path.name} (e.g. {m[:5]})",
+        lambda e: f"has {len(e)} id(s) {ref_path.name} does not (e.g. {e[:5]})",
+    )
     raise DataError(
-        f"{path} lists {len(other)} images, {ref_path} {len(ref)}: it {' and '.join(parts)}; "
+        f"{path} lists {len(other)} images, {ref_path} {len(ref)}: it {diff}; "
         f"the index files must describe the same images (re-extract CUB_200_2011.tgz)"
     )
 
