@@ -133,6 +133,13 @@ def check_cap(value: object, key: str) -> int | None:
     return None if value is None else check_size(value, key)
 
 
+def check_required_size(value: object, key: str) -> int:
+    """An integer >= 1 where None (all) is not an option, else :class:`ConfigError`."""
+    if value is None:
+        raise ConfigError(f"config key '{key}' must be an integer >= 1")
+    return check_size(value, key)
+
+
 def check_flag(value: object, key: str) -> bool:
     """``True`` or ``False`` (not 0 / 1 / a string)."""
     if not isinstance(value, bool):

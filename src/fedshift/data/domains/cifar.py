@@ -37,7 +37,13 @@ import torch
 from fedshift.core.datasets import Dataset
 from fedshift.core.errors import ConfigError, DataError, MissingSourceError
 from fedshift.core.federation import ClientData, Federation, Split
-from fedshift.data.common.checks import check_cap, check_root_key, check_seed, require_root
+from fedshift.data.common.checks import (
+    check_cap,
+    check_required_size,
+    check_root_key,
+    check_seed,
+    require_root,
+)
 from fedshift.data.common.pickles import read_array_pickle
 from fedshift.data.common.sampling import stratified_subsample
 from fedshift.data.common.seeding import seeded_rng
@@ -105,9 +111,7 @@ class CifarParams:
         """Raise :class:`ConfigError` naming the key for a value the loader cannot honour."""
         check_root_key(self.root, f"{prefix}.root")
         check_cap(self.train_size, f"{prefix}.train_size")
-        if self.val_size is None:
-            raise ConfigError(f"config key '{prefix}.val_size' must be an integer >= 1")
-        check_cap(self.val_size, f"{prefix}.val_size")
+        check_required_size(self.val_size, f"{prefix}.val_size")
         check_cap(self.test_size, f"{prefix}.test_size")
         check_seed(self.seed, f"{prefix}.seed")
         if self.label_kind not in ("fine", "coarse"):

@@ -86,6 +86,7 @@ from fedshift.data.common.checks import (
     check_cache_dir,
     check_cap,
     check_flag,
+    check_required_size,
     check_root_key,
     check_seed,
     check_size,
@@ -147,9 +148,7 @@ def _check_common(p, prefix: str) -> None:
     check_root_key(p.root, f"{prefix}.root")
     check_size(p.image_size, f"{prefix}.image_size")
     check_cap(p.train_size, f"{prefix}.train_size")
-    if p.val_size is None:
-        raise ConfigError(f"config key '{prefix}.val_size' must be an integer >= 1")
-    check_size(p.val_size, f"{prefix}.val_size")
+    check_required_size(p.val_size, f"{prefix}.val_size")
     check_seed(p.seed, f"{prefix}.seed")
     check_flag(p.cache, f"{prefix}.cache")
     check_cache_dir(p.cache_dir, f"{prefix}.cache_dir")
