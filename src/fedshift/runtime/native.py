@@ -20,25 +20,20 @@ from fedshift.data import run_federation
 from fedshift.runtime.client import evaluate_client, train_client
 from fedshift.runtime.experiment import Experiment, init_client_state
 from fedshift.runtime.transport import (
-    FEATURES,
     EvalRequest,
     RunIdentity,
     Scores,
+    SequentialTransport,
     held_client_state,
 )
 
 
-class InProcessTransport:
+class InProcessTransport(SequentialTransport):
     """Clients in this process (see the module docstring). ``federation``: a pre-loaded
     dataset (tests, benchmarks); the config's partition and data fraction still apply."""
 
     name = "native"
-    Params: ClassVar[type | None] = None
-    #: the ``run.executor`` that selects it, in one process (the registry's declarations:
-    #: :mod:`fedshift.runtime.transport`)
-    executor: ClassVar[str | None] = "sequential"
     worker_processes: ClassVar[bool] = False
-    supports: ClassVar[frozenset[str]] = frozenset(FEATURES)
 
     @classmethod
     def create(

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
@@ -123,6 +123,17 @@ class EvalRequest:
 SECURE_AGGREGATION = "federation.secure_aggregation"
 PRIVACY = "privacy.epsilon"
 FEATURES = (SECURE_AGGREGATION, PRIVACY)
+
+
+class SequentialTransport:
+    """The registry declarations fedshift's own ``run.executor=sequential`` transports share
+    (``native``: the clients in this process; ``pool``: in worker processes, selected with
+    more than one worker or a running pool): no ``transport.*`` keys, every :data:`FEATURES`
+    served. A subclass declares its ``name`` and ``worker_processes``."""
+
+    Params: ClassVar[type | None] = None
+    executor: ClassVar[str | None] = "sequential"
+    supports: ClassVar[frozenset[str]] = frozenset(FEATURES)
 
 
 def asked_features(cfg: RunConfig) -> list[str]:

@@ -59,10 +59,10 @@ from fedshift.data import run_federation
 from fedshift.runtime.experiment import Experiment
 from fedshift.runtime.pool.worker import dumps, recv, send, worker_main
 from fedshift.runtime.transport import (
-    FEATURES,
     EvalRequest,
     RunIdentity,
     Scores,
+    SequentialTransport,
     held_client_state,
 )
 
@@ -299,19 +299,14 @@ def assign(train: dict[str, int], others: Iterable[str], workers: int) -> dict[s
     return out
 
 
-class PoolTransport:
+class PoolTransport(SequentialTransport):
     """The round loop's clients in worker processes (module docstring). ``workers``: the
     size of the pool this transport starts (at most one worker per client), or ``pool``: a
     running :class:`WorkerPool` to use (left running by :meth:`close`). ``federation``: a
     pre-loaded dataset, sent to every worker once per run (tests, benchmarks)."""
 
     name = "pool"
-    Params: ClassVar[type | None] = None
-    #: the registry's declarations (:mod:`fedshift.runtime.transport`): selected by
-    #: ``run.executor=sequential`` with more than one worker, or a running pool
-    executor: ClassVar[str | None] = "sequential"
     worker_processes: ClassVar[bool] = True
-    supports: ClassVar[frozenset[str]] = frozenset(FEATURES)
 
     @classmethod
     def create(
