@@ -197,15 +197,7 @@ class Rot90Flip(Augment):
     evaluation is the identity."""
 
     name = "rot90_flip"
-    Params = Rot90FlipParams
-
-    @classmethod
-    def check(cls, params: Any, algorithm: str, others: list[str]) -> None:
-        if not 0.0 <= params.flip <= 1.0:
-            raise ConfigError(
-                f"config key 'augment.rot90_flip.flip' must be a probability in [0, 1], "
-                f"got {params.flip}"
-            )
+    Params = Rot90FlipParams  # flip's range: its bounds, checked as the config is read
 
     def train_batch(
         self, x: torch.Tensor, y: torch.Tensor, state: State, generator: torch.Generator
