@@ -38,7 +38,7 @@ All three normalise the inputs themselves, so the run's ``input.mean/std`` step 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -272,9 +272,23 @@ class _Federated(_ClientStats):
             *self.received_vars(),
         ]
 
+    #: the setup broadcast: its record, the prefix of the client-state keys that keep its
+    #: mean and std (``<prefix>_mean``, ``<prefix>_std``), and whose statistics they are
+    received: ClassVar[tuple[str, str, str]]
+
     def received_vars(self) -> list[StateVar]:
-        """What the client keeps of the setup broadcast."""
-        raise NotImplementedError
+        """What the client keeps of the setup broadcast (:attr:`received`)."""
+        _, key, whose = self.received
+        return [
+            client_var(f"{key}_mean", ABSENT, doc=f"{whose} mean (setup)"),
+            client_var(f"{key}_std", ABSENT, doc=f"{whose} std (setup)"),
+        ]
+
+    def receive(self, records: Payload, state: State, rnd: int) -> None:
+        record, key, _ = self.received
+        got = records.records.get(record)
+        if got is not None:
+            state[f"{key}_mean"], state[f"{key}_std"] = got["mean"], got["std"]
 
     def init_client(self, cid: str, data: ClientData, model: FedModel) -> State:
         """The client's Eq. 5-6 statistics and, under ``privacy.epsilon``, their
@@ -323,12 +337,7 @@ class FedRDN(_Federated):
 
     name = "fedrdn"
     Params = FedRDNParams
-
-    def received_vars(self) -> list[StateVar]:
-        return [
-            client_var("bank_mean", ABSENT, doc="every site's mean (setup)"),
-            client_var("bank_std", ABSENT, doc="every site's std (setup)"),
-        ]
+    received = ("fedrdn_bank", "bank", "every site's")
 
     def bank_disclosure(self) -> Disclosure:
         return Disclosure(
@@ -339,11 +348,6 @@ class FedRDN(_Federated):
 
     def setup_broadcast(self, server: State, cid: str) -> Records:
         return {"fedrdn_bank": {"mean": server["mean"], "std": server["std"]}}
-
-    def receive(self, records: Payload, state: State, rnd: int) -> None:
-        bank = records.records.get("fedrdn_bank")
-        if bank is not None:
-            state["bank_mean"], state["bank_std"] = bank["mean"], bank["std"]
 
     def train_batch(self, x, y, state, generator):
         """Eq. 7: x_hat = (x - mu_j) / sigma_j with j drawn uniformly from the K clients."""
@@ -365,12 +369,7 @@ class FedRDNV(_Federated):
     name = "fedrdn_v"
 
     audience = To.AGGREGATE
-
-    def received_vars(self) -> list[StateVar]:
-        return [
-            client_var("avg_mean", ABSENT, doc="the sites' averaged mean (setup)"),
-            client_var("avg_std", ABSENT, doc="the sites' averaged std (setup)"),
-        ]
+    received = ("fedrdn_avg", "avg", "the sites' averaged")
 
     def bank_disclosure(self) -> Disclosure:
         return Disclosure(
@@ -381,11 +380,6 @@ class FedRDNV(_Federated):
 
     def setup_broadcast(self, server: State, cid: str) -> Records:
         return {"fedrdn_avg": {"mean": server["mean"].mean(0), "std": server["std"].mean(0)}}
-
-    def receive(self, records: Payload, state: State, rnd: int) -> None:
-        avg = records.records.get("fedrdn_avg")
-        if avg is not None:
-            state["avg_mean"], state["avg_std"] = avg["mean"], avg["std"]
 
     def train_batch(self, x, y, state, generator):
         return _normalize(x, state["avg_mean"].to(x.device), state["avg_std"].to(x.device)), y
