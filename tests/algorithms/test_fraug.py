@@ -26,6 +26,7 @@ from fedshift.algorithms.fraug import (
     synthetic_weight,
     update_prototypes,
 )
+from fedshift.algorithms.fraug.objectives import StepBatch
 from fedshift.core.config import TrainConfig
 from fedshift.core.errors import ConfigError
 from fedshift.runtime.client import client_context, train_client
@@ -95,7 +96,7 @@ def test_synthetic_loss_gradient_reaches_only_the_head(make_cfg, tmp_path, embed
     y_c = torch.arange(len(y)) % algo.num_classes
     protos = torch.randn(algo.num_classes, algo.dim)
     model.zero_grad(set_to_none=True)
-    branches = algo.synthetic_embeddings(u, y, y_c, protos)
+    branches = algo.synthetic_embeddings(u, StepBatch(y, y_c, None, protos))
     torch.stack(list(algo.synthetic_terms(model, branches))).sum().backward()
     head = {f"classifier.{n}" for n, _ in model.classifier.named_parameters()}
     for name, p in model.named_parameters():
@@ -119,7 +120,7 @@ def test_ablations_compute_different_branches(make_cfg, tmp_path, embeddings):
     algo.generator.eval()
     if algo.rtnet is not None:
         algo.rtnet.eval()
-    out = algo.synthetic_embeddings(u, y, y_c, protos)
+    out = algo.synthetic_embeddings(u, StepBatch(y, y_c, None, protos))
     labels = [b.labels.tolist() for b in out]
     expect = {
         "both": [y.tolist(), y_c.tolist()],
@@ -143,7 +144,7 @@ def test_generator_loss_is_ce_minus_alpha_mmd_to_the_real_batch(make_cfg, tmp_pa
     ref = torch.rand(8, algo.dim)
     protos = torch.zeros(algo.num_classes, algo.dim)
     torch.manual_seed(3)
-    got = algo.generator_loss(model, y_c, y_c, ref, protos)
+    got = algo.generator_loss(model, StepBatch(y_c, y_c, ref, protos))
     torch.manual_seed(3)
     g = algo.generator(torch.rand(8, algo.noise_dim), y_c)
     want = F.cross_entropy(model.head(g), y_c) - 2.5 * mmd(g, ref)
@@ -167,7 +168,7 @@ def test_rtnet_loss_is_minus_entropy_plus_beta_mmd(make_cfg, tmp_path):
     y_c = (torch.arange(8) + 3) % algo.num_classes
     protos = torch.randn(algo.num_classes, algo.dim)
     torch.manual_seed(4)
-    got = algo.rtnet_loss(model, y, y_c, None, protos)
+    got = algo.rtnet_loss(model, StepBatch(y, y_c, None, protos))
     torch.manual_seed(4)
     g = algo.generator(torch.rand(8, algo.noise_dim), y_c)
     emb = algo.rtnet(protos[y_c], g, y_c)  # Eq. 3: the prototype plus the RTNet residual
@@ -343,7 +344,7 @@ def test_paper_cls_loss_is_l_real_plus_l_syn_with_scaled_residuals(make_cfg, tmp
     protos = torch.randn(algo.num_classes, algo.dim)
     torch.manual_seed(5)
     yc = algo.class_labels(8, u.device)
-    got = algo.model_loss(model, u, y, yc, protos, RoundPlan(scale=0.3))
+    got = algo.model_loss(model, u, StepBatch(y, yc, None, protos, RoundPlan(scale=0.3)))
     torch.manual_seed(5)
     g = algo.generator(torch.randn(8, algo.noise_dim), y)
     u_hat = u + 0.3 * (algo.rtnet(torch.zeros_like(u), g, y))

@@ -21,7 +21,7 @@ from fedshift.algorithms.fraug.nets import (
     synthetic_weight,
     update_prototypes,
 )
-from fedshift.algorithms.fraug.objectives import Objectives, WorkingNets
+from fedshift.algorithms.fraug.objectives import Objectives, StepBatch, WorkingNets
 from fedshift.algorithms.fraug.params import VARIANTS, FRAugParams, RoundPlan
 from fedshift.algorithms.local_train import keep_optimizers, restore_optimizer, run_steps
 from fedshift.algorithms.state import ABSENT, StateInit, StateVar, client_var, server_var
@@ -288,7 +288,7 @@ class FRAug(Objectives, Algorithm[FRAugParams]):
             opt.zero_grad(set_to_none=True)
             u = model.features(x)
             protos = update_prototypes(protos, u, y, plan.proto_rate)  # Eq. 4
-            loss = self.model_loss(model, u, y, y_c, protos, plan, nets)
+            loss = self.model_loss(model, u, StepBatch(y, y_c, None, protos, plan, nets))
             loss.backward()
             opt.step()
             # -- generator step, Eq. 5, then RTNet step, Eq. 6 (model fixed)
@@ -301,11 +301,12 @@ class FRAug(Objectives, Algorithm[FRAugParams]):
                 else:
                     ref = u.detach()
             gen.train()
-            self._step(opt_g, gen, self.generator_loss(model, y, y_c, ref, protos, plan, nets))
+            batch = StepBatch(y, y_c, ref, protos, plan, nets)
+            self._step(opt_g, gen, self.generator_loss(model, batch))
             if rt is not None and opt_r is not None:
                 gen.eval()
                 rt.train()
-                self._step(opt_r, rt, self.rtnet_loss(model, y, y_c, ref, protos, plan, nets))
+                self._step(opt_r, rt, self.rtnet_loss(model, batch))
             return loss
 
         out = run_steps(ctx, step)

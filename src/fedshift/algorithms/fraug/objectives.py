@@ -40,6 +40,21 @@ class Branch:
     per_class: bool
 
 
+
+@dataclass
+class StepBatch:
+    """What the losses (Eq. 1, 5, 6) read of one mini-batch: its labels ``y``, the cycled
+    class labels ``y_c``, the real embeddings ``ref`` (U, for the generator and the RTNet;
+    None when neither needs them), the prototypes, the round's plan and the working networks
+    (None: the templates, for a loss evaluated outside a local update)."""
+
+    y: torch.Tensor
+    y_c: torch.Tensor
+    ref: torch.Tensor | None
+    protos: torch.Tensor
+    plan: RoundPlan = UNSCALED
+    nets: WorkingNets | None = None
+
 class Objectives:
     """The loss terms, mixed into :class:`fedshift.algorithms.fraug.FRAug` (they read its
     ``params``, ``variant``, ``num_classes``, ``noise_dim`` and template networks)."""
@@ -97,22 +112,14 @@ class Objectives:
         return nets.rtnet(base, g, labels, scale=plan.scale)
 
     @torch.no_grad()
-    def synthetic_embeddings(
-        self,
-        u: torch.Tensor,
-        y: torch.Tensor,
-        y_c: torch.Tensor,
-        protos: torch.Tensor,
-        plan: RoundPlan = UNSCALED,
-        nets: WorkingNets | None = None,
-    ) -> list[Branch]:
+    def synthetic_embeddings(self, u: torch.Tensor, batch: StepBatch) -> list[Branch]:
         """The branches in use, built without gradient from the detached real embeddings
         ``u`` (labels ``y``) and the prototypes of classes ``y_c``: Eq. 2's u_hat, Eq. 3's
         u_hat_c (``agnostic``: ``g(z, y)`` and ``g(z', c)``); ``plan.mix`` = r interpolates
-        with the base (the code's ``interpolate``)."""
-        nets = self._nets(nets)
+        with the base (the code's ``interpolate``); ``batch.ref`` is not read."""
+        plan, nets = batch.plan, self._nets(batch.nets)
         out = []
-        for base, labels, per_class in self._branches(u.detach(), y, y_c, protos):
+        for base, labels, per_class in self._branches(u.detach(), batch.y, batch.y_c, batch.protos):
             emb = self.synthesise(base, labels, plan, nets)
             if plan.mix is not None:
                 assert base is not None  # every branch here has a base: u or a prototype
@@ -138,24 +145,15 @@ class Objectives:
                 yield F.cross_entropy(model.head(b.emb), b.labels)
 
     # -- Eq. 1 -----------------------------------------------------------------------------
-    def model_loss(
-        self,
-        model: FedModel,
-        u: torch.Tensor,
-        y: torch.Tensor,
-        y_c: torch.Tensor,
-        protos: torch.Tensor,
-        plan: RoundPlan = UNSCALED,
-        nets: WorkingNets | None = None,
-    ) -> torch.Tensor:
+    def model_loss(self, model: FedModel, u: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         """Eq. 1: ``L_cls = L_real + L_syn`` with ``L_real = CE(h(u), y)`` and Eq. 2's
         ``L_syn``; the code: ``(1 - w_t) L_real + w_t mean(L_syn terms)`` (``plan.syn_weight``;
-        no synthetic embeddings are drawn while w_t = 0)."""
-        loss = F.cross_entropy(model.head(u), y)
-        w = plan.syn_weight
+        no synthetic embeddings are drawn while w_t = 0; ``batch.ref`` is not read)."""
+        loss = F.cross_entropy(model.head(u), batch.y)
+        w = batch.plan.syn_weight
         if not self.variant.additive_losses and not w:
             return loss
-        branches = self.synthetic_embeddings(u, y, y_c, protos, plan, nets)
+        branches = self.synthetic_embeddings(u, batch)
         if self.variant.additive_losses:
             for term in self.synthetic_terms(model, branches):
                 loss = loss + term
@@ -170,21 +168,13 @@ class Objectives:
             return F.mse_loss(a, b)
         return mmd(a, b, kernel=self.params.mmd_kernel)
 
-    def generator_loss(
-        self,
-        model: FedModel,
-        y: torch.Tensor,
-        y_c: torch.Tensor,
-        ref: torch.Tensor | None,
-        protos: torch.Tensor,
-        plan: RoundPlan = UNSCALED,
-        nets: WorkingNets | None = None,
-    ) -> torch.Tensor:
+    def generator_loss(self, model: FedModel, batch: StepBatch) -> torch.Tensor:
         """Eq. 5: ``CE(h(u_hat), y) - alpha * MMD(u_hat, U)``, u_hat of Eq. 3 built through the
         fixed RTNet from the real batch ``ref`` (U) and its labels ``y``; the code:
         ``CE(h(g(z, c)), c) - alpha * D`` on the raw generator output for the cycled labels
         ``y_c``, D = MMD(g(z, c), U) or (``generator_distance="mse"``) MSE(g(z, c), u_bar_c)."""
-        nets = self._nets(nets)
+        y, y_c, ref, protos, plan = batch.y, batch.y_c, batch.ref, batch.protos, batch.plan
+        nets = self._nets(batch.nets)
         if self.variant.generator_on_residual:
             e = self.synthesise(ref, y, plan, nets)
             labels = y
@@ -214,21 +204,13 @@ class Objectives:
             ]
         ).sum()
 
-    def rtnet_loss(
-        self,
-        model: FedModel,
-        y: torch.Tensor,
-        y_c: torch.Tensor,
-        ref: torch.Tensor | None,
-        protos: torch.Tensor,
-        plan: RoundPlan = UNSCALED,
-        nets: WorkingNets | None = None,
-    ) -> torch.Tensor:
+    def rtnet_loss(self, model: FedModel, batch: StepBatch) -> torch.Tensor:
         """Eq. 6: ``-(H(h(u_hat)) + sum_c H(h(u_hat_c))) + beta (MMD(u_hat, U) +
         sum_c MMD(u_hat_c, u_bar_c))`` over the branches in use, the generator fixed (its
         output detached); the code: the mean over the branches of ``-H + beta * D`` with one
         pooled distance for the class branch."""
-        nets = self._nets(nets)
+        y, y_c, ref, protos, plan = batch.y, batch.y_c, batch.ref, batch.protos, batch.plan
+        nets = self._nets(batch.nets)
         assert nets.rtnet is not None
         beta, additive = self.params.beta, self.variant.additive_losses
         total = torch.zeros((), device=y.device)  # the paper's one sum
