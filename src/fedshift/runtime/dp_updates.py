@@ -43,8 +43,7 @@ from fedshift.core.contract import Reply
 from fedshift.core.dp_updates import UpdateMechanism, clip_update
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
-from fedshift.runtime.client import check_reply
-from fedshift.runtime.transport import WrappedTransport
+from fedshift.runtime.guarded import GuardedTransport
 
 if TYPE_CHECKING:
     from fedshift.runtime.experiment import Experiment
@@ -134,29 +133,22 @@ class UpdatePrivacy:
         return [(DP_CLIENT, Payload(records, num_examples=total))]
 
 
-class DPTransport(WrappedTransport):
+class DPTransport(GuardedTransport[UpdatePrivacy]):
     """A transport whose replies' weights are clipped as they arrive from the client code
-    (:meth:`UpdatePrivacy.clip`); every other call goes to the wrapped transport."""
+    (:meth:`UpdatePrivacy.clip`, a NaN refused first); every other call goes to the wrapped
+    transport."""
 
-    def __init__(self, inner: Transport, dp: UpdatePrivacy) -> None:
-        super().__init__(inner)
-        self.dp = dp
-
-    def check(self, exp: Experiment) -> None:
-        self.dp.check(exp)
-
-    def train(
-        self, rnd: int, cids: list[str], down: Callable[[str], Payload]
-    ) -> tuple[dict[str, Payload], list[str]]:
-        self.dp.received = {}
+    def sent(self, down: Callable[[str], Payload]) -> Callable[[str], Payload]:
+        """``down``, each client's weights kept as sent (the clipping's reference)."""
+        self.guard.received = {}
 
         def watched(cid: str) -> Payload:
             payload = down(cid)
             if WEIGHTS in payload.records:
-                self.dp.received[cid] = payload[WEIGHTS]
+                self.guard.received[cid] = payload[WEIGHTS]
             return payload
 
-        replies, lost = self.inner.train(rnd, cids, watched)
-        for cid, up in replies.items():  # a NaN is refused before it is clipped away
-            check_reply(rnd, cid, up)
-        return {cid: self.dp.clip(rnd, cid, up) for cid, up in replies.items()}, lost
+        return watched
+
+    def protect(self, rnd: int, cid: str, cids: list[str], up: Payload) -> Payload:
+        return self.guard.clip(rnd, cid, up)

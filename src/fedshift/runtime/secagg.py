@@ -70,8 +70,7 @@ from fedshift.core.disclosure import (
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.payload import Payload, Tensors
 from fedshift.core.seeding import derive_seed, generator
-from fedshift.runtime.client import check_reply
-from fedshift.runtime.transport import WrappedTransport
+from fedshift.runtime.guarded import GuardedTransport
 
 if TYPE_CHECKING:
     from fedshift.algorithms.base import Algorithm
@@ -386,35 +385,28 @@ class SecureAggregation:
         return [(SUM_CLIENT, summed)]
 
 
-class SecureTransport(WrappedTransport):
+class SecureTransport(GuardedTransport[SecureAggregation]):
     """A transport whose replies are masked as they arrive from the client code
-    (:meth:`SecureAggregation.mask`); every other call goes to the wrapped transport."""
-
-    def __init__(self, inner: Transport, secure: SecureAggregation) -> None:
-        super().__init__(inner)
-        self.secure = secure
-
-    def check(self, exp: Experiment) -> None:
-        self.secure.check(exp)
+    (:meth:`SecureAggregation.mask`, a NaN refused first: the loop cannot see one once it is
+    masked); every other call goes to the wrapped transport."""
 
     def train(
         self, rnd: int, cids: list[str], down: Callable[[str], Payload]
     ) -> tuple[dict[str, Payload], list[str]]:
         own = getattr(self.inner, "secure_train", None)
         if own is not None:  # Flower: the nodes mask, its SecAgg+ workflow sums
-            replies, lost, self.secure.summed[rnd] = own(rnd, cids, down, self.secure)
+            replies, lost, self.guard.summed[rnd] = own(rnd, cids, down, self.guard)
             return replies, lost
-        replies, lost = self.inner.train(rnd, cids, down)
-        for cid, up in replies.items():  # the loop cannot see a NaN once it is masked
-            check_reply(rnd, cid, up)
-        masked = {cid: self.secure.mask(rnd, cid, cids, up) for cid, up in replies.items()}
-        return masked, lost
+        return super().train(rnd, cids, down)
+
+    def protect(self, rnd: int, cid: str, cids: list[str], up: Payload) -> Payload:
+        return self.guard.mask(rnd, cid, cids, up)
 
     def info(self) -> dict | None:
         info = self.inner.info()
         if info is None:
             return None
-        fp = self.secure.fp
+        fp = self.guard.fp
         extra = info.pop("secure_aggregation", {})  # Flower's: its protocol and key bytes
         keys = {"frac_bits": fp.frac_bits, "modulus_bits": fp.modulus_bits, **extra}
         return {**info, "secure_aggregation": keys}
