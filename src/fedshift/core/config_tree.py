@@ -147,7 +147,6 @@ def expand_sweep(raw: dict, source: str = "config") -> list[dict]:
     return out
 
 
-
 def single_cell(
     raw: dict,
     source: str,
@@ -161,6 +160,7 @@ def single_cell(
     if len(cells) != 1:
         raise error(refusal(len(cells), ", ".join(raw.get("sweep") or {})))
     return cells[0]
+
 
 def _set_sweep_value(one: dict, k: str, v: Any) -> None:
     head = k.split(".")[0]

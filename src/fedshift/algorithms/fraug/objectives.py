@@ -40,7 +40,6 @@ class Branch:
     per_class: bool
 
 
-
 @dataclass
 class StepBatch:
     """What the losses (Eq. 1, 5, 6) read of one mini-batch: its labels ``y``, the cycled
@@ -54,6 +53,7 @@ class StepBatch:
     protos: torch.Tensor
     plan: RoundPlan = UNSCALED
     nets: WorkingNets | None = None
+
 
 class Objectives:
     """The loss terms, mixed into :class:`fedshift.algorithms.fraug.FRAug` (they read its

@@ -284,7 +284,7 @@ def locate_chmnist(root: Path) -> Path:
         f"(Zenodo 53169) there or point dataset.root at the extracted folder. Expected "
         f"layout:\n{CHMNIST_TREE}",
         nested_first=False,
-    )
+    )  # fmt: skip
     for name in CHMNIST_CLASSES:
         if not (candidate / name).is_dir():
             raise MissingSourceError(
@@ -399,7 +399,7 @@ def locate_cub(root: Path) -> Path:
         f"{list(CUB_INDEX)}; extract CUB_200_2011.tgz there or point dataset.root at the "
         f"extracted folder. Expected layout:\n{CUB_TREE}",
         nested_first=True,
-    )
+    )  # fmt: skip
     for f in (*CUB_INDEX, "images"):
         path = candidate / f
         if not (path.is_dir() if f == "images" else path.is_file()):
