@@ -340,6 +340,11 @@ _FLOAT_COMPARISON = re.compile(r"\b(approx|allclose|assert_close|isclose)\(")
 
 
 def _compares_floats(item) -> bool:
+    """The test's source compares floats by a tolerance, and it is not marked
+    ``same_kernels`` (both sides computed by the same kernels in the same order: another
+    CPU's kernels move both alike, so a second pass would compare nothing new)."""
+    if item.get_closest_marker("same_kernels") is not None:
+        return False
     fn = getattr(item, "function", None)
     return fn is not None and _source_compares_floats(fn)
 
@@ -360,8 +365,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     compares floats by a tolerance is marked ``numerics`` as well as those marked by hand:
     ``make test`` runs them a second time on another CPU kernel path
     (``ATEN_CPU_CAPABILITY=default``), so that a tolerance or constant that only holds for
-    this machine's kernels fails here, not on a user's machine. :data:`FULL` tests are
-    marked ``full`` (``make check`` leaves them out)."""
+    this machine's kernels fails here, not on a user's machine; a test marked
+    ``same_kernels`` is not marked so (its params marked ``numerics`` by hand are).
+    :data:`FULL` tests are marked ``full`` (``make check`` leaves them out)."""
     for item in items:
         if item.get_closest_marker("numerics") is None and _compares_floats(item):
             item.add_marker(pytest.mark.numerics)
