@@ -186,10 +186,14 @@ def ledger(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "ledger.json").read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def worker_pool():
-    """Two pool workers (``run.workers``) shared by a module's runs (each run rebuilds its
-    experiment in them): starting workers costs seconds, a run on them milliseconds."""
+    """Two pool workers (``run.workers``) shared by every run of a pytest process that
+    asks for them (each run rebuilds its experiment in them, so no run sees another's
+    state): starting the two workers costs ~9 CPU s (each imports torch and fedshift), a
+    run on them milliseconds. Session-wide, since the modules that use it (test_pool,
+    test_same_run's pool cases, the privacy tests' pool runs) are interleaved with other
+    modules on each xdist worker: a module-wide pool was started again each time."""
     from fedshift.runtime.pool.transport import WorkerPool
 
     with WorkerPool(2) as pool:
