@@ -146,6 +146,7 @@ def test_a_png_marked_test_draws_the_picture(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
+@pytest.mark.same_kernels  # its approx is a sample for the rule, never run
 def test_float_comparisons_are_numerics_unless_both_sides_share_kernels():
     """``approx`` in a test's source marks it ``numerics`` (compared again on the portable
     kernels); ``same_kernels`` (both sides computed alike) leaves it out of that pass."""
