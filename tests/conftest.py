@@ -265,6 +265,7 @@ PROCESS = (
     "tests/runtime/test_same_run.py::test_same_run[pool-",
     "tests/runtime/test_privacy_budget.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/runtime/test_dp_updates.py::test_a_protected_run_in_worker_processes_is_the_seq",
+    "tests/runtime/test_dpsgd.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/test_packaging.py",
     "tests/runtime/test_tracking_services.py",
     "tests/runtime/test_resume.py::test_signal_at_a_random_moment",
