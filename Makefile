@@ -44,12 +44,14 @@ lint: $(STAMP)
 # CPU's kernels fails here, not on a user's machine. Bytecode is written even where the
 # environment says not to (PYTHONDONTWRITEBYTECODE=1 on this kind of machine): otherwise
 # every test worker rewrites every test module's asserts again and every process the tests
-# start (CLI runs, pool workers, Flower ClientApps) compiles fedshift again
+# start (CLI runs, pool workers, Flower ClientApps) compiles fedshift again. The second pass
+# runs one worker per core: it has no Flower deployment to wait for (the first pass's extra
+# worker), and every worker collects the whole suite (~12 CPU s each)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
-	PYTHONDONTWRITEBYTECODE= ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
+	PYTHONDONTWRITEBYTECODE= ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics -n $(CORES)
 
 # the everyday loop: everything but the process-level tests (Flower deployment and Ray
 # simulations, worker pools, kill / signal / resume, fresh interpreters, packaging) and the

@@ -186,10 +186,14 @@ def ledger(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "ledger.json").read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def worker_pool():
-    """Two pool workers (``run.workers``) shared by a module's runs (each run rebuilds its
-    experiment in them): starting workers costs seconds, a run on them milliseconds."""
+    """Two pool workers (``run.workers``) shared by every run of a pytest process that
+    asks for them (each run rebuilds its experiment in them, so no run sees another's
+    state): starting the two workers costs ~9 CPU s (each imports torch and fedshift), a
+    run on them milliseconds. Session-wide, since the modules that use it (test_pool,
+    test_same_run's pool cases, the privacy tests' pool runs) are interleaved with other
+    modules on each xdist worker: a module-wide pool was started again each time."""
     from fedshift.runtime.pool.transport import WorkerPool
 
     with WorkerPool(2) as pool:
@@ -261,6 +265,7 @@ PROCESS = (
     "tests/runtime/test_same_run.py::test_same_run[pool-",
     "tests/runtime/test_privacy_budget.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/runtime/test_dp_updates.py::test_a_protected_run_in_worker_processes_is_the_seq",
+    "tests/runtime/test_dpsgd.py::test_a_protected_run_in_worker_processes_is_the_seq",
     "tests/test_packaging.py",
     "tests/runtime/test_tracking_services.py",
     "tests/runtime/test_resume.py::test_signal_at_a_random_moment",
@@ -340,6 +345,11 @@ _FLOAT_COMPARISON = re.compile(r"\b(approx|allclose|assert_close|isclose)\(")
 
 
 def _compares_floats(item) -> bool:
+    """The test's source compares floats by a tolerance, and it is not marked
+    ``same_kernels`` (both sides computed by the same kernels in the same order: another
+    CPU's kernels move both alike, so a second pass would compare nothing new)."""
+    if item.get_closest_marker("same_kernels") is not None:
+        return False
     fn = getattr(item, "function", None)
     return fn is not None and _source_compares_floats(fn)
 
@@ -360,8 +370,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     compares floats by a tolerance is marked ``numerics`` as well as those marked by hand:
     ``make test`` runs them a second time on another CPU kernel path
     (``ATEN_CPU_CAPABILITY=default``), so that a tolerance or constant that only holds for
-    this machine's kernels fails here, not on a user's machine. :data:`FULL` tests are
-    marked ``full`` (``make check`` leaves them out)."""
+    this machine's kernels fails here, not on a user's machine; a test marked
+    ``same_kernels`` is not marked so (its params marked ``numerics`` by hand are).
+    :data:`FULL` tests are marked ``full`` (``make check`` leaves them out)."""
     for item in items:
         if item.get_closest_marker("numerics") is None and _compares_floats(item):
             item.add_marker(pytest.mark.numerics)

@@ -144,3 +144,20 @@ def test_a_png_marked_test_draws_the_picture(tmp_path):
     rows = [{"round": 1, "client": "a", "global": {"val_acc": 0.5, "test_acc": 0.4}}]
     plots.plot_convergence(rows, ["global"], tmp_path / "c.png", "t")  # type: ignore[list-item]
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+@pytest.mark.same_kernels  # its approx is a sample for the rule, never run
+def test_float_comparisons_are_numerics_unless_both_sides_share_kernels():
+    """``approx`` in a test's source marks it ``numerics`` (compared again on the portable
+    kernels); ``same_kernels`` (both sides computed alike) leaves it out of that pass."""
+
+    def compares():
+        assert pytest.approx(0.3) == 0.1 + 0.2
+
+    def item(*marks: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            function=compares, get_closest_marker=lambda name: name if name in marks else None
+        )
+
+    assert conftest._compares_floats(item())
+    assert not conftest._compares_floats(item("same_kernels"))

@@ -26,6 +26,7 @@ def runs_root(tmp_path_factory):
     return root
 
 
+@pytest.mark.same_kernels  # the table's arithmetic and the test's, on the same recorded summaries
 def test_report_tables_deltas_and_reference(runs_root, tmp_path):
     files = build_report([runs_root], tmp_path / "rep", reference="fedbn")
     md = files["md"].read_text()
@@ -56,6 +57,7 @@ def test_report_html_is_self_contained(runs_root, tmp_path):
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
 
 
+@pytest.mark.same_kernels  # the CSV against the recorded summaries
 def test_report_csv_has_a_row_per_run_client_metric(runs_root, tmp_path):
     files = build_report([runs_root], tmp_path / "rep")
     rows = list(csv.DictReader(files["csv"].open()))

@@ -47,6 +47,7 @@ def lr_sweep(tmp_path_factory):
     return out / "t"
 
 
+@pytest.mark.same_kernels  # the table's arithmetic and the test's, on the same recorded summaries
 def test_report_of_an_lr_sweep_has_one_row_per_lr_with_consistent_numbers(lr_sweep, tmp_path):
     runs = load_runs([lr_sweep])
     assert len(runs) == 4

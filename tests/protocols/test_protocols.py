@@ -217,6 +217,7 @@ def write_config(path: Path, **extra) -> Path:
     return path
 
 
+@pytest.mark.same_kernels  # the table's arithmetic and the test's, on the same recorded summaries
 def test_loco_one_cell_per_client_table_and_cache(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
     opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "lo", str(tmp_path / "r"), progress=False)
@@ -373,6 +374,7 @@ def test_parse_values():
             parse_values(bad)
 
 
+@pytest.mark.same_kernels  # the table's arithmetic and the test's, on the same recorded summaries
 def test_sweep_numbers_equal_the_summaries(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
     opts = SuiteOptions(cfg, (), 1, 1, tmp_path / "sw", str(tmp_path / "r"), progress=False)
@@ -541,6 +543,7 @@ def test_subsample():
     assert torch.equal(subsample(4, 10, 0), torch.arange(4))
 
 
+@pytest.mark.same_kernels  # two calls in one process; the perplexity from the point count
 def test_tsne_writes_a_png_and_is_deterministic(runs, tmp_path):
     dirs = [runs["local"], runs["fedrdn"]]
     one = tsne(dirs, per_client=10, out=tmp_path / "t1", progress=False)

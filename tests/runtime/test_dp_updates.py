@@ -264,11 +264,11 @@ def test_every_algorithm_runs_a_protected_round_or_refuses_in_one_line(name, tmp
 
 
 @needs_opacus
-def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
+def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path, worker_pool):
     """Replies are clipped as they arrive from the workers; the noise is the server's."""
     cfg = toy_cfg("algorithm.name=fedbn", *DP, "privacy.epsilon=4", rounds=2)
     one = run_experiment(cfg, run_dir=tmp_path / "one", progress=False)
-    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
+    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, pool=worker_pool)
     assert_runs_equal(tmp_path / "two", one.run_dir)
 
 

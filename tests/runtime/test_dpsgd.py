@@ -326,11 +326,11 @@ def test_every_algorithm_is_planned_or_refused_in_one_line(name):
     assert {s.site for s in exp.privacy.example.sites} == set(exp.train_clients)
 
 
-def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
+def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path, worker_pool):
     """Each site's Poisson batches and noise come from its own streams, wherever it trains."""
     from fedshift.runtime.simulation import run_experiment
 
     cfg = toy_cfg(*EX, "privacy.epsilon=4", rounds=2)
     one = run_experiment(cfg, run_dir=tmp_path / "one", progress=False)
-    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
+    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, pool=worker_pool)
     assert_runs_equal(tmp_path / "two", one.run_dir)

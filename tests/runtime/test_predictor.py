@@ -44,21 +44,39 @@ pytestmark = [
     pytest.mark.process,
     pytest.mark.slow,
     pytest.mark.usefixtures("one_thread"),
+    # the predictor and the run's evaluation run the same ATen operations in the same order,
+    # so the comparison holds or fails alike on any CPU kernels: only the KERNEL_CASES are
+    # compared again under ATEN_CPU_CAPABILITY=default (make test's numerics pass)
+    pytest.mark.same_kernels,
 ]
 
 SEGMENTATION = ("dataset.name=toyseg", "model.name=unet", "model.width=2")
 
+#: the cases of ``make test``'s second pass on the portable CPU kernels (marked
+#: ``numerics``), one for each kind of operation a predictor's graph holds: the plain
+#: classifier, the segmentation U-Net, weight-standardised convolutions without
+#: normalisation, FFT / complex / float64 amplitudes, the mean of a probabilistic
+#: representation, layers the export adds (adapters, LoRA), an augment's site statistics,
+#: an amplitude augment's and the forward hooks of a stage-level augment
+KERNEL_CASES = {
+    "fedavg", "elcfs", "fedwon", "harmofl", "fedsr-mean", "trainable-adapters",
+    "trainable-lora", "augment-fedrdn", "augment-ampnorm", "augment-ffa",
+}  # fmt: skip
+
+
+def _case(name: str, over: tuple[str, ...], id: str):
+    marks = [pytest.mark.numerics] if id in KERNEL_CASES else []
+    return pytest.param(name, over, id=id, marks=marks)
+
 
 def _cases() -> list:
-    out = [pytest.param(name, (), id=name) for name in ALGORITHMS.names()]
-    out.append(pytest.param("fedsr", ("algorithm.prediction=mean",), id="fedsr-mean"))
+    out = [_case(name, (), id=name) for name in ALGORITHMS.names()]
+    out.append(_case("fedsr", ("algorithm.prediction=mean",), id="fedsr-mean"))
     out += [  # a part of the model trained; adapters and LoRA add layers the export rebuilds
-        pytest.param("fedavg", (f"train.trainable={m}",), id=f"trainable-{m}")
+        _case("fedavg", (f"train.trainable={m}",), id=f"trainable-{m}")
         for m in ("head", "adapters", "lora")
     ]
-    out += [
-        pytest.param("fedavg", (f"augment=[{a}]",), id=f"augment-{a}") for a in AUGMENTS.names()
-    ]
+    out += [_case("fedavg", (f"augment=[{a}]",), id=f"augment-{a}") for a in AUGMENTS.names()]
     return out
 
 
@@ -135,13 +153,26 @@ def _export(run_dir: Path, out: Path):
     return fedshift.export_model(run_dir, out, client=last)
 
 
+def _selected(session: pytest.Session) -> set[str]:
+    """The case ids of this module's tests that this pytest session runs (``-m``, ``-k`` or
+    node ids may select a few; the numerics pass selects the :data:`KERNEL_CASES`)."""
+    test = test_predictor_in_a_fresh_interpreter_predicts_what_the_run_evaluated
+    return {
+        item.callspec.id
+        for item in session.items
+        if getattr(item, "function", None) is test and hasattr(item, "callspec")
+    }
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> dict:
-    """Every case trained, exported (or refused) and scored by the fresh interpreter."""
+def exported(tmp_path_factory, request) -> dict:
+    """Every selected case trained, exported (or refused) and scored by the fresh
+    interpreter (every case when the session's items name none)."""
     root = tmp_path_factory.mktemp("predictor")
     torch.set_num_threads(1)
     results, jobs = {}, []
-    for param in CASES:
+    wanted = _selected(request.session) or {p.id for p in CASES}
+    for param in (p for p in CASES if p.id in wanted):
         name, over = param.values
         seg = "classification" not in ALGORITHMS.get(name).tasks
         cfg = tiny_cfg(name, *(SEGMENTATION if seg else ()), *over)
@@ -200,3 +231,9 @@ def test_predictor_in_a_fresh_interpreter_predicts_what_the_run_evaluated(
         assert got.shape == want.shape and len(got) == n
         assert torch.equal(got.argmax(1), want.argmax(1)), cid
         torch.testing.assert_close(got, want)
+
+
+def test_the_kernel_cases_are_cases():
+    """A case renamed or removed must not leave the numerics pass silently without it."""
+    missing = KERNEL_CASES - {p.id for p in CASES}
+    assert not missing, f"KERNEL_CASES names no case {sorted(missing)}"

@@ -173,7 +173,7 @@ def test_a_protected_harmofl_run_releases_its_amplitude_once(tmp_path):
 
 
 @needs_opacus
-def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
+def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path, worker_pool):
     """Every worker plans the same budget from the config and draws the same noise."""
     from fedshift.runtime.rundir.results import config_changes
 
@@ -181,7 +181,7 @@ def test_a_protected_run_in_worker_processes_is_the_sequential_one(tmp_path):
     named = [k for k, _ in config_changes(cfg) if k.startswith("privacy")]
     assert named == ["privacy.epsilon"]  # the run's folder name: delta, clip at defaults unnamed
     one = run_experiment(cfg, run_dir=tmp_path / "one", progress=False)
-    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, workers=2)
+    run_experiment(cfg, run_dir=tmp_path / "two", progress=False, pool=worker_pool)
     assert_runs_equal(tmp_path / "two", one.run_dir)
     assert _summary(tmp_path / "two")["privacy"] == _summary(one.run_dir)["privacy"]
 
