@@ -1,12 +1,14 @@
 """Statistics over seeds: mean ± std and the paired t-test (pairs matched by seed); ranks of
-methods and the rank correlation of two rankings (Kendall's tau-b)."""
+methods and the rank correlation of two rankings (Kendall's tau-b).
+
+``scipy.stats`` is imported by the two functions that use it, not with the module: it costs
+about a CPU second, and every ``fedshift run`` / ``bench`` process imports this module
+(through the tables it prints) while few of them compare seeds."""
 
 from __future__ import annotations
 
 import math
 import statistics
-
-from scipy import stats as _st
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -28,7 +30,9 @@ def paired_ttest(a: dict[int, float], b: dict[int, float]) -> float | None:
     diffs = [x - y for x, y in zip(da, db, strict=True)]
     if all(d == diffs[0] for d in diffs):
         return 1.0 if diffs[0] == 0 else 0.0
-    return float(_st.ttest_rel(da, db).pvalue)
+    from scipy import stats
+
+    return float(stats.ttest_rel(da, db).pvalue)
 
 
 def ranks(scores: dict[str, float]) -> dict[str, float]:
@@ -59,5 +63,7 @@ def rank_correlation(
     xa, xb = [a[k] for k in common], [b[k] for k in common]
     if len(set(xa)) < 2 or len(set(xb)) < 2:
         return None, None, len(common)
-    r = _st.kendalltau(xa, xb)
+    from scipy import stats
+
+    r = stats.kendalltau(xa, xb)
     return float(r.statistic), float(r.pvalue), len(common)
