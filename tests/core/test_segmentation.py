@@ -246,3 +246,25 @@ def test_site_figure_predicts_with_each_clients_evaluated_model(tmp_path):
     )
     y = torch.tensor([[0, 1], [1, 1]])
     assert foreground_dice(torch.tensor([[0, 1], [0, 1]]), y, 2) == pytest.approx(2 * 2 / 5)
+
+
+@pytest.mark.parametrize("task", ["classification", "segmentation"])
+def test_nan_outputs_are_refused_not_scored(task):
+    """A model whose outputs hold NaN is not scored: argmax of a NaN row is class 0, which
+    would read as the accuracy / Dice of a model that predicts class 0 everywhere."""
+    from fedshift.core.federation import Split
+    from fedshift.core.tasks import NonFiniteOutputError, make_task
+
+    if task == "classification":
+        split = Split(torch.randn(6, 3), torch.tensor([0, 1, 2, 0, 1, 2]))
+        model = torch.nn.Linear(3, 3)
+    else:
+        split = Split(torch.randn(4, 1, 8, 8), torch.randint(0, 2, (4, 8, 8)))
+        model = torch.nn.Conv2d(1, 2, 1)
+    t = make_task(task)
+    ok = t.evaluate(model, split, lambda x: x, 4, torch.device("cpu"))  # finite: scored
+    assert all(v == v for v in ok.values())
+    with torch.no_grad():
+        model.bias[0] = float("nan")
+    with pytest.raises(NonFiniteOutputError, match="NaN/inf"):
+        t.evaluate(model, split, lambda x: x, 4, torch.device("cpu"))

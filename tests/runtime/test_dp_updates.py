@@ -113,6 +113,24 @@ def test_the_combined_reply_is_the_noisy_mean_of_the_clipped_weights():
     assert torch.allclose(got["weights"]["w"], want)
 
 
+def test_a_noisy_running_variance_is_floored_at_the_noise_std():
+    """Post-processing: a released BatchNorm variance below the noise's std (negative ones
+    included) is raised to it; one above it, and every other value, is left as released."""
+    cfg = toy_cfg(*DP, "privacy.epsilon=1", rounds=1)
+    dp = UpdatePrivacy(cfg)
+    dp.mechanism = UpdateMechanism(clip=1.0, noise_multiplier=4.0, seed=0)
+    ref = {"w": torch.zeros(4), "bn.running_var": torch.full((64,), 0.05)}
+    dp.received = {"a": ref, "b": ref}
+    ups = [(c, dp.clip(1, c, Payload({"weights": dict(ref)}, num_examples=3))) for c in "ab"]
+    [(_, got)] = dp.combine(1, ["a", "b"], ups)
+    floor = dp.mechanism.std(2)  # 4 * 1 / 2
+    released = dp.mechanism.release(ref, [u["weights"] for _, u in ups], 2, 1)
+    var = got["weights"]["bn.running_var"]
+    assert bool((released["bn.running_var"] < floor).any())  # the case the floor is for
+    assert torch.equal(var, released["bn.running_var"].clamp_min(floor))
+    assert torch.equal(got["weights"]["w"], released["w"])  # no floor on other values
+
+
 # ----------------------------------------------------------------------------- a run
 @needs_opacus
 def test_a_protected_fedavg_run_reports_the_weights_epsilon(tmp_path):

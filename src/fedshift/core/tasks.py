@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.core.errors import ConfigError
+from fedshift.core.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:
     from fedshift.core.federation import Split
@@ -109,6 +109,24 @@ def nanmean(values: torch.Tensor) -> float:
     return float(values[ok].mean()) if bool(ok.any()) else float("nan")
 
 
+class NonFiniteOutputError(TrainingError):
+    """The model's outputs on an evaluated split hold NaN or inf: any score of them would be
+    made up (``argmax`` of a NaN row is class 0, so accuracy and Dice read as those of a
+    model that predicts class 0 everywhere). Callers add which client and split."""
+
+
+def check_finite_outputs(bad: int, examples: int) -> None:
+    """Raise :class:`NonFiniteOutputError` when ``bad`` (the count of non-finite output
+    values over ``examples`` evaluated examples) is not 0."""
+    if bad:
+        raise NonFiniteOutputError(
+            f"the model's outputs hold {bad:,} NaN/inf value(s) over {examples:,} evaluated "
+            "example(s): the run diverged, and a score of such outputs would be meaningless; "
+            "lower train.lr, or look at what changes the weights outside training "
+            "(privacy noise, a server optimiser)"
+        )
+
+
 # ----------------------------------------------------------------------------- tasks
 @dataclass(frozen=True)
 class Metric:
@@ -174,12 +192,15 @@ class Classification(Task):
             return {"acc": float("nan"), "loss": float("nan")}
         correct = torch.zeros((), dtype=torch.long, device=device)
         loss = torch.zeros((), dtype=torch.float64, device=device)
+        bad = torch.zeros((), dtype=torch.long, device=device)
         for start in range(0, n, batch_size):
             x = prepare(split.x[start : start + batch_size].to(device))
             y = split.y[start : start + batch_size].to(device)
             logits = model(x)
+            bad += (~torch.isfinite(logits)).sum()
             loss += F.cross_entropy(logits, y, reduction="sum").double()
             correct += (logits.argmax(1) == y).sum()
+        check_finite_outputs(int(bad), n)
         return {"acc": float(correct) / n, "loss": float(loss) / n}
 
 
@@ -210,12 +231,15 @@ class Segmentation(Task):
         # accumulated on the device (no host sync per batch): the same float64 operations,
         # in the same order, as summing float(batch loss) * batch size on the host
         counts, loss = [], torch.zeros((), dtype=torch.float64, device=device)
+        bad = torch.zeros((), dtype=torch.long, device=device)
         for start in range(0, n, batch_size):
             x = prepare(split.x[start : start + batch_size].to(device))
             y = split.y[start : start + batch_size].to(device)
             logits = model(x)
+            bad += (~torch.isfinite(logits)).sum()
             loss += self.loss(logits, y).double() * len(y)
             counts.append(dice_counts(logits.argmax(1), y, logits.shape[1]))
+        check_finite_outputs(int(bad), n)
         per_class = dice_from_counts(torch.cat(counts).cpu())
         return {
             "dice": nanmean(per_class[1:]),

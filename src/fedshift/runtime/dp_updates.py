@@ -23,11 +23,14 @@ process, vectorised or from a worker), before the ledger or the algorithm see it
 would send. Server side, :meth:`UpdatePrivacy.combine` hands the algorithm's ``aggregate``
 one reply: the mean of the clipped weights over the round's sampled clients plus the
 Gaussian noise (:meth:`~fedshift.core.dp_updates.UpdateMechanism.release`), and each other
-summed record's plain mean; a noisy BatchNorm running variance is clamped at 0
-(post-processing). Every method whose aggregate is declared a mean of the weights gives the
-same result on that one reply as on the replies it averages (the contract secure
-aggregation relies on), so FedAvg, FedBN, FedProx, FedAvgM / FedAdam (the server step on
-the noisy mean), HarmoFL and FedRDN run unchanged.
+summed record's plain mean; a noisy BatchNorm running variance is floored at the noise's
+std (post-processing: a released variance within one noise std of zero cannot be told from
+zero, and a variance of 0 makes the layer multiply its input by ``1 / sqrt(bn eps)``, about
+316: a U-Net's outputs overflowed to NaN at epsilon 4 on brain-mri with a floor of 0).
+Every method whose aggregate is declared a mean of the weights gives the same result on that
+one reply as on the replies it averages (the contract secure aggregation relies on), so
+FedAvg, FedBN, FedProx, FedAvgM / FedAdam (the server step on the noisy mean), HarmoFL and
+FedRDN run unchanged.
 """
 
 from __future__ import annotations
@@ -122,9 +125,10 @@ class UpdatePrivacy:
         keys = set(sent[0])
         ref = {k: v for k, v in reference.items() if k in keys}
         weights = self.mechanism.release(ref, sent, len(cohort), rnd)
+        floor = self.mechanism.std(len(cohort))
         for k in weights:
-            if k.endswith("running_var"):  # post-processing: a variance is >= 0
-                weights[k] = weights[k].clamp_min(0)
+            if k.endswith("running_var"):  # post-processing (module docstring)
+                weights[k] = weights[k].clamp_min(floor)
         records: dict[str, Tensors] = {WEIGHTS: weights}
         others = sorted({r for _, p in replies for r in p.records} - {WEIGHTS})
         for r in others:

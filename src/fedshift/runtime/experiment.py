@@ -32,7 +32,7 @@ from fedshift.core.contract_errors import ContractError
 from fedshift.core.errors import ConfigError
 from fedshift.core.federation import ClientData, Federation
 from fedshift.core.seeding import seed_global
-from fedshift.core.tasks import Task, make_task
+from fedshift.core.tasks import NonFiniteOutputError, Task, make_task
 from fedshift.data.common.sites import name_hint
 from fedshift.models import MODELS, build_model
 from fedshift.models.base import FedModel
@@ -310,7 +310,10 @@ def score_client(
         return exp.pipeline.eval(x, state)
 
     for split in ("val", "test"):
-        m = exp.task.evaluate(exp.model, client.split(split), prepare, batch_size, exp.device)
+        try:
+            m = exp.task.evaluate(exp.model, client.split(split), prepare, batch_size, exp.device)
+        except NonFiniteOutputError as e:
+            raise NonFiniteOutputError(f"client {client.name!r}, {split} split: {e}") from None
         out.update({f"{split}_{k}": v for k, v in m.items()})
     return out
 
