@@ -88,6 +88,7 @@ from fedshift.catalog import resolve
 from fedshift.core.config import load_config
 from fedshift.core.errors import ConfigError
 from fedshift.core.files import write_text_atomic
+from fedshift.core.tasks import NonFiniteOutputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # privacy_price_report beside it
 from privacy_price_report import (  # noqa: E402, F401 (compare & co.: re-exported)
@@ -277,6 +278,18 @@ def record_leakage(cells: list[dict], grid: Grid, runs: Path, feds: dict) -> lis
     return rows
 
 
+def _rounds_done(run_dir: Path) -> int:
+    """How many rounds a stopped run recorded (its ``metrics.jsonl`` rows' last round; a run
+    whose evaluation raised stopped in the round after it)."""
+    path = run_dir / "metrics.jsonl"
+    rows = (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        if path.is_file()
+        else []
+    )
+    return max((int(r.get("round", 0)) for r in rows), default=0)
+
+
 def run_cell(
     dataset: str, method: str, eps: float, seed: int, grid: Grid, runs: Path, feds: dict
 ) -> dict:
@@ -288,9 +301,11 @@ def run_cell(
 
     name = f"{dataset}-{method}-eps{eps_label(eps)}-seed{seed}"
     run_dir, refused = runs / name, runs / f"{name}.refused.json"
+    diverged = runs / f"{name}.diverged.json"
     cell = {"dataset": dataset, "method": method, "eps": eps_label(eps), "seed": seed}
-    if refused.is_file():
-        return {**cell, **json.loads(refused.read_text())}
+    for record in (refused, diverged):
+        if record.is_file():
+            return {**cell, **json.loads(record.read_text())}
     t0 = time.perf_counter()
     cfg = resolve(load_config(None, cell_overrides(dataset, method, eps, seed, grid)))
     attack = run_dir / "membership.json"
@@ -299,17 +314,22 @@ def run_cell(
         feds[dataset] = load_dataset(cfg.dataset)
     fed = feds.get(dataset)
     if not (run_dir / "summary.json").is_file():
-        if (run_dir / "config.yaml").is_file():
-            resume_experiment(run_dir, fed, progress=False)
-        else:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            try:
-                run_experiment(cfg, run_dir=run_dir, federation=fed, progress=False)
-            except ConfigError as e:  # refused before any client state: its reason
+        try:
+            if (run_dir / "config.yaml").is_file():
+                resume_experiment(run_dir, fed, progress=False)
+            else:
                 shutil.rmtree(run_dir, ignore_errors=True)
-                runs.mkdir(parents=True, exist_ok=True)
-                write_text_atomic(refused, json.dumps({"refused": str(e)}) + "\n")
-                return {**cell, "refused": str(e)}
+                try:
+                    run_experiment(cfg, run_dir=run_dir, federation=fed, progress=False)
+                except ConfigError as e:  # refused before any client state: its reason
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    runs.mkdir(parents=True, exist_ok=True)
+                    write_text_atomic(refused, json.dumps({"refused": str(e)}) + "\n")
+                    return {**cell, "refused": str(e)}
+        except NonFiniteOutputError as e:  # the model's outputs overflowed: no score exists
+            why = {"diverged": str(e), "round": _rounds_done(run_dir) + 1}
+            write_text_atomic(diverged, json.dumps(why) + "\n")
+            return {**cell, **why}
         (run_dir / "membership.json").unlink(missing_ok=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     if not attack.is_file():
@@ -380,6 +400,7 @@ def run_grid(grid: Grid, out: Path, log: Any = print) -> list[dict]:
                         lock.unlink(missing_ok=True)
                     cells.append(c)
                     what = (f"refused ({c['refused']})" if "refused" in c else
+                            f"diverged ({c['diverged']})" if "diverged" in c else
                             f"{c['metric']} {c['score']:.4f}, membership AUC "
                             f"{c['membership_auc']:.3f}, {c['ran_s']} s")  # fmt: skip
                     log(f"{dataset} {method} eps={eps_label(eps)} seed={seed}: {what}")

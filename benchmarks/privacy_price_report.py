@@ -112,6 +112,11 @@ def tables(cells: list[dict], grid: Grid, analysis: dict[str, Any], alpha: float
                   head, rule]  # fmt: skip
         for m in [BASELINE] + [x for x in grid.methods if x != BASELINE]:
             row = [_pct(list(_scores(cells, d, m, e).values())) for e in grid.eps]
+            for i, e in enumerate(grid.eps):  # seeds whose model's outputs overflowed
+                k = sum(1 for c in cells if c["dataset"] == d and c["method"] == m
+                        and c["eps"] == eps_label(e) and "diverged" in c)  # fmt: skip
+                if k:
+                    row[i] = "diverged" if row[i] == "-" else f"{row[i]} ({k} diverged)"
             refused = any("refused" in c for c in cells if c["dataset"] == d and c["method"] == m)
             row = [("refused" if r == "-" and refused else r) for r in row]
             lines.append(f"| {m} | " + " | ".join(row) + " |")
@@ -154,6 +159,13 @@ def tables(cells: list[dict], grid: Grid, analysis: dict[str, Any], alpha: float
     if refusals:
         lines += ["Refused by fedshift (not run):", ""]
         lines += [f"- {m}: {r}" for m, r in refusals]
+    gone = [c for c in cells if "diverged" in c]
+    if gone:
+        lines += ["", "Diverged (the model's outputs held NaN/inf at an evaluation: no score; a "
+                  "comparison needs a score on both sides, so `-` where FedAvg or the method "
+                  "diverged for every seed):", ""]  # fmt: skip
+        lines += [f"- {c['dataset']} {c['method']} eps {c['eps']} seed {c['seed']}: at round "
+                  f"{c['round']}'s evaluation" for c in gone]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -169,3 +169,29 @@ def test_the_example_grid_runs_dp_sgd_and_records_refusals_on_toyshift(tmp_path)
     text = pp.write_outputs(cells, grid, tmp_path, 0.05, "python benchmarks/privacy_price.py")
     assert "| harmofl | refused under DP-SGD |" in text
     assert json.loads((tmp_path / "privacy_price.json").read_text())["updates"] == "example"
+
+
+def test_a_cell_whose_outputs_overflow_is_recorded_diverged_not_scored(tmp_path, monkeypatch):
+    """A run whose evaluation meets NaN/inf outputs (NonFiniteOutputError) is recorded as
+    diverged with the round it stopped in, read back without running again, and shown as
+    such in the tables instead of a score."""
+    from fedshift.core.tasks import NonFiniteOutputError
+
+    def overflow(cfg, run_dir, **kwargs):
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
+        raise NonFiniteOutputError("client 'c0', val split: the model's outputs hold NaN")
+
+    monkeypatch.setattr("fedshift.runtime.simulation.run_experiment", overflow)
+    grid = pp.Grid(("toyshift",), ("fedavg",), (1.0,), (0,), rounds=3)
+    [cell] = pp.run_grid(grid, tmp_path, log=lambda s: None)
+    assert "NaN" in cell["diverged"] and cell["round"] == 3 and "score" not in cell
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a diverged cell ran again")
+
+    monkeypatch.setattr("fedshift.runtime.simulation.run_experiment", no_run)
+    assert pp.run_grid(grid, tmp_path, log=lambda s: None) == [cell]
+    text = pp.write_outputs([cell], grid, tmp_path, 0.05, "python benchmarks/privacy_price.py")
+    assert "| fedavg | diverged |" in text
+    assert "toyshift fedavg eps 1 seed 0: at round 3's evaluation" in text
