@@ -515,7 +515,7 @@ MARKS: dict[str, Mark] = {
         "the script's grid function on toyshift, one round (FedAvg and FedFA at eps 1 and inf): run, refused, resumed, written",
     ),
     "python benchmarks/privacy_price.py --datasets digits --rounds 3 --out results/benchmarks/privacy_price_digits": Long(
-        "about 85 min", "measured 2026-11-29: 75 LeNet-5 runs of 3 rounds whose times sum to 83 min on a 2-core machine at load ~13 (run as 2-4 processes sharing --out: 35 min wall) + 15 refusals; results/benchmarks/privacy_price_digits"
+        "about 10 min idle", "measured 2026-11-29 (re-run after the BatchNorm variance floor): 75 LeNet-5 runs of 3 rounds whose times sum to 9 min on the idle 2-core machine (two processes sharing --out: about 5 min wall) + 15 refusals; results/benchmarks/privacy_price_digits"
     ),
     "python benchmarks/privacy_price.py --datasets digits --rounds 3 --updates example --out results/benchmarks/privacy_price_digits_example": Long(
         "about 50 min", "measured 2026-11-29: 42 LeNet-5 runs of 3 rounds (model.norm=none, DP-SGD at a finite eps) whose times sum to 49 min on a 2-core machine at load 6-10 (run as 2 processes sharing --out: 26 min wall) + 48 refusals; results/benchmarks/privacy_price_digits_example"
