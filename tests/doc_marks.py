@@ -545,7 +545,7 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/data_scale.py": Long(
         "~20 min", "3.3 GB of generated PNGs decoded once, then three one-round runs"
     ),
-    "python benchmarks/engine_overhead.py": Long("~2.5 min", "estimated from the table's timings: 3 x 2 runs of ~19 s on the idle machine, plus a warm-up"),
+    "python benchmarks/engine_overhead.py": Long("~4 min", "measured 2026-11-29 on the idle machine: 3 x 2 runs of 32-58 s plus a warm-up"),
     "python benchmarks/scaling.py": Long("~6 min"),
     "python benchmarks/executors.py --clients 10,100 --rounds 2": Long("~2 min", EST),
     "python benchmarks/executors.py --device cuda --clients 10,100 --rounds 3": NotRun(GPU),
