@@ -517,6 +517,9 @@ MARKS: dict[str, Mark] = {
     "python benchmarks/privacy_price.py --datasets digits --rounds 3 --out results/benchmarks/privacy_price_digits": Long(
         "about 10 min idle", "measured 2026-11-29 (re-run after the BatchNorm variance floor): 75 LeNet-5 runs of 3 rounds whose times sum to 9 min on the idle 2-core machine (two processes sharing --out: about 5 min wall) + 15 refusals; results/benchmarks/privacy_price_digits"
     ),
+    "python benchmarks/privacy_price.py --datasets brain-mri --rounds 3 --out results/benchmarks/privacy_price_brain_mri": Long(
+        "about 100 min of runs", "measured 2026-11-29: 66 U-Net-16 runs of 3 rounds (9 diverged at round 1) whose times sum to 101 min on the 2-core machine, mostly beside other work (two to three processes sharing --out) + 15 refusals; results/benchmarks/privacy_price_brain_mri"
+    ),
     "python benchmarks/privacy_price.py --datasets digits --rounds 3 --updates example --out results/benchmarks/privacy_price_digits_example": Long(
         "about 50 min", "measured 2026-11-29: 42 LeNet-5 runs of 3 rounds (model.norm=none, DP-SGD at a finite eps) whose times sum to 49 min on a 2-core machine at load 6-10 (run as 2 processes sharing --out: 26 min wall) + 48 refusals; results/benchmarks/privacy_price_digits_example"
     ),
