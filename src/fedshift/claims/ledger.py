@@ -354,7 +354,9 @@ def render(claims_dir: Path, results_root: Path, commits: bool = True) -> dict[s
             p.name
             for p in Path(results_root).iterdir()
             if p.is_dir()
-            and p.name != "protocols"
+            # protocols/ and benchmarks/ hold those outputs, not suites: a benchmark's local
+            # run folders (ignored by git) must not make benchmarks/ a results page
+            and p.name not in ("protocols", "benchmarks")
             and not p.name.startswith("_")
             and any(p.rglob("summary.json"))
         )
