@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import conftest
 import pytest
+import torch
 from conftest import LOW_DISK, low_disk, pytest_terminal_summary
 
 Usage = namedtuple("Usage", "total used free")
@@ -148,16 +149,26 @@ def test_a_png_marked_test_draws_the_picture(tmp_path):
 
 @pytest.mark.same_kernels  # its approx is a sample for the rule, never run
 def test_float_comparisons_are_numerics_unless_both_sides_share_kernels():
-    """``approx`` in a test's source marks it ``numerics`` (compared again on the portable
-    kernels); ``same_kernels`` (both sides computed alike) leaves it out of that pass."""
+    """``approx`` in a test's code (a comprehension or function inside it too) marks it
+    ``numerics`` (compared again on the portable kernels); ``same_kernels`` (both sides
+    computed alike) leaves it out of that pass; a docstring naming ``approx(`` does not."""
 
     def compares():
         assert pytest.approx(0.3) == 0.1 + 0.2
 
-    def item(*marks: str) -> SimpleNamespace:
+    def compares_inside():
+        assert all(torch.allclose(x, x) for x in [torch.ones(1)])
+
+    def names_it():
+        """Not pytest.approx(...): exact."""
+        assert 0.5 + 0.25 == 0.75
+
+    def item(fn=compares, *marks: str) -> SimpleNamespace:
         return SimpleNamespace(
-            function=compares, get_closest_marker=lambda name: name if name in marks else None
+            function=fn, get_closest_marker=lambda name: name if name in marks else None
         )
 
     assert conftest._compares_floats(item())
-    assert not conftest._compares_floats(item("same_kernels"))
+    assert conftest._compares_floats(item(compares_inside))
+    assert not conftest._compares_floats(item(names_it))
+    assert not conftest._compares_floats(item(compares, "same_kernels"))

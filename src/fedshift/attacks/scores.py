@@ -8,11 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchmetrics.functional.classification import binary_auroc, binary_roc
-from torchmetrics.functional.image import (
-    peak_signal_noise_ratio,
-    structural_similarity_index_measure,
-)
 
 from fedshift.attacks.spectra import align
 
@@ -29,6 +24,14 @@ class Match:
 
 
 def _pair(recon: torch.Tensor, image: torch.Tensor) -> tuple[float, float]:
+    # torchmetrics (and the scipy.signal it loads) imported where used: ~3 CPU s that every
+    # process importing the attacks (the privacy protocols, the test suite's collection)
+    # paid at import, scoring or not
+    from torchmetrics.functional.image import (
+        peak_signal_noise_ratio,
+        structural_similarity_index_measure,
+    )
+
     a, b = recon.float().clamp(0, 1)[None], image.float()[None]
     if a.dim() == 3:  # (1, H, W): one channel
         a, b = a[:, None], b[:, None]
@@ -68,6 +71,8 @@ class RocScore:
 
 def roc_score(members: torch.Tensor, others: torch.Tensor, fpr: float = 1e-3) -> RocScore:
     """The ROC of scores (higher: "was in the set") of ``members`` against ``others``."""
+    from torchmetrics.functional.classification import binary_auroc, binary_roc  # see _pair
+
     scores = torch.cat([members, others]).double()
     labels = torch.cat([torch.ones(len(members)), torch.zeros(len(others))]).long()
     auc = float(binary_auroc(scores, labels))
