@@ -233,6 +233,11 @@ def one_thread():
 #: timeout, the other workers have the CPUs
 GROUPS = {
     "tests/flower/test_flower_deploy.py": "deploy",
+    # the other tests of Flower's and Ray's processes, after them in the same worker: their
+    # daemons poll (~0.4 cores a deployment) for as long as the test lasts, so three of them
+    # side by side at the start, each slowed by the others, cost more CPU than one by one
+    "tests/flower/test_flower_local_stop.py": "deploy",
+    "tests/flower/test_ray_signals.py": "deploy",
     # modules whose tests share a module fixture of finished runs (seconds to make): one
     # worker makes it once instead of each worker making it
     "tests/eval/test_report.py": "report",
