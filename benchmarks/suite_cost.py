@@ -17,6 +17,10 @@ Run it on an otherwise idle machine (the machine's CPU counts every process)::
 
     python benchmarks/suite_cost.py                         # the whole suite (~15 min on 2 cores)
     python benchmarks/suite_cost.py tests/flower -n 0       # any pytest arguments
+    python benchmarks/suite_cost.py -m "not process" --write-costly tests/costly.json
+
+The last one measures the in-process tests and rewrites ``tests/costly.json``: the tests of
+:data:`COSTLY_CPU_S` or more, which ``make check`` leaves out (tests/conftest.py).
 
 The per-test rows are kept as JSON lines in ``--keep DIR`` (its old rows are removed
 first; default: a temporary folder, removed). A test's CPU is charged when its worker reaps
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -115,11 +120,46 @@ def report(rows: list[dict], wall: float, busy: float | None, top: int = 15) -> 
     return "\n".join(lines)
 
 
+#: a test of at least this many CPU s (its worker's and its reaped processes') is left out of
+#: ``make check`` by ``--write-costly`` (tests/conftest.py reads the file)
+COSTLY_CPU_S = 0.75
+
+
+def costly(rows: list[dict], threshold: float = COSTLY_CPU_S) -> dict[str, float]:
+    """The tests that cost ``threshold`` CPU s or more, with their CPU (0.01 s), by node id."""
+    cpu = {r["id"]: r["self"] + r["children"] for r in rows}
+    return {k: round(v, 2) for k, v in sorted(cpu.items()) if v >= threshold}
+
+
+def write_costly(path: Path, rows: list[dict], argv: list[str]) -> int:
+    """``path`` (JSON, written atomically): the command that measured it, the threshold and the
+    tests at or over it. Returns how many."""
+    tests = costly(rows)
+    doc = {
+        "about": "in-process tests of this many CPU s or more on an idle machine of 2 cores: "
+        "`make check` leaves them out (tests/conftest.py), `make test` runs them",
+        "command": "python benchmarks/suite_cost.py "
+        + shlex.join([*argv, "--write-costly", str(path)]),
+        "threshold_cpu_s": COSTLY_CPU_S,
+        "tests": tests,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+    return len(tests)
+
+
+def _option(argv: list[str], name: str) -> tuple[Path | None, list[str]]:
+    """``name VALUE`` taken out of ``argv`` (the rest goes to pytest)."""
+    if name not in argv:
+        return None, argv
+    at = argv.index(name)
+    return Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
+
+
 def main(argv: list[str]) -> int:
-    keep = None
-    if "--keep" in argv:
-        at = argv.index("--keep")
-        keep, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
+    keep, argv = _option(argv, "--keep")
+    costly_file, argv = _option(argv, "--write-costly")
     with tempfile.TemporaryDirectory() as scratch:
         folder = keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -137,6 +177,12 @@ def main(argv: list[str]) -> int:
         rows = read_rows(folder)
         print()
         print(report(rows, wall, busy) if rows else "no test ran")
+        if costly_file is not None:
+            if code != 0:
+                print(f"{costly_file} not written: pytest failed (exit {code})")
+                return code
+            n = write_costly(costly_file, rows, argv)
+            print(f"{costly_file}: {n} tests of {COSTLY_CPU_S} CPU s or more")
     return code
 
 

@@ -344,6 +344,27 @@ FULL = (
     "tests/protocols/test_new_site.py::test_each_run_adapts_as_it_trains_and_a_committed_table",
 )
 
+#: in-process tests measured at ``threshold_cpu_s`` or more CPU s each on an idle machine of
+#: 2 cores (tests/costly.json, node id -> CPU s; rewritten by ``python
+#: benchmarks/suite_cost.py -m "not process" --write-costly tests/costly.json``), marked
+#: ``full``: ``make check`` (<= 3 min on 2 cores) keeps the tests under it, ``make test`` runs
+#: all. A test not in the file (a new one) is in the fast tier until the file is measured again
+COSTLY: dict[str, float] = json.loads((ROOT / "tests" / "costly.json").read_text())["tests"]
+
+#: tests ``make check`` keeps whatever they cost (node id prefixes): the same-run matrix's
+#: in-process way, every registered algorithm and augment run, killed after a round and
+#: resumed to the uninterrupted run's numbers (what the fast tier keeps of every method)
+FAST = ("tests/runtime/test_same_run.py::test_same_run[resume-",)
+
+
+def is_full(nodeid: str) -> bool:
+    """``make check`` leaves the test out: listed in :data:`FULL` (with a reason), or measured
+    costly (:data:`COSTLY`) and not one of the :data:`FAST`."""
+    if nodeid.startswith(FULL):
+        return True
+    return nodeid in COSTLY and not nodeid.startswith(FAST)
+
+
 #: the names of a test that compares floats by tolerance: it holds on every CPU only if its
 #: tolerance comes from float rounding, not from one machine's numbers (``numerics`` marker)
 _FLOAT_COMPARISONS = frozenset({"approx", "allclose", "assert_close", "isclose"})
@@ -381,13 +402,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     (``ATEN_CPU_CAPABILITY=default``), so that a tolerance or constant that only holds for
     this machine's kernels fails here, not on a user's machine; a test marked
     ``same_kernels`` is not marked so (its params marked ``numerics`` by hand are).
-    :data:`FULL` tests are marked ``full`` (``make check`` leaves them out)."""
+    :data:`FULL` and :data:`COSTLY` tests are marked ``full`` (``make check`` leaves them out;
+    :func:`is_full`)."""
     for item in items:
         if item.get_closest_marker("numerics") is None and _compares_floats(item):
             item.add_marker(pytest.mark.numerics)
         if item.nodeid.startswith(PROCESS):
             item.add_marker(pytest.mark.process)
-        if item.nodeid.startswith(FULL):
+        if is_full(item.nodeid):
             item.add_marker(pytest.mark.full)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

@@ -110,6 +110,11 @@ MARKS: dict[str, Mark] = {
         "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
         "on one test (without arguments it runs the whole suite, which this test is part of)",
     ),
+    'python benchmarks/suite_cost.py -m "not process" --write-costly tests/costly.json': ByTest(
+        "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
+        "with --write-costly on one test (as written it runs every in-process test, ~7 min, "
+        "and rewrites the committed list)",
+    ),
     ". .venv/bin/activate": NotRun(SETUP),
     # the README's own-data commands, on the tree make_sites.py writes (one round, one seed)
     "python benchmarks/make_sites.py mysites": Run(),

@@ -81,15 +81,15 @@ def test_groups_are_files_and_no_module_asks_for_an_ignored_xdist_group():
 
 
 def test_process_and_full_name_tests_that_exist():
-    """Every node id prefix of conftest.PROCESS and conftest.FULL names a test file, and
-    test functions defined in it where it names some (a prefix of their names): a renamed
-    test left there would
-    silently move into ``make check`` (PROCESS: a fresh interpreter or a Flower deployment
-    in the everyday loop). No test is in both lists."""
+    """Every node id prefix of conftest.PROCESS, FULL and FAST, and every node id of
+    tests/costly.json, names a test file, and test functions defined in it where it names
+    some (a prefix of their names): a renamed test left there would silently move into
+    ``make check`` (PROCESS: a fresh interpreter or a Flower deployment in the everyday
+    loop). No test is in both PROCESS and FULL."""
     import re
 
     root = Path(conftest.ROOT)
-    for listed in (conftest.PROCESS, conftest.FULL):
+    for listed in (conftest.PROCESS, conftest.FULL, conftest.FAST, tuple(conftest.COSTLY)):
         for prefix in listed:
             path, _, name = prefix.partition("::")
             assert (root / path).is_file(), f"{prefix}: no file {path}"
@@ -121,10 +121,24 @@ def test_full_and_process_tests_are_marked():
     full = conftest.FULL[0] + "[README.md]"
     process = conftest.PROCESS[0] + "::test_supernodes_match_native"
     other = "tests/test_docs.py::test_every_doc_command_is_marked"
-    items = [Item(other), Item(full), Item(process)]
+    costly = next(t for t in conftest.COSTLY if not t.startswith(conftest.FULL))
+    items = [Item(other), Item(full), Item(process), Item(costly)]
     conftest.pytest_collection_modifyitems(None, items)
     marks = {i.nodeid: {m.name for m in i.marks} for i in items}
-    assert marks == {full: {"full"}, process: {"process"}, other: set()}
+    want = {full: {"full"}, process: {"process"}, other: set(), costly: {"full"}}
+    assert marks == want
+
+
+def test_fast_tests_stay_in_make_check_whatever_they_cost(monkeypatch):
+    """A FAST test (the same-run matrix's resume way) measured costly is not marked full; a
+    costly test is; a test measured under the threshold or never measured is not."""
+    fast = conftest.FAST[0] + "algorithm.name=fedavg]"
+    costly = "tests/x/test_x.py::test_slow"
+    monkeypatch.setattr(conftest, "COSTLY", {fast: 9.0, costly: 9.0})
+    assert not conftest.is_full(fast)
+    assert conftest.is_full(costly)
+    assert not conftest.is_full("tests/x/test_x.py::test_new")
+    assert conftest.is_full(conftest.FULL[0] + "[README.md]")
 
 
 def test_runs_write_an_unrendered_convergence_png(tmp_path):
