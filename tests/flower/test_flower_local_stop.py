@@ -23,10 +23,12 @@ from support.same_run import assert_runs_equal
 from fedshift.flower.proctree import alive, command, descendants
 
 #: three rounds: stopped after round 1, resumed and stopped after round 2, resumed to the end
-#: (every round of a `flower local` run starts a ClientApp process per message and node:
-#: about 5 s of CPU each)
+#: (every message of a `flower local` run starts a ClientApp process on its node: about 5 s
+#: of CPU each; evaluated in the last round only, each node gets a hello and a train
+#: message an invocation and one evaluate message in all: 4 ClientApps fewer)
 ARGS = ["dataset.name=toyshift", "dataset.clients=2", "model.name=lenet5",
-        "train.batch_size=16", "train.rounds=3", "algorithm.name=fedbn"]  # fmt: skip
+        "train.batch_size=16", "train.rounds=3", "eval.every=3",
+        "algorithm.name=fedbn"]  # fmt: skip
 
 
 def _fedshift(args: list[str], cwd: Path) -> subprocess.Popen:
