@@ -19,8 +19,9 @@ Run it on an otherwise idle machine (the machine's CPU counts every process)::
     python benchmarks/suite_cost.py tests/flower -n 0       # any pytest arguments
     python benchmarks/suite_cost.py -m "not process" --write-costly tests/costly.json
 
-The last one measures the in-process tests and rewrites ``tests/costly.json``: the tests of
-:data:`COSTLY_CPU_S` or more, which ``make check`` leaves out (tests/conftest.py).
+The last one measures the in-process tests twice, their CPU, then (coverage.py) the lines
+of fedshift each runs, and rewrites ``tests/costly.json``: the tests ``make check`` leaves
+out (tests/conftest.py; how they are chosen: ``benchmarks/fast_tier.py``).
 
 The per-test rows are kept as JSON lines in ``--keep DIR`` (its old rows are removed
 first; default: a temporary folder, removed). A test's CPU is charged when its worker reaps
@@ -33,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -45,6 +45,9 @@ import pytest
 
 #: the folder the plug-in writes its rows to (one JSON-lines file per pytest process)
 OUT_ENV = "SUITE_COST_DIR"
+#: the folder the plug-in writes its coverage data to (``--write-costly``'s second pass)
+COV_ENV = "SUITE_COST_COVERAGE"
+_COVERAGE = None
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,10 +58,32 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
+def pytest_configure(config) -> None:
+    """With ``$SUITE_COST_COVERAGE`` set (the coverage pass of ``--write-costly``): measure
+    which lines of fedshift each test runs in this process (coverage.py, one context per
+    test), saved in that folder when pytest ends."""
+    global _COVERAGE
+    folder = os.environ.get(COV_ENV)
+    if folder and _COVERAGE is None:
+        import coverage
+
+        _COVERAGE = coverage.Coverage(data_file=str(Path(folder) / "cov"), data_suffix=True,
+                                      source_pkgs=["fedshift"], config_file=False)  # fmt: skip
+        _COVERAGE.start()
+
+
+def pytest_unconfigure(config) -> None:
+    if _COVERAGE is not None:
+        _COVERAGE.stop()
+        _COVERAGE.save()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Setup, call and teardown of one test: its worker's CPU, its reaped children's CPU
     and its wall time, appended to this process's file."""
+    if _COVERAGE is not None:
+        _COVERAGE.switch_context(item.nodeid)
     out = os.environ.get(OUT_ENV)
     if not out:
         yield
@@ -120,35 +145,6 @@ def report(rows: list[dict], wall: float, busy: float | None, top: int = 15) -> 
     return "\n".join(lines)
 
 
-#: a test of at least this many CPU s (its worker's and its reaped processes') is left out of
-#: ``make check`` by ``--write-costly`` (tests/conftest.py reads the file)
-COSTLY_CPU_S = 0.75
-
-
-def costly(rows: list[dict], threshold: float = COSTLY_CPU_S) -> dict[str, float]:
-    """The tests that cost ``threshold`` CPU s or more, with their CPU (0.01 s), by node id."""
-    cpu = {r["id"]: r["self"] + r["children"] for r in rows}
-    return {k: round(v, 2) for k, v in sorted(cpu.items()) if v >= threshold}
-
-
-def write_costly(path: Path, rows: list[dict], argv: list[str]) -> int:
-    """``path`` (JSON, written atomically): the command that measured it, the threshold and the
-    tests at or over it. Returns how many."""
-    tests = costly(rows)
-    doc = {
-        "about": "in-process tests of this many CPU s or more on an idle machine of 2 cores: "
-        "`make check` leaves them out (tests/conftest.py), `make test` runs them",
-        "command": "python benchmarks/suite_cost.py "
-        + shlex.join([*argv, "--write-costly", str(path)]),
-        "threshold_cpu_s": COSTLY_CPU_S,
-        "tests": tests,
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
-    return len(tests)
-
-
 def _option(argv: list[str], name: str) -> tuple[Path | None, list[str]]:
     """``name VALUE`` taken out of ``argv`` (the rest goes to pytest)."""
     if name not in argv:
@@ -157,32 +153,46 @@ def _option(argv: list[str], name: str) -> tuple[Path | None, list[str]]:
     return Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
 
 
+def run_pytest(args: list[str], env_extra: dict[str, str]) -> int:
+    """pytest with this file as a plug-in, in the repository root."""
+    path = [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "",
+           "PYTHONPATH": os.pathsep.join(p for p in path if p), **env_extra}  # fmt: skip
+    cmd = [sys.executable, "-m", "pytest", "-p", "suite_cost", *args]
+    print("running:", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
 def main(argv: list[str]) -> int:
     keep, argv = _option(argv, "--keep")
     costly_file, argv = _option(argv, "--write-costly")
     with tempfile.TemporaryDirectory() as scratch:
         folder = keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.glob("*.jsonl"):
+        for old in [*folder.glob("*.jsonl"), *folder.glob("cov.*")]:
             old.unlink()
-        path = [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]
-        env = {**os.environ, OUT_ENV: str(folder), "PYTHONDONTWRITEBYTECODE": "",
-               "PYTHONPATH": os.pathsep.join(p for p in path if p)}  # fmt: skip
-        cmd = [sys.executable, "-m", "pytest", "-p", "suite_cost", *argv]
-        print("running:", " ".join(cmd), flush=True)
         b0, t0 = busy_seconds(), time.monotonic()
-        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        code = run_pytest(argv, {OUT_ENV: str(folder)})
         wall, b1 = time.monotonic() - t0, busy_seconds()
         busy = b1 - b0 if b0 is not None and b1 is not None else None
         rows = read_rows(folder)
         print()
         print(report(rows, wall, busy) if rows else "no test ran")
-        if costly_file is not None:
-            if code != 0:
-                print(f"{costly_file} not written: pytest failed (exit {code})")
-                return code
-            n = write_costly(costly_file, rows, argv)
-            print(f"{costly_file}: {n} tests of {COSTLY_CPU_S} CPU s or more")
+        if costly_file is None:
+            return code
+        if code != 0:
+            print(f"{costly_file} not written: pytest failed (exit {code})")
+            return code
+        # the second pass: the lines each test runs (coverage's tracing would inflate the
+        # first pass's CPU figures, so they are measured apart)
+        code = run_pytest(argv, {COV_ENV: str(folder)})
+        if code != 0:
+            print(f"{costly_file} not written: the coverage pass failed (exit {code})")
+            return code
+        import fast_tier
+
+        doc = fast_tier.write_costly(costly_file, rows, fast_tier.read_lines(folder), argv)
+        print(fast_tier.summary(doc, costly_file))
     return code
 
 

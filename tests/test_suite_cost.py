@@ -9,6 +9,7 @@ import sys
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import fast_tier  # noqa: E402
 import suite_cost  # noqa: E402
 
 
@@ -27,25 +28,35 @@ def test_report_totals_and_orders_by_cpu():
     assert tests == ["tests/a.py::t2", "tests/b.py::t3", "tests/a.py::t1"]
 
 
-def test_costly_tests_are_those_at_or_over_the_threshold(tmp_path):
-    """--write-costly's file: the tests of COSTLY_CPU_S or more (worker + reaped), by node
-    id, with the command that measured them; written whole (no .tmp left)."""
-    at = suite_cost.COSTLY_CPU_S
-    rows = [
-        {"id": "tests/a.py::under", "self": at / 2, "children": at / 4, "wall": 9.0},
-        {"id": "tests/a.py::at", "self": at, "children": 0.0, "wall": 0.1},
-        {"id": "tests/b.py::kids", "self": 0.0, "children": 2 * at, "wall": 1.0},
-    ]
-    assert suite_cost.costly(rows) == {"tests/a.py::at": round(at, 2),
-                                       "tests/b.py::kids": round(2 * at, 2)}  # fmt: skip
+def test_the_fast_tier_keeps_cheap_tests_and_costly_ones_for_lines_only_they_run():
+    """fast_tier.select: tests under the threshold stay, and FAST ones whatever they cost;
+    FULL ones are never kept; of the costly ones, the most new lines per CPU second first,
+    within the budget; one adding no line is left out whatever it costs."""
+    at = fast_tier.COSTLY_CPU_S
+    cpu = {"cheap": at / 2, "fast": 9 * at, "full": at / 2, "a": at, "b": 4 * at,
+           "c": at, "d": 2 * at}  # fmt: skip
+    lines = {"cheap": {("x.py", 1)}, "fast": {("x.py", 2)}, "full": {("x.py", 9)},
+             "a": {("x.py", 3), ("x.py", 4)}, "b": {("x.py", 5), ("x.py", 6), ("x.py", 7)},
+             "c": {("x.py", 1), ("x.py", 2)}, "d": {("x.py", 3)}}  # fmt: skip
+    fast, full = (lambda t: t == "fast"), (lambda t: t == "full")
+    left_out, kept = fast_tier.select(cpu, lines, fast, full, budget=at)
+    assert kept == {"a": {"cpu_s": round(at, 2), "lines": 2}}  # 2 lines / at beats 3 / 4 at
+    assert left_out == {t: round(cpu[t], 2) for t in ("b", "c", "d")}
+    left_out, kept = fast_tier.select(cpu, lines, fast, full, budget=5 * at)
+    assert list(kept) == ["a", "b"] and kept["b"]["lines"] == 3  # d: its line is a's
+    assert left_out == {t: round(cpu[t], 2) for t in ("c", "d")}
+
+
+def test_costly_file_is_written_whole_with_the_command(tmp_path):
+    at = fast_tier.COSTLY_CPU_S
+    rows = [{"id": "tests/a.py::t", "self": at, "children": at, "wall": 1.0},
+            {"id": "tests/a.py::u", "self": 0.0, "children": 0.0, "wall": 1.0}]  # fmt: skip
     path = tmp_path / "costly.json"
-    assert suite_cost.write_costly(path, rows, ["-m", "not process"]) == 2
-    doc = json.loads(path.read_text())
-    assert doc["threshold_cpu_s"] == at and list(doc["tests"]) == ["tests/a.py::at",
-                                                                   "tests/b.py::kids"]  # fmt: skip
-    assert doc["command"] == (
-        f"python benchmarks/suite_cost.py -m 'not process' --write-costly {path}"
-    )
+    doc = fast_tier.write_costly(path, rows, {"tests/a.py::u": {("a.py", 1)}}, ["-m", "not x"])
+    assert json.loads(path.read_text()) == doc
+    assert doc["tests"] == {"tests/a.py::t": round(2 * at, 2)} and doc["kept"] == {}
+    assert doc["command"] == f"python benchmarks/suite_cost.py -m 'not x' --write-costly {path}"
+    assert doc["lines"] == {"in_process_tests": 1, "make_check": 1, "make_check_cpu_s": 0.0}
     assert [p.name for p in tmp_path.iterdir()] == ["costly.json"]
 
 
@@ -59,7 +70,9 @@ def test_the_script_charges_each_test_its_cpu(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     (kept,) = tmp_path.glob("*.jsonl")
-    assert json.loads((tmp_path / "costly.json").read_text())["tests"] == {}  # ~0 CPU s
+    # the coverage pass ran too: the test's lines of fedshift (report() imports none)
+    costly = json.loads((tmp_path / "costly.json").read_text())
+    assert costly["tests"] == {} and costly["lines"]["make_check"] >= 0  # ~0 CPU s
     (row,) = [json.loads(line) for line in kept.read_text().splitlines()]
     assert row["id"] == "tests/test_suite_cost.py::test_report_totals_and_orders_by_cpu"
     assert row["self"] >= 0 and row["children"] >= 0 and row["wall"] > 0
