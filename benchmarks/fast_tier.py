@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: a test of at least this many CPU s is costly (rule 1)
-COSTLY_CPU_S = 0.75
+COSTLY_CPU_S = 0.4
 #: CPU s of costly tests the fast tier keeps for the lines only they run (rule 2)
-COVERAGE_BUDGET_CPU_S = 30.0
+COVERAGE_BUDGET_CPU_S = 60.0
 
 Line = tuple[str, int]
 

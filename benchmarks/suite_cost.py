@@ -58,18 +58,18 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
-def pytest_configure(config) -> None:
+def _start_coverage() -> None:
     """With ``$SUITE_COST_COVERAGE`` set (the coverage pass of ``--write-costly``): measure
     which lines of fedshift each test runs in this process (coverage.py, one context per
-    test), saved in that folder when pytest ends."""
+    test), from its first test on (xdist's controller runs none and measures nothing),
+    saved in that folder when pytest ends."""
     global _COVERAGE
-    folder = os.environ.get(COV_ENV)
-    if folder and _COVERAGE is None:
-        import coverage
+    import coverage
 
-        _COVERAGE = coverage.Coverage(data_file=str(Path(folder) / "cov"), data_suffix=True,
-                                      source_pkgs=["fedshift"], config_file=False)  # fmt: skip
-        _COVERAGE.start()
+    _COVERAGE = coverage.Coverage(data_file=str(Path(os.environ[COV_ENV]) / "cov"),
+                                  data_suffix=True, source_pkgs=["fedshift"],
+                                  config_file=False)  # fmt: skip
+    _COVERAGE.start()
 
 
 def pytest_unconfigure(config) -> None:
@@ -82,6 +82,8 @@ def pytest_unconfigure(config) -> None:
 def pytest_runtest_protocol(item, nextitem):
     """Setup, call and teardown of one test: its worker's CPU, its reaped children's CPU
     and its wall time, appended to this process's file."""
+    if _COVERAGE is None and os.environ.get(COV_ENV):
+        _start_coverage()
     if _COVERAGE is not None:
         _COVERAGE.switch_context(item.nodeid)
     out = os.environ.get(OUT_ENV)

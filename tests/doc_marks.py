@@ -112,7 +112,7 @@ MARKS: dict[str, Mark] = {
     ),
     'python benchmarks/suite_cost.py -m "not process" --write-costly tests/costly.json': ByTest(
         "tests/test_suite_cost.py::test_the_script_charges_each_test_its_cpu",
-        "with --write-costly on one test (as written it runs every in-process test, ~7 min, "
+        "with --write-costly on one test (as written it runs every in-process test twice, "
         "and rewrites the committed list)",
     ),
     ". .venv/bin/activate": NotRun(SETUP),
