@@ -46,11 +46,10 @@ def read_lines(folder: Path) -> dict[str, set[Line]]:
         data = coverage.CoverageData(basename=str(path))
         data.read()
         for name in data.measured_files():
-            short = name.split(f"{os.sep}fedshift{os.sep}", 1)[-1]
             for line, contexts in (data.contexts_by_lineno(name) or {}).items():
                 for context in contexts:
                     if context:
-                        lines.setdefault(context, set()).add((short, line))
+                        lines.setdefault(context, set()).add((name, line))
     return lines
 
 

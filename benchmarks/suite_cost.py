@@ -81,7 +81,8 @@ def pytest_unconfigure(config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Setup, call and teardown of one test: its worker's CPU, its reaped children's CPU
-    and its wall time, appended to this process's file."""
+    and its wall time, appended to this process's file; in the coverage pass, the lines it
+    runs under its node id (a coverage context)."""
     if _COVERAGE is None and os.environ.get(COV_ENV):
         _start_coverage()
     if _COVERAGE is not None:

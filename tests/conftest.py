@@ -344,11 +344,12 @@ FULL = (
     "tests/protocols/test_new_site.py::test_each_run_adapts_as_it_trains_and_a_committed_table",
 )
 
-#: in-process tests measured at ``threshold_cpu_s`` or more CPU s each on an idle machine of
-#: 2 cores (tests/costly.json, node id -> CPU s; rewritten by ``python
-#: benchmarks/suite_cost.py -m "not process" --write-costly tests/costly.json``), marked
-#: ``full``: ``make check`` (<= 3 min on 2 cores) keeps the tests under it, ``make test`` runs
-#: all. A test not in the file (a new one) is in the fast tier until the file is measured again
+#: in-process tests measured as costly on an idle machine of 2 cores (tests/costly.json,
+#: node id -> CPU s; rewritten by ``python benchmarks/suite_cost.py -m "not process"
+#: --write-costly tests/costly.json``, chosen by benchmarks/fast_tier.py: CPU over a
+#: threshold, but for those running lines no cheaper test runs), marked ``full``: ``make
+#: check`` (<= 3 min on 2 cores) leaves them out, ``make test`` runs all. A test not in the
+#: file (a new one) is in the fast tier until the file is measured again
 COSTLY: dict[str, float] = json.loads((ROOT / "tests" / "costly.json").read_text())["tests"]
 
 #: tests ``make check`` keeps whatever they cost (node id prefixes): the same-run matrix's
