@@ -6,12 +6,12 @@ CPU-bound (both cores busy from start to end), so what to cut is measured in CPU
 not in pytest's ``--durations`` (a test's wall time there is mostly other workers' CPU).
 This script runs pytest (any arguments; by default the whole suite as ``make test``'s
 first pass runs it, pytest-xdist included) with itself as a plug-in that records, for every
-test, the CPU of its worker process and of the child processes that worker reaped during
-the test (CLI runs, pool workers, SuperNodes and the ClientApps they reaped), and reads
-the machine's busy CPU (Linux ``/proc/stat``) before and after pytest. It prints the totals, the
-files and the tests that cost most, and the CPU no test accounts for: processes that are
-not reaped by a test's worker (Ray's daemons and actors, processes started by a SuperNode
-after it was killed) and pytest-xdist's own collection and scheduling.
+test, the CPU of its worker process and of that worker's child processes during the test
+(CLI runs, pool workers, SuperNodes and the ClientApps they reaped; below), and reads
+the machine's busy CPU (Linux ``/proc/stat``) before and after pytest. It prints the totals,
+the files and the tests that cost most, and the CPU no test accounts for: processes whose
+CPU never reaches a worker's child (orphans: Ray's daemons and actors, the processes of a
+killed SuperNode) and pytest-xdist's own collection and scheduling.
 
 Run it on an otherwise idle machine (the machine's CPU counts every process)::
 
@@ -24,9 +24,14 @@ of fedshift each runs, and rewrites ``tests/costly.json``: the tests ``make chec
 out (tests/conftest.py; how they are chosen: ``benchmarks/fast_tier.py``).
 
 The per-test rows are kept as JSON lines in ``--keep DIR`` (its old rows are removed
-first; default: a temporary folder, removed). A test's CPU is charged when its worker reaps
-the processes: a module fixture's processes (a Flower deployment, a worker pool) count at
-the test whose teardown stops them.
+first; default: a temporary folder, removed). A worker's child processes are charged to the
+tests during which they ran, whenever they are reaped: at the end of each test the CPU of
+every child still there (running, or exited and not yet reaped: a ``Popen`` nobody waited
+for is reaped by the next ``Popen``, in a later test) is read from ``/proc`` and charged,
+and what was charged so far is taken off when the process is reaped (the kernel then adds
+all of it to the worker's children's CPU). A module fixture's processes (a Flower
+deployment, a worker pool) count at each test they served. Grandchildren count when their
+parent reaps them.
 """
 
 from __future__ import annotations
@@ -58,6 +63,40 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
+def children_cpu(parent: int) -> dict[int, float]:
+    """CPU seconds of each child process of ``parent`` not yet reaped (running or exited),
+    with the children it reaped itself: what reaping it will add to ``parent``'s
+    RUSAGE_CHILDREN. Empty without Linux's ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = entry.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # after the command name (in parentheses, may hold spaces): state, ppid, ...; utime
+        # stime cutime cstime are fields 14-17 of proc(5), 12-15 after the name
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[1]) == parent:
+            out[int(entry.parent.name)] = sum(int(v) for v in fields[11:15]) / tick
+    return out
+
+
+#: CPU already charged to a test, per child process of this worker not yet reaped
+_CHARGED: dict[int, float] = {}
+
+
+def _children_charge(kids0: float, kids1: float) -> float:
+    """The CPU of this worker's child processes during one test: what reaping added
+    (``kids1 - kids0``) less what earlier tests were charged for the processes reaped, plus
+    what the children still here used since they were last read."""
+    now = children_cpu(os.getpid())
+    reaped = sum(_CHARGED.pop(pid) for pid in list(_CHARGED) if pid not in now)
+    grown = sum(cpu - _CHARGED.get(pid, 0.0) for pid, cpu in now.items())
+    _CHARGED.update(now)
+    return kids1 - kids0 - reaped + grown
+
+
 def _start_coverage() -> None:
     """With ``$SUITE_COST_COVERAGE`` set (the coverage pass of ``--write-costly``): measure
     which lines of fedshift each test runs in this process (coverage.py, one context per
@@ -80,7 +119,7 @@ def pytest_unconfigure(config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Setup, call and teardown of one test: its worker's CPU, its reaped children's CPU
+    """Setup, call and teardown of one test: its worker's CPU, its children's CPU
     and its wall time, appended to this process's file; in the coverage pass, the lines it
     runs under its node id (a coverage context)."""
     if _COVERAGE is None and os.environ.get(COV_ENV):
@@ -91,11 +130,18 @@ def pytest_runtest_protocol(item, nextitem):
     if not out:
         yield
         return
+    # what children did outside every test (before the first one, between two) is nobody's:
+    # a child that appeared is charged from here on, one reaped meanwhile is forgotten
+    here = children_cpu(os.getpid())
+    for pid in [p for p in _CHARGED if p not in here]:
+        del _CHARGED[pid]
+    for pid, cpu in here.items():
+        _CHARGED.setdefault(pid, cpu)
     (self0, kids0), t0 = _cpu(), time.monotonic()
     yield
     (self1, kids1), t1 = _cpu(), time.monotonic()
-    row = {"id": item.nodeid, "self": self1 - self0, "children": kids1 - kids0,
-           "wall": t1 - t0}  # fmt: skip
+    row = {"id": item.nodeid, "self": self1 - self0,
+           "children": _children_charge(kids0, kids1), "wall": t1 - t0}  # fmt: skip
     with open(Path(out) / f"{os.getpid()}.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 
@@ -118,17 +164,17 @@ def read_rows(folder: Path) -> list[dict]:
 
 
 def report(rows: list[dict], wall: float, busy: float | None, top: int = 15) -> str:
-    """The totals, then the files and the tests with the most CPU (worker + reaped)."""
+    """The totals, then the files and the tests with the most CPU (worker + children)."""
     cpu = {r["id"]: r["self"] + r["children"] for r in rows}
     own = sum(r["self"] for r in rows)
     kids = sum(r["children"] for r in rows)
     lines = [f"{len(rows)} tests in {wall:.0f} s wall; CPU charged to tests: {own + kids:.0f} s "
-             f"({own:.0f} in the pytest workers, {kids:.0f} in processes they reaped)"]  # fmt: skip
+             f"({own:.0f} in the pytest workers, {kids:.0f} in their child processes)"]  # fmt: skip
     if busy is not None:
         cores = os.cpu_count() or 1
         lines.append(
             f"machine busy: {busy:.0f} CPU s ({busy / wall:.2f} of {cores} cores on average); "
-            f"not charged to any test: {busy - own - kids:.0f} s (unreaped processes: Ray, "
+            f"not charged to any test: {busy - own - kids:.0f} s (processes no worker reaps: Ray, "
             "processes of killed SuperNodes; xdist collection and scheduling; anything else "
             "running on the machine)"
         )

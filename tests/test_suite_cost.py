@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -77,3 +78,40 @@ def test_the_script_charges_each_test_its_cpu(tmp_path):
     assert row["id"] == "tests/test_suite_cost.py::test_report_totals_and_orders_by_cpu"
     assert row["self"] >= 0 and row["children"] >= 0 and row["wall"] > 0
     assert "1 tests in" in out.stdout and row["id"] in out.stdout
+
+
+#: two tests: the first starts a process that burns 0.3 CPU s and exits unreaped (waitid
+#: with WNOWAIT), the second reaps it (as a later ``Popen`` would, subprocess's clean-up)
+UNREAPED = """
+import os, subprocess, sys
+BURN = "import time\\nwhile time.process_time() < 0.3: pass"
+procs = []
+
+def test_starts_a_process_nobody_waits_for():
+    procs.append(subprocess.Popen([sys.executable, "-c", BURN]))
+    os.waitid(os.P_PID, procs[0].pid, os.WEXITED | os.WNOWAIT)
+
+def test_reaps_it():
+    procs[0].wait()
+"""
+
+
+def test_a_process_reaped_in_a_later_test_is_charged_to_the_test_it_ran_in(tmp_path):
+    (tmp_path / "test_unreaped.py").write_text(UNREAPED)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the suite's options
+    rows_dir = tmp_path / "rows"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/suite_cost.py"), "--keep", str(rows_dir),
+         str(tmp_path / "test_unreaped.py"), "-c", str(tmp_path / "pytest.ini"),
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    started, reaped = suite_cost.read_rows(rows_dir)
+    assert started["id"].endswith("nobody_waits_for") and reaped["id"].endswith("reaps_it")
+    assert started["children"] >= 0.3  # its interpreter's start and the 0.3 s it burnt
+    # reaping adds the process's CPU to the worker's children's: the part already charged
+    # is taken off. The two readings differ by /proc's rounding to clock ticks (one tick
+    # each for user and system time, at most 1/100 s at the usual 100 Hz)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert abs(reaped["children"]) <= 2 * tick + 1e-6, (started, reaped)
