@@ -19,6 +19,7 @@ from support.same_run import assert_runs_equal
 
 from fedshift.bench import cell_status, config_digest, plan, run_suite
 from fedshift.catalog import resolve
+from fedshift.claims.collect import collect_suite
 from fedshift.cli import main
 from fedshift.core.errors import FedshiftError
 from fedshift.runtime.rundir.results import write_text_atomic
@@ -116,7 +117,6 @@ def test_in_process_suite_leaves_the_callers_torch_threads(tmp_path):
 def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
     """A cell whose result is committed in results/ (same suite, directory, digest) is
     copied, not run, unless --fresh; it has no model, which a protocol says."""
-    from fedshift.claims.collect import collect_suite
     from fedshift.protocols.common import load_run
 
     monkeypatch.chdir(tmp_path)
@@ -145,13 +145,58 @@ def test_committed_cells_are_taken_not_run(tmp_path, monkeypatch):
     assert all((Path(s["run_dir"]) / "checkpoint.pt").is_file() for s in other)
 
 
+def test_a_running_suites_finished_cells_are_collected_apart_and_taken(tmp_path, monkeypatch):
+    """A suite longer than one machine's session: `claims collect` refuses a suite folder
+    with an unfinished cell (naming it and --partial); --partial copies the finished cells
+    into results/_incomplete/<suite>, adds to what an earlier collection put there, says in
+    source.json how many of the planned cells it holds, and a bench taking its cells from
+    there runs none of them again."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    suite = write_suite(
+        tmp_path, sweep={"algorithm.name": ["fedavg"], "seed": [0, 1]}, train={"rounds": 1}
+    )
+    first = run_suite(suite, workers=1, progress=False)
+    folder, results = tmp_path / "runs" / "suite", tmp_path / "results"
+    a, b = (Path(s["run_dir"]).name for s in first)
+    # the state of a stopped bench: cell b started (a checkpoint, no summary yet)
+    shutil.move(folder / b, tmp_path / "b-done")
+    (folder / b).mkdir()
+    (folder / b / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(FedshiftError, match=rf"cells without summary.json \({b}\).*--partial"):
+        collect_suite(folder, results, "x")
+    cmd = "fedshift bench suite.yaml"
+    assert main(["claims", "collect", str(folder), "--partial", "--command", cmd,
+                 "--results", str(results)]) == 0  # fmt: skip
+    dest = results / "_incomplete" / "suite"
+    assert sorted(p.name for p in dest.iterdir()) == sorted([a, "source.json"])
+    source = json.loads((dest / "source.json").read_text())
+    assert source["partial"] == {"finished": 1, "planned": 2} and source["command"] == cmd
+    assert not (results / "suite").exists()
+    # the next session: b finished, a no longer in that folder (taken, or on another machine)
+    shutil.rmtree(folder / b)
+    shutil.move(tmp_path / "b-done", folder / b)
+    shutil.rmtree(folder / a)
+    collect_suite(folder, results, cmd, partial=True)
+    assert sorted(p.name for p in dest.iterdir()) == sorted([a, b, "source.json"])
+    assert json.loads((dest / "source.json").read_text())["partial"]["finished"] == 2
+    again = run_suite(suite, out=str(tmp_path / "c"), workers=1, progress=False,
+                      results=results / "_incomplete")  # fmt: skip
+    manifest = json.loads((tmp_path / "c" / "suite" / "bench.json").read_text())
+    assert [row["status"] for row in manifest] == ["committed", "committed"]
+    assert [s["test_mean"] for s in again] == [s["test_mean"] for s in first]
+    # a protocol's output is collected whole
+    assert main(["claims", "collect", str(folder), "--partial", "--protocol", "p",
+                 "--command", cmd]) == 2  # fmt: skip
+
+
 def test_a_protocol_chooses_which_committed_cells_to_take_and_hooks_the_trained(
     tmp_path, monkeypatch
 ):
     """``reuse`` as a callable takes only the committed cells it accepts (the others run);
     ``after`` is called with each cell this call trains, once, after its summary exists,
     and never for a cell it took or found done."""
-    from fedshift.claims.collect import collect_suite
 
     monkeypatch.chdir(tmp_path)
     suite = write_suite(
@@ -347,7 +392,6 @@ def _one_cell(tmp_path: Path, *over: str) -> tuple[Path, list]:
 
 
 def test_a_committed_cell_with_a_rewritten_digest_is_not_taken(tmp_path, monkeypatch, caplog):
-    from fedshift.claims.collect import collect_suite
 
     monkeypatch.chdir(tmp_path)
     suite, [cell] = _one_cell(tmp_path)
@@ -376,7 +420,6 @@ def test_a_committed_cell_with_a_rewritten_digest_is_not_taken(tmp_path, monkeyp
 
 
 def test_a_cell_with_another_configs_summary_is_not_taken(tmp_path, monkeypatch):
-    from fedshift.claims.collect import collect_suite
 
     monkeypatch.chdir(tmp_path)
     suite, [cell] = _one_cell(tmp_path)
@@ -392,7 +435,6 @@ def test_a_cell_with_another_configs_summary_is_not_taken(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("value", [1e308, -5.0, 5.0], ids=["1e308", "negative", "500%"])
 def test_a_cached_cell_with_scores_out_of_range_runs_again(tmp_path, caplog, value):
-    from fedshift.claims.collect import collect_suite
 
     suite, [cell] = _one_cell(tmp_path)
     [first] = run_suite(suite, workers=1, progress=False)

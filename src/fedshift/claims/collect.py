@@ -114,24 +114,45 @@ def _folder_name(src: Path, name: str | None) -> str:
     return name if name is not None else src.resolve().name
 
 
-def collect_suite(src: Path, results: Path, command: str, name: str | None = None) -> Path:
+#: where ``collect --partial`` puts the finished cells of suites still running (the ledger
+#: and the result pages read no ``_``-prefixed folder)
+INCOMPLETE = "_incomplete"
+
+
+def unfinished_cells(src: Path) -> list[str]:
+    """The cell folders of the suite folder ``src`` without a summary (started, not done)."""
+    return sorted(
+        p.name for p in Path(src).iterdir() if p.is_dir() and not (p / "summary.json").is_file()
+    )
+
+
+def collect_suite(
+    src: Path, results: Path, command: str, name: str | None = None, partial: bool = False
+) -> Path:
     """Every finished cell of the suite folder ``src`` into ``results/<name or src's name>``
     (replacing what that folder held). ``name`` is a plain folder name (no ``..``, ``.``,
     absolute path or separator); links and special files in the suite are refused before
-    anything in ``results/`` is touched."""
+    anything in ``results/`` is touched.
+
+    ``partial``: the suite is still running (a suite longer than one machine's session):
+    its finished cells go to ``results/_incomplete/<name>``, added to the cells already
+    there (a cell of the same folder name is replaced), and ``source.json`` describes every
+    cell the folder then holds, with ``partial``: how many are finished and how many cells
+    the suite's last ``fedshift bench`` planned (its ``bench.json``). A bench given
+    ``--results results/_incomplete`` (or ``$FEDSHIFT_RESULTS``) takes them instead of
+    running them; once every cell is done, collect the suite without ``partial``."""
     src = Path(src)
     results = Path(results)
-    dest = child_path(results, _folder_name(src, name), "--name")
+    root = child_path(results, INCOMPLETE, "--results") if partial else results
+    dest = child_path(root, _folder_name(src, name), "--name")
     cells = sorted(p.parent for p in src.glob("*/summary.json"))
     if not cells:
         raise FedshiftError(f"{src}: no finished cells (no */summary.json)")
-    unfinished = sorted(
-        p.name for p in src.iterdir() if p.is_dir() and not (p / "summary.json").is_file()
-    )
-    if unfinished:
+    unfinished = unfinished_cells(src)
+    if unfinished and not partial:
         raise FedshiftError(
             f"{src}: cells without summary.json ({', '.join(unfinished)}): finish the suite "
-            "first (run it again)"
+            "first (run it again), or collect what is finished with --partial"
         )
     for cell in (c for c in cells if c.is_symlink()):  # a linked cell folder: refused
         check_regular(cell, "copies into results/", missing_ok=False)
@@ -144,13 +165,33 @@ def collect_suite(src: Path, results: Path, command: str, name: str | None = Non
     _checked([a for a, _ in copies])
     for cell in cells:  # before anything is replaced: each cell is one fedshift wrote
         check_cell(cell)
-    ensure_dir(results)
-    _fresh(dest, results)
+    ensure_dir(root)
+    if partial:  # the cells collected before stay; each one collected now is replaced whole
+        for cell in cells:
+            _fresh(dest / cell.name, root)
+    else:
+        _fresh(dest, root)
     for a, b in copies:
         ensure_dir(b.parent)
         copy_regular(a, b)
-    write_text_atomic(dest / SOURCE, _source(command, [c / "summary.json" for c in cells]))
+    held = sorted(p.parent for p in dest.glob("*/summary.json"))
+    source = _source(command, [c / "summary.json" for c in held])
+    if partial:
+        data = json.loads(source)
+        data["partial"] = {"finished": len(held), "planned": _planned(src)}
+        source = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    write_text_atomic(dest / SOURCE, source)
     return dest
+
+
+def _planned(src: Path) -> int | None:
+    """How many cells the suite's last ``fedshift bench`` planned (its ``bench.json``, one
+    row per cell), or None when it is missing or not such a list."""
+    try:
+        rows = json.loads((src / "bench.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return len(rows) if isinstance(rows, list) else None
 
 
 def collect_protocol(src: Path, results: Path, command: str, name: str) -> Path:

@@ -5,6 +5,7 @@ protocol outputs into ``results/``."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -32,6 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     col.add_argument("--name", help="results folder name (default: the suite folder's name)")
     col.add_argument("--results", default="results", help="results root (default: ./results)")
+    col.add_argument(
+        "--partial",
+        action="store_true",
+        help="the suite is still running: its finished cells into results/_incomplete/NAME, "
+        "added to those collected before (the ledger reads none of them; a bench with "
+        "--results results/_incomplete takes them)",
+    )
     col.set_defaults(fn=_cmd_collect)
 
 
@@ -67,12 +75,28 @@ def _cmd_claims(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from fedshift.claims.collect import collect_protocol, collect_suite
+    from fedshift.claims.collect import collect_protocol, collect_suite, unfinished_cells
+    from fedshift.core.errors import ConfigError
 
+    if args.partial and args.protocol:
+        raise ConfigError(
+            "--partial collects a suite's finished cells; a protocol's output "
+            "is collected when the protocol has finished (leave out --partial)"
+        )
     for folder in args.folders:
         if args.protocol:
             dest = collect_protocol(Path(folder), Path(args.results), args.command, args.protocol)
         else:
-            dest = collect_suite(Path(folder), Path(args.results), args.command, args.name)
+            dest = collect_suite(
+                Path(folder), Path(args.results), args.command, args.name, args.partial
+            )
         print(f"{folder} -> {dest}")
+        if args.partial:
+            left = unfinished_cells(Path(folder))
+            done = json.loads((dest / "source.json").read_text())["partial"]
+            print(
+                f"  {done['finished']} cells finished"
+                + (f" of {done['planned']} planned" if done["planned"] else "")
+                + (f"; running or stopped: {', '.join(left)}" if left else "")
+            )
     return 0
