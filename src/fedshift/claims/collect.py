@@ -73,7 +73,12 @@ UNKNOWN_COMMIT = (
 )
 
 
-def _source(command: str, summaries: list[Path], protocol_files: list[Path] | None = None) -> str:
+def _source(
+    command: str,
+    summaries: list[Path],
+    protocol_files: list[Path] | None = None,
+    extra: dict | None = None,
+) -> str:
     provenances = _provenances(summaries)
     if protocol_files is not None:  # a protocol's output: the provenance its JSON records
         provenances = _provenances([f for f in protocol_files if f.suffix == ".json"])
@@ -89,6 +94,7 @@ def _source(command: str, summaries: list[Path], protocol_files: list[Path] | No
         data["commit_unknown"] = UNKNOWN_COMMIT
     if len(machines) > 1:  # a suite resumed on another machine: its cells say which
         data["machines"] = machines
+    data.update(extra or {})
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
@@ -175,12 +181,10 @@ def collect_suite(
         ensure_dir(b.parent)
         copy_regular(a, b)
     held = sorted(p.parent for p in dest.glob("*/summary.json"))
-    source = _source(command, [c / "summary.json" for c in held])
-    if partial:
-        data = json.loads(source)
-        data["partial"] = {"finished": len(held), "planned": _planned(src)}
-        source = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    write_text_atomic(dest / SOURCE, source)
+    extra = {"partial": {"finished": len(held), "planned": _planned(src)}} if partial else None
+    write_text_atomic(
+        dest / SOURCE, _source(command, [c / "summary.json" for c in held], None, extra)
+    )
     return dest
 
 
