@@ -186,6 +186,11 @@ def test_a_running_suites_finished_cells_are_collected_apart_and_taken(tmp_path,
     manifest = json.loads((tmp_path / "c" / "suite" / "bench.json").read_text())
     assert [row["status"] for row in manifest] == ["committed", "committed"]
     assert [s["test_mean"] for s in again] == [s["test_mean"] for s in first]
+    # that bench's folder (cells it took) is collected again as it is: the same numbers
+    collect_suite(tmp_path / "c" / "suite", results, cmd, partial=True)
+    assert json.loads((dest / "source.json").read_text())["partial"]["finished"] == 2
+    kept = [json.loads((dest / n / "summary.json").read_text()) for n in (a, b)]
+    assert [results_of(k) for k in kept] == [results_of(s) for s in first]
     # a protocol's output is collected whole
     assert main(["claims", "collect", str(folder), "--partial", "--protocol", "p",
                  "--command", cmd]) == 2  # fmt: skip
