@@ -436,9 +436,10 @@ def run_suite(
         args = {k: (c.cfg.to_dict(), k, c.digest, c.label, cell_workers[k], after)
                 for k, c in by_key.items()}  # fmt: skip
         title = f"suite {cells[0].cfg.name}"
+        early = {str(c.run_dir) for c in cells if c.cfg.train.patience}  # ETAs: upper bounds
         try:
             failed = run_grid(title, rows, _run_cell, args, n_workers, progress, progress_every_s,
-                              lambda key, res: manifest.set(by_key[key], res))  # fmt: skip
+                              lambda key, res: manifest.set(by_key[key], res), early)  # fmt: skip
         except Stopped as stop:
             raise SuiteStopped(stop.signum, root, suite) from None
     errors = [f"{by_key[k].label} ({by_key[k].run_dir}): {why}" for k, why in failed.items()]

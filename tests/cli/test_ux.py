@@ -86,6 +86,29 @@ def test_long_runs_progress_bars_on_a_terminal():
     assert "suite s: 1/2 cells" in text and "suite ETA" in text
 
 
+def test_long_runs_eta_of_cells_that_may_stop_early_is_an_upper_bound():
+    """A cell with early stopping counted its maximum rounds in its ETA and the suite's and
+    said so nowhere: such ETAs now read "at most"; once the last such cell is done the
+    suite's ETA is an estimate again."""
+    from fedshift.runtime.progress import CellProgress
+
+    out = io.StringIO()
+    cells = [("a", "fedbn", 50), ("b", "fedavg", 50)]
+    shown = CellProgress("suite s", cells, stream=out, every_s=0, stops_early={"a"})
+    for rnd in (1, 2, 3):
+        shown.handle(("round", "a", rnd, 50))
+    shown.finish("a", "ran")
+    for rnd in (1, 2, 3):
+        shown.handle(("round", "b", rnd, 50))
+    shown.close()
+    lines = out.getvalue().splitlines()
+    a_line = next(ln for ln in lines if "(fedbn): round 3/50" in ln)
+    assert re.search(r"ETA at most \d+ s, suite ETA at most \d+ (s|min)$", a_line), a_line
+    assert re.search(r"\(fedbn\): ran; 1/2 cells done, suite ETA \d", out.getvalue())
+    b_line = next(ln for ln in lines if "(fedavg): round 3/50" in ln)
+    assert "at most" not in b_line and re.search(r"ETA \d+ s, suite ETA \d", b_line), b_line
+
+
 def test_long_runs_run_jobs_equal_sequential(tmp_path, monkeypatch, capsys):
     """`fedshift run` ran a sweep's runs one after another only (no --jobs)."""
     monkeypatch.setattr("fedshift.runtime.cores.usable_cores", lambda: 2)

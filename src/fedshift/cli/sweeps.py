@@ -134,7 +134,10 @@ def _parallel(todo: list[_Job], overwrite: bool, jobs: int | str, progress: bool
         k: (j.cfg.to_dict(), k, cell_workers[k], overwrite) for k, j in zip(keys, todo, strict=True)
     }
     try:
-        failed = run_grid(f"sweep {todo[0].cfg.name}", rows, run_job, args, n_jobs, progress)
+        early = {k for k, j in zip(keys, todo, strict=True) if j.cfg.train.patience}
+        failed = run_grid(
+            f"sweep {todo[0].cfg.name}", rows, run_job, args, n_jobs, progress, stops_early=early
+        )
     except Stopped as stop:
         stopped = [j.run_dir for j in todo if _unfinished(j.run_dir)]
         raise SweepStopped(stop.signum, stopped) from None

@@ -352,14 +352,18 @@ def run_grid(
     progress: bool = True,
     every_s: float = EVERY_S,
     on_done: Callable[[str, dict], None] | None = None,
+    stops_early: set[str] | None = None,
 ) -> dict[str, str]:
     """The grid runner of ``fedshift bench`` (:mod:`fedshift.bench`, and so of the studies)
     and ``fedshift run --jobs``: ``task(*args[key])`` per key (a cell's run directory) in
     ``workers`` processes (:func:`run_cells`), the live progress of every ``(key, label,
-    rounds)`` row (one not in ``args``: shown done), ``on_done(key, outcome)`` as each ends.
+    rounds)`` row (one not in ``args``: shown done; one in ``stops_early`` may end before its
+    rounds: its ETA is an upper bound), ``on_done(key, outcome)`` as each ends.
     Returns ``{key: reason}`` of the failed cells; a signal raises ``Stopped``."""
     finished = {key for key, _, _ in rows} - set(args)
-    display = CellProgress(title, rows, finished, enabled=progress, every_s=every_s)
+    display = CellProgress(
+        title, rows, finished, enabled=progress, every_s=every_s, stops_early=stops_early
+    )
     failed: dict[str, str] = {}
 
     def done(key: str, res: dict) -> None:

@@ -14,7 +14,9 @@ The cells report ``("start", key, rounds)`` and ``("round", key, round, rounds)`
 A cell's ETA is its remaining rounds at the pace of its rounds so far (in this invocation);
 the set's ETA is the rounds left in running and pending cells at the pace of all the rounds
 finished so far, all workers together (so it includes the cells' set-up time). Estimates:
-cells of another size or speed make them move.
+cells of another size or speed make them move. A cell with early stopping (``train.patience``)
+may end before its ``train.rounds``: its ETA, and the set's while such a cell is running or
+pending, count its maximum and read ``at most 4 min``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
-__all__ = ["CellProgress", "fmt_duration"]
+__all__ = ["CellProgress", "fmt_duration", "fmt_eta"]
 
 #: seconds between two status lines when the output is not a terminal
 EVERY_S = 60.0
@@ -43,6 +45,12 @@ def fmt_duration(seconds: float | None) -> str:
         return f"{seconds / 60:.0f} min"
     hours, rest = divmod(int(seconds), 3600)
     return f"{hours} h {rest // 60:02d} min"
+
+
+def fmt_eta(seconds: float | None, upper: bool) -> str:
+    """``4 min``, or ``at most 4 min`` where ``upper`` (cells that may stop early)."""
+    text = fmt_duration(seconds)
+    return f"at most {text}" if upper and seconds is not None else text
 
 
 @dataclass
@@ -66,8 +74,9 @@ class _Running:
 class CellProgress:
     """The progress display of a set of cells (module docstring). ``cells``: ``(key, label,
     rounds)`` of every cell of the set, in order; ``done``: the keys finished before this
-    invocation; ``enabled`` False: nothing is shown. Thread-safe: :meth:`handle` may be
-    called from a thread draining workers' messages."""
+    invocation; ``stops_early``: the keys of cells whose rounds are a maximum (early
+    stopping; their ETAs are upper bounds); ``enabled`` False: nothing is shown.
+    Thread-safe: :meth:`handle` may be called from a thread draining workers' messages."""
 
     def __init__(
         self,
@@ -77,8 +86,10 @@ class CellProgress:
         enabled: bool = True,
         every_s: float = EVERY_S,
         stream: TextIO | None = None,
+        stops_early: set[str] | None = None,
     ) -> None:
         done = done or set()
+        self.stops_early = stops_early or set()
         self.title = title
         self.index = {key: i for i, (key, _, _) in enumerate(cells, 1)}
         self.labels = {key: label for key, label, _ in cells}
@@ -116,13 +127,23 @@ class CellProgress:
         pace = (time.monotonic() - self.started) / self.rounds_done
         return left * pace
 
+    def _suite_eta_text(self) -> str:
+        """The set's ETA, ``at most`` while a cell that may stop early is not done."""
+        if not self.pending:
+            return "0 s"
+        upper = any(key in self.stops_early for key in self.pending)
+        return fmt_eta(self.suite_eta(), upper)
+
+    def _cell_eta_text(self, key: str) -> str:
+        return fmt_eta(self.running[key].eta(), key in self.stops_early)
+
     def status(self, key: str) -> str:
         """``cell 3/12 (fedbn s1): round 17/50, ETA 4 min, suite ETA 38 min``."""
         r = self.running[key]
         where = f"round {r.round}/{r.rounds}" if r.round is not None else "setting up"
         return (
             f"cell {self.index[key]}/{self.total} ({self.labels[key]}): {where}, "
-            f"ETA {fmt_duration(r.eta())}, suite ETA {fmt_duration(self.suite_eta())}"
+            f"ETA {self._cell_eta_text(key)}, suite ETA {self._suite_eta_text()}"
         )
 
     # ------------------------------------------------------------------ messages
@@ -170,8 +191,8 @@ class CellProgress:
         if r.bar is not None and self.bar is not None:  # a cell has a bar only under a suite bar
             r.bar.total = rounds
             r.bar.n = rnd
-            r.bar.set_postfix_str(f"ETA {fmt_duration(r.eta())}")
-            self.bar.set_postfix_str(f"suite ETA {fmt_duration(self.suite_eta())}")
+            r.bar.set_postfix_str(f"ETA {self._cell_eta_text(key)}")
+            self.bar.set_postfix_str(f"suite ETA {self._suite_eta_text()}")
         if self.lines and now - self.last_line >= self.every_s:
             self.last_line = now
             for k in self.running:
@@ -191,7 +212,7 @@ class CellProgress:
                 return
             self.pending.pop(key, None)
             self.finished += 1
-            eta = fmt_duration(self.suite_eta()) if self.pending else "0 s"
+            eta = self._suite_eta_text()
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix_str(f"suite ETA {eta}")
