@@ -45,8 +45,8 @@ whose local BatchNorm layers the server never sees: an upper bound). Central DP-
 the server with each clipped update: what it protects is what the server releases, so that
 is the model attacked here (``fedshift protocol privacy`` attacks the site's own next
 upload, before the server's noise). The protected statistics (FedRDN's ``fedrdn_stats``,
-HarmoFL's ``amplitude``), which ``fedshift protocol privacy`` recomputes from the images
-without their noise, are attacked here as released: its likelihood-ratio membership test on
+HarmoFL's ``amplitude``) are attacked here as released, as ``fedshift protocol privacy``
+attacks a protected run's records: its likelihood-ratio membership test on
 sites of 10, 50 and 200 images of the client's domain, the record's mean plus the Gaussian
 noise the run's noise multiplier and clip give (``2 sigma C / n`` a value), the test knowing
 the noise's variance (:func:`record_leakage`; HarmoFL's record modelled as a plain mean,
@@ -189,50 +189,17 @@ RECORDS = {"fedrdn": "fedrdn_stats", "harmofl": "amplitude"}
 SIZES = (10, 50, 200)
 
 
-def noisy_llr(
-    stat: torch.Tensor, targets: torch.Tensor, mu: torch.Tensor, var: torch.Tensor, n: int,
-    noise: float,
-) -> torch.Tensor:  # fmt: skip
-    """The likelihood-ratio test of :func:`fedshift.attacks.membership.llr` for a mean over
-    ``n`` examples released with Gaussian noise of std ``noise`` per value: the noise's
-    variance added to both hypotheses (the attacker knows the mechanism)."""
-    from fedshift.attacks.membership import VAR_FLOOR
-
-    stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
-    var = var.clamp_min(VAR_FLOOR * float(var.mean().clamp_min(1e-30)))
-    v0 = var / n + noise**2
-    v1 = var * max(n - 1, 1e-9) / n**2 + noise**2
-    m1 = targets / n + (n - 1) * mu / n
-    return (-0.5 * ((stat - m1) ** 2 / v1 + torch.log(v1))
-            + 0.5 * ((stat - mu) ** 2 / v0 + torch.log(v0))).sum(-1)  # fmt: skip
-
-
 def noisy_membership_auc(
     features: torch.Tensor, n: int, noise: float, trials: int = 40, seed: int = 0
 ) -> float:
     """Membership AUC on a site's mean of per-example ``features`` over ``n`` examples,
-    released with Gaussian noise of std ``noise`` per value (``fedshift protocol
-    privacy``'s test, :func:`fedshift.attacks.membership.membership_by_size`, plus the
-    noise): half the examples are the attacker's reference sample; each trial draws a site
-    of ``n`` others and ``n`` non-members."""
-    from fedshift.attacks.scores import roc_score
+    released with Gaussian noise of std ``noise`` per value: ``fedshift protocol privacy``'s
+    test on a protected record (:func:`fedshift.attacks.membership.membership_by_size` with
+    its ``noise``), half the examples the attacker's reference sample."""
+    from fedshift.attacks.membership import membership_by_size
 
-    gen = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(features), generator=gen)
-    k = len(features) // 2
-    feats = features.double()
-    ref, pool = feats[perm[:k]], feats[perm[k:]]
-    if 2 * n > len(pool):
-        raise ValueError(f"a site of {n} needs {2 * n} examples besides the reference sample")
-    mu, var = ref.mean(0), ref.var(0)
-    ins, outs = [], []
-    for _ in range(trials):
-        idx = torch.randperm(len(pool), generator=gen)
-        site, others = pool[idx[:n]], pool[idx[n : 2 * n]]
-        stat = site.mean(0) + noise * torch.randn(site.shape[1], generator=gen).double()
-        ins.append(noisy_llr(stat, site, mu, var, n, noise))
-        outs.append(noisy_llr(stat, others, mu, var, n, noise))
-    return roc_score(torch.cat(ins), torch.cat(outs)).auc
+    (found,) = membership_by_size(features, [n], trials, seed=seed, noise=lambda m: noise)
+    return found.roc.auc
 
 
 def record_leakage(cells: list[dict], grid: Grid, runs: Path, feds: dict) -> list[dict]:
@@ -241,6 +208,7 @@ def record_leakage(cells: list[dict], grid: Grid, runs: Path, feds: dict) -> lis
     client's domain, released as the run released it: the Gaussian mechanism at the run's
     noise multiplier and clip (``summary.json`` of the seed's cell), ``2 sigma C / n`` per
     value for a mean over ``n`` images; no noise at epsilon inf."""
+    from fedshift.core.privacy import clip_rows
     from fedshift.data import load_dataset
     from fedshift.protocols.privacy import SURFACES, domain_images
 
@@ -267,6 +235,8 @@ def record_leakage(cells: list[dict], grid: Grid, runs: Path, feds: dict) -> lis
                     x = images[next(iter(images))]
                     features[d, record] = SURFACES[record].features(x)  # type: ignore[misc]
                 feats = features[d, record]
+                if rec is not None:  # each image's vector clipped as the run's mechanism does
+                    feats = clip_rows(feats, rec["clip"])
                 for n in SIZES:
                     if 4 * n > len(feats):
                         continue

@@ -120,3 +120,32 @@ def test_privacy_protocol_refuses_a_run_of_another_checkpoint_format(tmp_path):
             path.write_bytes(bytes(data))
     with pytest.raises(FedshiftError, match="format 99"):
         privacy(None, [run.run_dir], sizes=[2], trials=2, out=tmp_path / "p")
+
+
+def test_privacy_protocol_attacks_a_protected_record_as_released(tmp_path):
+    """A run protected by privacy.epsilon had its statistics attacked as computed, without
+    the run's noise (the unprotected numbers under a protected run's name). Now each record
+    is clipped and noised as the run's plan releases it, the noise std is a row, and the run
+    is not pooled with unprotected ones."""
+    from fedshift.protocols.common import load_run
+    from fedshift.protocols.privacy import domain_images, record_attacks
+
+    cfg = toy_cfg("augment=[fedrdn]", "privacy.epsilon=0.1", rounds=1)
+    run = run_experiment(cfg, run_dir=tmp_path / "r", progress=False)
+    res = privacy(None, [run.run_dir], sizes=[2], trials=40, out=tmp_path / "p")
+    data = json.loads(res.files["json"].read_text())
+    assert set(data["methods"]) == {"fedavg +fedrdn (privacy.epsilon=0.1)"}
+    found = data["runs"][str(run.run_dir)]
+    plan = json.loads((run.run_dir / "summary.json").read_text())["privacy"]
+    clip = plan["records"]["fedrdn_stats"]["clip"]
+    assert found["protected"] == {"fedrdn_stats": {"clip": clip, "sigma": plan["noise_multiplier"]}}
+    std = found["rows"]["noise std per value, fedrdn_stats, n=2"]
+    assert std == pytest.approx(plan["noise_multiplier"] * 2 * clip / 2, rel=1e-12)
+    assert "Attacked as released through privacy.epsilon's noise: fedrdn_stats (clip" in res.text
+    # the same record at the same sites without the noise, and chance: at epsilon 0.1 the
+    # noise (std ~ clip) drowns sites of 2 images, which give themselves away without it
+    images = domain_images(load_run(run.run_dir).fed)
+    bare, _ = record_attacks(images, found["site"], "fedrdn_stats", [2], cfg.seed, trials=40)
+    auc = found["rows"]["membership AUC, fedrdn_stats, n=2"]
+    null_sd = ((80 + 80 + 1) / (12 * 80 * 80)) ** 0.5  # AUC's sd at chance, 80 vs 80 scores
+    assert abs(auc - 0.5) < 4 * null_sd < bare["membership AUC, fedrdn_stats, n=2"] - 0.5

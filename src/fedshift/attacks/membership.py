@@ -21,6 +21,7 @@ the attack works: ``tests/attacks``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,17 +37,25 @@ VAR_FLOOR = 1e-3
 
 
 def llr(
-    stat: torch.Tensor, targets: torch.Tensor, mu: torch.Tensor, var: torch.Tensor, n: int
+    stat: torch.Tensor,
+    targets: torch.Tensor,
+    mu: torch.Tensor,
+    var: torch.Tensor,
+    n: int,
+    noise: float = 0.0,
 ) -> torch.Tensor:
     """The log-likelihood ratio "member" over "not a member" (module docstring) of each target
     (``targets``: ``(m, d)`` features) for the mean ``stat`` (``(d,)``) over ``n`` examples of
-    a population with per-feature mean ``mu`` and variance ``var``."""
+    a population with per-feature mean ``mu`` and variance ``var``. ``noise``: the mean was
+    released with Gaussian noise of this std per value (a record protected by
+    ``privacy.epsilon``); the attacker knows the mechanism and adds its variance to both
+    hypotheses."""
     stat, targets, mu, var = (t.double() for t in (stat, targets, mu, var))
     # a feature the reference sample never varies (a ReLU unit at 0) would weigh any
     # difference infinitely: its variance is floored at a share of the mean one
     var = var.clamp_min(VAR_FLOOR * float(var.mean().clamp_min(1e-30)))
-    v0 = var / n
-    v1 = var * max(n - 1, _TINY) / n**2
+    v0 = var / n + noise**2
+    v1 = var * max(n - 1, _TINY) / n**2 + noise**2
     m1 = targets / n + (n - 1) * mu / n
     out = -0.5 * ((stat - m1) ** 2 / v1 + torch.log(v1)) + 0.5 * (
         (stat - mu) ** 2 / v0 + torch.log(v0)
@@ -85,6 +94,7 @@ def membership_by_size(
     seed: int = 0,
     fpr: float = 1e-3,
     labels: torch.Tensor | None = None,
+    noise: Callable[[int], float] | None = None,
 ) -> list[SizeResult]:
     """The attack on sites of each size in ``sizes``, drawn from one population's per-example
     ``features`` (``(N, d)``). A ``reference`` share of the examples is the attacker's sample of
@@ -93,7 +103,11 @@ def membership_by_size(
     record is one mean per class (prototypes): a target is tested against its class's mean
     over the site's examples of that class, with that class's reference moments. A size
     larger than half the examples left is refused (members and non-members would not be
-    disjoint)."""
+    disjoint). ``noise``: the record is released with Gaussian noise, ``noise(m)`` its std
+    per value for a mean over ``m`` examples (the Gaussian mechanism of a record protected by
+    ``privacy.epsilon``: ``sigma * 2 clip / m``); each trial's release draws it (after the
+    trial's site) and the test knows its variance (:func:`llr`). The caller clips the
+    features as the mechanism does."""
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(features), generator=gen)
     k = int(math.floor(reference * len(features)))
@@ -123,10 +137,14 @@ def membership_by_size(
             for c in pool_g[site].unique().tolist():
                 members = site[pool_g[site] == c]
                 stat = pool[members].mean(0)  # the record: this class's (or the site's) mean
+                std = 0.0
+                if noise is not None:  # released through the Gaussian mechanism
+                    std = noise(len(members))
+                    stat = stat + std * torch.randn(stat.shape, generator=gen).double()
                 mu, var = moments[c]
-                ins.append(llr(stat, pool[members], mu, var, len(members)))
+                ins.append(llr(stat, pool[members], mu, var, len(members), std))
                 strangers = others[pool_g[others] == c]
                 if len(strangers):
-                    outs.append(llr(stat, pool[strangers], mu, var, len(members)))
+                    outs.append(llr(stat, pool[strangers], mu, var, len(members), std))
         out.append(SizeResult(n, trials, roc_score(torch.cat(ins), torch.cat(outs), fpr)))
     return out

@@ -40,6 +40,20 @@ digit style) a site is, against chance. Reconstruction is scored by SSIM and PSN
 nearest image of the site (:func:`fedshift.attacks.scores.nearest_image`), beside the score
 of the domain's mean image, which any attacker who knows the domain has without the record.
 
+**A run protected by ``privacy.epsilon``** releases each protected record through the
+Gaussian mechanism of its plan (:mod:`fedshift.runtime.privacy`): every image's vector
+clipped to the record's ``clip``, noise of std ``sigma * 2 clip / m`` per value on a mean over
+``m`` images. The records computed from images are attacked as released: the features
+clipped the same way, each drawn site's record (and each group's, FedMix) given that noise,
+and the membership test knowing its variance (:func:`fedshift.attacks.membership.llr`); the
+site-property probe and the reconstructions read noisy records too (a luminance spectrum or
+mean image: the noise of the mean of the channels' noisy values, ``std / sqrt(C)``). HarmoFL's
+record is modelled as a plain mean, whose noise is the smallest its running mean can have:
+the protected numbers are then an upper bound. Each such record gets a ``noise std per
+value`` row. The weights row still reads the site's next upload before any noise of the
+server's (central DP-FedAvg trusts the server with it); ``benchmarks/privacy_price.py``
+attacks the released model.
+
 A declared record no attack reads (SCAFFOLD's control variates, DisTrans's offsets, FRAug's
 generator...) is listed under its method as *not attacked*, so the table's coverage is
 explicit; a method that shares weights only says so and gets the weights row.
@@ -49,7 +63,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +77,7 @@ from fedshift.core.disclosure import UP
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.core.federation import Federation
 from fedshift.core.files import save_figure
+from fedshift.core.privacy import Mechanism, clip_rows
 from fedshift.protocols.common import (
     ProtocolResult,
     SuiteOptions,
@@ -135,8 +150,26 @@ def domain_images(fed: Federation) -> dict[str, torch.Tensor]:
     return out
 
 
-def _membership(surface: Surface, x: torch.Tensor, sizes: list[int], trials: int, seed: int):
+def _features(surface: Surface, x: torch.Tensor, release: Mechanism | None) -> torch.Tensor:
+    """The per-image vectors the record averages, clipped as ``release`` clips them."""
     assert surface.features is not None
+    feats = surface.features(x)
+    return feats if release is None else clip_rows(feats, release.clip)
+
+
+def _noise(release: Mechanism | None, m: int) -> float:
+    """The noise std per value of the record, a mean over ``m`` images (0: not protected)."""
+    return 0.0 if release is None else release.std(1.0 / m)
+
+
+def _membership(
+    surface: Surface,
+    x: torch.Tensor,
+    sizes: list[int],
+    trials: int,
+    seed: int,
+    release: Mechanism | None = None,
+):
     sizes = [surface.group] if surface.group is not None else sizes
     room = (len(x) - len(x) // 2) // 2
     if max(sizes) > room:
@@ -145,38 +178,62 @@ def _membership(surface: Surface, x: torch.Tensor, sizes: list[int], trials: int
             f"one domain (half of them the attacker's reference); the smallest domain has "
             f"{len(x)}: give smaller --sizes"
         )
-    feats = surface.features(x)
-    return {r.n: r.roc for r in membership_by_size(feats, sizes, trials, seed=seed)}
+    noise = None if release is None else (lambda m: _noise(release, m))
+    feats = _features(surface, x, release)
+    return {r.n: r.roc for r in membership_by_size(feats, sizes, trials, seed=seed, noise=noise)}
 
 
-def _property(surface: Surface, images: dict[str, torch.Tensor], n: int, per: int, seed: int):
-    """Probe accuracy at site size ``n``: ``per`` sites of each domain."""
-    assert surface.features is not None
+def _property(
+    surface: Surface,
+    images: dict[str, torch.Tensor],
+    n: int,
+    per: int,
+    seed: int,
+    release: Mechanism | None = None,
+):
+    """Probe accuracy at site size ``n``: ``per`` sites of each domain (their records
+    released through ``release``'s noise where the run protects the record)."""
     gen = torch.Generator().manual_seed(seed)
     stats, labels = [], []
     for name, x in images.items():
         for _ in range(per):
             idx = torch.randperm(len(x), generator=gen)[:n]
-            stats.append(surface.features(x[idx]).mean(0))
+            stat = _features(surface, x[idx], release).mean(0)
+            if release is not None:
+                stat = stat + _noise(release, n) * torch.randn(stat.shape, generator=gen).double()
+            stats.append(stat)
             labels.append(name)
     return probe_accuracy(torch.stack(stats), labels)
 
 
-def _reconstruct(surface: Surface, x: torch.Tensor, n: int, seed: int) -> dict[str, Any]:
-    """The reconstruction of one site of ``n`` images (one image for a per-image record)."""
+def _reconstruct(
+    surface: Surface, x: torch.Tensor, n: int, seed: int, release: Mechanism | None = None
+) -> dict[str, Any]:
+    """The reconstruction of one site of ``n`` images (one image for a per-image record),
+    from the record released through ``release``'s noise where the run protects it."""
     gen = torch.Generator().manual_seed(seed)
     site = x[torch.randperm(len(x), generator=gen)[: (1 if surface.features is None else n)]]
     gray = site.mean(1)  # attacks and scores on the luminance: one channel, as SSIM reads it
     baseline = nearest_image(x.mean(0).mean(0), gray)  # the domain's mean image: no record
+
+    def released(record: torch.Tensor, m: int) -> torch.Tensor:
+        """``record`` (a luminance image or spectrum, a mean over ``m`` images) as the run
+        releases it: the noise of the mean of the C channels' noisy values."""
+        if release is None:
+            return record
+        std = _noise(release, m) / math.sqrt(x.shape[1])
+        return record + std * torch.randn(record.shape, generator=gen).to(record.dtype)
+
     out: dict[str, Any] = {"baseline": baseline, "site": gray}
     if surface.spectrum:
-        amp = amplitude(gray).mean(0)  # the record: a (mean) amplitude spectrum
+        # the record: a (mean) amplitude spectrum; a noisy value below 0 is no amplitude
+        amp = released(amplitude(gray).mean(0), len(site)).clamp_min(0)
         out["phase retrieval"] = pr = phase_retrieval(amp, seed=seed, restarts=2)
         out["phase retrieval score"] = nearest_image(pr, gray, ambiguous=True)
         out["inversion"] = inv = invert_amplitude(amp, seed=seed, restarts=1, steps=300)
         out["inversion score"] = nearest_image(inv, gray, ambiguous=True)
     elif surface.group is not None:
-        mean = gray[: surface.group].mean(0)  # one group's mean image, as FedMix sends it
+        mean = released(gray[: surface.group].mean(0), surface.group)  # as FedMix sends it
         out["mean image"] = mean
         out["mean image score"] = nearest_image(mean, gray[: surface.group])
     return out
@@ -190,21 +247,27 @@ def record_attacks(
     seed: int,
     trials: int = 40,
     property_sites: int = 6,
+    release: Mechanism | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The attacks on one pre-training ``record`` (module docstring) of sites drawn from
-    ``images[target]``'s domain, for one seed: ``({attack: value}, reconstructions)``."""
+    ``images[target]``'s domain, for one seed: ``({attack: value}, reconstructions)``.
+    ``release``: the run protects the record with this mechanism (``privacy.epsilon``): it
+    is attacked as released (module docstring)."""
     s = SURFACES[record]
     rows: dict[str, float] = {}
     prop_n = min(sizes)
     if s.features is not None:
-        for n, roc in _membership(s, images[target], sizes, trials, seed).items():
+        found = _membership(s, images[target], sizes, trials, seed, release)
+        for n, roc in found.items():
+            if release is not None:
+                rows[f"noise std per value, {record}, n={n}"] = _noise(release, n)
             rows[f"membership AUC, {record}, n={n}"] = roc.auc
             rows[f"membership TPR at FPR {roc.fpr:g}, {record}, n={n}"] = roc.tpr
         if s.group is None and len(images) > 1:
-            p = _property(s, images, prop_n, property_sites, seed)
+            p = _property(s, images, prop_n, property_sites, seed, release)
             key = f"site property accuracy, {record}, n={prop_n} (chance {p.chance:.2f})"
             rows[key] = p.accuracy
-    rec = _reconstruct(s, images[target], prop_n, seed)
+    rec = _reconstruct(s, images[target], prop_n, seed, release)
     rows[f"SSIM of the domain's mean image (no record), {record}"] = rec["baseline"].ssim
     for key in ("phase retrieval", "inversion", "mean image"):
         if f"{key} score" in rec:
@@ -220,6 +283,8 @@ class _Method:
     rows: dict[str, list[float]]
     sent: list[str]
     unread: list[str]
+    #: the records a run of it released through the Gaussian mechanism: "clip C, sigma s"
+    protected: dict[str, str] = field(default_factory=dict)
 
 
 def _sent_records(sim: Any) -> list[str]:
@@ -238,22 +303,30 @@ def attack_runs(
     for run_dir in run_dirs:
         sim = load_run(run_dir, weights)
         label = run_label(run_meta(sim))
+        if sim.exp.privacy is not None:  # a protected run is not pooled with unprotected ones
+            label += f" (privacy.epsilon={sim.cfg.privacy.epsilon:g})"
         sent = _sent_records(sim)
         m = methods.setdefault(label, _Method({}, sent, []))
         m.unread = [r for r in sent if r not in ROUND_ATTACKED and r not in SURFACES]
         found = attack_run(sim, seed=sim.cfg.seed)
         rows = dict(found["rows"])
         images = domain_images(sim.fed)
+        plan = {} if sim.exp.privacy is None else sim.exp.privacy.mechanisms
+        released = {r: v for r, v in plan.items() if r in SURFACES and r in sent}
         for record in (r for r in sent if r in SURFACES):
-            more, rec = record_attacks(images, found["site"], record, sizes, sim.cfg.seed, trials)
+            more, rec = record_attacks(images, found["site"], record, sizes, sim.cfg.seed, trials,
+                                       release=released.get(record))  # fmt: skip
             rows.update(more)
             pictures.setdefault(f"{label}: {record}", rec)
         for key, pic in found["pictures"].items():
             pictures.setdefault(f"{label}: {key}", pic)
         for key, value in rows.items():
             m.rows.setdefault(key, []).append(value)
+        noisy = {r: {"clip": v.clip, "sigma": v.sigma} for r, v in released.items()}
+        m.protected.update({r: f"clip {v['clip']:.4g}, sigma {v['sigma']:.4g}"
+                            for r, v in noisy.items()})  # fmt: skip
         per_run[str(run_dir)] = {"label": label, "seed": sim.cfg.seed, "site": found["site"],
-                                 "rows": rows}  # fmt: skip
+                                 "rows": rows, "protected": noisy}  # fmt: skip
     return methods, pictures, per_run
 
 
@@ -272,6 +345,9 @@ def table(methods: dict[str, _Method]) -> str:
         only = m.sent == ["weights"]
         head = f"**{label}** (sends: {', '.join(m.sent) or 'nothing'})"
         lines += [head + (": weights only, the reference row" if only else ""), ""]
+        if m.protected:
+            shown = "; ".join(f"{r} ({how})" for r, how in sorted(m.protected.items()))
+            lines += [f"Attacked as released through privacy.epsilon's noise: {shown}.", ""]
         lines += ["| attack | mean ± std over seeds |", "|---|---|"]
         lines += [f"| {k} | {_mean_sd(v)} |" for k, v in m.rows.items()]
         if m.unread:
