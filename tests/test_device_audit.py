@@ -79,6 +79,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "host-side sites drawn from host images with a CPU generator (same sites on any device)",
     ("protocols/privacy.py", "_reconstruct", "randperm"):
         "host-side sites drawn from host images with a CPU generator (same sites on any device)",
+    ("protocols/privacy.py", "_property", "randn"):
+        "a protected record's noise, on the host record of host images (CPU generator)",
     ("protocols/privacy.py", "leakage_png", "tensor"):
         "a standard deviation for a plot's error bars, from Python floats",
     ("protocols/privacy_runs.py", "_split", "as_tensor"):
