@@ -532,6 +532,24 @@ def test_fedrobust_affine_map_full_and_channel():
     assert torch.equal(out[0, 0], x[0, 1]) and torch.equal(out[0, 1], 2 * x[0, 0])
 
 
+def test_fedrobust_ascent_step_in_a_buffer_has_the_plain_expressions_bits():
+    """The buffered step is the paper's ascent step lr (g - 2 lam (Lambda - I)) bit for bit:
+    the same float32 operations in the same order, so committed FedRobust runs reproduce."""
+    from fedshift.algorithms.fedrobust import BUF, ascent_step
+
+    gen = torch.Generator().manual_seed(0)
+    lam = torch.eye(37) + 0.3 * torch.randn(37, 37, generator=gen)
+    lam[0, 1] = -0.0  # a signed zero off the diagonal stays as the plain expression leaves it
+    grad = torch.randn(37, 37, generator=gen)
+    scratch: dict = {}
+    for penalty, lr in ((1.0, 0.01), (0.37, 0.003), (0.0, 0.1)):
+        plain = lam + lr * (grad - 2 * penalty * (lam - torch.eye(37)))
+        buffered = lam + ascent_step(lam, grad, penalty, lr, scratch)
+        assert torch.equal(plain, buffered)
+        assert torch.equal(plain.view(torch.int32), buffered.view(torch.int32))
+    assert scratch[BUF].shape == lam.shape  # one buffer, reused
+
+
 def _robust_state(sim: Simulation, cid: str) -> dict:
     state = sim.states[cid]
     found = [v for v in state.values() if isinstance(v, dict) and "affine" in v]

@@ -59,6 +59,8 @@ AFFINE = "affine"
 #: ``ctx.scratch`` key of the round's working (Lambda_i, delta_i) (None until the first batch
 #: of a client that has none yet)
 ADV = "fedrobust/adv"
+#: ``ctx.scratch`` key of the ascent step's working buffer (Lambda's shape), kept for the round
+BUF = "fedrobust/step"
 
 
 @dataclass
@@ -90,6 +92,23 @@ def apply_affine(x: torch.Tensor, lam: torch.Tensor, delta: torch.Tensor) -> tor
     else:
         out = torch.einsum("ij,bj...->bi...", lam, x)
     return out + delta
+
+
+def ascent_step(
+    lam: torch.Tensor, grad: torch.Tensor, penalty: float, lr: float, scratch: dict
+) -> torch.Tensor:
+    """The ascent step on Lambda, ``lr * (grad - 2 penalty (Lambda - I))``, computed in a buffer
+    kept in ``scratch`` (a d x d step on 3 x 28 x 28 inputs is 22 MB: one buffer a round, not
+    five fresh ones a batch). The same float32 operations in the same order as the plain
+    expression, so the same bits (tests/algorithms/test_fedrobust.py); returns the buffer."""
+    buf = scratch.get(BUF)
+    if buf is None or buf.shape != lam.shape or buf.device != lam.device:
+        buf = scratch[BUF] = torch.empty_like(lam)
+    buf.copy_(lam)
+    buf.diagonal().sub_(1.0)  # Lambda - I: the off-diagonal entries minus an exact 0
+    buf.mul_(2 * penalty)
+    torch.sub(grad, buf, out=buf)
+    return buf.mul_(lr)
 
 
 def _project(t: torch.Tensor, centre: torch.Tensor | float, radius: float) -> None:
@@ -152,6 +171,7 @@ class FedRobust(FedAvg[FedRobustParams]):
                 state[AFFINE] = {k: v.detach().cpu().clone() for k, v in adv.items()}
         finally:
             del ctx.scratch[ADV]
+            ctx.scratch.pop(BUF, None)
         return reply
 
     def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -175,13 +195,13 @@ class FedRobust(FedAvg[FedRobustParams]):
         lam, delta = adv["lambda"], adv["delta"]
         p = self.params
         with torch.no_grad():
-            eye = torch.eye(lam.shape[0], device=lam.device, dtype=lam.dtype)
             g_lam = lam.grad if lam.grad is not None else torch.zeros_like(lam)
+            lam.add_(ascent_step(lam, g_lam, p.lam, p.adv_lr, ctx.scratch))
             g_delta = delta.grad if delta.grad is not None else torch.zeros_like(delta)
-            lam.add_(p.adv_lr * (g_lam - 2 * p.lam * (lam - eye)))
             delta.add_(p.adv_lr * (g_delta - 2 * p.lam * delta))
             lam.grad = None
             delta.grad = None
         if p.project is not None:
+            eye = torch.eye(lam.shape[0], device=lam.device, dtype=lam.dtype)
             _project(lam, eye, p.project)
             _project(delta, 0.0, p.project)
