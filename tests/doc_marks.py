@@ -578,6 +578,7 @@ MARKS: dict[str, Mark] = {
     'fedshift bench configs/suites/distrans_dh_converged.yaml --workers 2 --threads 1': NotRun(LEDGER),
     'fedshift bench configs/suites/fraug_table2_converged.yaml --workers 2 --threads 1': NotRun(LEDGER),
     'fedshift bench configs/suites/harmofl_table1_converged.yaml --workers 2 --threads 1': NotRun(LEDGER),
+    'fedshift protocol loco -c configs/suites/fedfa_table4_loco_converged.yaml --workers 2 --threads 1': NotRun(LEDGER),
     'fedshift bench configs/suites/fedfa_table1_converged.yaml device=cuda --workers 6 --threads 1': NotRun(GPU),
     'fedshift bench configs/suites/fedrdn_table2_brain.yaml --workers 2': NotRun(LEDGER),
     'fedshift bench configs/suites/fedrdn_table3_digits.yaml --workers 2': NotRun(LEDGER),
