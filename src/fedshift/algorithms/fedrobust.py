@@ -100,7 +100,7 @@ def ascent_step(
     """The ascent step on Lambda, ``lr * (grad - 2 penalty (Lambda - I))``, computed in a buffer
     kept in ``scratch`` (a d x d step on 3 x 28 x 28 inputs is 22 MB: one buffer a round, not
     five fresh ones a batch). The same float32 operations in the same order as the plain
-    expression, so the same bits (tests/algorithms/test_fedrobust.py); returns the buffer."""
+    expression, so the same bits (tests/algorithms/test_fedfa.py); returns the buffer."""
     buf = scratch.get(BUF)
     if buf is None or buf.shape != lam.shape or buf.device != lam.device:
         buf = scratch[BUF] = torch.empty_like(lam)
